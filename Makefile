@@ -1,0 +1,32 @@
+# Two entry points that work on a fresh machine: `make run` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_SPEC ?= torch>=2.6
+RUN_ARGS ?=
+BIN := $(VENV)/bin
+
+.PHONY: run test lint venv clean
+
+# The stamp depends on pyproject.toml so a changed dependency list reinstalls.
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# torch first and alone, so TORCH_SPEC (a CPU wheel in CI) decides which build we get.
+	$(BIN)/pip install -q "$(TORCH_SPEC)"
+	$(BIN)/pip install -q -e ".[test]"
+	touch $@
+
+venv: $(VENV)/.installed
+
+run: venv
+	$(BIN)/fsdpkit train $(RUN_ARGS)
+
+test: venv
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+lint: venv
+	$(BIN)/ruff check src tests benchmarks
+
+clean:
+	rm -rf $(VENV) runs

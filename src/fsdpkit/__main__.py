@@ -1,0 +1,3 @@
+from fsdpkit.cli.main import main
+
+raise SystemExit(main())

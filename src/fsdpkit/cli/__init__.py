@@ -1,0 +1,1 @@
+"""The `fsdpkit` command line: thin verbs over the library."""

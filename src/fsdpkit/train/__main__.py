@@ -1,0 +1,5 @@
+"""`python -m fsdpkit.train [flags]`: the entry point torchrun starts in every process."""
+
+from fsdpkit.train.launch import main
+
+raise SystemExit(main())

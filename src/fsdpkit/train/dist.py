@@ -1,0 +1,95 @@
+"""Process and device setup: one process per device, under torchrun or alone.
+
+Alone (no RANK in the environment) no process group is created and the model is not sharded.
+Under torchrun each process takes the device of its LOCAL_RANK (never cuda:0 for everyone) and
+joins a process group: nccl on GPUs, gloo on CPUs.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from fsdpkit.errors import UserError
+
+
+@dataclass(frozen=True)
+class Runtime:
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    device: torch.device
+
+    @property
+    def distributed(self) -> bool:
+        return dist.is_available() and dist.is_initialized()
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def num_nodes(self) -> int:
+        return max(1, self.world_size // self.local_world_size)
+
+
+def resolve_device_type(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UserError("device: 'cuda' was asked for but no CUDA device is visible; use --device cpu")
+    return device
+
+
+def available_devices(device_type: str) -> int:
+    return torch.cuda.device_count() if device_type == "cuda" else (os.cpu_count() or 1)
+
+
+def check_nproc(nproc: int, device: str) -> None:
+    """Refuse more processes than this machine has devices (GPUs, or CPU cores on CPU)."""
+    kind = resolve_device_type(device)
+    have = available_devices(kind)
+    if nproc > have:
+        what = "GPUs" if kind == "cuda" else "CPU cores"
+        raise UserError(f"nproc: {nproc} is more than the {have} {what} on this machine; use 1..{have}")
+
+
+def under_torchrun() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def setup(device: str = "auto") -> Runtime:
+    kind = resolve_device_type(device)
+    if not under_torchrun():
+        dev = torch.device("cuda", torch.cuda.current_device()) if kind == "cuda" else torch.device("cpu")
+        return Runtime(0, 1, 0, 1, dev)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    if kind == "cuda":
+        torch.cuda.set_device(local_rank)
+        dev = torch.device("cuda", local_rank)
+        if not dist.is_initialized():
+            dist.init_process_group("nccl", device_id=dev)
+    else:
+        dev = torch.device("cpu")
+        if not dist.is_initialized():
+            dist.init_process_group("gloo")
+    return Runtime(rank, world, local_rank, local_world, dev)
+
+
+def teardown() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def all_reduce_mean(t: torch.Tensor, rt: Runtime) -> torch.Tensor:
+    if rt.distributed and rt.world_size > 1:
+        t = t.clone()
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        t /= rt.world_size
+    return t

@@ -1,0 +1,162 @@
+"""Throughput, FLOPs, MFU and memory, written as a human line, JSON lines and TensorBoard events."""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fsdpkit.train.model import ModelConfig, count_params
+
+# Dense (no sparsity) peak TFLOP/s per GPU for bf16 and tf32 tensor-core math, from NVIDIA's data
+# sheets (SXM parts where there are several). A10G is AWS's variant; its figure is the one AWS
+# quotes for g5. Matching is by substring of torch.cuda.get_device_name().
+GPU_PEAK_TFLOPS: dict[str, dict[str, float]] = {
+    "H200": {"bf16": 989.0, "fp32": 494.5},
+    "H100": {"bf16": 989.0, "fp32": 494.5},
+    "A100": {"bf16": 312.0, "fp32": 156.0},
+    "L40S": {"bf16": 362.0, "fp32": 183.0},
+    "A10G": {"bf16": 70.0, "fp32": 35.0},
+    "L4": {"bf16": 121.0, "fp32": 60.0},
+}
+
+
+def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
+    """Training FLOPs per token: 6 x (non-embedding, active) parameters plus attention scores.
+
+    The attention term is 12 x layers x heads x head_dim x context (forward and backward of QK^T
+    and AV), the convention of PaLM and torchtitan; a sliding window caps the context.
+    """
+    n = count_params(cfg, active=True) - cfg.vocab_size * cfg.dim  # the embedding lookup is free
+    context = min(seq_len, cfg.sliding_window or seq_len)
+    return 6 * n + 12 * cfg.n_layers * cfg.n_heads * cfg.head_dim * context
+
+
+def gpu_peak_flops(device: torch.device, dtype: torch.dtype) -> float | None:
+    name = torch.cuda.get_device_name(device)
+    key = "bf16" if dtype == torch.bfloat16 else "fp32"
+    for part, peaks in GPU_PEAK_TFLOPS.items():
+        if part in name:
+            return peaks[key] * 1e12
+    return None
+
+
+def measure_cpu_peak_flops(dtype: torch.dtype = torch.float32, seconds: float = 0.3) -> float:
+    """This process's matmul FLOP/s on the CPU with its current thread count (the MFU denominator)."""
+    n = 512
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    for _ in range(3):
+        a @ b
+    iters, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        a @ b
+        iters += 1
+    return 2 * n**3 * iters / (time.perf_counter() - start)
+
+
+def peak_flops(device: torch.device, dtype: torch.dtype) -> tuple[float | None, str]:
+    if device.type == "cuda":
+        return gpu_peak_flops(device, dtype), "datasheet"
+    return measure_cpu_peak_flops(dtype), "measured-gemm"
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """Peak allocated device memory; on CPU the process's peak resident set (a proxy)."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss if sys.platform == "darwin" else rss * 1024
+
+
+@dataclass
+class StepStats:
+    step: int
+    loss: float
+    lr: float
+    grad_norm: float
+    elapsed: float  # seconds the measured window took
+    steps: int  # optimizer steps in the window
+    samples: int  # global samples in the measured window
+    tokens: int  # global tokens in the measured window
+    world_size: int
+
+
+def derive(s: StepStats, flops_tok: float, peak: float | None, mem: int) -> dict[str, Any]:
+    tok_s = s.tokens / s.elapsed
+    per_dev = tok_s / s.world_size
+    tflops = flops_tok * per_dev / 1e12
+    return {
+        "step": s.step,
+        "loss": s.loss,
+        "lr": s.lr,
+        "grad_norm": s.grad_norm,
+        "step_time_s": s.elapsed / s.steps,
+        "samples_per_s": s.samples / s.elapsed,
+        "tokens_per_s": tok_s,
+        "tokens_per_s_per_device": per_dev,
+        "tflops_per_device": tflops,
+        "mfu": (tflops * 1e12 / peak) if peak else None,
+        "peak_memory_gib": mem / 2**30,
+    }
+
+
+def human_line(m: dict[str, Any]) -> str:
+    """The reference's line (`Batch N Loss: ..., Speed: ... samples/sec, lr: ...`) plus new fields."""
+    mfu = f"{100 * m['mfu']:.2f}%" if m.get("mfu") is not None else "n/a"
+    return (
+        f"Batch {m['step']} Loss: {m['loss']:.5f}, Speed: {m['samples_per_s']:.2f} samples/sec, "
+        f"lr: {m['lr']:.6f}, grad_norm: {m['grad_norm']:.3f}, tokens/s: {m['tokens_per_s']:.0f}, "
+        f"tokens/s/device: {m['tokens_per_s_per_device']:.0f}, "
+        f"TFLOPs/device: {m['tflops_per_device']:.3f}, MFU: {mfu}, mem: {m['peak_memory_gib']:.2f} GiB"
+    )
+
+
+class MetricsWriter:
+    """Rank 0's sinks: metrics.jsonl, TensorBoard events, stdout lines and a progress bar."""
+
+    def __init__(self, run_dir: Path, tensorboard_dir: Path | None, progress: bool, total_steps: int):
+        self.jsonl = (run_dir / "metrics.jsonl").open("a", buffering=1)
+        self.tb = None
+        if tensorboard_dir is not None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(log_dir=str(tensorboard_dir))
+        self.bar = None
+        if progress:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total_steps, unit="step", dynamic_ncols=True, leave=True)
+
+    def print(self, line: str) -> None:
+        if self.bar is not None:
+            self.bar.write(line)
+        else:
+            print(line, flush=True)
+
+    def record(self, kind: str, metrics: dict[str, Any], line: str | None = None) -> None:
+        self.jsonl.write(json.dumps({"kind": kind, "time": time.time(), **metrics}) + "\n")
+        if self.tb is not None:
+            for key, value in metrics.items():
+                if key != "step" and isinstance(value, (int, float)):
+                    self.tb.add_scalar(f"{kind}/{key}", value, metrics["step"])
+        if line:
+            self.print(line)
+
+    def advance(self, steps: int, loss: float | None = None) -> None:
+        if self.bar is not None:
+            self.bar.update(steps)
+            if loss is not None:
+                self.bar.set_postfix(loss=f"{loss:.4f}")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        if self.tb is not None:
+            self.tb.close()
+        self.jsonl.close()

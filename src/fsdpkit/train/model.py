@@ -1,0 +1,311 @@
+"""A Llama-family decoder in plain PyTorch: Llama 2 / 3.x, Mistral (sliding window), Mixtral (MoE).
+
+Module and parameter names follow Hugging Face `transformers` (v5) so that a state dict maps to a
+`LlamaForCausalLM` / `MistralForCausalLM` / `MixtralForCausalLM` one by adding a "model." prefix.
+The model is built on the meta device and materialised with `init_weights`, which sets every
+parameter and buffer (RoPE included); see `fsdpkit.train.shard` for how that meets FSDP2.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """Llama 3.1 frequency scaling (`rope_type: llama3` in Hugging Face configs)."""
+
+    factor: float = 8.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    vocab_size: int
+    dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    ffn_dim: int
+    max_seq_len: int
+    rope_theta: float = 10000.0
+    rope_scaling: RopeScaling | None = None
+    norm_eps: float = 1e-5
+    tie_embeddings: bool = False
+    sliding_window: int | None = None  # Mistral: attend to at most this many previous tokens
+    n_experts: int = 0  # Mixtral: 0 means a dense SwiGLU MLP
+    experts_per_token: int = 2
+    router_aux_loss_coef: float = 0.02
+    init_std: float = 0.02
+    family: str = "llama"  # llama | mistral | mixtral: which Hugging Face class the weights map to
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    @property
+    def is_moe(self) -> bool:
+        return self.n_experts > 0
+
+
+def rope_frequencies(cfg: ModelConfig) -> torch.Tensor:
+    """Inverse frequencies per rotary pair, with Llama 3.1 scaling when configured (fp32, on CPU)."""
+    hd = cfg.head_dim
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
+    s = cfg.rope_scaling
+    if s is None:
+        return inv_freq
+    low_wavelen = s.original_max_position_embeddings / s.low_freq_factor
+    high_wavelen = s.original_max_position_embeddings / s.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / s.factor, inv_freq)
+    smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (
+        s.high_freq_factor - s.low_freq_factor
+    )
+    smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
+    is_medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return torch.where(is_medium, smoothed, scaled)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate (B, H, T, hd) by position, in the "rotate half" layout Hugging Face checkpoints use."""
+    x1, x2 = x.float().chunk(2, dim=-1)
+    out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    return out.to(x.dtype)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.empty(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in fp32, as the reference implementations do, then return to the input dtype.
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        self.sliding_window = cfg.sliding_window
+        self.q_proj = nn.Linear(cfg.dim, cfg.n_heads * cfg.head_dim, bias=False)
+        self.k_proj = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=False)
+        self.v_proj = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=False)
+        self.o_proj = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if self.n_kv_heads != self.n_heads:
+            # Expanding K/V (rather than SDPA's enable_gqa) keeps every backend, flash included, usable.
+            rep = self.n_heads // self.n_kv_heads
+            k = k.repeat_interleave(rep, dim=1)
+            v = v.repeat_interleave(rep, dim=1)
+        if self.sliding_window is not None and self.sliding_window < T:
+            i = torch.arange(T, device=x.device)
+            offset = i[:, None] - i[None, :]
+            mask = (offset >= 0) & (offset < self.sliding_window)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
+
+
+class MLP(nn.Module):
+    """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, dim: int, ffn_dim: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(dim, ffn_dim, bias=False)
+        self.up_proj = nn.Linear(dim, ffn_dim, bias=False)
+        self.down_proj = nn.Linear(ffn_dim, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Experts(nn.Module):
+    """The experts of one MoE layer as stacked weights (E, 2F, D) and (E, D, F)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate_up_proj = nn.Parameter(torch.empty(cfg.n_experts, 2 * cfg.ffn_dim, cfg.dim))
+        self.down_proj = nn.Parameter(torch.empty(cfg.n_experts, cfg.dim, cfg.ffn_dim))
+
+    def forward(self, x: torch.Tensor, top_idx: torch.Tensor, top_w: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros_like(x)
+        for e in range(self.gate_up_proj.shape[0]):
+            token, slot = torch.where(top_idx == e)
+            if token.numel() == 0:
+                continue
+            gate, up = F.linear(x[token], self.gate_up_proj[e]).chunk(2, dim=-1)
+            h = F.linear(F.silu(gate) * up, self.down_proj[e])
+            out.index_add_(0, token, (h * top_w[token, slot, None]).to(out.dtype))
+        return out
+
+
+class MoE(nn.Module):
+    """Mixtral sparse MLP: softmax router, top-k experts, weights renormalised over the chosen k."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_experts, self.top_k = cfg.n_experts, cfg.experts_per_token
+        self.gate = nn.Linear(cfg.dim, cfg.n_experts, bias=False)
+        self.experts = Experts(cfg)
+        self.aux_loss: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, D = x.shape
+        flat = x.reshape(-1, D)
+        probs = F.softmax(self.gate(flat).float(), dim=-1)
+        top_w, top_idx = torch.topk(probs, self.top_k, dim=-1)
+        top_w = (top_w / top_w.sum(dim=-1, keepdim=True)).to(x.dtype)
+        # Switch-Transformer load balancing: n_experts * sum_e(fraction routed to e * mean prob of e).
+        routed = F.one_hot(top_idx, self.n_experts).float().mean(dim=(0, 1))
+        self.aux_loss = self.n_experts * (routed * probs.mean(dim=0)).sum()
+        return self.experts(flat, top_idx, top_w).view(B, T, D)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.mlp = MoE(cfg) if cfg.is_moe else MLP(cfg.dim, cfg.ffn_dim)
+        self.checkpoint = False  # set by fsdpkit.train.shard.apply_activation_checkpointing
+
+    def _forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        h = x + self.self_attn(self.input_layernorm(x), cos, sin)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        if self.checkpoint and torch.is_grad_enabled():
+            return torch.utils.checkpoint.checkpoint(self._forward, x, cos, sin, use_reentrant=False)
+        return self._forward(x, cos, sin)
+
+
+class Model(nn.Module):
+    """The decoder stack without the output head (Hugging Face's `LlamaModel`)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
+
+
+class Transformer(nn.Module):
+    """Decoder-only language model. `rope_len` sizes the RoPE table (the training sequence length)."""
+
+    def __init__(self, cfg: ModelConfig, rope_len: int | None = None):
+        super().__init__()
+        self.cfg = cfg
+        self.rope_len = rope_len or cfg.max_seq_len
+        self.model = Model(cfg)
+        self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        # Derived from the config, so not saved in checkpoints; init_weights fills them.
+        self.register_buffer("rope_cos", torch.empty(self.rope_len, cfg.head_dim // 2), persistent=False)
+        self.register_buffer("rope_sin", torch.empty(self.rope_len, cfg.head_dim // 2), persistent=False)
+
+    # -- initialisation ---------------------------------------------------------------------------
+    def init_std(self, name: str) -> float | None:
+        """Standard deviation a parameter is initialised with; None for RMSNorm weights (ones)."""
+        if name.endswith("layernorm.weight") or name == "model.norm.weight":
+            return None
+        std = self.cfg.init_std
+        if name.endswith(("o_proj.weight", "down_proj.weight", "experts.down_proj")):
+            # Residual-branch outputs scaled by depth (GPT-2), so activations stay O(1) at any depth.
+            std = std / math.sqrt(2 * self.cfg.n_layers)
+        return std
+
+    @torch.no_grad()
+    def init_weights(self, seed: int = 0, fill: Callable[..., None] | None = None) -> None:
+        """Initialise every parameter and buffer on the device they live on.
+
+        Each parameter draws from its own generator, seeded by `seed` and its name, so values do
+        not depend on the order of initialisation or on how the model is sharded. `fill` receives
+        (param, init_fn) and writes init_fn's full-size result into a sharded parameter
+        (see fsdpkit.train.shard); the default fills a plain tensor in place.
+        """
+        fill = fill or _fill_plain
+        for name, p in self.named_parameters():
+            std = self.init_std(name)
+            if std is None:
+                fill(p, lambda t: t.fill_(1.0))
+            else:
+                gen_seed = (seed * 1_000_003 + zlib.crc32(name.encode())) % (2**63)
+                fill(p, _trunc_normal(std, gen_seed))
+        self.init_buffers()
+
+    @torch.no_grad()
+    def init_buffers(self) -> None:
+        freqs = torch.outer(torch.arange(self.rope_len, dtype=torch.float32), rope_frequencies(self.cfg))
+        self.rope_cos.copy_(freqs.cos())
+        self.rope_sin.copy_(freqs.sin())
+
+    # -- forward ----------------------------------------------------------------------------------
+    def hidden_states(self, tokens: torch.Tensor) -> torch.Tensor:
+        T = tokens.shape[1]
+        if T > self.rope_len:
+            raise ValueError(f"sequence of {T} tokens is longer than the RoPE table ({self.rope_len})")
+        cos, sin = self.rope_cos[:T], self.rope_sin[:T]
+        h = self.model.embed_tokens(tokens)
+        for layer in self.model.layers:
+            h = layer(h, cos, sin)
+        return self.model.norm(h)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Logits (B, T, vocab) for (B, T) token ids."""
+        return self.lm_head(self.hidden_states(tokens))
+
+    def loss(self, tokens: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mean next-token cross-entropy and the total loss (cross-entropy plus MoE balancing)."""
+        logits = self(tokens)
+        ce = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
+        total = ce
+        if self.cfg.is_moe:
+            aux = torch.stack([layer.mlp.aux_loss for layer in self.model.layers]).mean()
+            total = ce + self.cfg.router_aux_loss_coef * aux
+        return ce, total
+
+
+def _fill_plain(p: torch.Tensor, init_fn: Callable[[torch.Tensor], None]) -> None:
+    init_fn(p)
+
+
+def _trunc_normal(std: float, seed: int) -> Callable[[torch.Tensor], None]:
+    def init(t: torch.Tensor) -> None:
+        gen = torch.Generator(device=t.device).manual_seed(seed)
+        nn.init.trunc_normal_(t, mean=0.0, std=std, a=-3 * std, b=3 * std, generator=gen)
+
+    return init
+
+
+def count_params(cfg: ModelConfig, active: bool = False) -> int:
+    """Parameter count from the config alone; `active` counts only the experts a token uses."""
+    D, F_, L, V = cfg.dim, cfg.ffn_dim, cfg.n_layers, cfg.vocab_size
+    attn = D * cfg.n_heads * cfg.head_dim * 2 + D * cfg.n_kv_heads * cfg.head_dim * 2
+    experts = cfg.experts_per_token if active else cfg.n_experts
+    mlp = 3 * D * F_ * experts + D * cfg.n_experts if cfg.is_moe else 3 * D * F_
+    per_layer = attn + mlp + 2 * D
+    head = 0 if cfg.tie_embeddings else V * D
+    return V * D + L * per_layer + D + head

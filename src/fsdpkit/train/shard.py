@@ -1,0 +1,97 @@
+"""Build the model on the meta device, apply activation checkpointing, compile and FSDP2, materialise.
+
+Order matters: activation checkpointing and torch.compile wrap each block first, then every block
+and the root get `fully_shard`, and only then are the parameters allocated (each rank holds its
+shard only) and initialised. Initialisation draws each parameter's full value from a generator
+seeded by its name and keeps this rank's slice, so any world size starts from the same weights.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+
+import torch
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+from fsdpkit.errors import UserError
+from fsdpkit.train.config import ParallelConfig, TrainConfig
+from fsdpkit.train.dist import Runtime
+from fsdpkit.train.model import Transformer
+
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def compute_dtype(par: ParallelConfig, device_type: str) -> torch.dtype:
+    if par.mixed_precision == "auto":
+        return torch.bfloat16 if device_type == "cuda" else torch.float32
+    return DTYPES[par.mixed_precision]
+
+
+def build_mesh(rt: Runtime, par: ParallelConfig) -> DeviceMesh:
+    """1-D mesh for full sharding; a real 2-D (replicate, shard) mesh for hybrid (HSDP)."""
+    if par.sharding_strategy == "hybrid":
+        replicas = par.dp_replicate or rt.num_nodes
+        if rt.world_size % replicas:
+            raise UserError(f"dp_replicate: {replicas} must divide the world size ({rt.world_size})")
+        return init_device_mesh(rt.device.type, (replicas, rt.world_size // replicas),
+                                mesh_dim_names=("dp_replicate", "dp_shard"))
+    return init_device_mesh(rt.device.type, (rt.world_size,), mesh_dim_names=("dp_shard",))
+
+
+def apply_activation_checkpointing(model: Transformer, mode: str, every: int) -> None:
+    for i, layer in enumerate(model.model.layers):
+        layer.checkpoint = mode == "full" or (mode == "selective" and i % every == 0)
+
+
+def apply_fsdp(model: Transformer, mesh: DeviceMesh, par: ParallelConfig, device_type: str) -> None:
+    param_dtype = compute_dtype(par, device_type)
+    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=DTYPES[par.reduce_dtype])
+    kwargs = {"mesh": mesh, "mp_policy": mp}
+    if par.cpu_offload:
+        kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=device_type == "cuda")
+    layers = model.model.layers
+    for i, layer in enumerate(layers):
+        # The last block's parameters are needed again at once by backward: keep them gathered.
+        reshard = par.reshard_after_forward and i < len(layers) - 1
+        fully_shard(layer, reshard_after_forward=reshard, **kwargs)
+    fully_shard(model, reshard_after_forward=par.reshard_after_forward, **kwargs)
+
+
+def fill_sharded(p: torch.Tensor, init_fn: Callable[[torch.Tensor], None]) -> None:
+    """Initialise the full parameter once, keep this rank's shard (no communication)."""
+    if not isinstance(p, DTensor):
+        init_fn(p)
+        return
+    local = p.to_local()
+    full = torch.empty(p.shape, dtype=p.dtype, device=local.device)
+    init_fn(full)
+    shard = distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=None).to_local()
+    local.copy_(shard)
+
+
+def build_model(cfg: TrainConfig, rt: Runtime) -> Transformer:
+    par = cfg.parallel
+    with torch.device("meta"):
+        model = Transformer(cfg.model_config(), rope_len=cfg.seq_len())
+    apply_activation_checkpointing(model, par.activation_checkpointing, par.ac_every)
+    if par.compile:
+        for layer in model.model.layers:
+            layer.compile()
+    if rt.distributed:
+        apply_fsdp(model, build_mesh(rt, par), par, rt.device.type)
+    # Offloaded shards live on the CPU; unsharded (single-process) models always sit on the device.
+    init_device = torch.device("cpu") if par.cpu_offload and rt.distributed else rt.device
+    model.to_empty(device=init_device)
+    model.init_weights(seed=cfg.seed, fill=fill_sharded)
+    return model
+
+
+def autocast(cfg: TrainConfig, rt: Runtime) -> contextlib.AbstractContextManager:
+    """Mixed precision for the unsharded single-process path (FSDP2 casts parameters itself)."""
+    dtype = compute_dtype(cfg.parallel, rt.device.type)
+    if rt.distributed or dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(rt.device.type, dtype=dtype)

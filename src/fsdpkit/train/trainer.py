@@ -1,0 +1,219 @@
+"""The training loop: exact max_steps, gradient accumulation, clipping, validation, metrics.
+
+Host-device synchronisation happens only on logging and validation steps: the loss is summed on
+the device and read back once per logging window.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+import torch
+import yaml
+from torch.distributed.tensor import DTensor
+
+from fsdpkit.errors import UserError
+from fsdpkit.train import dist
+from fsdpkit.train.config import TrainConfig
+from fsdpkit.train.data import BatchStream, Tokenizer, get_source, get_tokenizer
+from fsdpkit.train.metrics import (
+    MetricsWriter,
+    StepStats,
+    derive,
+    flops_per_token,
+    human_line,
+    peak_flops,
+    peak_memory_bytes,
+)
+from fsdpkit.train.model import Transformer, count_params
+from fsdpkit.train.optim import build_optimizer, lr_at, set_lr
+from fsdpkit.train.shard import autocast, build_model, compute_dtype
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    steps: int
+    losses: list[tuple[int, float]] = field(default_factory=list)
+    val_losses: list[tuple[int, float]] = field(default_factory=list)
+
+
+def default_run_dir(cfg: TrainConfig) -> Path:
+    return Path("runs") / f"{datetime.now():%Y%m%d-%H%M%S}-{cfg.preset}"
+
+
+def check_writable(path: Path, what: str) -> None:
+    """Fail before any work if `path` cannot be created or written; creates nothing itself."""
+    p = path.resolve()
+    if p.exists() and not p.is_dir():
+        raise UserError(f"{what}: {path} exists and is not a directory")
+    probe = p
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
+        raise UserError(f"{what}: {path} is not writable (no write permission on {probe})")
+
+
+def preflight(cfg: TrainConfig) -> Path:
+    """Everything that can be checked before processes start: returns the run directory."""
+    run_dir = Path(cfg.run_dir) if cfg.run_dir else default_run_dir(cfg)
+    check_writable(run_dir, "run_dir")
+    if cfg.log.tensorboard_dir:
+        check_writable(Path(cfg.log.tensorboard_dir), "tensorboard_dir")
+    tok = get_tokenizer(cfg.data.tokenizer)
+    vocab = cfg.model_config().vocab_size
+    if tok.vocab_size > vocab:
+        raise UserError(
+            f"vocab_size: the model's {vocab} is smaller than tokenizer {tok.name!r}'s {tok.vocab_size}"
+        )
+    get_source(cfg.data.dataset, cfg.data.train_split, cfg.seed)
+    if not dist.under_torchrun():
+        dist.check_nproc(cfg.parallel.nproc, cfg.parallel.device)
+    return run_dir
+
+
+def _grad_norm(model: torch.nn.Module, max_norm: float) -> torch.Tensor:
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm or math.inf, foreach=True)
+    return norm.full_tensor() if isinstance(norm, DTensor) else norm
+
+
+class Validator:
+    """Mean loss over the first N held-out batches, the same batches every time, averaged over ranks."""
+
+    def __init__(self, cfg: TrainConfig, rt: dist.Runtime, tok: Tokenizer):
+        source = get_source(cfg.data.dataset, cfg.data.val_split, cfg.seed)
+        self.stream = BatchStream(source, tok, cfg.seq_len(), cfg.data.val_batch_size, rt.rank,
+                                  rt.world_size, cfg.seed, shuffle_buffer=0, epochs=1)
+        # Every rank must run the same number of forwards (FSDP collectives): count on each rank,
+        # deterministically, how many whole global batches the held-out split holds.
+        available = sum(1 for _ in self.stream.blocks()) // (cfg.data.val_batch_size * rt.world_size)
+        self.batches = min(cfg.log.validation_batches, available)
+        self.cfg, self.rt = cfg, rt
+
+    @torch.no_grad()
+    def __call__(self, model: Transformer) -> float | None:
+        if self.batches == 0:
+            return None
+        model.eval()
+        total = torch.zeros((), device=self.rt.device)
+        for _, (x, y) in zip(range(self.batches), self.stream):
+            with autocast(self.cfg, self.rt):
+                ce, _ = model.loss(x.to(self.rt.device), y.to(self.rt.device))
+            total += ce.float()
+        model.train()
+        return dist.all_reduce_mean(total / self.batches, self.rt).item()
+
+
+def train(cfg: TrainConfig, notices: list[str] | None = None) -> TrainResult:
+    run_dir = preflight(cfg)
+    rt = dist.setup(cfg.parallel.device)
+    try:
+        return _train(cfg, rt, run_dir, notices or [])
+    finally:
+        dist.teardown()
+
+
+def _train(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path, notices: list[str]) -> TrainResult:
+    torch.manual_seed(cfg.seed)
+    mcfg, seq_len = cfg.model_config(), cfg.seq_len()
+    d, o, lg = cfg.data, cfg.optim, cfg.log
+    tok = get_tokenizer(d.tokenizer)
+
+    model = build_model(cfg, rt)
+    optimizer = build_optimizer(model, cfg)
+    stream = iter(BatchStream(get_source(d.dataset, d.train_split, cfg.seed), tok, seq_len,
+                              d.train_batch_size, rt.rank, rt.world_size, cfg.seed, epochs=d.epochs))
+    validate = Validator(cfg, rt, tok)
+    dtype = compute_dtype(cfg.parallel, rt.device.type)
+    flops_tok = flops_per_token(mcfg, seq_len)
+    peak, peak_source = peak_flops(rt.device, dtype)
+
+    writer = None
+    if rt.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+        tb_dir = Path(lg.tensorboard_dir) if lg.tensorboard_dir else run_dir / "tensorboard"
+        show_bar = lg.progress == "on" or (lg.progress == "auto" and sys.stderr.isatty())
+        writer = MetricsWriter(run_dir, tb_dir if lg.tensorboard else None, show_bar, o.max_steps)
+        for note in notices:
+            writer.print(note)
+        writer.print(
+            f"fsdpkit: {cfg.preset} ({count_params(mcfg) / 1e6:.2f}M params), {rt.world_size} x "
+            f"{rt.device.type}, {str(dtype).removeprefix('torch.')}, seq {seq_len}, global batch "
+            f"{d.train_batch_size * rt.world_size * d.grad_accum_steps}, {o.max_steps} steps -> {run_dir}"
+        )
+        peak_txt = f"{peak / 1e12:.3f} TFLOP/s ({peak_source})" if peak else "unknown for this device"
+        writer.print(f"fsdpkit: MFU denominator {peak_txt}; activation checkpointing "
+                     f"{cfg.parallel.activation_checkpointing}; compile {cfg.parallel.compile}")
+
+    result = TrainResult(run_dir=run_dir, steps=0)
+    tokens_per_step = d.train_batch_size * seq_len * rt.world_size * d.grad_accum_steps
+    samples_per_step = d.train_batch_size * rt.world_size * d.grad_accum_steps
+    loss_sum = torch.zeros((), device=rt.device)
+    window_start, window_steps = time.perf_counter(), 0
+    model.train()
+    for step in range(o.max_steps):
+        lr = lr_at(step, cfg)
+        set_lr(optimizer, lr)
+        try:
+            for micro in range(d.grad_accum_steps):
+                x, y = next(stream)
+                x, y = x.to(rt.device, non_blocking=True), y.to(rt.device, non_blocking=True)
+                if rt.distributed and d.grad_accum_steps > 1:
+                    # Reduce-scatter gradients once per optimizer step, not once per micro-step.
+                    model.set_requires_gradient_sync(micro == d.grad_accum_steps - 1)
+                with autocast(cfg, rt):
+                    ce, total = model.loss(x, y)
+                (total / d.grad_accum_steps).backward()
+                loss_sum += ce.detach().float() / d.grad_accum_steps
+        except StopIteration:
+            if writer:
+                writer.print(f"fsdpkit: the data ran out after {d.epochs} epoch(s) at step {step}; stopping")
+            break
+        grad_norm = _grad_norm(model, o.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        window_steps += 1
+        result.steps = step + 1
+        n = step + 1
+        if n % lg.logging_freq == 0 or n == o.max_steps:
+            loss = dist.all_reduce_mean(loss_sum / window_steps, rt).item()
+            elapsed = time.perf_counter() - window_start
+            stats = StepStats(n, loss, lr, float(grad_norm), elapsed, window_steps,
+                              samples_per_step * window_steps, tokens_per_step * window_steps,
+                              rt.world_size)
+            result.losses.append((n, loss))
+            if writer:
+                m = derive(stats, flops_tok, peak, peak_memory_bytes(rt.device))
+                writer.record("train", m, human_line(m))
+                writer.advance(window_steps, loss)
+            loss_sum.zero_()
+            window_start, window_steps = time.perf_counter(), 0
+        if (lg.validation_freq and n % lg.validation_freq == 0) or n == o.max_steps:
+            val = validate(model)
+            if val is not None:
+                result.val_losses.append((n, val))
+                if writer:
+                    writer.record("val", {"step": n, "val_loss": val}, f"Batch {n} Validation loss: {val:.5f}")
+            window_start = time.perf_counter()  # validation time is not training throughput
+
+    if writer:
+        summary = {
+            "steps": result.steps,
+            "final_loss": result.losses[-1][1] if result.losses else None,
+            "first_loss": result.losses[0][1] if result.losses else None,
+            "final_val_loss": result.val_losses[-1][1] if result.val_losses else None,
+            "world_size": rt.world_size,
+        }
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        writer.print(f"fsdpkit: done after {result.steps} steps; loss {summary['first_loss']:.4f} -> "
+                     f"{summary['final_loss']:.4f}; metrics in {run_dir / 'metrics.jsonl'}")
+        writer.close()
+    return result
