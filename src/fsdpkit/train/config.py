@@ -76,7 +76,7 @@ class DataConfig:
 class OptimConfig:
     max_steps: int = opt(300, "optimizer steps to train (exact)", min=1, aliases=("max_training_steps",))
     lr: float = opt(3e-3, "peak learning rate", min=0)
-    min_lr: float = opt(3e-4, "learning-rate floor the schedule decays to", min=0)
+    min_lr: float | None = opt(None, "learning-rate floor the schedule decays to (default: lr / 10)", min=0)
     lr_decay_style: str = opt("cosine", "schedule after warm-up", choices=("cosine", "linear", "constant"))
     lr_decay_iters: int | None = opt(None, "steps to decay over (default: max_steps)", min=1)
     warmup_steps: int | None = opt(None, "linear warm-up steps (default: warmup x max_steps)", min=0)
@@ -156,6 +156,9 @@ class TrainConfig:
         if self.optim.warmup_steps is not None:
             return self.optim.warmup_steps
         return round(self.optim.warmup * self.optim.max_steps)
+
+    def min_lr(self) -> float:
+        return self.optim.lr / 10 if self.optim.min_lr is None else self.optim.min_lr
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -311,10 +314,11 @@ def parse_args(argv: list[str] | None, prog: str = "fsdpkit train") -> tuple[Tra
     ns, unknown = parser.parse_known_args(argv)
     if unknown:
         raise UserError(f"unknown option {unknown[0]!r} (see `{prog} --help`)")
-    values = vars(ns)
+    values = dict(vars(ns))
     cfg, notices = TrainConfig(), []
-    if values.pop("config", None):
-        load_yaml(ns.config, cfg, notices)
+    config_file = values.pop("config", None)
+    if config_file:
+        load_yaml(config_file, cfg, notices)
     index = field_index()
     # The flag the user typed may be an alias; dest is the canonical field name.
     for dest, raw in values.items():
@@ -352,7 +356,7 @@ def validate(cfg: TrainConfig) -> None:
     if m.is_moe and m.experts_per_token > m.n_experts:
         raise UserError(f"experts_per_token: {m.experts_per_token} must be <= n_experts ({m.n_experts})")
     o = cfg.optim
-    if o.min_lr > o.lr:
+    if o.min_lr is not None and o.min_lr > o.lr:
         raise UserError(f"min_lr: {o.min_lr} must be <= lr ({o.lr})")
     if cfg.warmup_steps() > o.max_steps:
         raise UserError(f"warmup_steps: {cfg.warmup_steps()} must be <= max_steps ({o.max_steps})")

@@ -227,6 +227,14 @@ class Transformer(nn.Module):
         self.register_buffer("rope_sin", torch.empty(self.rope_len, cfg.head_dim // 2), persistent=False)
 
     # -- initialisation ---------------------------------------------------------------------------
+    def to_empty(self, *, device: torch.device | str | None, recurse: bool = True) -> Transformer:
+        super().to_empty(device=device, recurse=recurse)
+        # Moving off the meta device replaces each module's Parameter, which unties a shared head
+        # (FSDP2 swaps tensors in place and keeps it): tie it again.
+        if self.cfg.tie_embeddings and self.lm_head.weight is not self.model.embed_tokens.weight:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        return self
+
     def init_std(self, name: str) -> float | None:
         """Standard deviation a parameter is initialised with; None for RMSNorm weights (ones)."""
         if name.endswith("layernorm.weight") or name == "model.norm.weight":

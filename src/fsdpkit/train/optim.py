@@ -45,7 +45,8 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
         factor = 1.0 - progress
     else:
         factor = 0.5 * (1.0 + math.cos(math.pi * progress))
-    return o.min_lr + (o.lr - o.min_lr) * factor
+    floor = cfg.min_lr()
+    return floor + (o.lr - floor) * factor
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:

@@ -1,0 +1,150 @@
+"""Model shape, initialisation and numerical parity with Hugging Face transformers."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import resource
+
+import pytest
+import torch
+
+from fsdpkit.train.model import ModelConfig, RopeScaling, Transformer, count_params
+from fsdpkit.train.presets import PRESETS
+
+# Published sizes (Meta / Mistral AI model cards), in billions.
+PUBLISHED_B = {
+    "llama2_7b": 6.74, "llama2_13b": 13.02, "llama2_70b": 68.98, "llama3_1_8b": 8.03,
+    "llama3_1_70b": 70.55, "llama3_2_1b": 1.24, "llama3_2_3b": 3.21, "mathstral_7b": 7.25,
+    "mixtral_8x7b": 46.70,
+}
+
+
+def unique_numel(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())  # parameters() already skips tied duplicates
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED_B))
+def test_preset_builds_on_meta_with_published_size(name):
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with torch.device("meta"):
+        model = Transformer(PRESETS[name], rope_len=4096)
+    n = unique_numel(model)
+    assert n == count_params(PRESETS[name])
+    assert n / 1e9 == pytest.approx(PUBLISHED_B[name], abs=0.006)
+    assert all(p.is_meta for p in model.parameters())
+    assert all(b.is_meta for b in model.buffers())
+    # A 70B model in fp32 is 280 GB: building it must not allocate (ru_maxrss is in KiB on Linux).
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before < 200 * 1024
+
+
+def materialise(cfg: ModelConfig, seed: int = 0, rope_len: int = 64) -> Transformer:
+    with torch.device("meta"):
+        model = Transformer(cfg, rope_len=rope_len)
+    model.to_empty(device="cpu")
+    # to_empty leaves whatever the allocator returned; make that visibly wrong before init.
+    with torch.no_grad():
+        for t in [*model.parameters(), *model.buffers()]:
+            t.fill_(float("nan"))
+    model.init_weights(seed=seed)
+    return model
+
+
+def test_materialised_model_is_fully_initialised_as_configured():
+    cfg = dataclasses.replace(PRESETS["debug"], n_layers=8, init_std=0.02)
+    model = materialise(cfg, rope_len=128)
+    for name, t in [*model.named_parameters(), *model.named_buffers()]:
+        assert torch.isfinite(t).all(), f"{name} left uninitialised"
+    layer = model.model.layers[3]
+    assert layer.self_attn.q_proj.weight.std().item() == pytest.approx(0.02, rel=0.05)
+    assert model.model.embed_tokens.weight.std().item() == pytest.approx(0.02, rel=0.05)
+    residual_std = 0.02 / math.sqrt(2 * cfg.n_layers)
+    assert layer.self_attn.o_proj.weight.std().item() == pytest.approx(residual_std, rel=0.05)
+    assert layer.mlp.down_proj.weight.std().item() == pytest.approx(residual_std, rel=0.05)
+    assert (layer.input_layernorm.weight == 1).all() and (model.model.norm.weight == 1).all()
+    # Truncated at 3 std.
+    assert layer.mlp.up_proj.weight.abs().max().item() <= 3 * 0.02 + 1e-6
+    # RoPE tables equal a fresh computation, position 0 is the identity rotation.
+    fresh = Transformer(cfg, rope_len=128)
+    fresh.init_buffers()
+    torch.testing.assert_close(model.rope_cos, fresh.rope_cos, rtol=0, atol=0)
+    assert (model.rope_cos[0] == 1).all() and (model.rope_sin[0] == 0).all()
+
+
+def test_initialisation_is_seeded_and_order_independent():
+    cfg = PRESETS["tiny"]
+    a, b, c = materialise(cfg, seed=7), materialise(cfg, seed=7), materialise(cfg, seed=8)
+    for (name, pa), pb, pc in zip(a.named_parameters(), b.parameters(), c.parameters()):
+        assert torch.equal(pa, pb), name
+        if pa.ndim == 2:
+            assert not torch.equal(pa, pc), name
+    # Different parameters of the same shape get different values (per-name generators).
+    assert not torch.equal(a.model.layers[0].self_attn.q_proj.weight, a.model.layers[1].self_attn.q_proj.weight)
+
+
+# --- parity with transformers ------------------------------------------------------------------
+
+transformers = pytest.importorskip("transformers")
+
+SMALL = dict(vocab_size=96, dim=64, n_layers=2, n_heads=8, n_kv_heads=2, ffn_dim=96, max_seq_len=256)
+
+CASES = {
+    "llama3_scaled_rope_tied": ModelConfig(
+        **SMALL, rope_theta=500000.0, tie_embeddings=True,
+        rope_scaling=RopeScaling(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                 original_max_position_embeddings=64)),
+    "llama2": ModelConfig(**{**SMALL, "n_kv_heads": 8}, rope_theta=10000.0),
+    "mistral_sliding_window": ModelConfig(**SMALL, rope_theta=1e6, sliding_window=8, family="mistral"),
+    "mixtral_moe": ModelConfig(**SMALL, rope_theta=1e6, n_experts=4, experts_per_token=2, family="mixtral"),
+}
+
+
+def hf_model(cfg: ModelConfig):
+    from fsdpkit.train.hf import ARCHITECTURES, hf_config_dict
+
+    d = hf_config_dict(cfg)
+    config_cls = getattr(transformers, ARCHITECTURES[d["model_type"]].replace("ForCausalLM", "Config"))
+    model_cls = getattr(transformers, ARCHITECTURES[d["model_type"]])
+    config = config_cls(**{k: v for k, v in d.items() if k != "architectures"})
+    config._attn_implementation = "eager"
+    return model_cls(config).eval()
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_logits_match_transformers(case):
+    cfg = CASES[case]
+    ours = materialise(cfg, seed=3, rope_len=48).eval()
+    theirs = hf_model(cfg)
+    missing, unexpected = theirs.load_state_dict(ours.state_dict(), strict=False)
+    assert not unexpected and all("rotary" in k for k in missing), (missing, unexpected)
+    tokens = torch.randint(0, cfg.vocab_size, (2, 48), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = theirs(tokens).logits
+        got = ours(tokens)
+    assert got.shape == expected.shape
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
+
+
+def test_sliding_window_changes_attention():
+    """The Mistral parity case can only pass for the right reason if the window matters."""
+    cfg = CASES["mistral_sliding_window"]
+    windowed = materialise(cfg, seed=3, rope_len=48).eval()
+    full = materialise(dataclasses.replace(cfg, sliding_window=None), seed=3, rope_len=48).eval()
+    tokens = torch.randint(0, cfg.vocab_size, (1, 48), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        a, b = windowed(tokens), full(tokens)
+    torch.testing.assert_close(a[:, :8], b[:, :8])  # inside the window: identical
+    assert (a[:, 16:] - b[:, 16:]).abs().max() > 1e-3
+
+
+def test_moe_balancing_loss_is_added():
+    cfg = CASES["mixtral_moe"]
+    model = materialise(cfg, seed=1, rope_len=48)
+    tokens = torch.randint(0, cfg.vocab_size, (2, 48), generator=torch.Generator().manual_seed(0))
+    ce, total = model.loss(tokens[:, :-1], tokens[:, 1:])
+    aux = torch.stack([layer.mlp.aux_loss for layer in model.model.layers]).mean()
+    # A perfectly balanced router gives exactly 1 per layer; anything routed gives >= ~1.
+    assert aux.item() >= 0.99
+    torch.testing.assert_close(total, ce + cfg.router_aux_loss_coef * aux)
+    total.backward()
+    assert model.model.layers[0].mlp.gate.weight.grad.abs().sum() > 0

@@ -1,0 +1,109 @@
+"""Real training runs: the default job learns, N ranks match 1 process, metrics land on disk."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import FAST, ROOT, losses, read_metrics, run_cli
+
+pytestmark = pytest.mark.slow
+
+STEPS = ["--max_steps", "6", "--logging_freq", "1", "--warmup_steps", "2", "--tensorboard", "0"]
+
+
+def test_make_run_default_job_learns(tmp_path):
+    """`make run` (the README's first command) on the embedded default: loss falls clearly."""
+    run_dir = tmp_path / "default"
+    env = {**os.environ, "RUN_ARGS": f"--run_dir {run_dir} --progress off"}
+    r = subprocess.run(["make", "run"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "Batch 300 Loss:" in r.stdout and "samples/sec" in r.stdout and "MFU:" in r.stdout
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == 300
+    assert summary["final_loss"] < 0.8 * summary["first_loss"], summary
+    assert summary["final_val_loss"] < 0.8 * summary["first_loss"], summary
+
+
+@pytest.fixture(scope="module")
+def single_process_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("single") / "run"
+    r = run_cli("train", *FAST, *STEPS, "--train_batch_size", "8", "--run_dir", str(run_dir),
+                "--tensorboard", "1")
+    assert r.returncode == 0, r.stderr[-3000:]
+    return run_dir
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        [],
+        ["--activation_checkpointing", "full"],
+        ["--sharding_strategy", "hybrid", "--dp_replicate", "2", "--activation_checkpointing", "selective"],
+    ],
+    ids=["fsdp", "fsdp+ac", "hsdp+selective-ac"],
+)
+def test_two_ranks_match_one_process(single_process_run, tmp_path, extra):
+    run_dir = tmp_path / "run"
+    r = run_cli("train", *FAST, *STEPS, "--train_batch_size", "4", "--nproc", "2", "--run_dir",
+                str(run_dir), *extra)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "2 x cpu" in r.stdout
+    one, two = losses(single_process_run), losses(run_dir)
+    assert len(one) == len(two) == 6
+    assert one[-1] < one[0]  # it trained
+    assert two == pytest.approx(one, abs=1e-5)
+
+
+def test_gradient_accumulation_matches_larger_batch(single_process_run, tmp_path):
+    run_dir = tmp_path / "run"
+    r = run_cli("train", *FAST, *STEPS, "--train_batch_size", "4", "--grad_accum_steps", "2",
+                "--run_dir", str(run_dir))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert losses(run_dir) == pytest.approx(losses(single_process_run), abs=1e-5)
+
+
+def test_same_seed_reproduces_and_other_seed_differs(single_process_run, tmp_path):
+    again, other = tmp_path / "again", tmp_path / "other"
+    for d, seed in ((again, "1234"), (other, "99")):
+        r = run_cli("train", *FAST, *STEPS, "--train_batch_size", "8", "--run_dir", str(d), "--seed", seed)
+        assert r.returncode == 0, r.stderr[-3000:]
+    assert losses(again) == losses(single_process_run)
+    assert losses(other) != pytest.approx(losses(single_process_run), abs=1e-3)
+
+
+def test_metrics_jsonl_and_tensorboard_events(single_process_run):
+    rows = read_metrics(single_process_run)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
+    for r in rows:
+        assert r["tokens_per_s"] > 0 and r["tokens_per_s_per_device"] > 0
+        assert 0 < r["mfu"] < 1 and r["tflops_per_device"] > 0
+        assert r["peak_memory_gib"] > 0 and r["grad_norm"] > 0 and r["lr"] > 0
+    val = read_metrics(single_process_run, "val")
+    assert val and val[-1]["step"] == 6 and val[-1]["val_loss"] > 0
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = list((single_process_run / "tensorboard").glob("events.out.tfevents.*"))
+    assert events
+    acc = EventAccumulator(str(single_process_run / "tensorboard"))
+    acc.Reload()
+    tags = acc.Tags()["scalars"]
+    assert {"train/loss", "train/mfu", "train/tokens_per_s", "val/val_loss"} <= set(tags)
+    tb_losses = [e.value for e in acc.Scalars("train/loss")]
+    assert tb_losses == pytest.approx([r["loss"] for r in rows], rel=1e-6)
+    assert (single_process_run / "config.yaml").is_file()
+
+
+def test_exact_max_steps_with_several_epochs(tmp_path):
+    """The reference trained past max_steps with several epochs; here it stops exactly."""
+    run_dir = tmp_path / "run"
+    r = run_cli("train", *FAST, "--max_steps", "3", "--logging_freq", "1", "--epochs", "3",
+                "--train_batch_size", "2", "--tensorboard", "0", "--run_dir", str(run_dir))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert [m["step"] for m in read_metrics(run_dir)] == [1, 2, 3]
+    assert json.loads(Path(run_dir / "summary.json").read_text())["steps"] == 3
