@@ -74,7 +74,7 @@ def test_materialised_model_is_fully_initialised_as_configured():
 def test_initialisation_is_seeded_and_order_independent():
     cfg = PRESETS["tiny"]
     a, b, c = materialise(cfg, seed=7), materialise(cfg, seed=7), materialise(cfg, seed=8)
-    for (name, pa), pb, pc in zip(a.named_parameters(), b.parameters(), c.parameters()):
+    for (name, pa), pb, pc in zip(a.named_parameters(), b.parameters(), c.parameters(), strict=True):
         assert torch.equal(pa, pb), name
         if pa.ndim == 2:
             assert not torch.equal(pa, pc), name

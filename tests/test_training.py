@@ -107,3 +107,32 @@ def test_exact_max_steps_with_several_epochs(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert [m["step"] for m in read_metrics(run_dir)] == [1, 2, 3]
     assert json.loads(Path(run_dir / "summary.json").read_text())["steps"] == 3
+
+
+def test_moe_in_bf16_under_fsdp_trains(tmp_path):
+    """Mixtral-style MoE, bf16 parameters, 2 ranks: runs and learns (routing differs per rank)."""
+    run_dir = tmp_path / "run"
+    r = run_cli("train", *FAST, "--max_steps", "8", "--logging_freq", "2", "--train_batch_size", "4",
+                "--n_experts", "4", "--experts_per_token", "2", "--mixed_precision", "bf16",
+                "--nproc", "2", "--tensorboard", "0", "--run_dir", str(run_dir))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "bfloat16" in r.stdout
+    got = losses(run_dir)
+    assert len(got) == 4 and got[-1] < got[0]
+
+
+def test_compiled_blocks_match_eager(single_process_run, tmp_path):
+    run_dir = tmp_path / "run"
+    r = run_cli("train", *FAST, *STEPS, "--train_batch_size", "8", "--compile", "1",
+                "--run_dir", str(run_dir), timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "compile True" in r.stdout
+    assert losses(run_dir) == pytest.approx(losses(single_process_run), abs=1e-4)
+
+
+def test_progress_bar_when_asked(tmp_path):
+    r = run_cli("train", *FAST, "--max_steps", "4", "--logging_freq", "2", "--train_batch_size", "2",
+                "--progress", "on", "--tensorboard", "0", "--run_dir", str(tmp_path / "run"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "4/4" in r.stderr and "step" in r.stderr  # tqdm's bar reached the end
+    assert "Batch 4 Loss:" in r.stdout or "Batch 4 Loss:" in r.stderr

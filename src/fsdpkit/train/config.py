@@ -124,7 +124,9 @@ class LogConfig:
 class CheckpointConfig:
     checkpoint_dir: str | None = opt(None, "where sharded checkpoints go")
     checkpoint_freq: int = opt(0, "steps between checkpoints (0: none)", min=0)
-    resume_from_checkpoint: str | None = opt(None, "checkpoint directory to resume from")
+    resume_from_checkpoint: str | None = opt(
+        None, "a checkpoint, or a directory whose newest complete checkpoint to resume from")
+    keep_last: int = opt(3, "complete checkpoints to keep (0: all)", min=0)
 
 
 @dataclass

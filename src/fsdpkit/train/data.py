@@ -114,6 +114,7 @@ class BatchStream:
     seed: int = 0
     shuffle_buffer: int = 512  # blocks; 0 keeps the stream order (validation)
     epochs: int | None = None  # None: repeat the source forever
+    skip_blocks: int = 0  # global blocks already consumed (resume): the stream continues after them
 
     def blocks(self) -> Iterator[np.ndarray]:
         """The global stream of seq_len+1-token blocks, documents separated by EOS."""
@@ -153,7 +154,9 @@ class BatchStream:
     def rank_blocks(self) -> Iterator[np.ndarray]:
         """This rank's blocks: slot `rank` of every group of world_size x batch_size blocks."""
         for k, block in enumerate(self.shuffled()):
-            if (k // self.batch_size) % self.world_size == self.rank:
+            if k < self.skip_blocks:
+                continue
+            if ((k - self.skip_blocks) // self.batch_size) % self.world_size == self.rank:
                 yield block
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:

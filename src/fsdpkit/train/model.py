@@ -273,7 +273,7 @@ class Transformer(nn.Module):
     # -- forward ----------------------------------------------------------------------------------
     def hidden_states(self, tokens: torch.Tensor) -> torch.Tensor:
         T = tokens.shape[1]
-        if T > self.rope_len:
+        if self.rope_len < T:
             raise ValueError(f"sequence of {T} tokens is longer than the RoPE table ({self.rope_len})")
         cos, sin = self.rope_cos[:T], self.rope_sin[:T]
         h = self.model.embed_tokens(tokens)

@@ -6,6 +6,7 @@ the device and read back once per logging window.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -20,7 +21,7 @@ import yaml
 from torch.distributed.tensor import DTensor
 
 from fsdpkit.errors import UserError
-from fsdpkit.train import dist
+from fsdpkit.train import checkpoint, dist
 from fsdpkit.train.config import TrainConfig
 from fsdpkit.train.data import BatchStream, Tokenizer, get_source, get_tokenizer
 from fsdpkit.train.metrics import (
@@ -67,6 +68,8 @@ def preflight(cfg: TrainConfig) -> Path:
     check_writable(run_dir, "run_dir")
     if cfg.log.tensorboard_dir:
         check_writable(Path(cfg.log.tensorboard_dir), "tensorboard_dir")
+    if cfg.checkpoint.checkpoint_dir:
+        check_writable(Path(cfg.checkpoint.checkpoint_dir), "checkpoint_dir")
     tok = get_tokenizer(cfg.data.tokenizer)
     vocab = cfg.model_config().vocab_size
     if tok.vocab_size > vocab:
@@ -103,7 +106,7 @@ class Validator:
             return None
         model.eval()
         total = torch.zeros((), device=self.rt.device)
-        for _, (x, y) in zip(range(self.batches), self.stream):
+        for _, (x, y) in zip(range(self.batches), self.stream, strict=False):
             with autocast(self.cfg, self.rt):
                 ce, _ = model.loss(x.to(self.rt.device), y.to(self.rt.device))
             total += ce.float()
@@ -128,8 +131,20 @@ def _train(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path, notices: list[str]
 
     model = build_model(cfg, rt)
     optimizer = build_optimizer(model, cfg)
+    model_shape = json.loads(json.dumps(dataclasses.asdict(mcfg)))
+    start_step, samples_done = 0, 0
+    if cfg.checkpoint.resume_from_checkpoint:
+        found = checkpoint.resolve(cfg.checkpoint.resume_from_checkpoint)
+        if found is None:
+            notices.append(f"fsdpkit: no complete checkpoint in {cfg.checkpoint.resume_from_checkpoint}; "
+                           "starting from step 0")
+        else:
+            checkpoint.load(found, model, optimizer, model_shape)
+            start_step, samples_done = found.step, found.meta["samples"]
+            notices.append(f"fsdpkit: resumed from {found.path} at step {start_step}")
     stream = iter(BatchStream(get_source(d.dataset, d.train_split, cfg.seed), tok, seq_len,
-                              d.train_batch_size, rt.rank, rt.world_size, cfg.seed, epochs=d.epochs))
+                              d.train_batch_size, rt.rank, rt.world_size, cfg.seed, epochs=d.epochs,
+                              skip_blocks=samples_done))
     validate = Validator(cfg, rt, tok)
     dtype = compute_dtype(cfg.parallel, rt.device.type)
     flops_tok = flops_per_token(mcfg, seq_len)
@@ -159,7 +174,7 @@ def _train(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path, notices: list[str]
     loss_sum = torch.zeros((), device=rt.device)
     window_start, window_steps = time.perf_counter(), 0
     model.train()
-    for step in range(o.max_steps):
+    for step in range(start_step, o.max_steps):
         lr = lr_at(step, cfg)
         set_lr(optimizer, lr)
         try:
@@ -181,6 +196,7 @@ def _train(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path, notices: list[str]
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         window_steps += 1
+        samples_done += samples_per_step
         result.steps = step + 1
         n = step + 1
         if n % lg.logging_freq == 0 or n == o.max_steps:
@@ -203,6 +219,15 @@ def _train(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path, notices: list[str]
                 if writer:
                     writer.record("val", {"step": n, "val_loss": val}, f"Batch {n} Validation loss: {val:.5f}")
             window_start = time.perf_counter()  # validation time is not training throughput
+        ck = cfg.checkpoint
+        if ck.checkpoint_dir and ck.checkpoint_freq and (n % ck.checkpoint_freq == 0 or n == o.max_steps):
+            meta = {"samples": samples_done, "model": model_shape, "preset": cfg.preset,
+                    "loss": result.losses[-1][1] if result.losses else None, "config": cfg.to_dict()}
+            path = checkpoint.save(Path(ck.checkpoint_dir), n, model, optimizer, meta, rt)
+            checkpoint.prune(Path(ck.checkpoint_dir), ck.keep_last, rt)
+            if writer:
+                writer.print(f"fsdpkit: saved checkpoint {path}")
+            window_start = time.perf_counter()
 
     if writer:
         summary = {

@@ -1,0 +1,102 @@
+"""Sharded checkpoints with torch.distributed.checkpoint (DCP): save, find the newest, resume.
+
+A checkpoint is written under a hidden temporary name and renamed to `step-NNNNNNNN` by rank 0
+only after every rank has finished writing, so a directory with that name is always complete: a
+crash mid-save leaves only a `.tmp` directory that resume ignores. DCP stores each rank's shards
+and reshards on load, so a run can resume with a different number of processes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as tdist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+from fsdpkit.errors import UserError
+from fsdpkit.train.dist import Runtime
+
+NAME = re.compile(r"^step-(\d+)$")
+META = "fsdpkit.json"
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    path: Path
+    step: int
+    meta: dict[str, Any]
+
+
+def _barrier(rt: Runtime) -> None:
+    if rt.distributed:
+        tdist.barrier()
+
+
+def save(directory: Path, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+         meta: dict[str, Any], rt: Runtime) -> Path:
+    final = directory / f"step-{step:08d}"
+    tmp = directory / f".step-{step:08d}.tmp"
+    if rt.is_main:
+        directory.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)  # left by a crash during an earlier save
+    _barrier(rt)
+    state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, optimizer)}
+    dcp.save(state, checkpoint_id=str(tmp))
+    _barrier(rt)
+    if rt.is_main:
+        (tmp / META).write_text(json.dumps({"step": step, "world_size": rt.world_size, **meta}, indent=2))
+        if final.exists():
+            shutil.rmtree(final)
+        tmp.rename(final)  # the completion marker: atomic on one file system
+    _barrier(rt)
+    return final
+
+
+def list_checkpoints(directory: Path) -> list[CheckpointInfo]:
+    """Complete checkpoints in `directory`, oldest first."""
+    out = []
+    if directory.is_dir():
+        for p in directory.iterdir():
+            m = NAME.match(p.name)
+            if m and (p / META).is_file():
+                out.append(CheckpointInfo(p, int(m.group(1)), json.loads((p / META).read_text())))
+    return sorted(out, key=lambda c: c.step)
+
+
+def resolve(spec: str) -> CheckpointInfo | None:
+    """A checkpoint directory itself, or the newest complete one inside a checkpoint root."""
+    p = Path(spec)
+    if (p / META).is_file() and NAME.match(p.name):
+        return CheckpointInfo(p, int(NAME.match(p.name).group(1)), json.loads((p / META).read_text()))
+    found = list_checkpoints(p)
+    return found[-1] if found else None
+
+
+def load(info: CheckpointInfo, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+         model_shape: dict[str, Any]) -> None:
+    if info.meta.get("model") != model_shape:
+        raise UserError(f"resume_from_checkpoint: {info.path} holds a model of another shape "
+                        f"({info.meta.get('model')}); this run's is {model_shape}")
+    state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, optimizer)}
+    dcp.load(state, checkpoint_id=str(info.path))
+    set_model_state_dict(model, state["model"])
+    set_optimizer_state_dict(model, optimizer, state["optim"])
+
+
+def prune(directory: Path, keep: int, rt: Runtime) -> None:
+    if keep <= 0 or not rt.is_main:
+        return
+    for old in list_checkpoints(directory)[:-keep]:
+        shutil.rmtree(old.path, ignore_errors=True)

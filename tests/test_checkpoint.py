@@ -1,0 +1,70 @@
+"""Sharded checkpoints: complete-only visibility, exact resume, resume with another world size."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from fsdpkit.train.checkpoint import list_checkpoints, resolve
+
+from conftest import FAST, losses, read_metrics, run_cli
+
+pytestmark = pytest.mark.slow
+
+BASE = [*FAST, "--max_steps", "6", "--logging_freq", "1", "--warmup_steps", "2", "--tensorboard", "0",
+        "--checkpoint_freq", "3"]
+
+
+@pytest.fixture(scope="module")
+def two_rank_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ckpt")
+    r = run_cli("train", *BASE, "--train_batch_size", "4", "--nproc", "2",
+                "--run_dir", str(root / "run"), "--checkpoint_dir", str(root / "ckpt"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    return root
+
+
+def test_checkpoints_are_complete_and_described(two_rank_run):
+    found = list_checkpoints(two_rank_run / "ckpt")
+    assert [c.step for c in found] == [3, 6]
+    meta = found[0].meta
+    assert meta["world_size"] == 2 and meta["samples"] == 3 * 8 and meta["preset"] == "tiny"
+    assert any(p.suffix == ".distcp" for p in found[0].path.iterdir())
+    # A save that crashed half-way leaves only a hidden .tmp directory: never chosen for resume.
+    partial = two_rank_run / "ckpt" / ".step-00000009.tmp"
+    partial.mkdir()
+    (partial / "__0_0.distcp").write_bytes(b"partial")
+    assert resolve(str(two_rank_run / "ckpt")).step == 6
+
+
+@pytest.mark.parametrize(("nproc", "batch"), [("2", "4"), ("1", "8")], ids=["same-world", "2-to-1-ranks"])
+def test_resume_continues_exactly(two_rank_run, tmp_path, nproc, batch):
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(two_rank_run / "ckpt" / "step-00000003", ckpt / "step-00000003")
+    r = run_cli("train", *BASE, "--train_batch_size", batch, "--nproc", nproc, "--run_dir",
+                str(tmp_path / "run"), "--checkpoint_dir", str(ckpt), "--resume_from_checkpoint", str(ckpt))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "resumed from" in r.stdout
+    assert [m["step"] for m in read_metrics(tmp_path / "run")] == [4, 5, 6]
+    uninterrupted = losses(two_rank_run / "run")
+    assert losses(tmp_path / "run") == pytest.approx(uninterrupted[3:], abs=1e-5)
+
+
+def test_resume_refuses_another_model_shape(two_rank_run, tmp_path):
+    r = run_cli("train", *FAST, "--max_steps", "6", "--train_batch_size", "8", "--n_layers", "3",
+                "--run_dir", str(tmp_path / "run"), "--resume_from_checkpoint", str(two_rank_run / "ckpt"))
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [r.stderr.strip()]
+    assert r.stderr.startswith("error: resume_from_checkpoint") and "another shape" in r.stderr
+    assert not (tmp_path / "run").exists()
+    assert json.loads((two_rank_run / "ckpt" / "step-00000006" / "fsdpkit.json").read_text())["step"] == 6
+
+
+def test_resume_from_empty_directory_starts_fresh(tmp_path):
+    r = run_cli("train", *FAST, "--max_steps", "2", "--logging_freq", "1", "--tensorboard", "0",
+                "--train_batch_size", "2", "--run_dir", str(tmp_path / "run"),
+                "--resume_from_checkpoint", str(tmp_path / "nothing-here"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "starting from step 0" in r.stdout

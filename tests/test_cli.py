@@ -1,0 +1,29 @@
+"""The `fsdpkit` command itself: verbs, help, presets listing."""
+
+from __future__ import annotations
+
+import json
+
+
+def test_presets_lists_every_preset_with_counts(cli):
+    r = cli("presets", "--json")
+    assert r.returncode == 0, r.stderr
+    data = {row["name"]: row for row in json.loads(r.stdout)["data"]}
+    assert {"tiny", "debug", "llama2_7b", "llama3_1_8b", "llama3_2_1b", "mixtral_8x7b"} <= set(data)
+    assert round(data["llama3_1_8b"]["params"] / 1e9, 2) == 8.03
+    assert data["mixtral_8x7b"]["active_params"] < data["mixtral_8x7b"]["params"]
+    human = cli("presets")
+    assert human.returncode == 0 and "llama3_1_70b" in human.stdout and "70.55B" in human.stdout
+
+
+def test_train_help_lists_reference_flags(cli):
+    r = cli("train", "--help")
+    assert r.returncode == 0
+    for flag in ("--max_context_width", "--hidden_width", "--num_layers", "--sharding_strategy",
+                 "--checkpoint_dir", "--nproc", "--activation_checkpointing"):
+        assert flag in r.stdout
+
+
+def test_unknown_verb_exits_nonzero(cli):
+    r = cli("frobnicate")
+    assert r.returncode != 0
