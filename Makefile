@@ -22,11 +22,11 @@ run: venv
 	$(BIN)/fsdpkit train $(RUN_ARGS)
 
 test: venv
-	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 lint: venv
-	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff check .
 
 clean:
 	rm -rf $(VENV) runs

@@ -32,8 +32,8 @@ def test_make_run_default_job_learns(tmp_path):
 @pytest.fixture(scope="module")
 def single_process_run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("single") / "run"
-    r = run_cli("train", *FAST, *STEPS, "--train_batch_size", "8", "--run_dir", str(run_dir),
-                "--tensorboard", "1")
+    r = run_cli("train", *FAST, *STEPS, "--train_batch_size", "8", "--val_batch_size", "8",
+                "--run_dir", str(run_dir), "--tensorboard", "1")
     assert r.returncode == 0, r.stderr[-3000:]
     return run_dir
 
@@ -44,19 +44,26 @@ def single_process_run(tmp_path_factory):
         [],
         ["--activation_checkpointing", "full"],
         ["--sharding_strategy", "hybrid", "--dp_replicate", "2", "--activation_checkpointing", "selective"],
+        ["--cpu_offload", "1", "--reshard_after_forward", "0"],
     ],
-    ids=["fsdp", "fsdp+ac", "hsdp+selective-ac"],
+    ids=["fsdp", "fsdp+ac", "hsdp+selective-ac", "offload+no-reshard"],
 )
 def test_two_ranks_match_one_process(single_process_run, tmp_path, extra):
     run_dir = tmp_path / "run"
-    r = run_cli("train", *FAST, *STEPS, "--train_batch_size", "4", "--nproc", "2", "--run_dir",
-                str(run_dir), *extra)
+    r = run_cli("train", *FAST, *STEPS, "--train_batch_size", "4", "--val_batch_size", "4", "--nproc", "2",
+                "--run_dir", str(run_dir), *extra)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "2 x cpu" in r.stdout
+    # Hybrid is a real 2-D mesh (replicate x shard), never an alias of full sharding.
+    mesh = "dp_replicate=2 x dp_shard=1" if "hybrid" in extra else "mesh dp_shard=2;"
+    assert mesh in r.stdout
     one, two = losses(single_process_run), losses(run_dir)
     assert len(one) == len(two) == 6
     assert one[-1] < one[0]  # it trained
     assert two == pytest.approx(one, abs=1e-5)
+    # Validation covers the same held-out blocks split over the ranks, averaged across them.
+    val_one, val_two = read_metrics(single_process_run, "val"), read_metrics(run_dir, "val")
+    assert val_two[-1]["val_loss"] == pytest.approx(val_one[-1]["val_loss"], abs=1e-5)
 
 
 def test_gradient_accumulation_matches_larger_batch(single_process_run, tmp_path):

@@ -89,6 +89,15 @@ def build_model(cfg: TrainConfig, rt: Runtime) -> Transformer:
     return model
 
 
+def describe_mesh(model: torch.nn.Module) -> str:
+    """The device mesh the parameters are sharded over, e.g. 'dp_replicate=2 x dp_shard=4'."""
+    p = next(model.parameters())
+    if not isinstance(p, DTensor):
+        return "none (one process, unsharded)"
+    mesh = p.device_mesh
+    return " x ".join(f"{n}={s}" for n, s in zip(mesh.mesh_dim_names, mesh.shape, strict=True))
+
+
 def autocast(cfg: TrainConfig, rt: Runtime) -> contextlib.AbstractContextManager:
     """Mixed precision for the unsharded single-process path (FSDP2 casts parameters itself)."""
     dtype = compute_dtype(cfg.parallel, rt.device.type)

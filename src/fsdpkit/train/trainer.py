@@ -35,7 +35,7 @@ from fsdpkit.train.metrics import (
 )
 from fsdpkit.train.model import Transformer, count_params
 from fsdpkit.train.optim import build_optimizer, lr_at, set_lr
-from fsdpkit.train.shard import autocast, build_model, compute_dtype
+from fsdpkit.train.shard import autocast, build_model, compute_dtype, describe_mesh
 
 
 @dataclass
@@ -165,8 +165,8 @@ def _train(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path, notices: list[str]
             f"{d.train_batch_size * rt.world_size * d.grad_accum_steps}, {o.max_steps} steps -> {run_dir}"
         )
         peak_txt = f"{peak / 1e12:.3f} TFLOP/s ({peak_source})" if peak else "unknown for this device"
-        writer.print(f"fsdpkit: MFU denominator {peak_txt}; activation checkpointing "
-                     f"{cfg.parallel.activation_checkpointing}; compile {cfg.parallel.compile}")
+        writer.print(f"fsdpkit: MFU denominator {peak_txt}; mesh {describe_mesh(model)}; activation "
+                     f"checkpointing {cfg.parallel.activation_checkpointing}; compile {cfg.parallel.compile}")
 
     result = TrainResult(run_dir=run_dir, steps=0)
     tokens_per_step = d.train_batch_size * seq_len * rt.world_size * d.grad_accum_steps
