@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
 from fsdpkit.train.checkpoint import list_checkpoints, resolve
 
-from conftest import FAST, losses, read_metrics, run_cli
+from conftest import FAST, ROOT, losses, read_metrics, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -68,3 +72,35 @@ def test_resume_from_empty_directory_starts_fresh(tmp_path):
                 "--resume_from_checkpoint", str(tmp_path / "nothing-here"))
     assert r.returncode == 0, r.stderr[-3000:]
     assert "starting from step 0" in r.stdout
+
+
+def _train_until_sigterm(tmp_path, nproc: str) -> tuple[subprocess.Popen, float]:
+    cmd = [sys.executable, "-m", "fsdpkit", "train", *FAST, "--max_steps", "100000", "--logging_freq", "1",
+           "--tensorboard", "0", "--train_batch_size", "4", "--nproc", nproc, "--run_dir", str(tmp_path / "run"),
+           "--checkpoint_dir", str(tmp_path / "ckpt")]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
+        assert proc.poll() is None, proc.communicate()[0][-3000:]
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    sent = time.monotonic()
+    proc.communicate(timeout=60)
+    return proc, time.monotonic() - sent
+
+
+@pytest.mark.parametrize("nproc", ["1", "2"])
+def test_sigterm_saves_a_complete_checkpoint_within_grace_period(tmp_path, nproc):
+    proc, took = _train_until_sigterm(tmp_path, nproc)
+    assert took < 30, "Kubernetes' default grace period is 30 s"
+    assert proc.returncode != 0  # an interrupted run must not look finished
+    (latest,) = list_checkpoints(tmp_path / "ckpt")
+    assert latest.step >= 3 and latest.meta["world_size"] == int(nproc)
+    steps_logged = [m["step"] for m in read_metrics(tmp_path / "run")]
+    assert latest.step == steps_logged[-1]  # saved after the last completed step, nothing lost
+    r = run_cli("train", *FAST, "--max_steps", str(latest.step + 2), "--logging_freq", "1", "--tensorboard", "0",
+                "--train_batch_size", "4", "--nproc", nproc, "--run_dir", str(tmp_path / "run2"),
+                "--resume_from_checkpoint", str(tmp_path / "ckpt"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert [m["step"] for m in read_metrics(tmp_path / "run2")] == [latest.step + 1, latest.step + 2]

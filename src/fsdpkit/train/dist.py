@@ -8,6 +8,7 @@ joins a process group: nccl on GPUs, gloo on CPUs.
 from __future__ import annotations
 
 import os
+import signal
 from dataclasses import dataclass
 
 import torch
@@ -93,3 +94,32 @@ def all_reduce_mean(t: torch.Tensor, rt: Runtime) -> torch.Tensor:
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
         t /= rt.world_size
     return t
+
+
+class StopRequest:
+    """Turns SIGTERM (what Kubernetes and torchrun send before killing) into a stop all ranks agree on.
+
+    The handler only sets a flag; `agreed()` combines the flags of all ranks, so every rank stops
+    after the same step and can write one consistent checkpoint. On GPUs the vote goes over a
+    separate gloo group so it never waits on the CUDA stream.
+    """
+
+    def __init__(self, rt: Runtime):
+        self.rt, self.requested = rt, False
+        self.group = None
+        if rt.distributed and rt.device.type == "cuda":
+            self.group = dist.new_group(backend="gloo")
+        self._previous = signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum: int, frame: object) -> None:
+        self.requested = True
+
+    def agreed(self) -> bool:
+        if not (self.rt.distributed and self.rt.world_size > 1):
+            return self.requested
+        flag = torch.tensor([int(self.requested)])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
+        return bool(flag.item())
+
+    def close(self) -> None:
+        signal.signal(signal.SIGTERM, self._previous)

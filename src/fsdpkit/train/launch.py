@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 
 from fsdpkit.errors import UserError
@@ -39,9 +38,16 @@ def launch(cfg: TrainConfig, argv: list[str], notices: list[str]) -> int:
         if dist.resolve_device_type(cfg.parallel.device) == "cpu" and "OMP_NUM_THREADS" not in env:
             # torchrun would pin every process to one thread; share the cores out instead.
             env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // cfg.parallel.nproc))
-        return subprocess.call(torchrun_command(cfg, argv, str(run_dir)), env=env)
-    train(cfg, notices)
-    return 0
+        # Become torchrun (no parent left behind), so SIGTERM from Kubernetes or a user reaches it
+        # and it forwards the signal to the workers, which save a checkpoint before exiting.
+        cmd = torchrun_command(cfg, argv, str(run_dir))
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execve(cmd[0], cmd, env)
+    result = train(cfg, notices)
+    # 128 + SIGTERM, as if the signal had ended the process: an orchestrator must not take a
+    # preempted run for a finished one.
+    return 143 if result.stopped_by_signal else 0
 
 
 def main(argv: list[str] | None = None, prog: str = "fsdpkit train") -> int:

@@ -44,6 +44,7 @@ class TrainResult:
     steps: int
     losses: list[tuple[int, float]] = field(default_factory=list)
     val_losses: list[tuple[int, float]] = field(default_factory=list)
+    stopped_by_signal: bool = False  # SIGTERM before max_steps: the run is unfinished
 
 
 def default_run_dir(cfg: TrainConfig) -> Path:
@@ -174,6 +175,7 @@ def _train(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path, notices: list[str]
     loss_sum = torch.zeros((), device=rt.device)
     window_start, window_steps = time.perf_counter(), 0
     model.train()
+    stop = dist.StopRequest(rt)
     for step in range(start_step, o.max_steps):
         lr = lr_at(step, cfg)
         set_lr(optimizer, lr)
@@ -220,7 +222,9 @@ def _train(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path, notices: list[str]
                     writer.record("val", {"step": n, "val_loss": val}, f"Batch {n} Validation loss: {val:.5f}")
             window_start = time.perf_counter()  # validation time is not training throughput
         ck = cfg.checkpoint
-        if ck.checkpoint_dir and ck.checkpoint_freq and (n % ck.checkpoint_freq == 0 or n == o.max_steps):
+        stopping = stop.agreed()
+        due = ck.checkpoint_freq and (n % ck.checkpoint_freq == 0 or n == o.max_steps)
+        if ck.checkpoint_dir and (due or stopping):
             meta = {"samples": samples_done, "model": model_shape, "preset": cfg.preset,
                     "loss": result.losses[-1][1] if result.losses else None, "config": cfg.to_dict()}
             path = checkpoint.save(Path(ck.checkpoint_dir), n, model, optimizer, meta, rt)
@@ -228,7 +232,14 @@ def _train(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path, notices: list[str]
             if writer:
                 writer.print(f"fsdpkit: saved checkpoint {path}")
             window_start = time.perf_counter()
+        if stopping:
+            result.stopped_by_signal = True
+            if writer:
+                saved = "checkpoint saved" if ck.checkpoint_dir else "no --checkpoint_dir, nothing saved"
+                writer.print(f"fsdpkit: stopping at step {n} on SIGTERM ({saved})")
+            break
 
+    stop.close()
     if writer:
         summary = {
             "steps": result.steps,
