@@ -104,3 +104,40 @@ def test_sigterm_saves_a_complete_checkpoint_within_grace_period(tmp_path, nproc
                 "--resume_from_checkpoint", str(tmp_path / "ckpt"))
     assert r.returncode == 0, r.stderr[-3000:]
     assert [m["step"] for m in read_metrics(tmp_path / "run2")] == [latest.step + 1, latest.step + 2]
+
+
+def test_ckpt_list_and_show(two_rank_run, tmp_path, cli):
+    root = tmp_path / "ckpts"
+    shutil.copytree(two_rank_run / "ckpt", root, ignore=shutil.ignore_patterns(".*.tmp"))
+    (root / ".step-00000009.tmp").mkdir()  # a save that died half-way
+    (root / "llama_v3-50steps").mkdir()  # the reference example's naming
+    (root / "llama_v3-50steps" / ".metadata").write_bytes(b"x")
+    (root / "notes").mkdir()  # not a checkpoint
+    r = cli("ckpt", "list", str(root), "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["ok"] is True and out["error"] is None
+    rows = {row["name"]: row for row in out["data"]}
+    assert set(rows) == {"step-00000003", "step-00000006", ".step-00000009.tmp", "llama_v3-50steps"}
+    assert rows["step-00000006"]["complete"] and rows["step-00000006"]["world_size"] == 2
+    assert rows["step-00000006"]["bytes"] > 10_000
+    assert rows[".step-00000009.tmp"]["complete"] is False
+    assert rows["llama_v3-50steps"]["kind"] == "reference" and rows["llama_v3-50steps"]["step"] == 50
+    human = cli("ckpt", "list", str(root))
+    assert "step-00000006" in human.stdout and "NO" in human.stdout
+
+    shown = json.loads(cli("ckpt", "show", str(root / "step-00000003"), "--json").stdout)["data"]
+    assert shown["step"] == 3 and shown["meta"]["model"]["dim"] == 128
+    assert shown["meta"]["config"]["optim"]["max_steps"] == 6
+    assert "fsdpkit.json" in shown["files"]
+
+
+def test_ckpt_errors_are_one_line_or_json(cli, tmp_path):
+    r = cli("ckpt", "list", str(tmp_path / "missing"))
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [f"error: checkpoint directory not found: "
+                                                                    f"{tmp_path / 'missing'}"]
+    j = cli("ckpt", "show", str(tmp_path), "--json")
+    assert j.returncode == 2
+    body = json.loads(j.stdout)
+    assert body["ok"] is False and body["error"]["code"] == "bad_input"
+    assert "not a checkpoint" in body["error"]["message"]

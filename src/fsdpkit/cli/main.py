@@ -10,6 +10,7 @@ from fsdpkit import __version__
 VERBS = {
     "train": "train a model (embedded default with no flags; --nproc N for N processes)",
     "presets": "list the model presets with their parameter counts",
+    "ckpt": "list and inspect checkpoints (ckpt list DIR, ckpt show CKPT)",
 }
 
 
@@ -28,6 +29,10 @@ def main(argv: list[str] | None = None) -> int:
         from fsdpkit.train.launch import main as train_main
 
         return train_main(rest, prog="fsdpkit train")
+    if verb == "ckpt":
+        from fsdpkit.cli import ckpt
+
+        return ckpt.main(rest)
     from fsdpkit.cli import presets
 
     return presets.main(rest)

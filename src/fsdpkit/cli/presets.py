@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import json
 
+from fsdpkit.cli.output import emit_json
 from fsdpkit.train.model import count_params
 from fsdpkit.train.presets import PRESETS
 
@@ -31,8 +31,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     data = rows()
     if args.json:
-        print(json.dumps({"ok": True, "data": data}, indent=2))
-        return 0
+        return emit_json(data)
     print(f"{'preset':<14}{'params':>9}{'active':>9}{'layers':>7}{'dim':>6}{'heads':>6}{'kv':>4}"
           f"{'ffn':>7}{'vocab':>8}{'context':>9}")
     for r in data:

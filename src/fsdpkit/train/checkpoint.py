@@ -29,6 +29,9 @@ from fsdpkit.errors import UserError
 from fsdpkit.train.dist import Runtime
 
 NAME = re.compile(r"^step-(\d+)$")
+# The reference FSDP example names its checkpoints `{model_type}-{step}steps`.
+REFERENCE_NAME = re.compile(r"^(?P<model>[A-Za-z0-9_.]+)-(?P<step>\d+)steps$")
+TMP_NAME = re.compile(r"^\.step-(\d+)\.tmp$")
 META = "fsdpkit.json"
 
 
@@ -100,3 +103,35 @@ def prune(directory: Path, keep: int, rt: Runtime) -> None:
         return
     for old in list_checkpoints(directory)[:-keep]:
         shutil.rmtree(old.path, ignore_errors=True)
+
+
+def _size(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def describe(path: Path) -> dict[str, Any] | None:
+    """What a directory entry is as a checkpoint: fsdpkit (complete), incomplete, or reference."""
+    if not path.is_dir():
+        return None
+    name = path.name
+    if (m := NAME.match(name)) and (path / META).is_file():
+        meta = json.loads((path / META).read_text())
+        return {"name": name, "path": str(path), "kind": "fsdpkit", "step": int(m.group(1)),
+                "complete": True, "world_size": meta.get("world_size"), "loss": meta.get("loss"),
+                "preset": meta.get("preset"), "samples": meta.get("samples"), "bytes": _size(path)}
+    if (m := NAME.match(name) or TMP_NAME.match(name)):
+        return {"name": name, "path": str(path), "kind": "fsdpkit", "step": int(m.group(1)),
+                "complete": False, "bytes": _size(path)}
+    if m := REFERENCE_NAME.match(name):
+        return {"name": name, "path": str(path), "kind": "reference", "step": int(m.group("step")),
+                "complete": (path / ".metadata").is_file(), "model_type": m.group("model"),
+                "bytes": _size(path)}
+    return None
+
+
+def scan(directory: Path) -> list[dict[str, Any]]:
+    """Every checkpoint-like entry in `directory`, by step."""
+    if not directory.is_dir():
+        raise UserError(f"checkpoint directory not found: {directory}")
+    found = [d for p in directory.iterdir() if (d := describe(p))]
+    return sorted(found, key=lambda d: (d["step"], d["name"]))

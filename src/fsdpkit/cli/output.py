@@ -1,0 +1,24 @@
+"""One output contract for every command: human text, or with --json one envelope
+`{"ok": bool, "data": ..., "error": {"code", "message", "hint"}}` on stdout."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from fsdpkit.errors import UserError
+
+
+def emit_json(data: Any) -> int:
+    print(json.dumps({"ok": True, "data": data, "error": None}, indent=2, default=str))
+    return 0
+
+
+def emit_error(err: UserError, as_json: bool, code: str = "bad_input", hint: str | None = None) -> int:
+    if as_json:
+        print(json.dumps({"ok": False, "data": None,
+                          "error": {"code": code, "message": str(err), "hint": hint}}, indent=2))
+    else:
+        print(f"error: {err}", file=sys.stderr)
+    return err.exit_code
