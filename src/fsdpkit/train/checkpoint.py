@@ -27,6 +27,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from fsdpkit.errors import UserError
 from fsdpkit.train.dist import Runtime
+from fsdpkit.train.faults import maybe_fail
 
 NAME = re.compile(r"^step-(\d+)$")
 # The reference FSDP example names its checkpoints `{model_type}-{step}steps`.
@@ -57,6 +58,7 @@ def save(directory: Path, step: int, model: torch.nn.Module, optimizer: torch.op
     _barrier(rt)
     state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, optimizer)}
     dcp.save(state, checkpoint_id=str(tmp))
+    maybe_fail("save", step, rt.rank)
     _barrier(rt)
     if rt.is_main:
         (tmp / META).write_text(json.dumps({"step": step, "world_size": rt.world_size, **meta}, indent=2))

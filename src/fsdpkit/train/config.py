@@ -107,6 +107,7 @@ class ParallelConfig:
         alias_values={"1": "full", "0": "none", "true": "full", "false": "none"})
     ac_every: int = opt(2, "selective activation checkpointing: every Nth block", min=1)
     compile: bool = opt(False, "torch.compile each decoder block")
+    max_restarts: int = opt(0, "with --nproc: torchrun restarts the workers this often after a failure", min=0)
 
 
 @dataclass
@@ -118,6 +119,8 @@ class LogConfig:
     tensorboard_dir: str | None = opt(None, "TensorBoard directory (default: RUN_DIR/tensorboard)")
     progress: str = opt("auto", "progress bar (auto: when attached to a terminal)",
                         choices=("auto", "on", "off"))
+    log_samples: bool = opt(False, "record the global index of every sample each rank trains on "
+                            "(RUN_DIR/samples-rank*.jsonl), to audit data order")
 
 
 @dataclass
@@ -125,7 +128,8 @@ class CheckpointConfig:
     checkpoint_dir: str | None = opt(None, "where sharded checkpoints go")
     checkpoint_freq: int = opt(0, "steps between checkpoints (0: none)", min=0)
     resume_from_checkpoint: str | None = opt(
-        None, "a checkpoint, or a directory whose newest complete checkpoint to resume from")
+        None, "a checkpoint, a directory whose newest complete checkpoint to resume from, or 'auto' "
+        "(the newest in checkpoint_dir; also what a run restarted by torchrun does)", aliases=("resume",))
     keep_last: int = opt(3, "complete checkpoints to keep (0: all)", min=0)
 
 
@@ -362,5 +366,7 @@ def validate(cfg: TrainConfig) -> None:
         raise UserError(f"min_lr: {o.min_lr} must be <= lr ({o.lr})")
     if cfg.warmup_steps() > o.max_steps:
         raise UserError(f"warmup_steps: {cfg.warmup_steps()} must be <= max_steps ({o.max_steps})")
+    if cfg.checkpoint.resume_from_checkpoint == "auto" and not cfg.checkpoint.checkpoint_dir:
+        raise UserError("resume_from_checkpoint: 'auto' needs --checkpoint_dir to know where to look")
     if cfg.checkpoint.checkpoint_freq and not cfg.checkpoint.checkpoint_dir:
         raise UserError("checkpoint_freq: needs --checkpoint_dir to know where checkpoints go")

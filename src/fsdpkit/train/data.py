@@ -116,6 +116,9 @@ class BatchStream:
     epochs: int | None = None  # None: repeat the source forever
     skip_blocks: int = 0  # global blocks already consumed (resume): the stream continues after them
 
+    def __post_init__(self) -> None:
+        self.last_indices: list[int] = []  # global block indices of the last batch yielded
+
     def blocks(self) -> Iterator[np.ndarray]:
         """The global stream of seq_len+1-token blocks, documents separated by EOS."""
         n = self.seq_len + 1
@@ -151,19 +154,22 @@ class BatchStream:
         rng.shuffle(pool)
         yield from pool
 
-    def rank_blocks(self) -> Iterator[np.ndarray]:
-        """This rank's blocks: slot `rank` of every group of world_size x batch_size blocks."""
+    def rank_blocks(self) -> Iterator[tuple[int, np.ndarray]]:
+        """This rank's (global index, block): slot `rank` of every group of world x batch blocks."""
         for k, block in enumerate(self.shuffled()):
             if k < self.skip_blocks:
                 continue
             if ((k - self.skip_blocks) // self.batch_size) % self.world_size == self.rank:
-                yield block
+                yield k, block
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         batch: list[np.ndarray] = []
-        for block in self.rank_blocks():
+        indices: list[int] = []
+        for k, block in self.rank_blocks():
             batch.append(block)
+            indices.append(k)
             if len(batch) == self.batch_size:
                 t = torch.from_numpy(np.stack(batch))
+                self.last_indices = indices
                 yield t[:, :-1].contiguous(), t[:, 1:].contiguous()
-                batch = []
+                batch, indices = [], []

@@ -74,13 +74,30 @@ def setup(device: str = "auto") -> Runtime:
     if kind == "cuda":
         torch.cuda.set_device(local_rank)
         dev = torch.device("cuda", local_rank)
-        if not dist.is_initialized():
-            dist.init_process_group("nccl", device_id=dev)
     else:
         dev = torch.device("cpu")
-        if not dist.is_initialized():
-            dist.init_process_group("gloo")
+    if not dist.is_initialized():
+        backend = "nccl" if kind == "cuda" else "gloo"
+        dist.init_process_group(backend, store=_attempt_store(rank, world), rank=rank, world_size=world,
+                                device_id=dev if kind == "cuda" else None)
     return Runtime(rank, world, local_rank, local_world, dev)
+
+
+def _attempt_store(rank: int, world: int) -> dist.Store:
+    """torchrun's store, with keys private to this restart attempt.
+
+    After a restart, the store can still hold the addresses the previous attempt's ranks
+    published; a rank that reads one before its peer republishes connects to a dead port
+    (seen with gloo: "connectFullMesh failed ... Connection refused"). A prefix per attempt
+    makes every read wait for the current attempt's value.
+    """
+    agent_hosts = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
+        is_master=(rank == 0 and not agent_hosts), multi_tenant=True,
+    )
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"fsdpkit/attempt-{attempt}/", store)
 
 
 def teardown() -> None:

@@ -24,7 +24,8 @@ def torchrun_command(cfg: TrainConfig, argv: list[str], run_dir: str) -> list[st
             rest.append(arg)
     return [
         sys.executable, "-m", "torch.distributed.run", "--standalone",
-        f"--nproc_per_node={cfg.parallel.nproc}", "-m", "fsdpkit.train", *rest, "--run_dir", run_dir,
+        f"--nproc_per_node={cfg.parallel.nproc}", f"--max-restarts={cfg.parallel.max_restarts}",
+        "-m", "fsdpkit.train", *rest, "--run_dir", run_dir,
     ]
 
 

@@ -24,6 +24,7 @@ from fsdpkit.errors import UserError
 from fsdpkit.train import checkpoint, dist
 from fsdpkit.train.config import TrainConfig
 from fsdpkit.train.data import BatchStream, Tokenizer, get_source, get_tokenizer
+from fsdpkit.train.faults import maybe_fail
 from fsdpkit.train.metrics import (
     MetricsWriter,
     StepStats,
@@ -83,6 +84,18 @@ def preflight(cfg: TrainConfig) -> Path:
     return run_dir
 
 
+def resume_spec(cfg: TrainConfig) -> str | None:
+    """Where to resume from: the flag, with 'auto' meaning checkpoint_dir. A worker that torchrun
+    restarted after a failure resumes from checkpoint_dir even when no flag says so."""
+    ck = cfg.checkpoint
+    if ck.resume_from_checkpoint == "auto":
+        return ck.checkpoint_dir
+    if ck.resume_from_checkpoint:
+        return ck.resume_from_checkpoint
+    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+    return ck.checkpoint_dir if restarted and ck.checkpoint_dir else None
+
+
 def _grad_norm(model: torch.nn.Module, max_norm: float) -> torch.Tensor:
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm or math.inf, foreach=True)
     return norm.full_tensor() if isinstance(norm, DTensor) else norm
@@ -134,18 +147,22 @@ def _train(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path, notices: list[str]
     optimizer = build_optimizer(model, cfg)
     model_shape = json.loads(json.dumps(dataclasses.asdict(mcfg)))
     start_step, samples_done = 0, 0
-    if cfg.checkpoint.resume_from_checkpoint:
-        found = checkpoint.resolve(cfg.checkpoint.resume_from_checkpoint)
+    resume_from = resume_spec(cfg)
+    if resume_from:
+        found = checkpoint.resolve(resume_from)
         if found is None:
-            notices.append(f"fsdpkit: no complete checkpoint in {cfg.checkpoint.resume_from_checkpoint}; "
-                           "starting from step 0")
+            notices.append(f"fsdpkit: no complete checkpoint in {resume_from}; starting from step 0")
         else:
             checkpoint.load(found, model, optimizer, model_shape)
             start_step, samples_done = found.step, found.meta["samples"]
             notices.append(f"fsdpkit: resumed from {found.path} at step {start_step}")
-    stream = iter(BatchStream(get_source(d.dataset, d.train_split, cfg.seed), tok, seq_len,
-                              d.train_batch_size, rt.rank, rt.world_size, cfg.seed, epochs=d.epochs,
-                              skip_blocks=samples_done))
+    batches = BatchStream(get_source(d.dataset, d.train_split, cfg.seed), tok, seq_len, d.train_batch_size,
+                          rt.rank, rt.world_size, cfg.seed, epochs=d.epochs, skip_blocks=samples_done)
+    stream = iter(batches)
+    sample_log = None
+    if lg.log_samples:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        sample_log = (run_dir / f"samples-rank{rt.rank}.jsonl").open("a", buffering=1)
     validate = Validator(cfg, rt, tok)
     dtype = compute_dtype(cfg.parallel, rt.device.type)
     flops_tok = flops_per_token(mcfg, seq_len)
@@ -182,6 +199,9 @@ def _train(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path, notices: list[str]
         try:
             for micro in range(d.grad_accum_steps):
                 x, y = next(stream)
+                if sample_log:
+                    sample_log.write(json.dumps({"step": step + 1, "micro": micro,
+                                                 "blocks": batches.last_indices}) + "\n")
                 x, y = x.to(rt.device, non_blocking=True), y.to(rt.device, non_blocking=True)
                 if rt.distributed and d.grad_accum_steps > 1:
                     # Reduce-scatter gradients once per optimizer step, not once per micro-step.
@@ -197,6 +217,7 @@ def _train(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path, notices: list[str]
         grad_norm = _grad_norm(model, o.grad_clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        maybe_fail("step", step + 1, rt.rank)
         window_steps += 1
         samples_done += samples_per_step
         result.steps = step + 1
@@ -240,6 +261,8 @@ def _train(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path, notices: list[str]
             break
 
     stop.close()
+    if sample_log:
+        sample_log.close()
     if writer:
         summary = {
             "steps": result.steps,
