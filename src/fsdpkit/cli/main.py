@@ -1,16 +1,19 @@
-"""`fsdpkit` entry point: dispatches to one module per verb."""
+"""`fsdpkit` entry point: dispatches to one module per verb, each with `main(argv) -> exit code`."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 
 from fsdpkit import __version__
 
+# verb -> (module with main(argv), help). Modules load lazily so `fsdpkit --help` stays fast.
 VERBS = {
-    "train": "train a model (embedded default with no flags; --nproc N for N processes)",
-    "presets": "list the model presets with their parameter counts",
-    "ckpt": "list and inspect checkpoints (ckpt list DIR, ckpt show CKPT)",
+    "train": ("fsdpkit.train.launch", "train a model (embedded default with no flags; --nproc N for N processes)"),
+    "presets": ("fsdpkit.cli.presets", "list the model presets with their parameter counts"),
+    "ckpt": ("fsdpkit.cli.ckpt", "list and inspect checkpoints (ckpt list DIR, ckpt show CKPT)"),
+    "export": ("fsdpkit.cli.export", "write a checkpoint as Hugging Face safetensors (export SRC --to hf OUT)"),
 }
 
 
@@ -19,20 +22,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fsdpkit", description="FSDP2 training from laptop to cluster.")
     parser.add_argument("--version", action="version", version=f"fsdpkit {__version__}")
     sub = parser.add_subparsers(dest="verb", metavar="COMMAND")
-    for verb, help_text in VERBS.items():
+    for verb, (_module, help_text) in VERBS.items():
         sub.add_parser(verb, help=help_text, add_help=False)
     if not argv or argv[0] not in VERBS:
-        parser.parse_args(argv or ["--help"])
+        parser.parse_args(argv or ["--help"])  # prints help or the usage error, then exits
         return 2
-    verb, rest = argv[0], argv[1:]
-    if verb == "train":
-        from fsdpkit.train.launch import main as train_main
-
-        return train_main(rest, prog="fsdpkit train")
-    if verb == "ckpt":
-        from fsdpkit.cli import ckpt
-
-        return ckpt.main(rest)
-    from fsdpkit.cli import presets
-
-    return presets.main(rest)
+    module = importlib.import_module(VERBS[argv[0]][0])
+    return module.main(argv[1:])

@@ -131,6 +131,8 @@ class CheckpointConfig:
         None, "a checkpoint, a directory whose newest complete checkpoint to resume from, or 'auto' "
         "(the newest in checkpoint_dir; also what a run restarted by torchrun does)", aliases=("resume",))
     keep_last: int = opt(3, "complete checkpoints to keep (0: all)", min=0)
+    init_from_hf: str | None = opt(None, "start from Hugging Face weights: a local directory with config.json "
+                                   "and safetensors (its config replaces the preset)")
 
 
 @dataclass
@@ -147,7 +149,12 @@ class TrainConfig:
 
     # -- derived values (one rule each) -----------------------------------------------------------
     def model_config(self) -> ModelConfig:
-        base = get_preset(self.preset)
+        if self.checkpoint.init_from_hf:
+            from fsdpkit.train.hf import model_config_from_hf
+
+            base = model_config_from_hf(Path(self.checkpoint.init_from_hf))
+        else:
+            base = get_preset(self.preset)
         changes = {k: v for k, v in dataclasses.asdict(self.model).items() if v is not None}
         if changes.get("sliding_window") == 0:
             changes["sliding_window"] = None

@@ -25,6 +25,7 @@ from fsdpkit.train import checkpoint, dist
 from fsdpkit.train.config import TrainConfig
 from fsdpkit.train.data import BatchStream, Tokenizer, get_source, get_tokenizer
 from fsdpkit.train.faults import maybe_fail
+from fsdpkit.train.hf import load_hf_into
 from fsdpkit.train.metrics import (
     MetricsWriter,
     StepStats,
@@ -144,6 +145,9 @@ def _train(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path, notices: list[str]
     tok = get_tokenizer(d.tokenizer)
 
     model = build_model(cfg, rt)
+    if cfg.checkpoint.init_from_hf:
+        load_hf_into(model, Path(cfg.checkpoint.init_from_hf), mcfg)
+        notices.append(f"fsdpkit: initialised from Hugging Face weights in {cfg.checkpoint.init_from_hf}")
     optimizer = build_optimizer(model, cfg)
     model_shape = json.loads(json.dumps(dataclasses.asdict(mcfg)))
     start_step, samples_done = 0, 0

@@ -1,0 +1,31 @@
+"""`fsdpkit export SRC --to hf OUT`: a checkpoint as Hugging Face safetensors."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from fsdpkit.cli.output import emit_error, emit_json
+from fsdpkit.errors import UserError
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="fsdpkit export", description="Write a checkpoint as consolidated Hugging Face safetensors.")
+    parser.add_argument("source", help="a checkpoint, a checkpoint directory (newest), or a run directory")
+    parser.add_argument("out", help="new directory for config.json and model*.safetensors")
+    parser.add_argument("--to", choices=["hf"], default="hf", help="target format")
+    parser.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="dtype of the written weights")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    args = parser.parse_args(argv)
+    try:
+        from fsdpkit.train.export import export_hf
+
+        result = export_hf(Path(args.source), Path(args.out), args.dtype)
+    except UserError as e:
+        return emit_error(e, args.json)
+    if args.json:
+        return emit_json(result)
+    print(f"exported step {result['step']} of {result['checkpoint']} to {result['out']} "
+          f"({len(result['files'])} safetensors file(s), {args.dtype})")
+    return 0
