@@ -193,3 +193,20 @@ def test_resume_from_one_process_on_two_ranks(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert [m["step"] for m in read_metrics(tmp_path / "run")] == [4, 5, 6]
     assert losses(tmp_path / "run") == pytest.approx(losses(first / "run")[3:], abs=1e-5)
+
+
+def test_async_checkpoints_hold_the_state_of_their_step(two_rank_run, tmp_path):
+    """Background writes snapshot the step they were taken at, though training went on meanwhile."""
+    first = tmp_path / "async"
+    r = run_cli("train", *BASE, "--train_batch_size", "4", "--nproc", "2", "--async_checkpoint", "1",
+                "--run_dir", str(first / "run"), "--checkpoint_dir", str(first / "ckpt"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "writing in the background" in r.stdout
+    assert [c.step for c in list_checkpoints(first / "ckpt")] == [3, 6]
+    assert losses(first / "run") == losses(two_rank_run / "run")
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(first / "ckpt" / "step-00000003", ckpt / "step-00000003")
+    r = run_cli("train", *BASE, "--train_batch_size", "4", "--nproc", "2", "--run_dir", str(tmp_path / "run"),
+                "--checkpoint_dir", str(ckpt), "--resume", "auto")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert losses(tmp_path / "run") == losses(two_rank_run / "run")[3:]

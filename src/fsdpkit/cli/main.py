@@ -14,6 +14,8 @@ VERBS = {
     "presets": ("fsdpkit.cli.presets", "list the model presets with their parameter counts"),
     "ckpt": ("fsdpkit.cli.ckpt", "list and inspect checkpoints (ckpt list DIR, ckpt show CKPT)"),
     "export": ("fsdpkit.cli.export", "write a checkpoint as Hugging Face safetensors (export SRC --to hf OUT)"),
+    "data": ("fsdpkit.cli.data", "tokenise a dataset into token shards (data prepare)"),
+    "tokenizer": ("fsdpkit.cli.data:tokenizer_main", "train a BPE tokenizer on local text (tokenizer train)"),
 }
 
 
@@ -27,5 +29,5 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] not in VERBS:
         parser.parse_args(argv or ["--help"])  # prints help or the usage error, then exits
         return 2
-    module = importlib.import_module(VERBS[argv[0]][0])
-    return module.main(argv[1:])
+    module_name, _, func = VERBS[argv[0]][0].partition(":")
+    return getattr(importlib.import_module(module_name), func or "main")(argv[1:])

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,25 +49,62 @@ def _barrier(rt: Runtime) -> None:
         tdist.barrier()
 
 
-def save(directory: Path, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-         meta: dict[str, Any], rt: Runtime) -> Path:
-    final = directory / f"step-{step:08d}"
-    tmp = directory / f".step-{step:08d}.tmp"
-    if rt.is_main:
-        directory.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)  # left by a crash during an earlier save
-    _barrier(rt)
-    state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, optimizer)}
-    dcp.save(state, checkpoint_id=str(tmp))
-    maybe_fail("save", step, rt.rank)
-    _barrier(rt)
-    if rt.is_main:
-        (tmp / META).write_text(json.dumps({"step": step, "world_size": rt.world_size, **meta}, indent=2))
-        if final.exists():
-            shutil.rmtree(final)
-        tmp.rename(final)  # the completion marker: atomic on one file system
-    _barrier(rt)
-    return final
+class Checkpointer:
+    """Writes checkpoints of one run, synchronously or in the background (`async_mode`).
+
+    Async: `dcp.async_save` copies the state to CPU memory and returns; the write happens in a
+    thread while training goes on. The checkpoint is completed (renamed) when the next save starts,
+    at the end of training, or on SIGTERM, so the completion rule is the same in both modes. The
+    background write coordinates over its own gloo group so it never interleaves with training
+    collectives.
+    """
+
+    def __init__(self, directory: Path, rt: Runtime, keep_last: int = 0, async_mode: bool = False):
+        self.directory, self.rt, self.keep_last, self.async_mode = directory, rt, keep_last, async_mode
+        self.group = tdist.new_group(backend="gloo") if async_mode and rt.distributed else None
+        self._pending: tuple | None = None
+        self.blocked_s = 0.0  # time training waited on checkpointing (what async shortens)
+
+    def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+             meta: dict[str, Any]) -> Path:
+        start = time.perf_counter()
+        self.wait()
+        final = self.directory / f"step-{step:08d}"
+        tmp = self.directory / f".step-{step:08d}.tmp"
+        if self.rt.is_main:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(tmp, ignore_errors=True)  # left by a crash during an earlier save
+        _barrier(self.rt)
+        state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, optimizer)}
+        if self.async_mode:
+            future = dcp.async_save(state, checkpoint_id=str(tmp), process_group=self.group)
+            self._pending = (future, step, tmp, final, meta)
+        else:
+            dcp.save(state, checkpoint_id=str(tmp))
+            self._complete(step, tmp, final, meta)
+        self.blocked_s += time.perf_counter() - start
+        return final
+
+    def wait(self) -> None:
+        """Finish a background save, if one is running, and make it visible."""
+        if self._pending is None:
+            return
+        future, step, tmp, final, meta = self._pending
+        self._pending = None
+        future.result()
+        self._complete(step, tmp, final, meta)
+
+    def _complete(self, step: int, tmp: Path, final: Path, meta: dict[str, Any]) -> None:
+        maybe_fail("save", step, self.rt.rank)
+        _barrier(self.rt)
+        if self.rt.is_main:
+            info = {"step": step, "world_size": self.rt.world_size, **meta}
+            (tmp / META).write_text(json.dumps(info, indent=2))
+            if final.exists():
+                shutil.rmtree(final)
+            tmp.rename(final)  # the completion marker: atomic on one file system
+            prune(self.directory, self.keep_last, self.rt)
+        _barrier(self.rt)
 
 
 def list_checkpoints(directory: Path) -> list[CheckpointInfo]:

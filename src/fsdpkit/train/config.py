@@ -58,11 +58,17 @@ class ModelOverrides:
 
 @dataclass
 class DataConfig:
-    dataset: str = opt("embedded", "training data; 'embedded' is the Python standard library's source")
+    dataset: str = opt("embedded", "'embedded' (the Python standard library's source), a local file or folder "
+                       "(jsonl/json/parquet/txt, .gz/.zst; or token shards from `fsdpkit data prepare`), "
+                       "or a Hugging Face hub dataset (hf:NAME forces the hub)")
     dataset_config_name: str | None = opt(None, "dataset configuration (hub datasets)")
     train_split: str = opt("train", "split to train on")
     val_split: str = opt("validation", "split to validate on")
-    tokenizer: str = opt("bytes", "tokenizer; 'bytes' is the embedded byte-level tokenizer")
+    text_field: str = opt("text", "field (or parquet column) holding the text of a record")
+    on_bad_record: str = opt("skip", "a record that is not JSON or lacks the text field: skip it (counted) or fail",
+                             choices=("skip", "fail"))
+    prefetch: int = opt(4, "batches prepared ahead in a background thread (0: none)", min=0)
+    tokenizer: str = opt("bytes", "'bytes' (embedded), or a Hugging Face tokenizer: local dir/file or hub name")
     seq_len: int | None = opt(None, "training sequence length (default: min(context, 2048))", min=2,
                               aliases=("max_context_width",))
     train_batch_size: int = opt(16, "sequences per rank per micro-step", min=1)
@@ -131,6 +137,7 @@ class CheckpointConfig:
         None, "a checkpoint, a directory whose newest complete checkpoint to resume from, or 'auto' "
         "(the newest in checkpoint_dir; also what a run restarted by torchrun does)", aliases=("resume",))
     keep_last: int = opt(3, "complete checkpoints to keep (0: all)", min=0)
+    async_checkpoint: bool = opt(False, "write checkpoints in the background while training continues")
     init_from_hf: str | None = opt(None, "start from Hugging Face weights: a local directory with config.json "
                                    "and safetensors (its config replaces the preset)")
 

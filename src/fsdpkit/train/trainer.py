@@ -23,7 +23,7 @@ from torch.distributed.tensor import DTensor
 from fsdpkit.errors import UserError
 from fsdpkit.train import checkpoint, dist
 from fsdpkit.train.config import TrainConfig
-from fsdpkit.train.data import BatchStream, Tokenizer, get_source, get_tokenizer
+from fsdpkit.train.data import BatchStream, Prefetcher, TokenShards, get_source, get_tokenizer
 from fsdpkit.train.faults import maybe_fail
 from fsdpkit.train.hf import load_hf_into
 from fsdpkit.train.metrics import (
@@ -73,16 +73,23 @@ def preflight(cfg: TrainConfig) -> Path:
         check_writable(Path(cfg.log.tensorboard_dir), "tensorboard_dir")
     if cfg.checkpoint.checkpoint_dir:
         check_writable(Path(cfg.checkpoint.checkpoint_dir), "checkpoint_dir")
-    tok = get_tokenizer(cfg.data.tokenizer)
+    source, tok = data_pipeline(cfg, cfg.data.train_split, verbose=False)
     vocab = cfg.model_config().vocab_size
-    if tok.vocab_size > vocab:
-        raise UserError(
-            f"vocab_size: the model's {vocab} is smaller than tokenizer {tok.name!r}'s {tok.vocab_size}"
-        )
-    get_source(cfg.data.dataset, cfg.data.train_split, cfg.seed)
+    tok_name, tok_vocab = (source.meta["tokenizer"], source.meta["vocab_size"]) if tok is None else (
+        tok.name, tok.vocab_size)
+    if tok_vocab > vocab:
+        raise UserError(f"vocab_size: the model's {vocab} is smaller than tokenizer {tok_name!r}'s {tok_vocab}; "
+                        "pass --vocab_size or another tokenizer")
     if not dist.under_torchrun():
         dist.check_nproc(cfg.parallel.nproc, cfg.parallel.device)
     return run_dir
+
+
+def data_pipeline(cfg: TrainConfig, split: str, verbose: bool):
+    """The source of a split and its tokenizer (None for token shards, which are tokenised already)."""
+    d = cfg.data
+    source = get_source(d.dataset, split, cfg.seed, d.text_field, d.dataset_config_name, d.on_bad_record, verbose)
+    return source, None if isinstance(source, TokenShards) else get_tokenizer(d.tokenizer)
 
 
 def resume_spec(cfg: TrainConfig) -> str | None:
@@ -105,13 +112,13 @@ def _grad_norm(model: torch.nn.Module, max_norm: float) -> torch.Tensor:
 class Validator:
     """Mean loss over the first N held-out batches, the same batches every time, averaged over ranks."""
 
-    def __init__(self, cfg: TrainConfig, rt: dist.Runtime, tok: Tokenizer):
-        source = get_source(cfg.data.dataset, cfg.data.val_split, cfg.seed)
+    def __init__(self, cfg: TrainConfig, rt: dist.Runtime):
+        source, tok = data_pipeline(cfg, cfg.data.val_split, verbose=rt.is_main)
         self.stream = BatchStream(source, tok, cfg.seq_len(), cfg.data.val_batch_size, rt.rank,
                                   rt.world_size, cfg.seed, shuffle_buffer=0, epochs=1)
         # Every rank must run the same number of forwards (FSDP collectives): count on each rank,
         # deterministically, how many whole global batches the held-out split holds.
-        available = sum(1 for _ in self.stream.blocks()) // (cfg.data.val_batch_size * rt.world_size)
+        available = self.stream.count_blocks() // (cfg.data.val_batch_size * rt.world_size)
         self.batches = min(cfg.log.validation_batches, available)
         self.cfg, self.rt = cfg, rt
 
@@ -121,7 +128,7 @@ class Validator:
             return None
         model.eval()
         total = torch.zeros((), device=self.rt.device)
-        for _, (x, y) in zip(range(self.batches), self.stream, strict=False):
+        for _, (x, y, _idx) in zip(range(self.batches), self.stream, strict=False):
             with autocast(self.cfg, self.rt):
                 ce, _ = model.loss(x.to(self.rt.device), y.to(self.rt.device))
             total += ce.float()
@@ -142,8 +149,6 @@ def _train(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path, notices: list[str]
     torch.manual_seed(cfg.seed)
     mcfg, seq_len = cfg.model_config(), cfg.seq_len()
     d, o, lg = cfg.data, cfg.optim, cfg.log
-    tok = get_tokenizer(d.tokenizer)
-
     model = build_model(cfg, rt)
     if cfg.checkpoint.init_from_hf:
         load_hf_into(model, Path(cfg.checkpoint.init_from_hf), mcfg)
@@ -160,14 +165,18 @@ def _train(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path, notices: list[str]
             checkpoint.load(found, model, optimizer, model_shape)
             start_step, samples_done = found.step, found.meta["samples"]
             notices.append(f"fsdpkit: resumed from {found.path} at step {start_step}")
-    batches = BatchStream(get_source(d.dataset, d.train_split, cfg.seed), tok, seq_len, d.train_batch_size,
-                          rt.rank, rt.world_size, cfg.seed, epochs=d.epochs, skip_blocks=samples_done)
-    stream = iter(batches)
+    source, tok = data_pipeline(cfg, d.train_split, verbose=rt.is_main)
+    batches = BatchStream(source, tok, seq_len, d.train_batch_size, rt.rank, rt.world_size, cfg.seed,
+                          epochs=d.epochs, skip_blocks=samples_done)
+    stream = Prefetcher(batches, d.prefetch) if d.prefetch else iter(batches)
     sample_log = None
     if lg.log_samples:
         run_dir.mkdir(parents=True, exist_ok=True)
         sample_log = (run_dir / f"samples-rank{rt.rank}.jsonl").open("a", buffering=1)
-    validate = Validator(cfg, rt, tok)
+    validate = Validator(cfg, rt)
+    if validate.batches == 0:
+        notices.append(f"warning: the {d.val_split!r} split holds less than one global validation batch "
+                       f"({d.val_batch_size} x {rt.world_size} blocks of {seq_len + 1} tokens); no validation")
     dtype = compute_dtype(cfg.parallel, rt.device.type)
     flops_tok = flops_per_token(mcfg, seq_len)
     peak, peak_source = peak_flops(rt.device, dtype)
@@ -197,15 +206,18 @@ def _train(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path, notices: list[str]
     window_start, window_steps = time.perf_counter(), 0
     model.train()
     stop = dist.StopRequest(rt)
+    checkpointer = None
+    if cfg.checkpoint.checkpoint_dir:
+        checkpointer = checkpoint.Checkpointer(Path(cfg.checkpoint.checkpoint_dir), rt, cfg.checkpoint.keep_last,
+                                               cfg.checkpoint.async_checkpoint)
     for step in range(start_step, o.max_steps):
         lr = lr_at(step, cfg)
         set_lr(optimizer, lr)
         try:
             for micro in range(d.grad_accum_steps):
-                x, y = next(stream)
+                x, y, indices = next(stream)
                 if sample_log:
-                    sample_log.write(json.dumps({"step": step + 1, "micro": micro,
-                                                 "blocks": batches.last_indices}) + "\n")
+                    sample_log.write(json.dumps({"step": step + 1, "micro": micro, "blocks": indices}) + "\n")
                 x, y = x.to(rt.device, non_blocking=True), y.to(rt.device, non_blocking=True)
                 if rt.distributed and d.grad_accum_steps > 1:
                     # Reduce-scatter gradients once per optimizer step, not once per micro-step.
@@ -249,15 +261,17 @@ def _train(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path, notices: list[str]
         ck = cfg.checkpoint
         stopping = stop.agreed()
         due = ck.checkpoint_freq and (n % ck.checkpoint_freq == 0 or n == o.max_steps)
-        if ck.checkpoint_dir and (due or stopping):
+        if checkpointer and (due or stopping):
             meta = {"samples": samples_done, "model": model_shape, "preset": cfg.preset,
                     "loss": result.losses[-1][1] if result.losses else None, "config": cfg.to_dict()}
-            path = checkpoint.save(Path(ck.checkpoint_dir), n, model, optimizer, meta, rt)
-            checkpoint.prune(Path(ck.checkpoint_dir), ck.keep_last, rt)
+            path = checkpointer.save(n, model, optimizer, meta)
             if writer:
-                writer.print(f"fsdpkit: saved checkpoint {path}")
+                how = "writing in the background" if ck.async_checkpoint else "saved"
+                writer.print(f"fsdpkit: checkpoint {path} {how}")
             window_start = time.perf_counter()
         if stopping:
+            if checkpointer:
+                checkpointer.wait()
             result.stopped_by_signal = True
             if writer:
                 saved = "checkpoint saved" if ck.checkpoint_dir else "no --checkpoint_dir, nothing saved"
@@ -265,6 +279,10 @@ def _train(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path, notices: list[str]
             break
 
     stop.close()
+    if checkpointer:
+        checkpointer.wait()
+    if isinstance(stream, Prefetcher):
+        stream.close()
     if sample_log:
         sample_log.close()
     if writer:

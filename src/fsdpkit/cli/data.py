@@ -1,0 +1,88 @@
+"""`fsdpkit data prepare` and `fsdpkit tokenizer train`: offline data preparation."""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+from pathlib import Path
+
+from fsdpkit.cli.output import emit_error, emit_json
+from fsdpkit.errors import UserError
+
+
+def _source_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dataset", required=True, help="local file/folder, or a hub dataset (hf:NAME)")
+    p.add_argument("--dataset_config_name", default=None, help="hub dataset configuration")
+    p.add_argument("--text_field", default="text", help="field or column holding the text")
+    p.add_argument("--on_bad_record", choices=["skip", "fail"], default="skip")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def _sources(args: argparse.Namespace, splits: tuple[str, ...]) -> dict:
+    from fsdpkit.train.data import get_source
+
+    return {s: get_source(args.dataset, s, 0, args.text_field, args.dataset_config_name, args.on_bad_record)
+            for s in splits}
+
+
+def cmd_prepare(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from fsdpkit.train.data import get_tokenizer
+    from fsdpkit.train.data.prepare import prepare
+
+    tok = get_tokenizer(args.tokenizer)
+    sources = _sources(args, ("train", "validation"))
+    with tqdm(unit="tok", unit_scale=True, desc="tokenising", disable=args.json or None) as bar:
+        meta = prepare(sources, tok, Path(args.out), progress=bar.update)
+    if args.json:
+        return emit_json({"out": args.out, **meta})
+    per_split = ", ".join(f"{k}: {v:,}" for k, v in meta["tokens"].items())
+    print(f"wrote {sum(meta['tokens'].values()):,} tokens ({per_split}) as {meta['dtype']} to {args.out}; "
+          f"train with --dataset {args.out}")
+    return 0
+
+
+def cmd_train_tokenizer(args: argparse.Namespace) -> int:
+    from fsdpkit.train.data import train_bpe
+
+    source = _sources(args, ("train",))["train"]
+    docs = source.documents(0)
+    if args.max_documents:
+        docs = itertools.islice(docs, args.max_documents)
+    out = train_bpe((d if isinstance(d, str) else d.decode("utf-8", "replace") for d in docs),
+                    args.vocab_size, Path(args.out))
+    from fsdpkit.train.data import HFTokenizer
+
+    tok = HFTokenizer(str(out))
+    if args.json:
+        return emit_json({"out": str(out), "vocab_size": tok.vocab_size, "eos_id": tok.eos_id})
+    print(f"trained a byte-level BPE of {tok.vocab_size} tokens into {out}; use --tokenizer {out}")
+    return 0
+
+
+def main(argv: list[str], prog: str = "fsdpkit data") -> int:
+    parser = argparse.ArgumentParser(prog=prog, description="Prepare training data offline.")
+    sub = parser.add_subparsers(dest="action", required=True)
+    if prog.endswith("data"):
+        p = sub.add_parser("prepare", help="tokenise a dataset into memory-mapped token shards")
+        _source_args(p)
+        p.add_argument("--tokenizer", default="bytes", help="'bytes' or a Hugging Face tokenizer (dir or name)")
+        p.add_argument("--out", required=True, help="new directory for the shards")
+        p.set_defaults(func=cmd_prepare)
+    else:
+        p = sub.add_parser("train", help="train a byte-level BPE tokenizer on local text")
+        _source_args(p)
+        p.add_argument("--vocab_size", type=int, default=8192, help="vocabulary size")
+        p.add_argument("--max_documents", type=int, default=0, help="use at most this many documents (0: all)")
+        p.add_argument("--out", required=True, help="directory for tokenizer.json")
+        p.set_defaults(func=cmd_train_tokenizer)
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except UserError as e:
+        return emit_error(e, args.json)
+
+
+def tokenizer_main(argv: list[str]) -> int:
+    return main(argv, prog="fsdpkit tokenizer")

@@ -1,0 +1,67 @@
+"""`fsdpkit data prepare`: tokenise a dataset once into memory-mappable token shards.
+
+Output: DIR/meta.json and DIR/{split}-NNNNN.bin (uint16 when the vocabulary fits, else uint32),
+documents separated by the tokenizer's EOS. Written under DIR.tmp and renamed when complete.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from fsdpkit.errors import UserError
+from fsdpkit.train.data.sources import TOKENS_FORMAT, DocumentSource
+from fsdpkit.train.data.tokenizers import Tokenizer
+
+SHARD_TOKENS = 100_000_000  # 200 MB of uint16 per shard
+
+
+def prepare(sources: dict[str, DocumentSource], tokenizer: Tokenizer, out: Path,
+            shard_tokens: int = SHARD_TOKENS, progress: Callable[[int], None] | None = None) -> dict:
+    if out.exists() and any(out.iterdir()):
+        raise UserError(f"data prepare: {out} exists and is not empty; choose a new directory")
+    dtype = np.uint16 if tokenizer.vocab_size <= 2**16 else np.uint32
+    tmp = out.with_name(f".{out.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    splits: dict[str, list[str]] = {}
+    counts: dict[str, int] = {}
+    for split, source in sources.items():
+        files, buf, total = [], [], 0
+        pending = 0
+
+        def flush(split=split, files=files) -> None:
+            nonlocal buf, pending
+            if not buf:
+                return
+            name = f"{split}-{len(files):05d}.bin"
+            np.concatenate(buf).astype(dtype).tofile(tmp / name)
+            files.append(name)
+            buf, pending = [], 0
+
+        for doc in source.documents(0):
+            ids = np.append(tokenizer.encode(doc).astype(np.int64), tokenizer.eos_id)
+            buf.append(ids)
+            pending += len(ids)
+            total += len(ids)
+            if progress:
+                progress(len(ids))
+            if pending >= shard_tokens:
+                flush()
+        flush()
+        if files:
+            splits[split], counts[split] = files, total
+    if "train" not in splits:
+        shutil.rmtree(tmp)
+        raise UserError("data prepare: the dataset produced no training tokens")
+    meta = {"format": TOKENS_FORMAT, "dtype": np.dtype(dtype).name, "tokenizer": tokenizer.name,
+            "vocab_size": tokenizer.vocab_size, "eos_id": tokenizer.eos_id, "splits": splits, "tokens": counts}
+    (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    if out.exists():
+        out.rmdir()
+    tmp.rename(out)
+    return meta

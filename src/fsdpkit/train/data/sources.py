@@ -1,0 +1,276 @@
+"""Where documents come from: the embedded corpus, local files, the Hugging Face hub, token shards.
+
+A source yields the documents of one split in a seeded order per epoch (`documents(epoch)`), or,
+for pre-tokenised shards, gives random access to fixed-size blocks (`num_blocks`, `block`), so
+that a rank reads only its own blocks.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+import sys
+import sysconfig
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from fsdpkit.errors import UserError
+
+
+class DocumentSource(Protocol):
+    """A split of a dataset as a sequence of documents, in a seeded order per epoch."""
+
+    name: str
+
+    def documents(self, epoch: int) -> Iterator[str | bytes]: ...
+
+
+def _held_out(key: str, one_in: int) -> bool:
+    return zlib.crc32(key.encode()) % one_in == 0
+
+
+def _shuffled(items: list, seed: int, epoch: int) -> list:
+    order = list(items)
+    np.random.default_rng([seed, epoch]).shuffle(order)
+    return order
+
+
+class EmbeddedCorpus:
+    """The Python standard library's `.py` files; one in 50 (by path hash) is held out for validation."""
+
+    name = "embedded"
+
+    def __init__(self, split: str, seed: int, root: Path | None = None):
+        self.root = Path(root or sysconfig.get_paths()["stdlib"])
+        self.split, self.seed = split, seed
+        files = sorted(
+            p.relative_to(self.root).as_posix()
+            for p in self.root.rglob("*.py")
+            if "site-packages" not in p.parts and "dist-packages" not in p.parts
+        )
+        held_out = [f for f in files if _held_out(f, 50)]
+        self.files = held_out if split != "train" else sorted(set(files) - set(held_out))
+        if not self.files:
+            raise UserError(f"dataset: the embedded corpus found no Python source files under {self.root}")
+
+    def documents(self, epoch: int) -> Iterator[bytes]:
+        order = _shuffled(self.files, self.seed, epoch) if self.split == "train" else self.files
+        for rel in order:
+            try:
+                yield (self.root / rel).read_bytes()
+            except OSError:
+                continue  # a file removed or unreadable since listing: skip, never stop training
+
+
+SUFFIXES = (".jsonl", ".json", ".parquet", ".txt")
+COMPRESSED = (".gz", ".zst", ".zstd")
+
+
+def _format(path: Path) -> tuple[str, str | None] | None:
+    """(format, compression) of a data file by its name, or None if it is not one."""
+    suffixes = [s.lower() for s in path.suffixes]
+    compression = suffixes.pop() if suffixes and suffixes[-1] in COMPRESSED else None
+    if suffixes and suffixes[-1] in SUFFIXES and not (compression and suffixes[-1] == ".parquet"):
+        return suffixes[-1], compression
+    return None
+
+
+def _open_text(path: Path, compression: str | None) -> io.TextIOBase:
+    if compression == ".gz":
+        return gzip.open(path, "rt", encoding="utf-8", errors="replace")
+    if compression in (".zst", ".zstd"):
+        import zstandard
+
+        stream = zstandard.ZstdDecompressor().stream_reader(path.open("rb"))
+        return io.TextIOWrapper(stream, encoding="utf-8", errors="replace")
+    return path.open("r", encoding="utf-8", errors="replace")
+
+
+class LocalFiles:
+    """Local jsonl / json / parquet / txt files (gzip or zstd compressed too), a file or a folder.
+
+    A folder with a subfolder named like the split (`train/`, `validation/`) uses it; otherwise one
+    document in 100 (by file and position) is held out as the validation split. A record that is
+    not JSON or lacks the text field is skipped and counted (`on_bad_record=skip`) or stops the run
+    with its file and line (`fail`).
+    """
+
+    def __init__(self, path: str, split: str, seed: int, text_field: str = "text",
+                 on_bad_record: str = "skip", verbose: bool = True):
+        root = Path(path).expanduser()
+        if not root.exists():
+            raise UserError(f"dataset: {path} not found")
+        self.name, self.seed, self.split, self.text_field = str(path), seed, split, text_field
+        self.on_bad_record, self.verbose = on_bad_record, verbose
+        self.hold_out = True
+        if root.is_dir():
+            if (root / split).is_dir():
+                root, self.hold_out = root / split, False
+            self.files = sorted(p for p in root.rglob("*") if p.is_file() and _format(p))
+            self.base = root
+        else:
+            if not _format(root):
+                raise UserError(f"dataset: {path} is not a .jsonl/.json/.parquet/.txt file (or .gz/.zst of one)")
+            self.files, self.base = [root], root.parent
+        if not self.files:
+            raise UserError(f"dataset: no .jsonl/.json/.parquet/.txt files (or .gz/.zst of them) in {path}")
+        self.skipped = 0
+
+    def documents(self, epoch: int) -> Iterator[str]:
+        order = _shuffled(self.files, self.seed, epoch) if self.split == "train" else self.files
+        for f in order:
+            rel = f.relative_to(self.base).as_posix()
+            for i, text in enumerate(self._read(f)):
+                if self.hold_out and _held_out(f"{rel}:{i}", 100) == (self.split == "train"):
+                    continue
+                yield text
+
+    def _bad(self, where: str, why: str) -> None:
+        if self.on_bad_record == "fail":
+            raise UserError(f"dataset: {where}: {why} (use --on_bad_record skip to skip such records)")
+        self.skipped += 1
+        if self.verbose and (self.skipped & (self.skipped - 1)) == 0:  # 1, 2, 4, 8, ... so logs stay short
+            print(f"warning: dataset: skipped {self.skipped} bad record(s); latest {where}: {why}",
+                  file=sys.stderr, flush=True)
+
+    def _text_of(self, record: object, where: str) -> str | None:
+        if not isinstance(record, dict) or not isinstance(record.get(self.text_field), str):
+            self._bad(where, f"no string field {self.text_field!r}")
+            return None
+        return record[self.text_field]
+
+    def _read(self, f: Path) -> Iterator[str]:
+        fmt, compression = _format(f)
+        if fmt == ".parquet":
+            import pyarrow.parquet as pq
+
+            pf = pq.ParquetFile(f)
+            if self.text_field not in pf.schema_arrow.names:
+                raise UserError(f"dataset: {f} has no column {self.text_field!r} (columns: "
+                                f"{', '.join(pf.schema_arrow.names)}); set --text_field")
+            for batch in pf.iter_batches(columns=[self.text_field], batch_size=1024):
+                yield from (t for t in batch.column(0).to_pylist() if isinstance(t, str))
+            return
+        with _open_text(f, compression) as fh:
+            if fmt == ".txt":
+                yield fh.read()
+            elif fmt == ".jsonl":
+                for n, line in enumerate(fh, 1):
+                    if not line.strip():
+                        continue
+                    try:
+                        record = json.loads(line)
+                    except json.JSONDecodeError:
+                        self._bad(f"{f}:{n}", "not JSON")
+                        continue
+                    text = self._text_of(record, f"{f}:{n}")
+                    if text is not None:
+                        yield text
+            else:  # .json: a list of records, or {"data": [...]}
+                try:
+                    doc = json.load(fh)
+                except json.JSONDecodeError as e:
+                    raise UserError(f"dataset: {f} is not valid JSON: {e}") from None
+                records = doc.get("data") if isinstance(doc, dict) else doc
+                if not isinstance(records, list):
+                    raise UserError(f"dataset: {f} must hold a list of records (or {{'data': [...]}})")
+                for n, record in enumerate(records):
+                    text = self._text_of(record, f"{f}[{n}]")
+                    if text is not None:
+                        yield text
+
+
+class HubDataset:
+    """A Hugging Face `datasets` dataset, streamed (`--dataset allenai/c4 --dataset_config_name en`).
+
+    Loading is deferred to the first epoch so that checking a configuration does not download.
+    HF_TOKEN is passed for gated datasets; it is never logged.
+    """
+
+    def __init__(self, name: str, config: str | None, split: str, text_field: str):
+        self.name, self.config, self.split, self.text_field = name, config, split, text_field
+        if os.environ.get("HF_HUB_OFFLINE") == "1" and not Path(name).exists():
+            raise UserError(f"dataset: {name!r} is on the Hugging Face hub but HF_HUB_OFFLINE=1; "
+                            "download it first or point --dataset at local files")
+        try:
+            import datasets  # noqa: F401
+        except ImportError:
+            raise UserError("dataset: hub datasets need the `datasets` package: pip install 'fsdpkit[data]'") from None
+
+    def documents(self, epoch: int) -> Iterator[str]:
+        import datasets
+
+        try:
+            ds = datasets.load_dataset(self.name, self.config, split=self.split, streaming=True,
+                                       token=os.environ.get("HF_TOKEN"))
+        except Exception as e:  # not found, gated, offline, bad split: all a message for the user
+            raise UserError(f"dataset: cannot stream {self.name!r} split {self.split!r}: "
+                            f"{str(e).splitlines()[0]}") from None
+        if hasattr(ds, "set_epoch"):
+            ds.set_epoch(epoch)
+        for row in ds:
+            text = row.get(self.text_field)
+            if isinstance(text, str):
+                yield text
+
+
+TOKENS_FORMAT = "fsdpkit-tokens-v1"
+
+
+class TokenShards:
+    """Pre-tokenised shards written by `fsdpkit data prepare`: memory-mapped, random access by block."""
+
+    def __init__(self, path: Path, split: str):
+        meta = json.loads((path / "meta.json").read_text())
+        if meta.get("format") != TOKENS_FORMAT:
+            raise UserError(f"dataset: {path}/meta.json is not a {TOKENS_FORMAT} token directory")
+        self.name, self.meta = str(path), meta
+        split_key = split if split in meta["splits"] else ("validation" if split != "train" else "train")
+        if split_key not in meta["splits"]:
+            raise UserError(f"dataset: {path} has no split {split!r} (has: {', '.join(meta['splits'])})")
+        self.arrays = [np.memmap(path / f, dtype=meta["dtype"], mode="r") for f in meta["splits"][split_key]]
+        self.offsets = np.cumsum([0] + [len(a) for a in self.arrays])
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.offsets[-1])
+
+    def num_blocks(self, n: int) -> int:
+        return self.num_tokens // n
+
+    def block(self, i: int, n: int) -> np.ndarray:
+        """Tokens [i*n, (i+1)*n) of the concatenated shards (a block may span two shards)."""
+        start, out, filled = i * n, np.empty(n, dtype=np.int64), 0
+        s = int(np.searchsorted(self.offsets, start, side="right")) - 1
+        while filled < n:
+            a, pos = self.arrays[s], start + filled - int(self.offsets[s])
+            take = min(n - filled, len(a) - pos)
+            out[filled : filled + take] = a[pos : pos + take]
+            filled += take
+            s += 1
+        return out
+
+
+def is_local(dataset: str) -> bool:
+    return dataset.startswith((".", "/", "~")) or Path(dataset).exists() or bool(_format(Path(dataset)))
+
+
+def get_source(dataset: str, split: str, seed: int, text_field: str = "text", config: str | None = None,
+               on_bad_record: str = "skip", verbose: bool = True) -> DocumentSource | TokenShards:
+    """`embedded`, a local path (files, folder, or token shards), or a hub dataset (`hf:` forces it)."""
+    if dataset == "embedded":
+        return EmbeddedCorpus("train" if split == "train" else "validation", seed)
+    if dataset.startswith("hf:"):
+        return HubDataset(dataset[3:], config, split, text_field)
+    if is_local(dataset):
+        path = Path(dataset).expanduser()
+        if (path / "meta.json").is_file():
+            return TokenShards(path, split)
+        return LocalFiles(dataset, split, seed, text_field, on_bad_record, verbose)
+    return HubDataset(dataset, config, split, text_field)

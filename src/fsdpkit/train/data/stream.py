@@ -1,0 +1,185 @@
+"""Packing, shuffling and per-rank batches, plus a background prefetcher.
+
+The pipeline is source -> tokenizer -> packed blocks of seq_len+1 tokens -> seeded shuffle ->
+per-rank batches. Everything up to the shuffle is the same on every rank and independent of the
+world size, so block k of the global stream is the same sample whether 1 or N processes train;
+rank r takes the blocks of global batch slot r. Hence (a) every rank reads different samples,
+(b) N ranks with batch B see exactly what 1 process with batch N*B sees, and (c) a position in
+the stream is one integer (blocks consumed), which is the data state a checkpoint keeps.
+
+Document sources are tokenised by every rank (cheap for the embedded corpus, and what makes the
+order world-size invariant); token shards are read by random access, each rank only its blocks.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from fsdpkit.errors import UserError
+from fsdpkit.train.data.sources import DocumentSource, TokenShards
+from fsdpkit.train.data.tokenizers import Tokenizer
+
+
+class Batch(NamedTuple):
+    inputs: torch.Tensor  # (batch, seq_len) int64
+    targets: torch.Tensor  # inputs shifted by one
+    indices: list[int]  # global block index of each row (for auditing data order)
+
+
+@dataclass
+class BatchStream:
+    """One rank's packed batches."""
+
+    source: DocumentSource | TokenShards
+    tokenizer: Tokenizer | None
+    seq_len: int
+    batch_size: int
+    rank: int = 0
+    world_size: int = 1
+    seed: int = 0
+    shuffle_buffer: int = 512  # blocks; 0 keeps the stream order (validation)
+    epochs: int | None = None  # None: repeat the source forever
+    skip_blocks: int = 0  # global blocks already consumed (resume): the stream continues after them
+
+    def blocks(self) -> Iterator[np.ndarray]:
+        """The global stream of seq_len+1-token blocks of a document source, documents separated by EOS."""
+        n = self.seq_len + 1
+        epoch = 0
+        while self.epochs is None or epoch < self.epochs:
+            buf = np.empty(0, dtype=np.int64)
+            produced = 0
+            for doc in self.source.documents(epoch):
+                ids = self.tokenizer.encode(doc)
+                buf = np.concatenate([buf, ids.astype(np.int64), [self.tokenizer.eos_id]])
+                full = len(buf) // n
+                if full:
+                    yield from buf[: full * n].reshape(full, n)
+                    buf = buf[full * n :]
+                    produced += full
+            if produced == 0:
+                raise UserError(f"dataset: {self.source.name} holds fewer than {n} tokens; lower seq_len")
+            epoch += 1
+
+    def shuffled(self) -> Iterator[np.ndarray]:
+        if self.shuffle_buffer <= 0:
+            yield from self.blocks()
+            return
+        rng = np.random.default_rng(self.seed)
+        pool: list[np.ndarray] = []
+        for block in self.blocks():
+            if len(pool) < self.shuffle_buffer:
+                pool.append(block)
+                continue
+            i = int(rng.integers(len(pool)))
+            out, pool[i] = pool[i], block
+            yield out
+        rng.shuffle(pool)
+        yield from pool
+
+    def _indexed(self) -> Iterator[Callable[[], np.ndarray]]:
+        """Token shards: a seeded permutation of all blocks per epoch, each block read on demand."""
+        n = self.seq_len + 1
+        total = self.source.num_blocks(n)
+        if total == 0:
+            raise UserError(f"dataset: {self.source.name} holds fewer than {n} tokens; lower seq_len")
+        epoch = 0
+        while self.epochs is None or epoch < self.epochs:
+            order = (np.random.default_rng([self.seed, epoch]).permutation(total)
+                     if self.shuffle_buffer > 0 else np.arange(total))
+            for i in order:
+                yield lambda i=int(i): self.source.block(i, n)
+            epoch += 1
+
+    def _global(self) -> Iterator[np.ndarray | Callable[[], np.ndarray]]:
+        return self._indexed() if isinstance(self.source, TokenShards) else self.shuffled()
+
+    def count_blocks(self) -> int:
+        """Blocks in one pass over the source (the validation split's size)."""
+        if isinstance(self.source, TokenShards):
+            return self.source.num_blocks(self.seq_len + 1)
+        single = BatchStream(self.source, self.tokenizer, self.seq_len, 1, epochs=1, shuffle_buffer=0)
+        return sum(1 for _ in single.blocks())
+
+    def rank_blocks(self) -> Iterator[tuple[int, np.ndarray]]:
+        """This rank's (global index, block): slot `rank` of every group of world x batch blocks.
+
+        Only whole groups are handed out, so when a finite pass ends every rank has had the same
+        number of batches (an extra batch on one rank would hang the others in a collective).
+        """
+        group_size = self.world_size * self.batch_size
+        mine = range(self.rank * self.batch_size, (self.rank + 1) * self.batch_size)
+        group: list = []
+        for k, item in enumerate(self._global()):
+            if k < self.skip_blocks:
+                continue
+            group.append(item)
+            if len(group) == group_size:
+                base = k + 1 - group_size
+                for j in mine:
+                    item = group[j]
+                    yield base + j, (item() if callable(item) else item)
+                group = []
+
+    def __iter__(self) -> Iterator[Batch]:
+        rows: list[np.ndarray] = []
+        indices: list[int] = []
+        for k, block in self.rank_blocks():
+            rows.append(block)
+            indices.append(k)
+            if len(rows) == self.batch_size:
+                t = torch.from_numpy(np.stack(rows).astype(np.int64))
+                yield Batch(t[:, :-1].contiguous(), t[:, 1:].contiguous(), indices)
+                rows, indices = [], []
+
+
+_DONE = object()
+
+
+class Prefetcher:
+    """Runs an iterator in a background thread, `depth` items ahead, so the step never waits on data.
+
+    Tokenizers (Rust) and numpy release the GIL for most of their work. An exception in the
+    producer is raised in the consumer, at the item where it happened.
+    """
+
+    def __init__(self, items: Iterable, depth: int = 4):
+        self._queue: queue.Queue = queue.Queue(maxsize=max(1, depth))
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(iter(items),), daemon=True, name="fsdpkit-data")
+        self._thread.start()
+
+    def _run(self, it: Iterator) -> None:
+        try:
+            for item in it:
+                while not self._stop.is_set():
+                    try:
+                        self._queue.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if self._stop.is_set():
+                    return
+            self._queue.put(_DONE)
+        except BaseException as e:  # handed to the consumer, which raises it
+            self._queue.put(e)
+
+    def __iter__(self) -> Prefetcher:
+        return self
+
+    def __next__(self):
+        item = self._queue.get()
+        if item is _DONE:
+            raise StopIteration
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def close(self) -> None:
+        self._stop.set()

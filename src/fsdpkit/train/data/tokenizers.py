@@ -1,0 +1,114 @@
+"""Tokenizers: the embedded byte-level one, and any Hugging Face tokenizer (local or hub)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from fsdpkit.errors import UserError
+
+
+class Tokenizer(Protocol):
+    name: str
+    vocab_size: int
+    eos_id: int
+
+    def encode(self, text: str | bytes) -> np.ndarray: ...
+
+    def decode(self, ids: list[int] | np.ndarray) -> str: ...
+
+
+class ByteTokenizer:
+    """UTF-8 bytes as tokens 0..255, plus BOS (256) and EOS (257): needs no vocabulary file."""
+
+    name = "bytes"
+    vocab_size = 258
+    bos_id = 256
+    eos_id = 257
+
+    def encode(self, text: str | bytes) -> np.ndarray:
+        raw = text.encode("utf-8") if isinstance(text, str) else text
+        return np.frombuffer(raw, dtype=np.uint8).astype(np.uint16)
+
+    def decode(self, ids: list[int] | np.ndarray) -> str:
+        return bytes(int(i) for i in ids if int(i) < 256).decode("utf-8", errors="replace")
+
+
+# End-of-document tokens of the common model families, tried in order when the tokenizer's
+# config does not name one.
+EOS_CANDIDATES = ("<|end_of_text|>", "<|endoftext|>", "</s>", "<|eot_id|>", "<eos>")
+
+
+class HFTokenizer:
+    """A Hugging Face `tokenizers` tokenizer from a local directory/file or the hub."""
+
+    def __init__(self, spec: str):
+        from tokenizers import Tokenizer as RustTokenizer
+
+        self.name = spec
+        path = Path(spec)
+        config: dict = {}
+        if path.is_dir():
+            if not (path / "tokenizer.json").is_file():
+                raise UserError(f"tokenizer: {path} has no tokenizer.json")
+            self.tok = RustTokenizer.from_file(str(path / "tokenizer.json"))
+            if (path / "tokenizer_config.json").is_file():
+                config = json.loads((path / "tokenizer_config.json").read_text())
+        elif path.is_file():
+            self.tok = RustTokenizer.from_file(str(path))
+        elif spec.startswith((".", "/", "~")):
+            raise UserError(f"tokenizer: {spec} not found")
+        else:
+            if os.environ.get("HF_HUB_OFFLINE") == "1":
+                raise UserError(f"tokenizer: {spec!r} is on the Hugging Face hub but HF_HUB_OFFLINE=1; "
+                                "point --tokenizer at a local directory with tokenizer.json")
+            try:
+                self.tok = RustTokenizer.from_pretrained(spec, token=os.environ.get("HF_TOKEN"))
+            except Exception as e:  # network, auth and not-found errors all end the same way
+                raise UserError(f"tokenizer: cannot load {spec!r} from the hub: {str(e).splitlines()[0]}") from None
+        self.vocab_size = self.tok.get_vocab_size(with_added_tokens=True)
+        eos = config.get("eos_token")
+        if isinstance(eos, dict):
+            eos = eos.get("content")
+        candidates = [eos] if eos else list(EOS_CANDIDATES)
+        ids = [self.tok.token_to_id(t) for t in candidates if t]
+        ids = [i for i in ids if i is not None]
+        if not ids:
+            raise UserError(f"tokenizer: {spec!r} has no end-of-text token (looked for {', '.join(candidates)})")
+        self.eos_id = ids[0]
+        self.dtype = np.uint16 if self.vocab_size <= 2**16 else np.uint32
+
+    def encode(self, text: str | bytes) -> np.ndarray:
+        if isinstance(text, bytes):
+            text = text.decode("utf-8", errors="replace")
+        return np.asarray(self.tok.encode(text, add_special_tokens=False).ids, dtype=self.dtype)
+
+    def decode(self, ids: list[int] | np.ndarray) -> str:
+        return self.tok.decode([int(i) for i in ids])
+
+
+def get_tokenizer(name: str) -> Tokenizer:
+    if name == "bytes":
+        return ByteTokenizer()
+    return HFTokenizer(name)
+
+
+def train_bpe(texts, vocab_size: int, out_dir: Path, eos: str = "<|endoftext|>") -> Path:
+    """Train a byte-level BPE on an iterator of texts; writes tokenizer.json and tokenizer_config.json."""
+    from tokenizers import Tokenizer as RustTokenizer
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    tok = RustTokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[eos],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(texts, trainer=trainer)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tok.save(str(out_dir / "tokenizer.json"))
+    (out_dir / "tokenizer_config.json").write_text(json.dumps({"eos_token": eos}, indent=2) + "\n")
+    return out_dir

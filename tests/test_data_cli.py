@@ -1,0 +1,77 @@
+"""Data preparation commands and training on prepared data, end to end through the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import FAST, losses, read_metrics, run_cli, write_fixture
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("corpus")
+    write_fixture(root / "jsonl", "jsonl")
+    r = run_cli("tokenizer", "train", "--dataset", str(root / "jsonl"), "--vocab_size", "300",
+                "--out", str(root / "tok"), "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["data"]["vocab_size"] <= 300
+    r = run_cli("data", "prepare", "--dataset", str(root / "jsonl"), "--tokenizer", str(root / "tok"),
+                "--out", str(root / "shards"), "--json")
+    assert r.returncode == 0, r.stderr
+    meta = json.loads(r.stdout)["data"]
+    assert meta["tokens"]["train"] > 0 and meta["dtype"] == "uint16"
+    return root
+
+
+@pytest.mark.parametrize("dataset", ["jsonl", "shards"])
+def test_two_ranks_train_on_local_data_with_a_trained_tokenizer(corpus, tmp_path, dataset):
+    run_dir = tmp_path / "run"
+    r = run_cli("train", *FAST, "--dataset", str(corpus / dataset), "--tokenizer", str(corpus / "tok"),
+                "--vocab_size", "300", "--max_steps", "8", "--logging_freq", "2", "--train_batch_size", "4",
+                "--val_batch_size", "1",
+                "--nproc", "2", "--tensorboard", "0", "--log_samples", "1", "--run_dir", str(run_dir))
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = losses(run_dir)
+    assert len(got) == 4 and got[-1] < got[0]
+    assert read_metrics(run_dir, "val")
+    seen = [json.loads(line)["blocks"] for f in sorted(run_dir.glob("samples-rank*.jsonl"))
+            for line in f.read_text().splitlines()]
+    flat = [k for blocks in seen for k in blocks]
+    assert sorted(flat) == list(range(8 * 8))  # 8 steps x 8 samples: each once, none skipped
+
+
+def test_vocab_mismatch_is_refused_before_training(corpus, tmp_path):
+    r = run_cli("train", "--dataset", str(corpus / "jsonl"), "--tokenizer", str(corpus / "tok"),
+                "--vocab_size", "100", "--run_dir", str(tmp_path / "run"))
+    assert r.returncode == 2
+    assert r.stderr.startswith("error: vocab_size:") and len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "run").exists()
+
+
+def test_prepare_refuses_a_non_empty_output(corpus, tmp_path):
+    r = run_cli("data", "prepare", "--dataset", str(corpus / "jsonl"), "--out", str(corpus / "shards"))
+    assert r.returncode == 2 and "not empty" in r.stderr
+    assert json.loads((corpus / "shards" / "meta.json").read_text())["format"] == "fsdpkit-tokens-v1"
+
+
+def test_bad_dataset_inputs_are_one_line(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "ok"}\n{oops\n')
+    cases = [
+        (["--dataset", str(tmp_path / "missing.jsonl")], "not found"),
+        (["--dataset", str(bad), "--on_bad_record", "fail", "--max_steps", "1", "--seq_len", "8"], "not JSON"),
+        (["--tokenizer", str(tmp_path / "no-tokenizer-here")], "tokenizer"),
+    ]
+    for flags, text in cases:
+        r = run_cli("train", *flags, "--run_dir", str(tmp_path / "run"), "--progress", "off", "--tensorboard", "0")
+        assert r.returncode == 2, (flags, r.stderr[-2000:])
+        last = r.stderr.strip().splitlines()[-1]
+        assert last.startswith("error: ") and text in last, (flags, r.stderr[-2000:])
+        assert "Traceback" not in r.stderr
+    r = run_cli("train", "--dataset", "allenai/c4", "--dataset_config_name", "en", "--run_dir",
+                str(tmp_path / "run"), env={"HF_HUB_OFFLINE": "1"})
+    assert r.returncode == 2 and "HF_HUB_OFFLINE=1" in r.stderr
