@@ -210,3 +210,23 @@ def test_async_checkpoints_hold_the_state_of_their_step(two_rank_run, tmp_path):
                 "--checkpoint_dir", str(ckpt), "--resume", "auto")
     assert r.returncode == 0, r.stderr[-3000:]
     assert losses(tmp_path / "run") == losses(two_rank_run / "run")[3:]
+
+
+def test_partial_or_damaged_checkpoint_is_a_clear_error(two_rank_run, tmp_path):
+    partial = tmp_path / ".step-00000009.tmp"
+    shutil.copytree(two_rank_run / "ckpt" / "step-00000003", partial)
+    (partial / "fsdpkit.json").unlink()
+    damaged = tmp_path / "ckpt" / "step-00000003"
+    shutil.copytree(two_rank_run / "ckpt" / "step-00000003", damaged)
+    shard = next(damaged.glob("*.distcp"))
+    shard.write_bytes(shard.read_bytes()[:100])  # truncated, as by a full disk
+    (tmp_path / "reference" / "llama_v3-100steps").mkdir(parents=True)
+    cases = ((partial, "not a complete fsdpkit checkpoint"), (tmp_path / "ckpt", "is damaged"),
+             (tmp_path / "reference", "reference example"))
+    for spec, text in cases:
+        r = run_cli("train", *FAST, "--max_steps", "6", "--train_batch_size", "8", "--run_dir",
+                    str(tmp_path / "run"), "--resume_from_checkpoint", str(spec))
+        assert r.returncode == 2, r.stderr[-2000:]
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and text in lines[0], r.stderr[-2000:]
+        assert not (tmp_path / "run").exists()

@@ -148,3 +148,20 @@ def test_moe_balancing_loss_is_added():
     torch.testing.assert_close(total, ce + cfg.router_aux_loss_coef * aux)
     total.backward()
     assert model.model.layers[0].mlp.gate.weight.grad.abs().sum() > 0
+
+
+def test_document_masking_isolates_packed_documents():
+    """With masking, a document packed after another gets the logits it would get alone."""
+    cfg = dataclasses.replace(PRESETS["tiny"], n_layers=2)
+    model = materialise(cfg, seed=2, rope_len=64).eval()
+    eos = 257
+    gen = torch.Generator().manual_seed(0)
+    first, second = torch.randint(0, 256, (1, 20), generator=gen), torch.randint(0, 256, (1, 30), generator=gen)
+    packed = torch.cat([first, torch.tensor([[eos]]), second], dim=1)
+    with torch.no_grad():
+        masked = model(packed, eos_id=eos)
+        alone = model(second)
+        plain = model(packed)
+    torch.testing.assert_close(masked[:, 21:], alone, rtol=0, atol=1e-5)
+    torch.testing.assert_close(masked[:, :21], plain[:, :21], rtol=0, atol=1e-5)  # the first is unaffected
+    assert (plain[:, 21:] - alone).abs().max() > 1e-3  # without masking the second sees the first

@@ -143,3 +143,12 @@ def test_progress_bar_when_asked(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert "4/4" in r.stderr and "step" in r.stderr  # tqdm's bar reached the end
     assert "Batch 4 Loss:" in r.stdout or "Batch 4 Loss:" in r.stderr
+
+
+def test_document_masking_trains(tmp_path):
+    run_dir = tmp_path / "run"
+    r = run_cli("train", *FAST, "--max_steps", "6", "--logging_freq", "2", "--train_batch_size", "4",
+                "--document_masking", "1", "--tensorboard", "0", "--run_dir", str(run_dir))
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = losses(run_dir)
+    assert len(got) == 3 and got[-1] < got[0]

@@ -12,6 +12,7 @@ import json
 import re
 import shutil
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as tdist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_optimizer_state_dict,
@@ -42,6 +44,22 @@ class CheckpointInfo:
     path: Path
     step: int
     meta: dict[str, Any]
+
+
+# Loading in one process without a process group is intended (export, single-process resume).
+warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+
+
+def describe_error(e: BaseException) -> str:
+    """The first line of the underlying error of a DCP failure (which wraps one per rank)."""
+    failures = getattr(e, "failures", None)
+    if failures:
+        e = next(iter(failures.values()))
+        e = getattr(e, "exc", e)
+        if isinstance(e, tuple):  # (exception, traceback frames)
+            e = e[0]
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
 
 
 def _barrier(rt: Runtime) -> None:
@@ -123,7 +141,16 @@ def resolve(spec: str) -> CheckpointInfo | None:
     p = Path(spec)
     if (p / META).is_file() and NAME.match(p.name):
         return CheckpointInfo(p, int(NAME.match(p.name).group(1)), json.loads((p / META).read_text()))
+    if p.is_dir() and (TMP_NAME.match(p.name) or NAME.match(p.name) or (p / ".metadata").is_file()):
+        raise UserError(f"resume_from_checkpoint: {p} is not a complete fsdpkit checkpoint (a save that did "
+                        "not finish?); pass its parent directory to resume from the newest complete one")
     found = list_checkpoints(p)
+    if not found and p.is_dir():
+        reference = sorted(c.name for c in p.iterdir() if REFERENCE_NAME.match(c.name))
+        if reference:
+            raise UserError(f"resume_from_checkpoint: {p} holds only checkpoints of the reference example "
+                            f"({reference[-1]}); fsdpkit cannot resume those: use another --checkpoint_dir, "
+                            "or start from exported weights with --init_from_hf")
     return found[-1] if found else None
 
 
@@ -133,7 +160,11 @@ def load(info: CheckpointInfo, model: torch.nn.Module, optimizer: torch.optim.Op
         raise UserError(f"resume_from_checkpoint: {info.path} holds a model of another shape "
                         f"({info.meta.get('model')}); this run's is {model_shape}")
     state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, optimizer)}
-    dcp.load(state, checkpoint_id=str(info.path))
+    try:
+        dcp.load(state, checkpoint_id=str(info.path))
+    except (Exception, CheckpointException) as e:  # DCP's own error is a BaseException
+        raise UserError(f"resume_from_checkpoint: {info.path} is damaged and cannot be read "
+                        f"({describe_error(e)})") from None
     set_model_state_dict(model, state["model"])
     set_optimizer_state_dict(model, optimizer, state["optim"])
 

@@ -68,6 +68,8 @@ class DataConfig:
     on_bad_record: str = opt("skip", "a record that is not JSON or lacks the text field: skip it (counted) or fail",
                              choices=("skip", "fail"))
     prefetch: int = opt(4, "batches prepared ahead in a background thread (0: none)", min=0)
+    document_masking: bool = opt(False, "attend only within each document of a packed sequence "
+                                 "(an explicit attention mask: slower than plain causal attention)")
     tokenizer: str = opt("bytes", "'bytes' (embedded), or a Hugging Face tokenizer: local dir/file or hub name")
     seq_len: int | None = opt(None, "training sequence length (default: min(context, 2048))", min=2,
                               aliases=("max_context_width",))

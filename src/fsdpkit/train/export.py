@@ -8,6 +8,7 @@ from typing import Any
 import torch
 import torch.distributed.checkpoint as dcp
 import yaml
+from torch.distributed.checkpoint.api import CheckpointException
 
 from fsdpkit.errors import UserError
 from fsdpkit.train import checkpoint
@@ -44,8 +45,8 @@ def load_full_model(info: checkpoint.CheckpointInfo) -> Transformer:
     state = {"model": model.state_dict()}
     try:
         dcp.load(state, checkpoint_id=str(info.path))
-    except Exception as e:  # DCP raises several types for damaged files; all mean the same to a user
-        raise UserError(f"export: cannot read checkpoint {info.path}: {str(e).splitlines()[0]}") from None
+    except (Exception, CheckpointException) as e:  # DCP's own error is a BaseException
+        raise UserError(f"export: cannot read checkpoint {info.path}: {checkpoint.describe_error(e)}") from None
     return model
 
 

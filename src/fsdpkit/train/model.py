@@ -106,7 +106,8 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=False)
         self.o_proj = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                doc_mask: torch.Tensor | None = None) -> torch.Tensor:
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
@@ -117,10 +118,13 @@ class Attention(nn.Module):
             rep = self.n_heads // self.n_kv_heads
             k = k.repeat_interleave(rep, dim=1)
             v = v.repeat_interleave(rep, dim=1)
-        if self.sliding_window is not None and self.sliding_window < T:
+        window = self.sliding_window is not None and self.sliding_window < T
+        if window or doc_mask is not None:
             i = torch.arange(T, device=x.device)
             offset = i[:, None] - i[None, :]
-            mask = (offset >= 0) & (offset < self.sliding_window)
+            mask = (offset >= 0) & (offset < self.sliding_window) if window else offset >= 0
+            if doc_mask is not None:
+                mask = mask & doc_mask  # (B, 1, T, T): attend only within the same document
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         else:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
@@ -191,14 +195,16 @@ class DecoderLayer(nn.Module):
         self.mlp = MoE(cfg) if cfg.is_moe else MLP(cfg.dim, cfg.ffn_dim)
         self.checkpoint = False  # set by fsdpkit.train.shard.apply_activation_checkpointing
 
-    def _forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        h = x + self.self_attn(self.input_layernorm(x), cos, sin)
+    def _forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                 doc_mask: torch.Tensor | None) -> torch.Tensor:
+        h = x + self.self_attn(self.input_layernorm(x), cos, sin, doc_mask)
         return h + self.mlp(self.post_attention_layernorm(h))
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                doc_mask: torch.Tensor | None = None) -> torch.Tensor:
         if self.checkpoint and torch.is_grad_enabled():
-            return torch.utils.checkpoint.checkpoint(self._forward, x, cos, sin, use_reentrant=False)
-        return self._forward(x, cos, sin)
+            return torch.utils.checkpoint.checkpoint(self._forward, x, cos, sin, doc_mask, use_reentrant=False)
+        return self._forward(x, cos, sin, doc_mask)
 
 
 class Model(nn.Module):
@@ -271,29 +277,40 @@ class Transformer(nn.Module):
         self.rope_sin.copy_(freqs.sin())
 
     # -- forward ----------------------------------------------------------------------------------
-    def hidden_states(self, tokens: torch.Tensor) -> torch.Tensor:
+    def hidden_states(self, tokens: torch.Tensor, eos_id: int | None = None) -> torch.Tensor:
         T = tokens.shape[1]
         if self.rope_len < T:
             raise ValueError(f"sequence of {T} tokens is longer than the RoPE table ({self.rope_len})")
         cos, sin = self.rope_cos[:T], self.rope_sin[:T]
+        doc_mask = None if eos_id is None else document_mask(tokens, eos_id)
         h = self.model.embed_tokens(tokens)
         for layer in self.model.layers:
-            h = layer(h, cos, sin)
+            h = layer(h, cos, sin, doc_mask)
         return self.model.norm(h)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Logits (B, T, vocab) for (B, T) token ids."""
-        return self.lm_head(self.hidden_states(tokens))
+    def forward(self, tokens: torch.Tensor, eos_id: int | None = None) -> torch.Tensor:
+        """Logits (B, T, vocab) for (B, T) token ids; with `eos_id`, attention stays within documents."""
+        return self.lm_head(self.hidden_states(tokens, eos_id))
 
-    def loss(self, tokens: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def loss(self, tokens: torch.Tensor, targets: torch.Tensor,
+             eos_id: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Mean next-token cross-entropy and the total loss (cross-entropy plus MoE balancing)."""
-        logits = self(tokens)
+        logits = self(tokens, eos_id)
         ce = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
         total = ce
         if self.cfg.is_moe:
             aux = torch.stack([layer.mlp.aux_loss for layer in self.model.layers]).mean()
             total = ce + self.cfg.router_aux_loss_coef * aux
         return ce, total
+
+
+def document_mask(tokens: torch.Tensor, eos_id: int) -> torch.Tensor:
+    """(B, 1, T, T) bool: query i may see key j only if both lie in the same document of a packed
+    sequence (an EOS token belongs to the document it ends). Causality is applied separately.
+    RoPE is relative, so positions need no reset at document starts."""
+    is_eos = (tokens == eos_id).long()
+    doc = torch.cumsum(is_eos, dim=1) - is_eos
+    return (doc[:, :, None] == doc[:, None, :]).unsqueeze(1)
 
 
 def _fill_plain(p: torch.Tensor, init_fn: Callable[[torch.Tensor], None]) -> None:

@@ -120,6 +120,9 @@ class Validator:
         # deterministically, how many whole global batches the held-out split holds.
         available = self.stream.count_blocks() // (cfg.data.val_batch_size * rt.world_size)
         self.batches = min(cfg.log.validation_batches, available)
+        self.eos_id = None
+        if cfg.data.document_masking:
+            self.eos_id = source.meta["eos_id"] if tok is None else tok.eos_id
         self.cfg, self.rt = cfg, rt
 
     @torch.no_grad()
@@ -130,7 +133,7 @@ class Validator:
         total = torch.zeros((), device=self.rt.device)
         for _, (x, y, _idx) in zip(range(self.batches), self.stream, strict=False):
             with autocast(self.cfg, self.rt):
-                ce, _ = model.loss(x.to(self.rt.device), y.to(self.rt.device))
+                ce, _ = model.loss(x.to(self.rt.device), y.to(self.rt.device), self.eos_id)
             total += ce.float()
         model.train()
         return dist.all_reduce_mean(total / self.batches, self.rt).item()
@@ -169,6 +172,7 @@ def _train(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path, notices: list[str]
     batches = BatchStream(source, tok, seq_len, d.train_batch_size, rt.rank, rt.world_size, cfg.seed,
                           epochs=d.epochs, skip_blocks=samples_done)
     stream = Prefetcher(batches, d.prefetch) if d.prefetch else iter(batches)
+    eos_id = (source.meta["eos_id"] if tok is None else tok.eos_id) if d.document_masking else None
     sample_log = None
     if lg.log_samples:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -223,7 +227,7 @@ def _train(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path, notices: list[str]
                     # Reduce-scatter gradients once per optimizer step, not once per micro-step.
                     model.set_requires_gradient_sync(micro == d.grad_accum_steps - 1)
                 with autocast(cfg, rt):
-                    ce, total = model.loss(x, y)
+                    ce, total = model.loss(x, y, eos_id)
                 (total / d.grad_accum_steps).backward()
                 loss_sum += ce.detach().float() / d.grad_accum_steps
         except StopIteration:

@@ -1,0 +1,50 @@
+"""What every benchmark records next to its numbers: when, where, with what."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+from datetime import date
+from pathlib import Path
+
+import torch
+
+RESULTS_MD = Path(__file__).with_name("RESULTS.md")
+
+
+def environment() -> dict:
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                cwd=Path(__file__).parent, check=False).stdout.strip() or None
+    except OSError:
+        commit = None
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else (
+        f"CPU {platform.processor() or platform.machine()}, {os.cpu_count()} cores")
+    return {"date": date.today().isoformat(), "device": device, "torch": torch.__version__,
+            "python": platform.python_version(), "commit": commit, "threads": torch.get_num_threads()}
+
+
+def write_json(path: Path, payload: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=2) + "\n")
+
+
+def append_rows(section: str, header: list[str], rows: list[list]) -> None:
+    """Append a table under a `## section` heading of RESULTS.md (created if missing)."""
+    text = RESULTS_MD.read_text() if RESULTS_MD.exists() else "# Benchmark results\n"
+    line = "| " + " | ".join(str(c) for c in header) + " |"
+    if f"## {section}" not in text:
+        text += f"\n## {section}\n\n{line}\n|" + "---|" * len(header) + "\n"
+    lines = text.rstrip("\n").split("\n")
+    # Insert after the last row of this section's table.
+    start = lines.index(f"## {section}")
+    end = start + 1
+    while end < len(lines) and not lines[end].startswith("## "):
+        end += 1
+    while end > start and not lines[end - 1].startswith("|"):
+        end -= 1
+    new = ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    lines[end:end] = new
+    RESULTS_MD.write_text("\n".join(lines) + "\n")

@@ -1,0 +1,29 @@
+"""The benchmarks run (at smoke size) and produce their JSON."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+pytestmark = pytest.mark.slow
+
+
+def test_data_and_checkpoint_benchmark_smoke(tmp_path):
+    out = tmp_path / "result.json"
+    r = subprocess.run([sys.executable, "-m", "benchmarks.data_and_checkpoint", "--smoke", "--out", str(out),
+                        "--no-results-md"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert set(result["data"]["tokens_per_s"]) == {"embedded+bytes", "jsonl+bpe", "token-shards"}
+    assert all(v > 0 for v in result["data"]["tokens_per_s"].values())
+    assert result["training_tokens_per_s"] > 0
+    ck = result["checkpoint"]
+    for mode in ("sync", "async"):
+        assert ck[mode]["bytes"] > 0 and ck[mode]["total_s"] >= ck[mode]["blocked_s"] > 0
+    assert ck["load"]["seconds"] > 0
+    assert result["env"]["date"] and result["env"]["torch"]
