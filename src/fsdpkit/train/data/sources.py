@@ -81,11 +81,22 @@ def _format(path: Path) -> tuple[str, str | None] | None:
     return None
 
 
+def _optional(module: str, path: Path):
+    """A module of the `data` extra, or a clear error naming what to install."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise UserError(f"dataset: reading {path.name} needs {module.split('.')[0]}: "
+                        "pip install 'fsdpkit[data]'") from None
+
+
 def _open_text(path: Path, compression: str | None) -> io.TextIOBase:
     if compression == ".gz":
         return gzip.open(path, "rt", encoding="utf-8", errors="replace")
     if compression in (".zst", ".zstd"):
-        import zstandard
+        zstandard = _optional("zstandard", path)
 
         stream = zstandard.ZstdDecompressor().stream_reader(path.open("rb"))
         return io.TextIOWrapper(stream, encoding="utf-8", errors="replace")
@@ -148,7 +159,7 @@ class LocalFiles:
     def _read(self, f: Path) -> Iterator[str]:
         fmt, compression = _format(f)
         if fmt == ".parquet":
-            import pyarrow.parquet as pq
+            pq = _optional("pyarrow.parquet", f)
 
             pf = pq.ParquetFile(f)
             if self.text_field not in pf.schema_arrow.names:
