@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from fsdpkit.cli.output import emit_error, emit_json
+from fsdpkit.cli.output import dispatch, emit_json
 from fsdpkit.errors import UserError
 from fsdpkit.train.checkpoint import META, describe, scan
 
@@ -62,8 +62,4 @@ def main(argv: list[str]) -> int:
     p_show.add_argument("checkpoint")
     p_show.add_argument("--json", action="store_true", help="machine-readable output")
     p_show.set_defaults(func=cmd_show)
-    args = parser.parse_args(argv)
-    try:
-        return args.func(args)
-    except UserError as e:
-        return emit_error(e, args.json)
+    return dispatch(parser, argv)

@@ -6,8 +6,7 @@ import argparse
 import itertools
 from pathlib import Path
 
-from fsdpkit.cli.output import emit_error, emit_json
-from fsdpkit.errors import UserError
+from fsdpkit.cli.output import dispatch, emit_json
 
 
 def _source_args(p: argparse.ArgumentParser) -> None:
@@ -77,11 +76,7 @@ def main(argv: list[str], prog: str = "fsdpkit data") -> int:
         p.add_argument("--max_documents", type=int, default=0, help="use at most this many documents (0: all)")
         p.add_argument("--out", required=True, help="directory for tokenizer.json")
         p.set_defaults(func=cmd_train_tokenizer)
-    args = parser.parse_args(argv)
-    try:
-        return args.func(args)
-    except UserError as e:
-        return emit_error(e, args.json)
+    return dispatch(parser, argv)
 
 
 def tokenizer_main(argv: list[str]) -> int:

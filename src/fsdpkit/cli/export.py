@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from fsdpkit.cli.output import emit_error, emit_json
-from fsdpkit.errors import UserError
+from fsdpkit.cli.output import dispatch, emit_json
 
 
 def main(argv: list[str]) -> int:
@@ -17,13 +16,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--to", choices=["hf"], default="hf", help="target format")
     parser.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="dtype of the written weights")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
-    args = parser.parse_args(argv)
-    try:
-        from fsdpkit.train.export import export_hf
+    parser.set_defaults(func=run)
+    return dispatch(parser, argv)
 
-        result = export_hf(Path(args.source), Path(args.out), args.dtype)
-    except UserError as e:
-        return emit_error(e, args.json)
+
+def run(args: argparse.Namespace) -> int:
+    from fsdpkit.train.export import export_hf
+
+    result = export_hf(Path(args.source), Path(args.out), args.dtype)
     if args.json:
         return emit_json(result)
     print(f"exported step {result['step']} of {result['checkpoint']} to {result['out']} "

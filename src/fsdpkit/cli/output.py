@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from typing import Any
@@ -22,3 +23,12 @@ def emit_error(err: UserError, as_json: bool, code: str = "bad_input", hint: str
     else:
         print(f"error: {err}", file=sys.stderr)
     return err.exit_code
+
+
+def dispatch(parser: argparse.ArgumentParser, argv: list[str]) -> int:
+    """Parse, run the chosen `func(args) -> int`, and turn a UserError into the error contract."""
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except UserError as e:
+        return emit_error(e, getattr(args, "json", False))
