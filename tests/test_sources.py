@@ -159,3 +159,9 @@ def test_prefetcher_passes_items_and_errors():
     with pytest.raises(UserError, match="boom"):
         next(p)
     assert list(itertools.islice(Prefetcher(itertools.count()), 3)) == [0, 1, 2]
+
+
+def test_hub_tokenizer_refused_when_offline(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(UserError, match="HF_HUB_OFFLINE=1"):
+        HFTokenizer("hf-internal-testing/llama-tokenizer")
