@@ -7,6 +7,7 @@ joins a process group: nccl on GPUs, gloo on CPUs.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 from dataclasses import dataclass
@@ -102,6 +103,10 @@ def _attempt_store(rank: int, world: int) -> dist.Store:
 
 def teardown() -> None:
     if dist.is_available() and dist.is_initialized():
+        # Leave together: a rank that destroys its group while a peer is still using the
+        # connections can make gloo abort the peer at exit ("terminate called ...").
+        with contextlib.suppress(Exception):  # a peer already failed: nothing left to wait for
+            dist.barrier()
         dist.destroy_process_group()
 
 

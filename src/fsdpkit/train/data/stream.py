@@ -13,6 +13,7 @@ order world-size invariant); token shards are read by random access, each rank o
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -182,4 +183,9 @@ class Prefetcher:
         return item
 
     def close(self) -> None:
+        """Stop the producer and wait for it, so no thread is inside torch or numpy at exit."""
         self._stop.set()
+        while self._thread.is_alive():
+            with contextlib.suppress(queue.Empty):
+                self._queue.get(timeout=0.05)  # unblock a producer waiting to put
+            self._thread.join(timeout=0.05)
