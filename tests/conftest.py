@@ -65,3 +65,80 @@ def write_fixture(root, fmt: str):
 @pytest.fixture
 def cli():
     return run_cli
+
+
+# -- a Kubernetes API for tests: kmock's emulator on 127.0.0.1, in a thread with its own loop ---------
+class KubeMock:
+    """kmock's KubernetesEmulator served over HTTP, reached by the official client through a
+    kubeconfig file. kmock stores objects and records requests; it ignores labelSelector, answers a
+    create with an empty body, and serves neither pod logs nor nodes, so tests script those routes
+    (`route`) and play the training operator by patching `/status` as it would."""
+
+    RESOURCES = ("kubeflow.org/v1/pytorchjobs", "sagemaker.amazonaws.com/v1/hyperpodpytorchjobs",
+                 "v1/secrets", "v1/persistentvolumeclaims", "v1/pods")
+
+    def __init__(self, tmp_path):
+        import asyncio
+        import threading
+
+        self._asyncio = asyncio
+        self.loop = asyncio.new_event_loop()
+        ready = threading.Event()
+        self._thread = threading.Thread(target=self.loop.run_until_complete, args=(self._serve(ready),), daemon=True)
+        self._thread.start()
+        assert ready.wait(20), "kmock did not start"
+        self.kubeconfig = tmp_path / "kubeconfig"
+        self.kubeconfig.write_text(
+            "apiVersion: v1\nkind: Config\ncurrent-context: kmock\n"
+            f"clusters: [{{name: kmock, cluster: {{server: '{self.url}'}}}}]\n"
+            "contexts: [{name: kmock, context: {cluster: kmock, user: tester}}]\n"
+            "users: [{name: tester, user: {token: not-a-real-token}}]\n")
+        self.env = {"KUBECONFIG": str(self.kubeconfig)}
+
+    async def _serve(self, ready):
+        import kmock
+
+        self._stop = self._asyncio.Event()
+        async with kmock.KubernetesEmulator() as handler, kmock.Server(handler) as server:
+            for res in self.RESOURCES:
+                handler.resources[res] = {}
+            self.handler, self.url = handler, str(server.url).rstrip("/")
+            ready.set()
+            await self._stop.wait()
+
+    def call(self, fn):
+        """Run `fn()` on the server's loop (kmock is not thread-safe) and return its result."""
+        async def run():
+            return fn()
+        return self._asyncio.run_coroutine_threadsafe(run(), self.loop).result(10)
+
+    def route(self, pattern: str, payload) -> None:
+        self.call(lambda: self.handler[pattern] << payload)
+
+    def requests(self) -> list[tuple[str, str, object]]:
+        """(METHOD, path?query, parsed body) of every request the server saw, in order."""
+        def snapshot():
+            out = []
+            for r in list(self.handler):
+                url = r.url if hasattr(r, "url") else ""
+                path = str(url).split(self.url, 1)[-1]
+                out.append((str(r.method.value if hasattr(r.method, "value") else r.method).upper(), path, r.data))
+            return out
+        return self.call(snapshot)
+
+    def api(self):
+        """An ApiClient for the test itself (playing the operator or the kubelet)."""
+        from kubernetes import config
+
+        return config.new_client_from_config(config_file=str(self.kubeconfig))
+
+    def close(self):
+        self.loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(10)
+
+
+@pytest.fixture
+def kube(tmp_path):
+    k = KubeMock(tmp_path)
+    yield k
+    k.close()

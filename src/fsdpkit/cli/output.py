@@ -27,8 +27,12 @@ def emit_error(err: UserError, as_json: bool, code: str = "bad_input", hint: str
 
 def dispatch(parser: argparse.ArgumentParser, argv: list[str]) -> int:
     """Parse, run the chosen `func(args) -> int`, and turn a UserError into the error contract."""
-    args = parser.parse_args(argv)
+    args = None
     try:
+        args = parser.parse_args(argv)
         return args.func(args)
     except UserError as e:
-        return emit_error(e, getattr(args, "json", False))
+        return emit_error(e, getattr(args, "json", "--json" in argv))
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

@@ -288,6 +288,11 @@ def load_yaml(path: str | os.PathLike, cfg: TrainConfig, notices: list[str]) -> 
         raise UserError(f"config: {p} is not valid YAML: {str(e).splitlines()[0]}") from None
     if not isinstance(doc, dict):
         raise UserError(f"config: {p} must hold a mapping of option names to values")
+    apply_mapping(doc, cfg, notices)
+
+
+def apply_mapping(doc: dict[str, Any], cfg: TrainConfig, notices: list[str]) -> None:
+    """Apply `key: value` pairs or `section: {key: value}` blocks (a YAML file, a job spec's `train:`)."""
     index = field_index()
     for key, value in doc.items():
         if key in SECTIONS and isinstance(value, dict):
@@ -295,6 +300,16 @@ def load_yaml(path: str | os.PathLike, cfg: TrainConfig, notices: list[str]) -> 
                 _set(cfg, str(sub), v, index, notices)
         else:
             _set(cfg, str(key), value, index, notices)
+
+
+def to_flags(doc: dict[str, Any]) -> list[str]:
+    """The same mapping as `--key value` flags, sections flattened (every field name is unique)."""
+    flags: list[str] = []
+    for key, value in doc.items():
+        items = value.items() if key in SECTIONS and isinstance(value, dict) else [(key, value)]
+        for k, v in items:
+            flags += [f"--{k}", "none" if v is None else str(v).lower() if isinstance(v, bool) else str(v)]
+    return flags
 
 
 class _Parser(argparse.ArgumentParser):

@@ -203,7 +203,7 @@ def _train(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path, notices: list[str]
         writer.print(f"fsdpkit: MFU denominator {peak_txt}; mesh {describe_mesh(model)}; activation "
                      f"checkpointing {cfg.parallel.activation_checkpointing}; compile {cfg.parallel.compile}")
 
-    result = TrainResult(run_dir=run_dir, steps=0)
+    result = TrainResult(run_dir=run_dir, steps=start_step)
     tokens_per_step = d.train_batch_size * seq_len * rt.world_size * d.grad_accum_steps
     samples_per_step = d.train_batch_size * rt.world_size * d.grad_accum_steps
     loss_sum = torch.zeros((), device=rt.device)
@@ -298,7 +298,10 @@ def _train(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path, notices: list[str]
             "world_size": rt.world_size,
         }
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        writer.print(f"fsdpkit: done after {result.steps} steps; loss {summary['first_loss']:.4f} -> "
-                     f"{summary['final_loss']:.4f}; metrics in {run_dir / 'metrics.jsonl'}")
+        if result.losses:
+            writer.print(f"fsdpkit: done after {result.steps} steps; loss {summary['first_loss']:.4f} -> "
+                         f"{summary['final_loss']:.4f}; metrics in {run_dir / 'metrics.jsonl'}")
+        else:  # resumed at (or past) max_steps: a resubmitted job that had already finished
+            writer.print(f"fsdpkit: nothing to do: already at step {result.steps} of {cfg.optim.max_steps}")
         writer.close()
     return result

@@ -1,0 +1,225 @@
+"""`fsdpkit job render|submit|status|logs|list|delete|wait`: one JobSpec, any backend."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+import yaml
+
+from fsdpkit.cli.output import dispatch, emit_json
+from fsdpkit.errors import UserError
+from fsdpkit.jobs.backends import get_backend
+from fsdpkit.jobs.spec import BACKENDS, JobSpec, load_spec, parse_overrides
+from fsdpkit.jobs.status import JobStatus
+
+# Direct flags for the fields people change most; anything else goes through --set KEY=VALUE.
+_SHORTCUTS = ("name", "image", "backend", "namespace", "nodes", "instance_type")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, exit 2, like every other bad input
+        raise UserError(f"{message} (see `{self.prog} --help`)")
+
+
+def _spec(args: argparse.Namespace) -> JobSpec:
+    overrides = parse_overrides(args.set or [])
+    overrides += [(k, getattr(args, k)) for k in _SHORTCUTS if getattr(args, k, None) is not None]
+    return load_spec(args.spec, overrides)
+
+
+def _backend(args: argparse.Namespace, spec: JobSpec | None = None) -> Any:
+    name = spec.backend if spec is not None else args.backend
+    if name is None:  # a NAME verb without --backend: a local job of that name, else the cluster
+        from fsdpkit.jobs.backends.local import home
+
+        name = "local" if (home() / args.job).is_dir() else "pytorchjob"
+    return get_backend(name, context=getattr(args, "context", None), kubeconfig=getattr(args, "kubeconfig", None))
+
+
+def _ns(args: argparse.Namespace) -> str:
+    return args.namespace or "default"
+
+
+def _print_status(st: JobStatus) -> None:
+    where = f" ({st.namespace})" if st.namespace else ""
+    attempt = f", resubmission {st.attempt}" if st.attempt else ""
+    msg = f": {st.message}" if st.message else ""
+    print(f"{st.name}{where}: {st.state}{attempt}{msg}")
+    for rtype, counts in (st.replicas or {}).items():
+        pretty = ", ".join(f"{k} {v}" for k, v in counts.items() if k in ("active", "succeeded", "failed"))
+        print(f"  {rtype}: {pretty}")
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    spec = _spec(args)
+    rendered = get_backend(spec.backend).render(spec)
+    if args.json:
+        key = "manifests" if isinstance(rendered, list) else "script" if spec.backend == "slurm" else "command"
+        return emit_json({"name": spec.name, "backend": spec.backend, key: rendered})
+    if isinstance(rendered, list):
+        print(yaml.safe_dump_all(rendered, sort_keys=False), end="")
+    else:
+        print(rendered, end="")
+    return 0
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    spec = _spec(args)
+    backend = _backend(args, spec)
+    result = backend.submit(spec, replace=args.replace, dry_run=args.dry_run)
+    if args.wait and not args.dry_run:
+        st = backend.wait(spec.name, spec.namespace, poll=args.poll,
+                          on_change=None if args.json else _print_status)
+        result["final"] = st.to_dict()
+    if args.json:
+        emit_json(result)
+        return 1 if args.wait and result["final"]["state"] != "Succeeded" else 0
+    if args.dry_run:
+        print(f"dry run: would create {', '.join(result.get('objects') or [str(result.get('command') or result)])}")
+        return 0
+    made = result.get("created") or [result.get("script") or result.get("dir")]
+    print(f"submitted {spec.name} ({spec.backend}): {', '.join(map(str, made))}")
+    for r in result.get("reused") or []:
+        print(f"  reusing {r} (holds this job's earlier checkpoints)")
+    if result.get("hint"):
+        print(result["hint"])
+    if args.wait:
+        return 0 if result["final"]["state"] == "Succeeded" else 1
+    print(f"follow it with: fsdpkit job logs {spec.name} -f")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    st = _backend(args).status(args.job, _ns(args))
+    if args.json:
+        return emit_json(st.to_dict())
+    _print_status(st)
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    backends = [args.backend] if args.backend else ["local", "pytorchjob"]
+    rows: list[JobStatus] = []
+    for name in backends:
+        rows += get_backend(name, context=args.context, kubeconfig=args.kubeconfig).list(_ns(args))
+    if args.json:
+        return emit_json([r.to_dict() for r in rows])
+    if not rows:
+        print("no jobs")
+    for r in rows:
+        print(f"{r.name:40s} {r.backend:11s} {r.state:11s} {r.message}")
+    return 0
+
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    deleted = _backend(args).cancel(args.job, _ns(args), delete_storage=args.delete_storage)
+    if args.json:
+        return emit_json({"deleted": deleted})
+    print(f"deleted {', '.join(deleted)}")
+    if not args.delete_storage:
+        print("its checkpoint storage is kept (pass --delete-storage to remove a volume fsdpkit created)")
+    return 0
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    from fsdpkit.jobs.instances import check_network_log
+
+    lines = []
+    for line in _backend(args).logs(args.job, _ns(args), follow=args.follow, replica=args.replica,
+                                    previous=args.previous):
+        if args.check_network:
+            lines.append(line)
+        print(line, flush=True)
+    if args.check_network:
+        verdict, why = check_network_log("\n".join(lines))
+        print(f"network check: {verdict}: {why}", file=sys.stderr)
+        return 1 if verdict == "fail" else 0
+    return 0
+
+
+def cmd_wait(args: argparse.Namespace) -> int:
+    st = _backend(args).wait(args.job, _ns(args), timeout=args.timeout, poll=args.poll,
+                             on_change=None if args.json else _print_status)
+    code = 0 if st.state == "Succeeded" else 124 if not st.finished else 1
+    if args.json:
+        emit_json(st.to_dict())
+    return code
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="fsdpkit job", description="Describe a training job once; run it locally, on EKS "
+                     "(Kubeflow PyTorchJob), on SageMaker HyperPod or on Slurm.")
+    sub = parser.add_subparsers(dest="cmd", required=True, metavar="VERB", parser_class=_Parser)
+
+    def common(p: argparse.ArgumentParser, cluster: bool = True) -> None:
+        p.add_argument("--json", action="store_true", help="one JSON envelope on stdout")
+        if cluster:
+            p.add_argument("--context", help="kubeconfig context (default: the current one)")
+            p.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG or ~/.kube/config)")
+
+    def spec_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("spec", nargs="?", help="job spec YAML (see docs/jobs.md); omit to start from the defaults")
+        p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                       help="override a field, dotted for sections (train.max_steps=100, hyperpod.auto_resume=false)")
+        for k in _SHORTCUTS:
+            p.add_argument(f"--{k.replace('_', '-')}", dest=k, help=f"override {k}")
+
+    def name_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("job", metavar="NAME")
+        p.add_argument("--backend", choices=BACKENDS, help="default: a local job of that name, else the cluster")
+        p.add_argument("-n", "--namespace", help="Kubernetes namespace (default: default)")
+
+    p = sub.add_parser("render", help="print the manifests (or script) a spec becomes, after validating it")
+    spec_args(p)
+    common(p, cluster=False)
+    p.set_defaults(func=cmd_render)
+
+    p = sub.add_parser("submit", help="create the job (Secret, PVC and job on a cluster; a process locally)")
+    spec_args(p)
+    p.add_argument("--dry-run", action="store_true", help="validate and show what would be created")
+    p.add_argument("--replace", action="store_true", help="delete a job of the same name first")
+    p.add_argument("--wait", action="store_true", help="wait for the job to end; exit code from its result")
+    p.add_argument("--poll", type=float, default=10.0, help=argparse.SUPPRESS)
+    common(p)
+    p.set_defaults(func=cmd_submit)
+
+    p = sub.add_parser("status", help="the job's state and replicas")
+    name_args(p)
+    common(p)
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("logs", help="print (or follow) the logs of the job's rank-0 pod or a chosen replica")
+    name_args(p)
+    p.add_argument("-f", "--follow", action="store_true")
+    p.add_argument("--replica", help="worker-1, master-0, ... or all")
+    p.add_argument("--previous", action="store_true", help="the previous (crashed) container's logs")
+    p.add_argument("--check-network", action="store_true",
+                   help="after the logs, say whether NCCL used EFA (needs diagnose_network: true)")
+    common(p)
+    p.set_defaults(func=cmd_logs)
+
+    p = sub.add_parser("list", help="jobs made by fsdpkit")
+    p.add_argument("--backend", choices=BACKENDS)
+    p.add_argument("-n", "--namespace")
+    common(p)
+    p.set_defaults(func=cmd_list)
+
+    p = sub.add_parser("delete", help="cancel and remove a job (its checkpoint storage is kept)")
+    name_args(p)
+    p.add_argument("--delete-storage", action="store_true", help="also delete the PVC fsdpkit created for it")
+    common(p)
+    p.set_defaults(func=cmd_delete)
+
+    p = sub.add_parser("wait", help="wait for the job to end: exit 0 Succeeded, 1 Failed, 124 timed out")
+    name_args(p)
+    p.add_argument("--timeout", type=float, help="seconds (default: no limit)")
+    p.add_argument("--poll", type=float, default=10.0, help="seconds between checks")
+    common(p)
+    p.set_defaults(func=cmd_wait)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    return dispatch(build_parser(), list(sys.argv[1:] if argv is None else argv))

@@ -1,0 +1,186 @@
+"""The single-machine path of a JobSpec: torchrun on this machine (`fsdpkit train --nproc N`),
+started in the background like a cluster job. State lives in FSDPKIT_HOME/jobs/NAME
+(default ~/.fsdpkit): the spec, the command, the log, the pid and, when it ends, the exit code."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from fsdpkit.errors import UserError
+from fsdpkit.jobs.command import train_options
+from fsdpkit.jobs.spec import JobSpec
+from fsdpkit.jobs.status import JobStatus
+
+
+def home() -> Path:
+    return Path(os.environ.get("FSDPKIT_HOME") or Path.home() / ".fsdpkit") / "jobs"
+
+
+class LocalBackend:
+    name = "local"
+
+    def _dir(self, name: str) -> Path:
+        return home() / name
+
+    def command(self, spec: JobSpec, job_dir: Path) -> list[str]:
+        if spec.command is not None:
+            return list(spec.command)
+        from fsdpkit.train.config import to_flags
+
+        return [sys.executable, "-m", "fsdpkit", "train", "--nproc", str(spec.procs),
+                "--max_restarts", str(spec.max_restarts), *to_flags(train_options(spec, spec.storage.shared_path or str(job_dir.parent)))]
+
+    def render(self, spec: JobSpec) -> str:
+        cmd = self.command(spec, self._dir(spec.name))
+        env = "".join(f"{k}={shlex.quote(v)} " for k, v in spec.env.items())
+        return f"{env}{shlex.join(cmd)}\n"
+
+    def submit(self, spec: JobSpec, replace: bool = False, dry_run: bool = False) -> dict[str, Any]:
+        job_dir = self._dir(spec.name)
+        cmd = self.command(spec, job_dir)
+        if dry_run:
+            return {"name": spec.name, "dry_run": True, "command": cmd, "dir": str(job_dir)}
+        for ref in spec.secrets:  # no Kubernetes here: the value must come from this shell
+            if ref.env not in os.environ:
+                raise UserError(f"secrets: {ref.env} refers to Secret {ref.secret}, which the local backend cannot "
+                                f"read; export {ref.env} in this shell instead")
+        if job_dir.exists():
+            st = self.status(spec.name)
+            if not replace:
+                raise UserError(f"job {spec.name!r} already exists ({st.state}) in {job_dir}; pick another name, or "
+                                "pass --replace to start it again (its checkpoints are kept and resumed)")
+            if not st.finished:
+                self.cancel(spec.name)
+                self.wait(spec.name, timeout=120, poll=0.5)
+            for f in ("rc", "pid", "cancelled"):
+                (job_dir / f).unlink(missing_ok=True)
+        job_dir.mkdir(parents=True, exist_ok=True)
+        (job_dir / "spec.json").write_text(json.dumps(spec.to_dict(), indent=2))
+        (job_dir / "command").write_text(shlex.join(cmd) + "\n")
+        (job_dir / "attempt").write_text("0")
+        pid = self._launch(job_dir, cmd, spec)
+        return {"name": spec.name, "dry_run": False, "pid": pid, "dir": str(job_dir), "log": str(job_dir / "log")}
+
+    @staticmethod
+    def _launch(job_dir: Path, cmd: list[str], spec: JobSpec, attempt: int = 0) -> int:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **spec.env, "FSDPKIT_ATTEMPT": str(attempt)}
+        if spec.hf_token_env and os.environ.get(spec.hf_token_env):
+            env["HF_TOKEN"] = os.environ[spec.hf_token_env]
+        # A shell stays behind as the parent to record the exit code once the job ends.
+        wrapper = f'{shlex.join(cmd)}; echo $? > {shlex.quote(str(job_dir / "rc"))}'
+        with open(job_dir / "log", "ab") as log:
+            proc = subprocess.Popen(["/bin/sh", "-c", wrapper], stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        (job_dir / "pid").write_text(str(proc.pid))
+        return proc.pid
+
+    def _resubmit_if_allowed(self, st: JobStatus) -> bool:
+        """Start a Failed job again (it resumes from its newest checkpoint) while its budget lasts."""
+        job_dir = self._dir(st.name)
+        spec_doc = json.loads((job_dir / "spec.json").read_text())
+        attempt = int((job_dir / "attempt").read_text() or 0) if (job_dir / "attempt").exists() else 0
+        if st.state != "Failed" or attempt >= int(spec_doc.get("resubmits", 0)):
+            return False
+        from fsdpkit.jobs.spec import load_spec_dict
+
+        spec = load_spec_dict(spec_doc)
+        print(f"job {st.name} failed ({st.message}); resubmitting, attempt {attempt + 1} of {spec.resubmits}",
+              file=sys.stderr)
+        (job_dir / "rc").unlink(missing_ok=True)
+        (job_dir / "attempt").write_text(str(attempt + 1))
+        self._launch(job_dir, shlex.split((job_dir / "command").read_text()), spec, attempt + 1)
+        return True
+
+    def _alive(self, job_dir: Path) -> bool:
+        try:
+            pid = int((job_dir / "pid").read_text())
+            os.kill(pid, 0)
+        except (OSError, ValueError):
+            return False
+        # A zombie of ours (the submitting process is still alive) counts as ended.
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+        except OSError:
+            return True
+
+    def status(self, name: str, namespace: str | None = None) -> JobStatus:
+        job_dir = self._dir(name)
+        if not job_dir.is_dir():
+            raise UserError(f"job {name!r} not found in {home()} (see `fsdpkit job list --backend local`)")
+        rc_file = job_dir / "rc"
+        details = {"dir": str(job_dir), "log": str(job_dir / "log")}
+        if rc_file.exists() and rc_file.read_text().strip():
+            rc = int(rc_file.read_text().strip())
+            details["exit_code"] = rc
+            attempt = int((job_dir / "attempt").read_text() or 0) if (job_dir / "attempt").exists() else 0
+            if rc == 0:
+                return JobStatus(name, self.name, "Succeeded", attempt=attempt, details=details)
+            if (job_dir / "cancelled").exists():
+                return JobStatus(name, self.name, "Cancelled", f"cancelled (exit code {rc})", details=details)
+            return JobStatus(name, self.name, "Failed", f"exit code {rc}; see {job_dir / 'log'}", details=details)
+        if self._alive(job_dir):
+            return JobStatus(name, self.name, "Running", details=details)
+        return JobStatus(name, self.name, "Failed", "the process ended without recording an exit code",
+                         details=details)
+
+    def list(self, namespace: str | None = None) -> list[JobStatus]:
+        root = home()
+        return [self.status(d.name) for d in sorted(root.iterdir()) if (d / "spec.json").exists()] \
+            if root.is_dir() else []
+
+    def cancel(self, name: str, namespace: str | None = None, delete_storage: bool = False) -> list[str]:
+        """SIGTERM to the whole process group: torchrun forwards it and the trainer saves a checkpoint."""
+        st = self.status(name)
+        job_dir = self._dir(name)
+        if not st.finished:
+            (job_dir / "cancelled").touch()
+            with contextlib.suppress(OSError, ValueError):  # already gone
+                os.killpg(int((job_dir / "pid").read_text()), signal.SIGTERM)
+        if delete_storage:
+            shutil.rmtree(job_dir, ignore_errors=True)
+            return [f"{job_dir} (deleted)"]
+        return [f"local/{name}"]
+
+    def logs(self, name: str, namespace: str | None = None, follow: bool = False, replica: str | None = None,
+             previous: bool = False, wait: float = 600, poll: float = 0.5) -> Iterator[str]:
+        self.status(name)
+        path = self._dir(name) / "log"
+        with open(path, errors="replace") as f:
+            while True:
+                line = f.readline()
+                if line:
+                    yield line.rstrip("\n")
+                elif follow and not self.status(name).finished:
+                    time.sleep(poll)
+                elif follow:
+                    rest = f.read()
+                    yield from rest.splitlines()
+                    return
+                else:
+                    return
+
+    def wait(self, name: str, namespace: str | None = None, timeout: float | None = None, poll: float = 2.0,
+             on_change=None) -> JobStatus:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        last = None
+        while True:
+            st = self.status(name)
+            if st.state != last and on_change:
+                on_change(st)
+            last = st.state
+            if st.state == "Failed" and self._resubmit_if_allowed(st):
+                continue
+            if st.finished or (deadline is not None and time.monotonic() > deadline):
+                return st
+            time.sleep(poll)

@@ -1,0 +1,101 @@
+"""What fsdpkit knows about EC2 / SageMaker HyperPod instance types, as data, and the defaults
+derived from it (GPUs per node, EFA devices, NCCL / libfabric environment).
+
+Figures are from the EC2 accelerated-computing instance pages. `efa` is the number of EFA
+interfaces a pod can request (`vpc.amazonaws.com/efa`); `rdma` is GPUDirect RDMA over EFA.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fsdpkit.errors import UserError
+
+
+@dataclass(frozen=True)
+class Instance:
+    name: str
+    accelerator: str          # "H100", "A10G", "Trainium", ...
+    accelerators: int         # GPUs (or Trainium chips) per node
+    accel_memory_gib: int     # per GPU / chip
+    vcpus: int
+    memory_gib: int
+    efa: int                  # EFA interfaces (0: no EFA)
+    rdma: bool                # GPUDirect RDMA over EFA
+    resource: str = "nvidia.com/gpu"   # the Kubernetes extended resource for the accelerator
+
+    @property
+    def family(self) -> str:
+        return self.name.split(".")[0]
+
+
+def _row(name, acc, n, mem, vcpus, ram, efa, rdma, resource="nvidia.com/gpu") -> Instance:
+    return Instance(name, acc, n, mem, vcpus, ram, efa, rdma, resource)
+
+
+INSTANCES: dict[str, Instance] = {i.name: i for i in [
+    _row("p4d.24xlarge", "A100", 8, 40, 96, 1152, 4, True),
+    _row("p4de.24xlarge", "A100", 8, 80, 96, 1152, 4, True),
+    _row("p5.48xlarge", "H100", 8, 80, 192, 2048, 32, True),
+    _row("p5e.48xlarge", "H200", 8, 141, 192, 2048, 32, True),
+    _row("p5en.48xlarge", "H200", 8, 141, 192, 2048, 16, True),
+    _row("g5.xlarge", "A10G", 1, 24, 4, 16, 0, False),
+    _row("g5.2xlarge", "A10G", 1, 24, 8, 32, 0, False),
+    _row("g5.12xlarge", "A10G", 4, 24, 48, 192, 1, False),
+    _row("g5.24xlarge", "A10G", 4, 24, 96, 384, 1, False),
+    _row("g5.48xlarge", "A10G", 8, 24, 192, 768, 1, False),
+    _row("g6.xlarge", "L4", 1, 24, 4, 16, 0, False),
+    _row("g6.12xlarge", "L4", 4, 24, 48, 192, 1, False),
+    _row("g6.48xlarge", "L4", 8, 24, 192, 768, 1, False),
+    _row("g6e.xlarge", "L40S", 1, 48, 4, 32, 0, False),
+    _row("g6e.12xlarge", "L40S", 4, 48, 48, 384, 1, False),
+    _row("g6e.24xlarge", "L40S", 4, 48, 96, 768, 2, False),
+    _row("g6e.48xlarge", "L40S", 8, 48, 192, 1536, 4, False),
+    _row("trn1.2xlarge", "Trainium", 1, 32, 8, 32, 0, False, "aws.amazon.com/neuron"),
+    _row("trn1.32xlarge", "Trainium", 16, 32, 128, 512, 8, True, "aws.amazon.com/neuron"),
+    _row("trn1n.32xlarge", "Trainium", 16, 32, 128, 512, 16, True, "aws.amazon.com/neuron"),
+]}
+
+# Platforms whose libfabric needs GPUDirect RDMA switched on by hand. With libfabric >= 1.18 and
+# aws-ofi-nccl >= 1.7, RDMA is detected on p5-class nodes; p4d/p4de images built on older EFA
+# installers still need the variable, and setting it there is harmless on new ones.
+_NEEDS_DEVICE_RDMA_FLAG = {"p4d", "p4de"}
+
+
+def lookup(instance_type: str) -> Instance:
+    """The table row for `p5.48xlarge` or HyperPod's `ml.p5.48xlarge`; a UserError if unknown."""
+    key = instance_type.removeprefix("ml.")
+    if key not in INSTANCES:
+        known = ", ".join(sorted(INSTANCES))
+        raise UserError(f"instance_type: {instance_type!r} is not in fsdpkit's table; known: {known} "
+                        "(or leave instance_type empty and give gpus_per_node and efa_per_node)")
+    return INSTANCES[key]
+
+
+def network_env(inst: Instance | None, efa_devices: int, diagnose: bool = False) -> dict[str, str]:
+    """NCCL / libfabric variables for this instance, following current aws-ofi-nccl guidance: with a
+    recent plugin and libfabric most EFA variables are unnecessary (the plugin picks the provider,
+    fork safety comes from the kernel, NCCL_PROTO needs no override). We only pin the provider so
+    a broken EFA setup fails loudly instead of falling back to TCP sockets, and add the RDMA flag
+    where the platform needs it. `diagnose` adds NCCL's INFO log so `fsdpkit job logs --check-network`
+    can confirm that "NET/OFI" (EFA) was chosen."""
+    env: dict[str, str] = {}
+    if efa_devices > 0:
+        env["FI_PROVIDER"] = "efa"
+        if inst is not None and inst.family in _NEEDS_DEVICE_RDMA_FLAG:
+            env["FI_EFA_USE_DEVICE_RDMA"] = "1"
+    if diagnose:
+        env["NCCL_DEBUG"] = "INFO"
+        env["NCCL_DEBUG_SUBSYS"] = "INIT,NET"
+    return env
+
+
+def check_network_log(text: str) -> tuple[str, str]:
+    """Read an NCCL_DEBUG=INFO log: ("pass", why) when NCCL used EFA through the OFI plugin,
+    ("fail", why) when it fell back to sockets, ("unknown", why) when the log does not say."""
+    if "NET/OFI" in text or "Using network AWS Libfabric" in text:
+        return "pass", "NCCL is using the aws-ofi-nccl plugin (NET/OFI): traffic goes over EFA"
+    if "NET/Socket" in text or "Using network Socket" in text:
+        return "fail", ("NCCL fell back to TCP sockets (NET/Socket): check that the image has aws-ofi-nccl "
+                        "and libfabric on LD_LIBRARY_PATH and that the pod requested vpc.amazonaws.com/efa")
+    return "unknown", "no NCCL network line found: run the job with diagnose_network: true (NCCL_DEBUG=INFO)"

@@ -1,0 +1,165 @@
+"""Kubernetes manifests rendered from a JobSpec: Secret, PVC, the pod template and the Kubeflow
+PyTorchJob. Plain dicts, so they can be printed, validated against the CRD schemas and sent with
+the official client unchanged. No secret value is ever placed in a manifest: the HF token Secret
+is rendered with a placeholder and filled in only by `submit`, from the user's environment."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from fsdpkit.jobs.command import node_command
+from fsdpkit.jobs.instances import network_env
+from fsdpkit.jobs.spec import JobSpec
+
+MANAGED_BY = {"app.kubernetes.io/managed-by": "fsdpkit"}
+JOB_LABEL = "fsdpkit.dev/job"
+ATTEMPT = "fsdpkit.dev/attempt"
+MAX_RESUBMITS = "fsdpkit.dev/max-resubmits"
+# Labels the Kubeflow training operator puts on the pods of a job.
+KF_JOB_NAME = "training.kubeflow.org/job-name"
+KF_REPLICA_TYPE = "training.kubeflow.org/replica-type"
+KF_REPLICA_INDEX = "training.kubeflow.org/replica-index"
+HF_TOKEN_KEY = "token"
+SECRET_PLACEHOLDER = "<set at submit from ${env}>"
+CONTAINER = "pytorch"  # the training operator finds the container by this name
+
+
+def labels(spec: JobSpec) -> dict[str, str]:
+    out = {**MANAGED_BY, JOB_LABEL: spec.name}
+    if spec.queue:
+        out["kueue.x-k8s.io/queue-name"] = spec.queue
+    return out
+
+
+def secret_manifest(spec: JobSpec, value: str | None = None) -> dict[str, Any]:
+    """The Secret holding the HF token; `value` only at submit time, a placeholder otherwise."""
+    return {
+        "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+        "metadata": {"name": spec.hf_secret_name, "namespace": spec.namespace, "labels": labels(spec)},
+        "stringData": {HF_TOKEN_KEY: value if value is not None else SECRET_PLACEHOLDER.format(env=spec.hf_token_env)},
+    }
+
+
+def pvc_manifest(spec: JobSpec) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": spec.created_claim, "namespace": spec.namespace, "labels": labels(spec)},
+        "spec": {
+            "accessModes": [spec.storage.access_mode],
+            "storageClassName": spec.storage.storage_class,
+            "resources": {"requests": {"storage": spec.storage.size}},
+        },
+    }
+
+
+def env_list(spec: JobSpec) -> list[dict[str, Any]]:
+    env = {"PYTHONUNBUFFERED": "1", **network_env(spec.instance, spec.efa, spec.diagnose_network), **spec.env}
+    out: list[dict[str, Any]] = [{"name": k, "value": str(v)} for k, v in env.items()]
+    if spec.hf_token_env:
+        out.append({"name": "HF_TOKEN",
+                    "valueFrom": {"secretKeyRef": {"name": spec.hf_secret_name, "key": HF_TOKEN_KEY}}})
+    out += [{"name": r.env, "valueFrom": {"secretKeyRef": {"name": r.secret, "key": r.key}}} for r in spec.secrets]
+    return out
+
+
+def resources(spec: JobSpec) -> dict[str, Any]:
+    """Extended resources (GPUs, EFA) must have requests == limits; memory is limited too so a
+    runaway process is killed by its own cgroup rather than starving the node; CPU is not limited
+    (throttling the data loader costs more than it saves)."""
+    requests: dict[str, Any] = {}
+    limits: dict[str, Any] = {}
+    if spec.gpus:
+        requests[spec.accelerator_resource] = limits[spec.accelerator_resource] = spec.gpus
+    if spec.efa:
+        requests["vpc.amazonaws.com/efa"] = limits["vpc.amazonaws.com/efa"] = spec.efa
+    if spec.cpu:
+        requests["cpu"] = spec.cpu
+    if spec.memory:
+        requests["memory"] = limits["memory"] = spec.memory
+    return {k: v for k, v in (("requests", requests), ("limits", limits)) if v}
+
+
+def pod_template(spec: JobSpec, command: list[str], container: str = CONTAINER) -> dict[str, Any]:
+    mounts = [{"name": "dshm", "mountPath": "/dev/shm"}]
+    # /dev/shm is 64 MB in a container by default; NCCL and data loaders need far more.
+    volumes: list[dict[str, Any]] = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.shm_size}}]
+    if spec.claim_name:
+        mounts.append({"name": "checkpoints", "mountPath": spec.storage.mount_path})
+        volumes.append({"name": "checkpoints", "persistentVolumeClaim": {"claimName": spec.claim_name}})
+    container_spec: dict[str, Any] = {
+        "name": container, "image": spec.image, "imagePullPolicy": "IfNotPresent",
+        "command": command, "env": env_list(spec), "volumeMounts": mounts,
+    }
+    res = resources(spec)
+    if res:
+        container_spec["resources"] = res
+    pod: dict[str, Any] = {"containers": [container_spec], "volumes": volumes}
+    node_selector = dict(spec.node_selector)
+    if spec.instance_type:
+        node_selector.setdefault("node.kubernetes.io/instance-type", spec.instance_type)
+    if node_selector:
+        pod["nodeSelector"] = node_selector
+    tolerations = list(spec.tolerations)
+    if spec.gpus and not any(t.get("key") == spec.accelerator_resource for t in tolerations):
+        # GPU node groups are commonly tainted so that only GPU pods land there.
+        tolerations.append({"key": spec.accelerator_resource, "operator": "Exists", "effect": "NoSchedule"})
+    if tolerations:
+        pod["tolerations"] = tolerations
+    if spec.affinity:
+        pod["affinity"] = spec.affinity
+    if spec.priority_class:
+        pod["priorityClassName"] = spec.priority_class
+    return {"metadata": {"labels": labels(spec)}, "spec": pod}
+
+
+def rdzv_endpoint(spec: JobSpec) -> str:
+    """The c10d store lives on the first pod: Master-0 of a fixed job, Worker-0 of an elastic one
+    (the operator gives each replica a Service of that name)."""
+    return f"{spec.name}-{'worker' if spec.elastic else 'master'}-0:{spec.rdzv_port}"
+
+
+def pytorchjob_manifest(spec: JobSpec) -> dict[str, Any]:
+    lo, hi = spec.node_range
+    root = spec.storage.root
+    template = pod_template(spec, node_command(spec, rdzv_endpoint(spec), spec.name, root))
+    job_spec: dict[str, Any] = {"runPolicy": {
+        "backoffLimit": spec.backoff_limit,
+        # Keep finished pods, so `fsdpkit job logs --previous` can still read them; the TTL cleans up.
+        "cleanPodPolicy": "None",
+    }}
+    if spec.ttl_after_finished is not None:
+        job_spec["runPolicy"]["ttlSecondsAfterFinished"] = spec.ttl_after_finished
+    if spec.priority_class:
+        job_spec["runPolicy"]["schedulingPolicy"] = {"priorityClass": spec.priority_class}
+    if spec.elastic:
+        job_spec["elasticPolicy"] = {
+            "rdzvBackend": "c10d", "rdzvPort": spec.rdzv_port, "rdzvId": spec.name,
+            "minReplicas": lo, "maxReplicas": hi, "maxRestarts": spec.max_restarts, "nProcPerNode": spec.procs,
+        }
+        replicas = {"Worker": {"replicas": hi, "restartPolicy": "OnFailure", "template": template}}
+    else:
+        job_spec["nprocPerNode"] = str(spec.procs)
+        replicas = {"Master": {"replicas": 1, "restartPolicy": "OnFailure", "template": template}}
+        if lo > 1:
+            replicas["Worker"] = {"replicas": lo - 1, "restartPolicy": "OnFailure", "template": copy.deepcopy(template)}
+    job_spec["pytorchReplicaSpecs"] = replicas
+    return {
+        "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+        "metadata": {
+            "name": spec.name, "namespace": spec.namespace, "labels": labels(spec),
+            "annotations": {ATTEMPT: "0", MAX_RESUBMITS: str(spec.resubmits)},
+        },
+        "spec": job_spec,
+    }
+
+
+def render(spec: JobSpec) -> list[dict[str, Any]]:
+    """Everything `submit` creates, in creation order (the job last, so its volumes exist)."""
+    objs = []
+    if spec.hf_secret_name:
+        objs.append(secret_manifest(spec))
+    if spec.created_claim:
+        objs.append(pvc_manifest(spec))
+    objs.append(pytorchjob_manifest(spec))
+    return objs

@@ -1,0 +1,264 @@
+"""`fsdpkit job` against a Kubernetes API (kmock over HTTP, the official client on our side): what
+submit creates, status through the operator's condition changes, logs from the right pods, delete,
+duplicates, rollback, resubmission, and that no secret value leaks."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from conftest import ROOT, run_cli
+
+pytest.importorskip("kmock")
+pytest.importorskip("kubernetes")
+
+TOKEN = "hf_s3cr3t_V4lue_never_printed"
+GROUP, VERSION, PLURAL = "kubeflow.org", "v1", "pytorchjobs"
+
+
+def write_spec(tmp_path, **fields):
+    doc = {
+        "name": "llama-tiny", "backend": "pytorchjob",
+        "image": "123456789012.dkr.ecr.us-west-2.amazonaws.com/fsdpkit:1",
+        "instance_type": "p5.48xlarge", "nodes": 2, "hf_token_env": "MY_HF_TOKEN",
+        "storage": {"size": "1200Gi", "storage_class": "fsx-sc"},
+        "train": {"preset": "tiny", "max_steps": 50, "checkpoint_freq": 10},
+        **fields,
+    }
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def job_cli(kube, *args, env=None):
+    return run_cli("job", *args, env={**kube.env, "MY_HF_TOKEN": TOKEN, **(env or {})}, timeout=120)
+
+
+def writes(kube):
+    return [(m, p.split("?")[0]) for m, p, _ in kube.requests() if m in ("POST", "PATCH", "PUT", "DELETE")]
+
+
+def set_conditions(kube, name, *types):
+    """Play the training operator: it patches the job's status subresource with its conditions."""
+    from kubernetes import client
+
+    conds = [{"type": t, "status": "True" if i == len(types) - 1 or t == "Created" else "False",
+              "reason": f"PyTorchJob{t}", "message": f"PyTorchJob {name} is {t.lower()}.",
+              "lastTransitionTime": f"2026-11-22T10:00:{i:02d}Z"} for i, t in enumerate(types)]
+    client.CustomObjectsApi(kube.api()).patch_namespaced_custom_object_status(
+        GROUP, VERSION, "default", PLURAL, name, {"status": {"conditions": conds}})
+
+
+def make_pod(kube, job, rtype, index, phase="Running"):
+    """Play the operator and kubelet: a pod of the job with the labels the operator sets."""
+    from kubernetes import client
+
+    name = f"{job}-{rtype.lower()}-{index}"
+    client.CoreV1Api(kube.api()).create_namespaced_pod("default", {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default", "labels": {
+            "training.kubeflow.org/job-name": job, "training.kubeflow.org/replica-type": rtype.lower(),
+            "training.kubeflow.org/replica-index": str(index)}},
+        "spec": {"containers": [{"name": "pytorch", "image": "x"}]}, "status": {"phase": phase}})
+    return name
+
+
+def test_submit_creates_exactly_secret_pvc_and_job_and_no_secret_value_leaks(kube, tmp_path):
+    spec = write_spec(tmp_path)
+    r = job_cli(kube, "submit", str(spec), "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)["data"]
+    assert out["created"] == ["Secret/llama-tiny-hf-token", "PersistentVolumeClaim/llama-tiny-ckpt",
+                              "PyTorchJob/llama-tiny"]
+    posts = [(p, body) for m, p, body in kube.requests() if m == "POST"]
+    assert [p for p, _ in posts] == ["/api/v1/namespaces/default/secrets",
+                                     "/api/v1/namespaces/default/persistentvolumeclaims",
+                                     "/apis/kubeflow.org/v1/namespaces/default/pytorchjobs"]
+    secret, pvc, job = (b for _, b in posts)
+    # The token travels only inside the Secret ...
+    assert secret["stringData"] == {"token": TOKEN}
+    assert pvc["spec"]["resources"]["requests"]["storage"] == "1200Gi"
+    container = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
+    assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "llama-tiny-hf-token", "key": "token"}}} \
+        in container["env"]
+    # ... and nowhere else: not in the job, nor anything the CLI printed (render, submit, status, list).
+    assert TOKEN not in json.dumps(job)
+    printed = r.stdout + r.stderr
+    for args in (["render", str(spec)], ["render", str(spec), "--json"], ["status", "llama-tiny", "--json"],
+                 ["status", "llama-tiny"], ["list", "--backend", "pytorchjob", "--json"]):
+        rr = job_cli(kube, *args)
+        assert rr.returncode == 0, (args, rr.stderr)
+        printed += rr.stdout + rr.stderr
+    assert TOKEN not in printed
+
+
+def test_status_follows_the_operator_conditions(kube, tmp_path):
+    spec = write_spec(tmp_path)
+    assert job_cli(kube, "submit", str(spec)).returncode == 0
+    seen = []
+    for conds in (["Created"], ["Created", "Running"], ["Created", "Running", "Restarting"],
+                  ["Created", "Restarting", "Running"], ["Created", "Running", "Succeeded"]):
+        set_conditions(kube, "llama-tiny", *conds)
+        r = job_cli(kube, "status", "llama-tiny", "--json")
+        assert r.returncode == 0, r.stderr
+        seen.append(json.loads(r.stdout)["data"]["state"])
+    assert seen == ["Created", "Running", "Restarting", "Running", "Succeeded"]
+    r = job_cli(kube, "wait", "llama-tiny", "--poll", "0.1")
+    assert r.returncode == 0 and "Succeeded" in r.stdout
+
+    set_conditions(kube, "llama-tiny", "Created", "Running", "Failed")
+    r = job_cli(kube, "wait", "llama-tiny", "--poll", "0.1", "--json")
+    assert r.returncode == 1 and json.loads(r.stdout)["data"]["state"] == "Failed"
+
+
+def test_logs_wait_for_pods_and_stream_from_the_chosen_replica(kube, tmp_path):
+    assert job_cli(kube, "submit", str(write_spec(tmp_path))).returncode == 0
+    for pod, text in (("llama-tiny-master-0", b"rank0 step 1\nrank0 step 2\n"),
+                      ("llama-tiny-worker-0", b"rank8 step 1\n"),
+                      ("other-master-0", b"not this job\n")):
+        kube.route(f"get /api/v1/namespaces/default/pods/{pod}/log", text)
+    # Start following before any pod exists: the command must wait for them, then stream.
+    proc = subprocess.Popen([sys.executable, "-m", "fsdpkit", "job", "logs", "llama-tiny", "-f"], cwd=ROOT,
+                            env={**os.environ, **kube.env}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    time.sleep(3)
+    assert proc.poll() is None, proc.communicate()
+    make_pod(kube, "other", "Master", 0)  # another job's pod: never read
+    make_pod(kube, "llama-tiny", "Master", 0)
+    make_pod(kube, "llama-tiny", "Worker", 0)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "waiting for the pods of llama-tiny" in err
+    assert out.splitlines() == ["rank0 step 1", "rank0 step 2"]
+
+    r = job_cli(kube, "logs", "llama-tiny", "--replica", "worker-0")
+    assert r.returncode == 0 and r.stdout.splitlines() == ["rank8 step 1"]
+    r = job_cli(kube, "logs", "llama-tiny", "--replica", "all")
+    assert r.stdout.splitlines() == ["[master-0] rank0 step 1", "[master-0] rank0 step 2", "[worker-0] rank8 step 1"]
+    r = job_cli(kube, "logs", "llama-tiny", "--replica", "worker-7")
+    assert r.returncode == 2 and "worker-7" in r.stderr and "master-0, worker-0" in r.stderr
+
+    log_reads = [p for m, p, _ in kube.requests() if m == "GET" and p.split("?")[0].endswith("/log")]
+    assert log_reads and all("/pods/llama-tiny-" in p for p in log_reads)
+    assert all("container=pytorch" in p for p in log_reads)
+    assert any("follow=true" in p.lower() for p in log_reads)
+    # The pod listing asked the server for this job's pods by the operator's label.
+    assert any("labelSelector=training.kubeflow.org%2Fjob-name%3Dllama-tiny" in p
+               for m, p, _ in kube.requests() if p.startswith("/api/v1/namespaces/default/pods?"))
+
+
+def test_delete_removes_job_and_secret_and_keeps_storage_unless_asked(kube, tmp_path):
+    assert job_cli(kube, "submit", str(write_spec(tmp_path))).returncode == 0
+    r = job_cli(kube, "delete", "llama-tiny")
+    assert r.returncode == 0, r.stderr
+    assert "storage is kept" in r.stdout
+    deletes = [p for m, p in writes(kube) if m == "DELETE"]
+    assert deletes == ["/apis/kubeflow.org/v1/namespaces/default/pytorchjobs/llama-tiny",
+                       "/api/v1/namespaces/default/secrets/llama-tiny-hf-token"]
+    r = job_cli(kube, "status", "llama-tiny")
+    assert r.returncode == 2 and "not found" in r.stderr
+
+    # Submitting again reuses the job's PVC (its checkpoints), then --delete-storage removes it.
+    r = job_cli(kube, "submit", str(write_spec(tmp_path)), "--json")
+    assert json.loads(r.stdout)["data"]["reused"] == ["PersistentVolumeClaim/llama-tiny-ckpt"]
+    r = job_cli(kube, "delete", "llama-tiny", "--delete-storage", "--json")
+    assert "PersistentVolumeClaim/llama-tiny-ckpt" in json.loads(r.stdout)["data"]["deleted"]
+    assert writes(kube)[-1] == ("DELETE", "/api/v1/namespaces/default/persistentvolumeclaims/llama-tiny-ckpt")
+
+
+def test_duplicate_name_is_refused_and_nothing_is_created(kube, tmp_path):
+    spec = write_spec(tmp_path)
+    assert job_cli(kube, "submit", str(spec)).returncode == 0
+    before = writes(kube)
+    r = job_cli(kube, "submit", str(spec))
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [
+        "error: job 'llama-tiny' already exists in namespace default; pick another name, or pass --replace to "
+        "delete it and submit again (checkpoints on its storage are kept)"]
+    assert writes(kube) == before
+    # --replace deletes the old job, then creates it again.
+    r = job_cli(kube, "submit", str(spec), "--replace")
+    assert r.returncode == 0, r.stderr
+    assert [w for w in writes(kube)[len(before):] if "pytorchjobs" in w[1]] == [
+        ("DELETE", "/apis/kubeflow.org/v1/namespaces/default/pytorchjobs/llama-tiny"),
+        ("POST", "/apis/kubeflow.org/v1/namespaces/default/pytorchjobs")]
+
+
+def test_a_failed_create_rolls_back_what_was_created(kube, tmp_path):
+    kube.route("post /apis/kubeflow.org/v1/namespaces/default/pytorchjobs",
+               lambda: (_ for _ in ()).throw(RuntimeError("admission webhook denied the request")))
+    r = job_cli(kube, "submit", str(write_spec(tmp_path)))
+    assert r.returncode == 3
+    assert len(r.stderr.strip().splitlines()) == 3  # two roll-back notices and the one-line error
+    assert "creating PyTorchJob/llama-tiny: 500" in r.stderr
+    assert [w for w in writes(kube) if w[0] == "DELETE"] == [
+        ("DELETE", "/api/v1/namespaces/default/persistentvolumeclaims/llama-tiny-ckpt"),
+        ("DELETE", "/api/v1/namespaces/default/secrets/llama-tiny-hf-token")]
+
+
+def test_failed_job_is_resubmitted_within_its_budget_and_resumes(kube, tmp_path):
+    assert job_cli(kube, "submit", str(write_spec(tmp_path, resubmits=1))).returncode == 0
+    from kubernetes import client
+
+    api = client.CustomObjectsApi(kube.api())
+    waiter = subprocess.Popen([sys.executable, "-m", "fsdpkit", "job", "wait", "llama-tiny", "--poll", "0.2"],
+                              cwd=ROOT, env={**os.environ, **kube.env}, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    set_conditions(kube, "llama-tiny", "Created", "Running", "Failed")
+
+    def attempt():
+        obj = api.get_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "llama-tiny")
+        return obj["metadata"]["annotations"]["fsdpkit.dev/attempt"], obj.get("status")
+
+    deadline = time.monotonic() + 60
+    while attempt()[0] != "1":
+        assert time.monotonic() < deadline and waiter.poll() is None, waiter.communicate()
+        time.sleep(0.2)
+    assert attempt()[1] is None  # a fresh job, not the failed one patched
+    job = [b for m, p, b in kube.requests() if m == "POST" and p.endswith("/pytorchjobs")][-1]
+    command = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["command"]
+    assert command[command.index("--resume_from_checkpoint") + 1] == "auto"
+    set_conditions(kube, "llama-tiny", "Created", "Running", "Failed")  # fails again: budget spent
+    out, err = waiter.communicate(timeout=60)
+    assert waiter.returncode == 1, err
+    assert "resubmitting, attempt 1 of 1" in err
+    assert "Failed, resubmission 1" in out
+
+
+def test_unreachable_cluster_is_one_line(tmp_path):
+    cfg = tmp_path / "kubeconfig"
+    cfg.write_text("apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+                   "clusters: [{name: c, cluster: {server: 'http://127.0.0.1:9'}}]\n"
+                   "contexts: [{name: c, context: {cluster: c, user: u}}]\nusers: [{name: u, user: {}}]\n")
+    r = run_cli("job", "status", "nope", "--backend", "pytorchjob", env={"KUBECONFIG": str(cfg)}, timeout=120)
+    assert r.returncode == 3
+    assert r.stderr.startswith("error: reading job nope: cannot reach the Kubernetes API at http://127.0.0.1:9")
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_hyperpod_job_carries_health_affinity_and_auto_resume(kube, tmp_path):
+    spec = write_spec(tmp_path, backend="hyperpod", instance_type="ml.p5.48xlarge",
+                      hyperpod={"instance_group": "gpu-workers", "max_retry": 5})
+    r = job_cli(kube, "submit", str(spec))
+    assert r.returncode == 0, r.stderr
+    job = [b for m, p, b in kube.requests() if m == "POST" and p.endswith("/pytorchjobs")][-1]
+    ann = job["metadata"]["annotations"]
+    assert ann["sagemaker.amazonaws.com/enable-job-auto-resume"] == "true"
+    assert ann["sagemaker.amazonaws.com/job-max-retry-count"] == "5"
+    pod = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+    required = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert {"key": "sagemaker.amazonaws.com/node-health-status", "operator": "In", "values": ["Schedulable"]} \
+        in required["nodeSelectorTerms"][0]["matchExpressions"]
+    preferred = pod["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    deep = preferred[0]["preference"]["matchExpressions"][0]
+    assert deep["key"] == "sagemaker.amazonaws.com/deep-health-check-status"
+    assert pod["nodeSelector"] == {"node.kubernetes.io/instance-type": "ml.p5.48xlarge",
+                                   "sagemaker.amazonaws.com/instance-group-name": "gpu-workers"}
+    r = job_cli(kube, "status", "llama-tiny", "--json")
+    assert json.loads(r.stdout)["data"]["backend"] == "pytorchjob"  # read back as the PyTorchJob it is

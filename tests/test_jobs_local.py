@@ -1,0 +1,71 @@
+"""The single-machine path of a JobSpec: `fsdpkit job submit` with the local backend starts real
+torchrun training in the background; status, logs, wait, list, duplicates and resubmission."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import yaml
+
+from conftest import losses, run_cli
+
+pytestmark = pytest.mark.slow
+
+
+def local_spec(tmp_path, name="tiny-local", **extra):
+    doc = {"name": name, "backend": "local", "procs_per_node": 2,
+           "train": {"max_steps": 30, "seq_len": 64, "validation_freq": 0, "progress": "off", "logging_freq": 5,
+                     "checkpoint_freq": 10},
+           **extra}
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def test_local_submit_trains_two_processes_and_finishes(tmp_path):
+    env = {"FSDPKIT_HOME": str(tmp_path / "home")}
+    spec = local_spec(tmp_path)
+    r = run_cli("job", "submit", str(spec), "--json", env=env)
+    assert r.returncode == 0, r.stderr
+    job_dir = tmp_path / "home" / "jobs" / "tiny-local"
+    assert json.loads(r.stdout)["data"]["dir"] == str(job_dir)
+    r = run_cli("job", "wait", "tiny-local", "--poll", "0.5", env=env, timeout=300)
+    assert r.returncode == 0, (r.stdout, (job_dir / "log").read_text()[-3000:])
+    assert "Succeeded" in r.stdout
+    run_dir = job_dir / "run"
+    got = losses(run_dir)
+    assert len(got) == 6 and got[-1] < got[0]
+    assert sorted(p.name for p in (job_dir / "checkpoints").iterdir()) == [f"step-000000{n}0" for n in (1, 2, 3)]
+    assert re.search(r"params\), 2 x ", (job_dir / "log").read_text())  # two ranks trained
+
+    r = run_cli("job", "logs", "tiny-local", env=env)
+    assert r.returncode == 0 and "step" in r.stdout
+    r = run_cli("job", "list", "--backend", "local", "--json", env=env)
+    assert [(j["name"], j["state"]) for j in json.loads(r.stdout)["data"]] == [("tiny-local", "Succeeded")]
+
+    # The same name again is refused; --replace resumes from its checkpoints (nothing to do at step 30).
+    r = run_cli("job", "submit", str(spec), env=env)
+    assert r.returncode == 2 and "already exists (Succeeded)" in r.stderr
+    r = run_cli("job", "submit", str(spec), "--replace", "--wait", "--poll", "0.5", env=env, timeout=300)
+    assert r.returncode == 0, (job_dir / "log").read_text()[-3000:]
+    assert "resum" in (job_dir / "log").read_text().lower()
+
+
+def test_local_failed_job_is_resubmitted_and_resumes(tmp_path):
+    """Rank 1 is SIGKILLed at step 15 with no torchrun restarts left: the job fails, and the
+    resubmission (budget 1) resumes from step 10 and finishes."""
+    env = {"FSDPKIT_HOME": str(tmp_path / "home")}
+    spec = local_spec(tmp_path, name="flaky", max_restarts=0, resubmits=1,
+                      env={"FSDPKIT_FAULT": "kill:step=15:rank=1"})
+    assert run_cli("job", "submit", str(spec), env=env).returncode == 0
+    r = run_cli("job", "wait", "flaky", "--poll", "0.5", env=env, timeout=400)
+    log = (tmp_path / "home" / "jobs" / "flaky" / "log").read_text()
+    assert r.returncode == 0, (r.stdout, r.stderr, log[-3000:])
+    assert "resubmitting, attempt 1 of 1" in r.stderr
+    assert "Succeeded, resubmission 1" in r.stdout
+    steps = [json.loads(line)["step"] for line in
+             (tmp_path / "home" / "jobs" / "flaky" / "run" / "metrics.jsonl").read_text().splitlines()
+             if json.loads(line)["kind"] == "train"]
+    assert steps[-1] == 30

@@ -1,0 +1,300 @@
+"""Rendered manifests and scripts: every backend x node layout x instance type validates against the
+real CRD schemas (../shared/schemas) and, for built-in kinds, kubernetes-validate; the Slurm script
+parses and runs; bad specs get one-line errors."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fsdpkit.errors import UserError
+from fsdpkit.jobs import hyperpod, manifests
+from fsdpkit.jobs.backends.slurm import script
+from fsdpkit.jobs.instances import INSTANCES
+from fsdpkit.jobs.spec import load_spec
+
+from conftest import ROOT, losses, run_cli
+
+SCHEMAS = ROOT.parent / "shared" / "schemas"
+IMAGE = "123456789012.dkr.ecr.us-west-2.amazonaws.com/fsdpkit:1"
+
+
+def spec_for(backend="pytorchjob", nodes="2", instance="p5.48xlarge", **extra):
+    doc = {"name": "t1", "backend": backend, "image": IMAGE, "nodes": nodes, "instance_type": instance,
+           "storage": {"claim": "fsx-claim"}, "hf_token_env": "HF_TOKEN",
+           "secrets": [{"env": "WANDB_API_KEY", "secret": "wandb", "key": "api-key"}],
+           "env": {"LOG_LEVEL": "info"}, "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "ml",
+                                                          "effect": "NoSchedule"}],
+           "priority_class": "training", "queue": "team-a", "train": {"preset": "tiny", "checkpoint_freq": 50},
+           **extra}
+    return load_spec(None, list(doc.items()))
+
+
+def _strict(schema):
+    """The API server's strict field validation: an unknown field is an error, not silently pruned."""
+    if isinstance(schema, dict):
+        if schema.get("type") == "object" and "properties" in schema and "additionalProperties" not in schema \
+                and not schema.get("x-kubernetes-preserve-unknown-fields"):
+            schema["additionalProperties"] = False
+        for v in schema.values():
+            _strict(v)
+    elif isinstance(schema, list):
+        for v in schema:
+            _strict(v)
+    return schema
+
+
+def crd_validator(filename):
+    import jsonschema
+
+    if not (SCHEMAS / filename).is_file():
+        pytest.skip(f"{SCHEMAS} is absent (a fresh clone outside the project's workspace); CI has it")
+    crd = yaml.safe_load((SCHEMAS / filename).read_text())
+    version = next(v for v in crd["spec"]["versions"] if v.get("storage", v.get("served")))
+    return jsonschema.Draft4Validator(_strict(copy.deepcopy(version["schema"]["openAPIV3Schema"])))
+
+
+def validate_builtin(obj):
+    import kubernetes_validate
+
+    kubernetes_validate.validate(obj, "1.33.0", strict=True)  # raises ValidationError
+
+
+def pod_of(template, name="p"):
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, **template.get("metadata", {})},
+            "spec": template["spec"]}
+
+
+LAYOUTS = [("1", "single-node"), ("4", "multi-node"), ("2:4", "elastic")]
+
+
+@pytest.mark.parametrize("backend", ["pytorchjob", "hyperpod"])
+@pytest.mark.parametrize("nodes", [n for n, _ in LAYOUTS], ids=[i for _, i in LAYOUTS])
+def test_every_manifest_validates_against_the_real_schemas(backend, nodes):
+    validator = crd_validator("kubeflow.org_pytorchjobs.yaml")
+    render = hyperpod.render if backend == "hyperpod" else manifests.render
+    checked = 0
+    for instance in INSTANCES:
+        spec = spec_for(backend, nodes, instance, storage={"size": "100Gi", "storage_class": "fsx-sc"},
+                        cpu="8", memory="64Gi")
+        objs = render(spec)
+        assert [o["kind"] for o in objs] == ["Secret", "PersistentVolumeClaim", "PyTorchJob"]
+        job = objs[-1]
+        errors = [f"{list(e.absolute_path)}: {e.message}" for e in validator.iter_errors(job)]
+        assert not errors, (instance, errors[:5])
+        for obj in objs[:-1]:
+            validate_builtin(obj)
+        for replica in job["spec"]["pytorchReplicaSpecs"].values():
+            validate_builtin(pod_of(replica["template"]))
+        checked += 1
+    assert checked == len(INSTANCES)
+
+
+def test_strict_validation_catches_a_wrong_type_and_an_unknown_field():
+    validator = crd_validator("kubeflow.org_pytorchjobs.yaml")
+    job = manifests.pytorchjob_manifest(spec_for())
+    bad = copy.deepcopy(job)
+    bad["spec"]["nprocPerNode"] = 8  # the CRD wants a string
+    assert any("nprocPerNode" in str(e.absolute_path) for e in validator.iter_errors(bad))
+    bad = copy.deepcopy(job)
+    bad["spec"]["runPolicy"]["backofLimit"] = 3
+    assert list(validator.iter_errors(bad))
+
+
+def test_manifest_shape_follows_the_spec():
+    fixed = manifests.pytorchjob_manifest(spec_for(nodes="3"))
+    assert fixed["spec"]["nprocPerNode"] == "8"
+    assert {k: v["replicas"] for k, v in fixed["spec"]["pytorchReplicaSpecs"].items()} == {"Master": 1, "Worker": 2}
+    pod = fixed["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+    c = pod["containers"][0]
+    assert c["name"] == "pytorch"
+    cmd = c["command"]
+    assert "--rdzv-backend=c10d" in cmd and "--rdzv-endpoint=t1-master-0:29500" in cmd and "--nnodes=3" in cmd
+    assert not any("master_addr" in a or "master-addr" in a for a in cmd)
+    assert c["resources"]["limits"] == {"nvidia.com/gpu": 8, "vpc.amazonaws.com/efa": 32}
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "64Gi"}} in pod["volumes"]
+    assert {"name": "checkpoints", "persistentVolumeClaim": {"claimName": "fsx-claim"}} in pod["volumes"]
+    assert cmd[cmd.index("--checkpoint_dir") + 1] == "/checkpoints/t1/checkpoints"
+    assert pod["priorityClassName"] == "training"
+    assert fixed["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+
+    elastic = manifests.pytorchjob_manifest(spec_for(nodes="2:4"))
+    assert elastic["spec"]["elasticPolicy"] == {"rdzvBackend": "c10d", "rdzvPort": 29500, "rdzvId": "t1",
+                                                "minReplicas": 2, "maxReplicas": 4, "maxRestarts": 3,
+                                                "nProcPerNode": 8}
+    assert list(elastic["spec"]["pytorchReplicaSpecs"]) == ["Worker"]
+    cmd = elastic["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["command"]
+    assert "--nnodes=2:4" in cmd and "--rdzv-endpoint=t1-worker-0:29500" in cmd
+
+    # EFA environment by platform: the RDMA flag only where the platform needs it; none without EFA.
+    def env(instance):
+        spec = spec_for(instance=instance, nodes="1")
+        return {e["name"]: e.get("value") for e in manifests.env_list(spec)}
+    assert env("p4d.24xlarge")["FI_EFA_USE_DEVICE_RDMA"] == "1"
+    assert env("p5.48xlarge")["FI_PROVIDER"] == "efa" and "FI_EFA_USE_DEVICE_RDMA" not in env("p5.48xlarge")
+    assert "FI_PROVIDER" not in env("g5.xlarge") and "NCCL_DEBUG" not in env("p5.48xlarge")
+    diag = {e["name"]: e.get("value") for e in manifests.env_list(spec_for(diagnose_network=True))}
+    assert diag["NCCL_DEBUG"] == "INFO"
+    trn = manifests.pytorchjob_manifest(spec_for(instance="trn1.32xlarge", nodes="1"))
+    res = trn["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+    assert res == {"aws.amazon.com/neuron": 16, "vpc.amazonaws.com/efa": 8}
+
+
+def test_hyperpod_job_kind_matches_the_official_template():
+    """HyperPodPyTorchJob has no CRD schema to validate against; the HyperPod CLI's own template
+    package has one for its parameters. Our manifest must match what that template renders."""
+    import importlib.util
+
+    import jinja2
+    import jsonschema
+
+    found = importlib.util.find_spec("hyperpod_pytorch_job_template")
+    if found is None:
+        pytest.skip("hyperpod-pytorch-job-template is not installed")
+    # Read the files rather than import the package: its __init__ pulls in the whole HyperPod SDK.
+    tpl_dir = Path(found.origin).parent / "v1_1"
+    template = {}
+    exec((tpl_dir / "template.py").read_text(), template)
+
+    spec = spec_for("hyperpod", "2", "ml.p5.48xlarge", hyperpod={"kind": "HyperPodPyTorchJob", "max_retry": 4,
+                                                                  "deep_health_check": "required"})
+    ours = hyperpod.render(spec)[-1]
+    container = ours["spec"]["replicaSpecs"][0]["template"]["spec"]["containers"][0]
+    params = {"job_name": "t1", "namespace": "default", "image": IMAGE, "command": container["command"],
+              "instance_type": "ml.p5.48xlarge", "node_count": 2, "tasks_per_node": "8", "accelerators": 8,
+              "accelerators_limit": 8, "efa": 32, "efa_limit": 32, "max_retry": 4, "queue_name": "team-a",
+              "deep_health_check_passed_nodes_only": True,
+              "volume": [{"name": "checkpoints", "type": "pvc", "mount_path": "/checkpoints",
+                          "claim_name": "fsx-claim"}]}
+    schema = json.loads((tpl_dir / "schema.json").read_text())
+    # Not jsonschema.validate: the upstream schema says "type": "float", which its meta-schema rejects.
+    jsonschema.Draft202012Validator(schema).validate(params)
+    official = yaml.safe_load(jinja2.Template(template["TEMPLATE_CONTENT"]).render(**params))
+    assert (ours["apiVersion"], ours["kind"]) == (official["apiVersion"], official["kind"])
+    assert ours["spec"]["nprocPerNode"] == official["spec"]["nprocPerNode"]
+    assert ours["spec"]["runPolicy"] == official["spec"]["runPolicy"]
+    o_pod = official["spec"]["replicaSpecs"][0]
+    assert ours["spec"]["replicaSpecs"][0]["replicas"] == o_pod["replicas"]
+    o_container = o_pod["template"]["spec"]["containers"][0]
+    assert container["command"] == o_container["command"] and container["image"] == o_container["image"]
+    assert container["resources"]["limits"] == {k: int(v) for k, v in o_container["resources"]["limits"].items()}
+    assert ours["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == official["metadata"]["labels"][
+        "kueue.x-k8s.io/queue-name"]
+    pod = ours["spec"]["replicaSpecs"][0]["template"]
+    validate_builtin(pod_of(pod))
+    required = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    keys = {e["key"]: e["values"] for e in required["nodeSelectorTerms"][0]["matchExpressions"]}
+    # The official template asks for the same nodes through a nodeSelector.
+    assert keys["sagemaker.amazonaws.com/deep-health-check-status"] == [
+        o_pod["template"]["spec"]["nodeSelector"]["sagemaker.amazonaws.com/deep-health-check-status"]]
+    assert container["command"][0] == "hyperpodrun"
+
+
+@pytest.mark.parametrize("instance", ["p5.48xlarge", "p4d.24xlarge", "g5.xlarge"])
+def test_slurm_script_parses_and_carries_rendezvous_and_efa(instance):
+    spec = spec_for("slurm", "4", instance, slurm={"partition": "gpu", "container_image": "nvcr.io#nvidia/pytorch"},
+                    storage={"shared_path": "/fsx"})
+    text = script(spec)
+    r = subprocess.run(["bash", "-n"], input=text, text=True, capture_output=True)
+    assert r.returncode == 0, r.stderr
+    assert "#SBATCH --nodes=4" in text and "#SBATCH --partition=gpu" in text
+    assert "--rdzv-backend=c10d" in text and '"--rdzv-endpoint=${rdzv_endpoint}"' in text
+    assert 'rdzv_endpoint="${head_node}:29500"' in text
+    assert "--container-image='nvcr.io#nvidia/pytorch'" in text and "--container-mounts=/fsx:/fsx" in text
+    assert "--checkpoint_dir /fsx/t1/checkpoints" in text
+    efa = INSTANCES[instance].efa
+    assert ("export FI_PROVIDER=efa" in text) == bool(efa)
+    assert ("export FI_EFA_USE_DEVICE_RDMA=1" in text) == (instance == "p4d.24xlarge")
+    assert 'export HF_TOKEN="${HF_TOKEN:?' in text  # read from the submitting shell, never written here
+
+
+@pytest.mark.slow
+def test_slurm_script_runs_training_through_srun_and_torchrun(tmp_path):
+    """Run the generated script for real: `scontrol` and `srun` are stand-ins that play a
+    one-node allocation on this machine; torchrun and the trainer are the real ones."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text("#!/bin/sh\necho 127.0.0.1\n")
+    (bin_dir / "srun").write_text('#!/bin/sh\nwhile [ "${1#--}" != "$1" ]; do shift; done\nexec "$@"\n')
+    for f in bin_dir.iterdir():
+        f.chmod(f.stat().st_mode | stat.S_IEXEC)
+    run_dir = tmp_path / "run"
+    spec = load_spec(None, [("name", "slurm-tiny"), ("backend", "slurm"), ("nodes", 1), ("procs_per_node", 2),
+                            ("rdzv_port", 29731), ("max_restarts", 0),
+                            ("train", {"max_steps": 12, "seq_len": 64, "validation_freq": 0, "progress": "off",
+                                       "run_dir": str(run_dir), "logging_freq": 4})])
+    path = tmp_path / "job.sbatch"
+    path.write_text(script(spec))
+    venv_bin = Path(os.sys.executable).parent
+    env = {**os.environ, "PATH": f"{bin_dir}:{venv_bin}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "n1",
+           "SLURM_JOB_ID": "4242", "SLURM_JOB_NUM_NODES": "1", "HF_TOKEN": "x", "WANDB_API_KEY": "x"}
+    r = subprocess.run(["bash", str(path)], env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = losses(run_dir)
+    assert len(got) == 3 and got[-1] < got[0]
+
+
+BAD = [
+    ({"name": "Bad_Name"}, "name: 'Bad_Name' is not a valid job name"),
+    ({"gpus_per_node": 16}, "gpus_per_node: 16 is more than p5.48xlarge has (8 H100); use at most 8"),
+    ({"instance_type": "g5.xlarge", "efa_per_node": 1}, "efa_per_node: g5.xlarge has no EFA interfaces"),
+    ({"image": None}, "image: the pytorchjob backend runs a container image"),
+    ({"env": {"HF_TOKEN": "hf_abc123"}}, "env.HF_TOKEN: looks like a secret and must not be written into the spec"),
+    ({"secrets": ["hf_abc123"]}, "secrets[0]: give a reference {env, secret, key} to an existing Kubernetes Secret"),
+    ({"backend": "nomad"}, "backend: 'nomad' is not a backend; choose one of: local, pytorchjob, hyperpod, slurm"),
+    ({"instance_type": "p9.huge"}, "instance_type: 'p9.huge' is not in fsdpkit's table"),
+    ({"nodes": "4:2"}, "nodes: '4:2' must be >= 1, and MIN <= MAX"),
+    ({"storage": None, "train": {"checkpoint_freq": 10}}, "storage: train.checkpoint_freq is set but the job has no "
+                                                          "storage"),
+    ({"train": {"lr": -1}}, "train.lr: -1.0 is out of range"),
+    ({"hf_token_env": "hf_abcdef-123"}, "hf_token_env: 'hf_abcdef-123' must be the NAME of an environment variable"),
+    ({"memory": "lots"}, "memory: 'lots' is not a Kubernetes quantity"),
+    ({"colour": "red"}, "colour: unknown field"),
+]
+
+
+@pytest.mark.parametrize(("change", "message"), BAD, ids=[b[1].split(":")[0] for b in BAD])
+def test_bad_spec_is_one_line_and_exit_2(tmp_path, change, message):
+    doc = {"name": "ok-job", "backend": "pytorchjob", "image": IMAGE, "instance_type": "p5.48xlarge",
+           "storage": {"claim": "fsx"}}
+    for k, v in change.items():
+        if v is None:
+            doc.pop(k, None)
+        else:
+            doc[k] = v
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    # Nothing is contacted: the kubeconfig points at a port where nothing listens.
+    r = run_cli("job", "submit", str(path), env={"KUBECONFIG": str(tmp_path / "none")})
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {message}"), r.stderr
+    r = run_cli("job", "render", str(path), "--json")
+    env = json.loads(r.stdout)
+    assert r.returncode == 2 and env["ok"] is False and env["error"]["message"].startswith(message)
+
+
+def test_set_overrides_and_unknown_fields():
+    spec = load_spec(None, [("name", "x"), ("backend", "slurm"), ("hyperpod.max_retry", 7), ("train.max_steps", 9)])
+    assert spec.hyperpod.max_retry == 7 and spec.train == {"max_steps": 9}
+    with pytest.raises(UserError, match=r"hyperpod.colour: unknown field"):
+        load_spec(None, [("name", "x"), ("hyperpod.colour", 1)])
+
+
+@pytest.mark.parametrize("example", sorted((ROOT / "examples" / "jobs").glob("*.yaml")), ids=lambda p: p.stem)
+def test_example_specs_render(example):
+    r = run_cli("job", "render", str(example), "--json")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)["data"]
+    if "manifests" in data:
+        validator = crd_validator("kubeflow.org_pytorchjobs.yaml")
+        assert not list(validator.iter_errors(data["manifests"][-1]))
+    elif "script" in data:
+        assert subprocess.run(["bash", "-n"], input=data["script"], text=True).returncode == 0
