@@ -262,3 +262,33 @@ def test_hyperpod_job_carries_health_affinity_and_auto_resume(kube, tmp_path):
                                    "sagemaker.amazonaws.com/instance-group-name": "gpu-workers"}
     r = job_cli(kube, "status", "llama-tiny", "--json")
     assert json.loads(r.stdout)["data"]["backend"] == "pytorchjob"  # read back as the PyTorchJob it is
+
+
+def test_network_check_reads_nccl_lines_from_the_logs(kube, tmp_path):
+    assert job_cli(kube, "submit", str(write_spec(tmp_path, diagnose_network=True))).returncode == 0
+    job = [b for m, p, b in kube.requests() if m == "POST" and p.endswith("/pytorchjobs")][-1]
+    env = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["env"]
+    assert {"name": "NCCL_DEBUG", "value": "INFO"} in env
+    make_pod(kube, "llama-tiny", "Master", 0)
+    make_pod(kube, "llama-tiny", "Worker", 0)
+    kube.route("get /api/v1/namespaces/default/pods/llama-tiny-master-0/log",
+               b"NCCL INFO NET/OFI Selected provider is efa, fabric is efa-direct (found 32 nics)\n")
+    kube.route("get /api/v1/namespaces/default/pods/llama-tiny-worker-0/log",
+               b"NCCL INFO NET/Socket : Using [0]eth0:10.0.0.2<0>\n")
+    r = job_cli(kube, "logs", "llama-tiny", "--check-network")
+    assert r.returncode == 0 and "network check: pass" in r.stderr
+    r = job_cli(kube, "logs", "llama-tiny", "--replica", "worker-0", "--check-network")
+    assert r.returncode == 1 and "network check: fail: NCCL fell back to TCP sockets" in r.stderr
+
+
+def test_dry_run_and_a_missing_token_create_nothing(kube, tmp_path):
+    spec = write_spec(tmp_path)
+    r = job_cli(kube, "submit", str(spec), "--dry-run", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["data"]["objects"] == ["Secret/llama-tiny-hf-token",
+                                                       "PersistentVolumeClaim/llama-tiny-ckpt", "PyTorchJob/llama-tiny"]
+    r = run_cli("job", "submit", str(spec), env=kube.env)  # MY_HF_TOKEN is not exported here
+    assert r.returncode == 2
+    assert r.stderr.strip() == ("error: hf_token_env: $MY_HF_TOKEN is not set in this shell; export it, or drop "
+                                "hf_token_env for public models")
+    assert writes(kube) == []

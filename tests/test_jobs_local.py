@@ -12,6 +12,7 @@ import yaml
 from conftest import losses, run_cli
 
 pytestmark = pytest.mark.slow
+TOKEN = "hf_local_s3cr3t_never_written"
 
 
 def local_spec(tmp_path, name="tiny-local", **extra):
@@ -25,9 +26,10 @@ def local_spec(tmp_path, name="tiny-local", **extra):
 
 
 def test_local_submit_trains_two_processes_and_finishes(tmp_path):
-    env = {"FSDPKIT_HOME": str(tmp_path / "home")}
-    spec = local_spec(tmp_path)
+    env = {"FSDPKIT_HOME": str(tmp_path / "home"), "MY_HF_TOKEN": TOKEN}
+    spec = local_spec(tmp_path, hf_token_env="MY_HF_TOKEN")
     r = run_cli("job", "submit", str(spec), "--json", env=env)
+    printed = r.stdout + r.stderr
     assert r.returncode == 0, r.stderr
     job_dir = tmp_path / "home" / "jobs" / "tiny-local"
     assert json.loads(r.stdout)["data"]["dir"] == str(job_dir)
@@ -41,7 +43,11 @@ def test_local_submit_trains_two_processes_and_finishes(tmp_path):
     assert re.search(r"params\), 2 x ", (job_dir / "log").read_text())  # two ranks trained
 
     r = run_cli("job", "logs", "tiny-local", env=env)
-    assert r.returncode == 0 and "step" in r.stdout
+    assert r.returncode == 0 and "Loss" in r.stdout
+    printed += r.stdout + r.stderr + run_cli("job", "status", "tiny-local", "--json", env=env).stdout
+    # The token reached the trainer only through its environment: in no file of the job, nothing printed.
+    assert TOKEN not in printed
+    assert not [p for p in job_dir.rglob("*") if p.is_file() and TOKEN.encode() in p.read_bytes()]
     r = run_cli("job", "list", "--backend", "local", "--json", env=env)
     assert [(j["name"], j["state"]) for j in json.loads(r.stdout)["data"]] == [("tiny-local", "Succeeded")]
 

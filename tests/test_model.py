@@ -9,7 +9,8 @@ import resource
 import pytest
 import torch
 
-from fsdpkit.train.model import ModelConfig, RopeScaling, Transformer, count_params
+from fsdpkit.train.model import Transformer
+from fsdpkit.train.model_config import ModelConfig, RopeScaling, count_params
 from fsdpkit.train.presets import PRESETS
 
 # Published sizes (Meta / Mistral AI model cards), in billions.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from fsdpkit.cli.output import emit_json
-from fsdpkit.train.model import count_params
+from fsdpkit.train.model_config import count_params
 from fsdpkit.train.presets import PRESETS
 
 

@@ -20,6 +20,7 @@ import yaml
 
 from fsdpkit.errors import UserError
 from fsdpkit.jobs.instances import Instance, lookup
+from fsdpkit.yamlfile import load_mapping
 
 BACKENDS = ("local", "pytorchjob", "hyperpod", "slurm")
 CLUSTER_BACKENDS = ("pytorchjob", "hyperpod")
@@ -262,17 +263,7 @@ def parse_overrides(pairs: list[str]) -> list[tuple[str, Any]]:
 
 def load_spec(path: str | Path | None, overrides: list[tuple[str, Any]] = ()) -> JobSpec:
     """Read a spec file (or start from the defaults), apply overrides, validate."""
-    doc: dict[str, Any] = {}
-    if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise UserError(f"job spec: file not found: {p}")
-        try:
-            doc = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as e:
-            raise UserError(f"job spec: {p} is not valid YAML: {str(e).splitlines()[0]}") from None
-        if not isinstance(doc, dict):
-            raise UserError(f"job spec: {p} must hold a mapping of fields (name, image, nodes, ...)")
+    doc = load_mapping(path, "job spec", "fields (name, image, nodes, ...)") if path is not None else {}
     for key, value in overrides:
         _set_dotted(doc, key, value)
     return load_spec_dict(doc)

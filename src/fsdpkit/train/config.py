@@ -17,11 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from fsdpkit.errors import UserError
-from fsdpkit.train.model import ModelConfig
+from fsdpkit.train.model_config import ModelConfig
 from fsdpkit.train.presets import get_preset
+from fsdpkit.yamlfile import load_mapping
 
 
 def opt(default: Any, help: str, *, min: float | None = None, max: float | None = None,
@@ -279,16 +278,7 @@ def _set(cfg: TrainConfig, name: str, raw: Any, index: dict, notices: list[str])
 
 def load_yaml(path: str | os.PathLike, cfg: TrainConfig, notices: list[str]) -> None:
     """Apply a YAML file: flat `key: value` pairs or `section: {key: value}` blocks."""
-    p = Path(path)
-    if not p.is_file():
-        raise UserError(f"config: file not found: {p}")
-    try:
-        doc = yaml.safe_load(p.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise UserError(f"config: {p} is not valid YAML: {str(e).splitlines()[0]}") from None
-    if not isinstance(doc, dict):
-        raise UserError(f"config: {p} must hold a mapping of option names to values")
-    apply_mapping(doc, cfg, notices)
+    apply_mapping(load_mapping(path, "config", "option names to values"), cfg, notices)
 
 
 def apply_mapping(doc: dict[str, Any], cfg: TrainConfig, notices: list[str]) -> None:

@@ -13,7 +13,8 @@ from torch.distributed.checkpoint.api import CheckpointException
 from fsdpkit.errors import UserError
 from fsdpkit.train import checkpoint
 from fsdpkit.train.hf import save_hf
-from fsdpkit.train.model import ModelConfig, RopeScaling, Transformer
+from fsdpkit.train.model import Transformer
+from fsdpkit.train.model_config import ModelConfig, RopeScaling
 
 
 def find_checkpoint(src: Path) -> checkpoint.CheckpointInfo:

@@ -20,7 +20,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 from fsdpkit.errors import UserError
-from fsdpkit.train.model import ModelConfig, RopeScaling
+from fsdpkit.train.model_config import ModelConfig, RopeScaling
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "mixtral": "MixtralForCausalLM"}
 

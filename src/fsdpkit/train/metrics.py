@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from fsdpkit.train.model import ModelConfig, count_params
+from fsdpkit.train.model_config import ModelConfig, count_params
 
 # Dense (no sparsity) peak TFLOP/s per GPU for bf16 and tf32 tensor-core math, from NVIDIA's data
 # sheets (SXM parts where there are several). A10G is AWS's variant; its figure is the one AWS

@@ -11,50 +11,12 @@ from __future__ import annotations
 import math
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-
-@dataclass(frozen=True)
-class RopeScaling:
-    """Llama 3.1 frequency scaling (`rope_type: llama3` in Hugging Face configs)."""
-
-    factor: float = 8.0
-    low_freq_factor: float = 1.0
-    high_freq_factor: float = 4.0
-    original_max_position_embeddings: int = 8192
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    vocab_size: int
-    dim: int
-    n_layers: int
-    n_heads: int
-    n_kv_heads: int
-    ffn_dim: int
-    max_seq_len: int
-    rope_theta: float = 10000.0
-    rope_scaling: RopeScaling | None = None
-    norm_eps: float = 1e-5
-    tie_embeddings: bool = False
-    sliding_window: int | None = None  # Mistral: attend to at most this many previous tokens
-    n_experts: int = 0  # Mixtral: 0 means a dense SwiGLU MLP
-    experts_per_token: int = 2
-    router_aux_loss_coef: float = 0.02
-    init_std: float = 0.02
-    family: str = "llama"  # llama | mistral | mixtral: which Hugging Face class the weights map to
-
-    @property
-    def head_dim(self) -> int:
-        return self.dim // self.n_heads
-
-    @property
-    def is_moe(self) -> bool:
-        return self.n_experts > 0
+from fsdpkit.train.model_config import ModelConfig
 
 
 def rope_frequencies(cfg: ModelConfig) -> torch.Tensor:
@@ -323,14 +285,3 @@ def _trunc_normal(std: float, seed: int) -> Callable[[torch.Tensor], None]:
         nn.init.trunc_normal_(t, mean=0.0, std=std, a=-3 * std, b=3 * std, generator=gen)
 
     return init
-
-
-def count_params(cfg: ModelConfig, active: bool = False) -> int:
-    """Parameter count from the config alone; `active` counts only the experts a token uses."""
-    D, F_, L, V = cfg.dim, cfg.ffn_dim, cfg.n_layers, cfg.vocab_size
-    attn = D * cfg.n_heads * cfg.head_dim * 2 + D * cfg.n_kv_heads * cfg.head_dim * 2
-    experts = cfg.experts_per_token if active else cfg.n_experts
-    mlp = 3 * D * F_ * experts + D * cfg.n_experts if cfg.is_moe else 3 * D * F_
-    per_layer = attn + mlp + 2 * D
-    head = 0 if cfg.tie_embeddings else V * D
-    return V * D + L * per_layer + D + head

@@ -7,7 +7,7 @@ CPU tests and for `make run` (byte-level vocabulary of the embedded tokenizer).
 from __future__ import annotations
 
 from fsdpkit.errors import UserError
-from fsdpkit.train.model import ModelConfig, RopeScaling
+from fsdpkit.train.model_config import ModelConfig, RopeScaling
 
 _LLAMA31_SCALING = RopeScaling(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0)
 _LLAMA32_SCALING = RopeScaling(factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0)

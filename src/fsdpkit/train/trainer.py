@@ -35,7 +35,8 @@ from fsdpkit.train.metrics import (
     peak_flops,
     peak_memory_bytes,
 )
-from fsdpkit.train.model import Transformer, count_params
+from fsdpkit.train.model import Transformer
+from fsdpkit.train.model_config import count_params
 from fsdpkit.train.optim import build_optimizer, lr_at, set_lr
 from fsdpkit.train.shard import autocast, build_model, compute_dtype, describe_mesh
 

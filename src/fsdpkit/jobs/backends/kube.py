@@ -88,15 +88,15 @@ class KubeBackend:
     # -- submit ------------------------------------------------------------------------------------
     def submit(self, spec: JobSpec, replace: bool = False, dry_run: bool = False) -> dict[str, Any]:
         objs = self.render(spec)
-        token = None
-        if spec.hf_token_env:
-            token = os.environ.get(spec.hf_token_env)
-            if not token:
-                raise UserError(f"hf_token_env: ${spec.hf_token_env} is not set in this shell; export it, or drop "
-                                "hf_token_env for public models")
+        token = os.environ.get(spec.hf_token_env) if spec.hf_token_env else None
+        missing = (f"hf_token_env: ${spec.hf_token_env} is not set in this shell; export it, or drop hf_token_env "
+                   "for public models") if spec.hf_token_env and not token else None
         summary = [f"{o['kind']}/{o['metadata']['name']}" for o in objs]
         if dry_run:
-            return {"name": spec.name, "namespace": spec.namespace, "dry_run": True, "objects": summary}
+            out = {"name": spec.name, "namespace": spec.namespace, "dry_run": True, "objects": summary}
+            return {**out, "warnings": [missing]} if missing else out
+        if missing:
+            raise UserError(missing)
         if self._get_job(spec.name, spec.namespace) is not None:
             if not replace:
                 raise UserError(f"job {spec.name!r} already exists in namespace {spec.namespace}; pick another name, "
@@ -224,20 +224,17 @@ class KubeBackend:
         self._delete_object(kind, name, namespace)
         deleted = [f"{kind}/{name}"]
         core = self._core()
-        sel = {**manifests.MANAGED_BY, JOB_LABEL: name}
-        with api_errors("listing the job's Secrets", self.host):
-            secrets = core.list_namespaced_secret(namespace, label_selector=_selector(sel)).items
-        for s in secrets:
-            if _matches(s.metadata.labels, sel):
-                self._delete_object("Secret", s.metadata.name, namespace)
-                deleted.append(f"Secret/{s.metadata.name}")
+        kinds = [("Secret", core.list_namespaced_secret)]
         if delete_storage:
-            with api_errors("listing the job's PersistentVolumeClaims", self.host):
-                claims = core.list_namespaced_persistent_volume_claim(namespace, label_selector=_selector(sel)).items
-            for c in claims:
-                if _matches(c.metadata.labels, sel):
-                    self._delete_object("PersistentVolumeClaim", c.metadata.name, namespace)
-                    deleted.append(f"PersistentVolumeClaim/{c.metadata.name}")
+            kinds.append(("PersistentVolumeClaim", core.list_namespaced_persistent_volume_claim))
+        sel = {**manifests.MANAGED_BY, JOB_LABEL: name}
+        for kind, lister in kinds:  # only what fsdpkit made for this job
+            with api_errors(f"listing the job's {kind}s", self.host):
+                items = lister(namespace, label_selector=_selector(sel)).items
+            for obj in items:
+                if _matches(obj.metadata.labels, sel):
+                    self._delete_object(kind, obj.metadata.name, namespace)
+                    deleted.append(f"{kind}/{obj.metadata.name}")
         return deleted
 
     # -- logs --------------------------------------------------------------------------------------

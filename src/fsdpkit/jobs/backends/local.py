@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from fsdpkit.errors import UserError
+from fsdpkit.jobs.backends.files import read_lines
 from fsdpkit.jobs.command import train_options
 from fsdpkit.jobs.spec import JobSpec
 from fsdpkit.jobs.status import JobStatus
@@ -38,8 +39,10 @@ class LocalBackend:
             return list(spec.command)
         from fsdpkit.train.config import to_flags
 
+        # Outputs in the job's own directory (FSDPKIT_HOME/jobs/NAME), or under a shared path if given.
+        root = spec.storage.shared_path or str(job_dir.parent)
         return [sys.executable, "-m", "fsdpkit", "train", "--nproc", str(spec.procs),
-                "--max_restarts", str(spec.max_restarts), *to_flags(train_options(spec, spec.storage.shared_path or str(job_dir.parent)))]
+                "--max_restarts", str(spec.max_restarts), *to_flags(train_options(spec, root))]
 
     def render(self, spec: JobSpec) -> str:
         cmd = self.command(spec, self._dir(spec.name))
@@ -155,20 +158,7 @@ class LocalBackend:
     def logs(self, name: str, namespace: str | None = None, follow: bool = False, replica: str | None = None,
              previous: bool = False, wait: float = 600, poll: float = 0.5) -> Iterator[str]:
         self.status(name)
-        path = self._dir(name) / "log"
-        with open(path, errors="replace") as f:
-            while True:
-                line = f.readline()
-                if line:
-                    yield line.rstrip("\n")
-                elif follow and not self.status(name).finished:
-                    time.sleep(poll)
-                elif follow:
-                    rest = f.read()
-                    yield from rest.splitlines()
-                    return
-                else:
-                    return
+        yield from read_lines(self._dir(name) / "log", follow, lambda: self.status(name).finished, poll)
 
     def wait(self, name: str, namespace: str | None = None, timeout: float | None = None, poll: float = 2.0,
              on_change=None) -> JobStatus:

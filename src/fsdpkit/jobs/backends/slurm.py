@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from fsdpkit.errors import UserError
+from fsdpkit.jobs.backends.files import read_lines
 from fsdpkit.jobs.command import node_command
 from fsdpkit.jobs.instances import network_env
 from fsdpkit.jobs.spec import JobSpec
@@ -143,15 +144,7 @@ class SlurmBackend:
             path = Path(json.loads(out.stdout)["jobs"][0]["standard_output"])
         except (ValueError, KeyError, IndexError):
             raise UserError(f"cannot find the output file of Slurm job {st.details['job_id']}") from None
-        with open(path, errors="replace") as f:
-            while True:
-                line = f.readline()
-                if line:
-                    yield line.rstrip("\n")
-                elif follow and not self.status(name).finished:
-                    time.sleep(poll)
-                else:
-                    return
+        yield from read_lines(path, follow, lambda: self.status(name).finished, poll)
 
     def wait(self, name: str, namespace: str | None = None, timeout: float | None = None, poll: float = 10.0,
              on_change=None) -> JobStatus:

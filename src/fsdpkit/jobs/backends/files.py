@@ -1,0 +1,21 @@
+"""Reading a job's log file, once or following it while the job runs (local and Slurm backends)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+
+def read_lines(path: Path, follow: bool, finished: Callable[[], bool], poll: float) -> Iterator[str]:
+    with open(path, errors="replace") as f:
+        while True:
+            line = f.readline()
+            if line:
+                yield line.rstrip("\n")
+            elif follow and not finished():
+                time.sleep(poll)
+            else:
+                # The job may have written its last lines between the read and the check.
+                yield from f.read().splitlines()
+                return

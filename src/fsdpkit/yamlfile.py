@@ -1,0 +1,26 @@
+"""Reading a YAML file that must hold a mapping, with one-line errors that name the file."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fsdpkit.errors import UserError
+
+
+def load_mapping(path: str | os.PathLike, label: str, holds: str) -> dict[str, Any]:
+    """The mapping in `path`; `label` starts each error ("config", "job spec"), `holds` says what
+    the mapping should contain."""
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"{label}: file not found: {p}")
+    try:
+        doc = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise UserError(f"{label}: {p} is not valid YAML: {str(e).splitlines()[0]}") from None
+    if not isinstance(doc, dict):
+        raise UserError(f"{label}: {p} must hold a mapping of {holds}")
+    return doc
