@@ -75,7 +75,9 @@ class KubeMock:
     (`route`) and play the training operator by patching `/status` as it would."""
 
     RESOURCES = ("kubeflow.org/v1/pytorchjobs", "sagemaker.amazonaws.com/v1/hyperpodpytorchjobs",
-                 "v1/secrets", "v1/persistentvolumeclaims", "v1/pods")
+                 "v1/secrets", "v1/persistentvolumeclaims", "v1/pods", "v1/nodes", "apps/v1/daemonsets",
+                 "apps/v1/deployments", "apiextensions.k8s.io/v1/customresourcedefinitions",
+                 "storage.k8s.io/v1/storageclasses", "storage.k8s.io/v1/csidrivers")
 
     def __init__(self, tmp_path):
         import asyncio
@@ -125,6 +127,15 @@ class KubeMock:
                 out.append((str(r.method.value if hasattr(r.method, "value") else r.method).upper(), path, r.data))
             return out
         return self.call(snapshot)
+
+    def create(self, path: str, obj: dict) -> None:
+        """POST an object as a controller or installer would (nodes, DaemonSets, CRDs, ...)."""
+        import json
+        import urllib.request
+
+        req = urllib.request.Request(self.url + path, data=json.dumps(obj).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+        urllib.request.urlopen(req, timeout=10).read()
 
     def api(self):
         """An ApiClient for the test itself (playing the operator or the kubelet)."""

@@ -277,6 +277,9 @@ def test_network_check_reads_nccl_lines_from_the_logs(kube, tmp_path):
                b"NCCL INFO NET/Socket : Using [0]eth0:10.0.0.2<0>\n")
     r = job_cli(kube, "logs", "llama-tiny", "--check-network")
     assert r.returncode == 0 and "network check: pass" in r.stderr
+    r = job_cli(kube, "logs", "llama-tiny", "--check-network", "--json")
+    data = json.loads(r.stdout)["data"]
+    assert data["network_check"]["verdict"] == "pass" and data["lines"][0].startswith("NCCL INFO NET/OFI")
     r = job_cli(kube, "logs", "llama-tiny", "--replica", "worker-0", "--check-network")
     assert r.returncode == 1 and "network check: fail: NCCL fell back to TCP sockets" in r.stderr
 
@@ -292,3 +295,13 @@ def test_dry_run_and_a_missing_token_create_nothing(kube, tmp_path):
     assert r.stderr.strip() == ("error: hf_token_env: $MY_HF_TOKEN is not set in this shell; export it, or drop "
                                 "hf_token_env for public models")
     assert writes(kube) == []
+
+
+def test_missing_operator_crd_is_one_line_and_rolled_back(kube, tmp_path):
+    kube.route("post /apis/kubeflow.org/v1/namespaces/default/pytorchjobs", 404)
+    r = job_cli(kube, "submit", str(write_spec(tmp_path)))
+    assert r.returncode == 3
+    assert r.stderr.strip().splitlines()[-1].startswith(
+        "error: creating PyTorchJob/llama-tiny: the API server does not know it")
+    assert "Kubeflow training operator" in r.stderr
+    assert [m for m, _ in writes(kube)].count("DELETE") == 2  # the Secret and the PVC it had created

@@ -8,19 +8,13 @@ from typing import Any
 
 import yaml
 
-from fsdpkit.cli.output import dispatch, emit_json
-from fsdpkit.errors import UserError
+from fsdpkit.cli.output import Parser, dispatch, emit_json
 from fsdpkit.jobs.backends import get_backend
 from fsdpkit.jobs.spec import BACKENDS, JobSpec, load_spec, parse_overrides
 from fsdpkit.jobs.status import JobStatus
 
 # Direct flags for the fields people change most; anything else goes through --set KEY=VALUE.
 _SHORTCUTS = ("name", "image", "backend", "namespace", "nodes", "instance_type")
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line, exit 2, like every other bad input
-        raise UserError(f"{message} (see `{self.prog} --help`)")
 
 
 def _spec(args: argparse.Namespace) -> JobSpec:
@@ -136,14 +130,16 @@ def cmd_logs(args: argparse.Namespace) -> int:
     lines = []
     for line in _backend(args).logs(args.job, _ns(args), follow=args.follow, replica=args.replica,
                                     previous=args.previous):
-        if args.check_network:
+        if args.check_network or args.json:
             lines.append(line)
-        print(line, flush=True)
-    if args.check_network:
-        verdict, why = check_network_log("\n".join(lines))
+        if not args.json:
+            print(line, flush=True)
+    verdict, why = check_network_log("\n".join(lines)) if args.check_network else (None, None)
+    if args.json:
+        emit_json({"name": args.job, "lines": lines, "network_check": verdict and {"verdict": verdict, "why": why}})
+    elif verdict:
         print(f"network check: {verdict}: {why}", file=sys.stderr)
-        return 1 if verdict == "fail" else 0
-    return 0
+    return 1 if verdict == "fail" else 0
 
 
 def cmd_wait(args: argparse.Namespace) -> int:
@@ -156,9 +152,9 @@ def cmd_wait(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="fsdpkit job", description="Describe a training job once; run it locally, on EKS "
+    parser = Parser(prog="fsdpkit job", description="Describe a training job once; run it locally, on EKS "
                      "(Kubeflow PyTorchJob), on SageMaker HyperPod or on Slurm.")
-    sub = parser.add_subparsers(dest="cmd", required=True, metavar="VERB", parser_class=_Parser)
+    sub = parser.add_subparsers(dest="cmd", required=True, metavar="VERB", parser_class=Parser)
 
     def common(p: argparse.ArgumentParser, cluster: bool = True) -> None:
         p.add_argument("--json", action="store_true", help="one JSON envelope on stdout")

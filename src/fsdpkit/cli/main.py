@@ -16,6 +16,7 @@ VERBS = {
     "export": ("fsdpkit.cli.export", "write a checkpoint as Hugging Face safetensors (export SRC --to hf OUT)"),
     "data": ("fsdpkit.cli.data", "tokenise a dataset into token shards (data prepare)"),
     "tokenizer": ("fsdpkit.cli.data:tokenizer_main", "train a BPE tokenizer on local text (tokenizer train)"),
+    "cluster": ("fsdpkit.cli.cluster", "check that a Kubernetes cluster is ready to train (cluster check)"),
     "job": ("fsdpkit.cli.job", "render, submit and follow jobs: local, Kubeflow PyTorchJob, HyperPod, Slurm"),
 }
 

@@ -11,6 +11,13 @@ from typing import Any
 from fsdpkit.errors import UserError
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse that reports a usage mistake as a UserError: one line, exit 2, like any bad input."""
+
+    def error(self, message: str):
+        raise UserError(f"{message} (see `{self.prog} --help`)")
+
+
 def emit_json(data: Any) -> int:
     print(json.dumps({"ok": True, "data": data, "error": None}, indent=2, default=str))
     return 0

@@ -25,9 +25,17 @@ def _kubernetes():
     return kubernetes
 
 
-def connect(context: str | None = None, kubeconfig: str | None = None) -> Any:
-    """An ApiClient for the current (or named) kubeconfig context, or the pod's service account."""
+def connect(context: str | None = None, kubeconfig: str | None = None, eks_cluster: str | None = None,
+            region: str | None = None) -> Any:
+    """An ApiClient for the current (or named) kubeconfig context, an EKS cluster by name (no
+    kubeconfig needed), or the pod's service account."""
     k8s = _kubernetes()
+    if eks_cluster:
+        from fsdpkit.aws.eks import api_client
+
+        if not region:
+            raise UserError("--eks-cluster needs --region (for example --region us-west-2)")
+        return api_client(eks_cluster, region)
     path = kubeconfig or os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
     first = path.split(os.pathsep)[0]
     if not os.path.exists(first) and "KUBERNETES_SERVICE_HOST" in os.environ and not context:

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from fsdpkit.cluster.client import ClusterError, api_errors, connect, is_not_found
+from fsdpkit.cluster.client import ClusterError, api_errors, api_message, connect, is_not_found
 from fsdpkit.errors import UserError
 from fsdpkit.jobs import hyperpod, manifests
 from fsdpkit.jobs.manifests import ATTEMPT, JOB_LABEL, KF_JOB_NAME, KF_REPLICA_INDEX, KF_REPLICA_TYPE, MAX_RESUBMITS
@@ -124,8 +124,12 @@ class KubeBackend:
                     with api_errors(f"creating {kind}/{name}", self.host):
                         self._custom().create_namespaced_custom_object(group, version, spec.namespace, plural, obj)
                     created.append(obj)
-        except BaseException:
+        except BaseException as e:
             self._rollback(created, spec.namespace)
+            if is_not_found(e):
+                raise ClusterError(f"creating {kind}/{name}: the API server does not know it ({api_message(e)}): "
+                                   f"check that namespace {spec.namespace} exists and, for a job, that its operator's "
+                                   "CRD is installed (the Kubeflow training operator for PyTorchJob)") from None
             raise
         return {"name": spec.name, "namespace": spec.namespace, "dry_run": False,
                 "created": [f"{o['kind']}/{o['metadata']['name']}" for o in created], "reused": reused}

@@ -1,0 +1,1 @@
+"""AWS through boto3: EKS access (tokens, cluster endpoints); images, CodeBuild and ECR later."""

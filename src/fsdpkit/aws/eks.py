@@ -1,0 +1,69 @@
+"""EKS access without the aws CLI: the bearer token `aws eks get-token` makes (a presigned STS
+GetCallerIdentity URL bound to the cluster name), and a Kubernetes client configuration from
+DescribeCluster."""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import tempfile
+from typing import Any
+
+from fsdpkit.errors import UserError
+
+TOKEN_PREFIX = "k8s-aws-v1."
+CLUSTER_HEADER = "x-k8s-aws-id"
+URL_EXPIRES_S = 60          # what aws-iam-authenticator accepts
+TOKEN_LIFETIME = dt.timedelta(minutes=14)  # the CLI reports 14 minutes: refresh before 15
+
+
+def _boto3():
+    try:
+        import boto3
+    except ImportError:
+        raise UserError("boto3 is not installed: pip install 'fsdpkit[cloud]'") from None
+    return boto3
+
+
+def get_token(cluster: str, region: str, session: Any = None, endpoint_url: str | None = None) -> dict[str, str]:
+    """{"token": "k8s-aws-v1.<base64url of the presigned URL, unpadded>", "expiration": ISO time}."""
+    session = session or _boto3().Session(region_name=region)
+    sts = session.client("sts", region_name=region, endpoint_url=endpoint_url)
+
+    def add_header(request, **_kw):
+        request.headers[CLUSTER_HEADER] = cluster
+
+    # The header is signed into the URL, so the token is only good for this cluster.
+    sts.meta.events.register("before-sign.sts.GetCallerIdentity", add_header)
+    url = sts.generate_presigned_url("get_caller_identity", Params={}, ExpiresIn=URL_EXPIRES_S, HttpMethod="GET")
+    token = TOKEN_PREFIX + base64.urlsafe_b64encode(url.encode()).decode().rstrip("=")
+    expiration = (dt.datetime.now(dt.timezone.utc) + TOKEN_LIFETIME).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {"token": token, "expiration": expiration}
+
+
+def api_client(cluster: str, region: str, session: Any = None, endpoint_url: str | None = None) -> Any:
+    """A kubernetes ApiClient for an EKS cluster: endpoint and CA from DescribeCluster, our token."""
+    from kubernetes import client
+
+    boto3 = _boto3()
+    session = session or boto3.Session(region_name=region)
+    eks = session.client("eks", region_name=region, endpoint_url=endpoint_url)
+    try:
+        info = eks.describe_cluster(name=cluster)["cluster"]
+    except eks.exceptions.ResourceNotFoundException:
+        raise UserError(f"--eks-cluster: no EKS cluster {cluster!r} in {region} (aws eks list-clusters "
+                        f"--region {region})") from None
+    cfg = client.Configuration()
+    cfg.host = info["endpoint"]
+    # The client wants the CA as a file; it must outlive this call, so it is not deleted here.
+    with tempfile.NamedTemporaryFile(prefix="fsdpkit-eks-ca-", suffix=".crt", delete=False) as ca:
+        ca.write(base64.b64decode(info["certificateAuthority"]["data"]))
+    cfg.ssl_ca_cert = ca.name
+    cfg.api_key_prefix = {"authorization": "Bearer"}
+
+    def refresh(conf: Any) -> None:  # presigning is local and cheap: a fresh token for every request
+        conf.api_key = {"authorization": get_token(cluster, region, session, endpoint_url)["token"]}
+
+    refresh(cfg)
+    cfg.refresh_api_key_hook = refresh
+    return client.ApiClient(cfg)

@@ -1,0 +1,255 @@
+"""`fsdpkit cluster check`: is this cluster ready to train? Each check reads the API the way an SRE
+would (nodes and what is allocated on them, device-plugin DaemonSets by every label they ship
+with, operator CRDs and controllers, storage) and gives pass / warn / fail with what to do."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from decimal import Decimal
+from typing import Any
+
+from fsdpkit.cluster.client import api_errors, is_not_found
+from fsdpkit.cluster.quantity import fmt_bytes, fmt_cores, parse
+
+GPU, EFA, NEURON = "nvidia.com/gpu", "vpc.amazonaws.com/efa", "aws.amazon.com/neuron"
+INSTANCE_TYPE = "node.kubernetes.io/instance-type"
+HEALTH = "sagemaker.amazonaws.com/node-health-status"
+DEEP_HEALTH = "sagemaker.amazonaws.com/deep-health-check-status"
+
+# Each component ships under different labels depending on how it was installed; looking for only
+# one of them gives false "missing" verdicts.
+NVIDIA_PLUGIN_LABELS = [
+    {"name": "nvidia-device-plugin-ds"},                         # static manifest (nvidia-device-plugin.yml)
+    {"app.kubernetes.io/name": "nvidia-device-plugin"},          # Helm chart (also HyperPod's dependencies)
+    {"app": "nvidia-device-plugin-daemonset"},                   # NVIDIA GPU operator
+]
+EFA_PLUGIN_LABELS = [
+    {"name": "aws-efa-k8s-device-plugin"},                       # eks-charts / static manifest
+    {"app.kubernetes.io/name": "aws-efa-k8s-device-plugin"},     # Helm chart
+]
+TRAINING_OPERATOR_LABELS = [
+    {"control-plane": "kubeflow-training-operator"},
+    {"app.kubernetes.io/name": "training-operator"},
+]
+KUBERAY_LABELS = [{"app.kubernetes.io/name": "kuberay-operator"}, {"app.kubernetes.io/component": "kuberay-operator"}]
+
+FIXES = {
+    "nvidia": "install the NVIDIA device plugin: kubectl apply -f https://raw.githubusercontent.com/NVIDIA/"
+              "k8s-device-plugin/v0.17.0/deployments/static/nvidia-device-plugin.yml (or its Helm chart)",
+    "efa": "install the EFA device plugin: helm install aws-efa-k8s-device-plugin eks/aws-efa-k8s-device-plugin "
+           "--namespace kube-system (repo https://aws.github.io/eks-charts)",
+    "training-operator": "install the Kubeflow training operator: kubectl apply --server-side -k "
+                         "\"github.com/kubeflow/training-operator.git/manifests/overlays/standalone?ref=v1.9.2\"",
+    "kuberay": "install KubeRay: helm install kuberay-operator kuberay/kuberay-operator "
+               "(repo https://ray-project.github.io/kuberay-helm/)",
+    "fsx": "install the FSx for Lustre CSI driver: helm install aws-fsx-csi-driver "
+           "aws-fsx-csi-driver/aws-fsx-csi-driver --namespace kube-system",
+}
+
+
+@dataclass
+class Check:
+    name: str
+    status: str           # pass | warn | fail
+    detail: str
+    fix: str = ""
+
+
+@dataclass
+class NodeInfo:
+    name: str
+    instance_type: str
+    ready: bool
+    allocatable: dict[str, Decimal]
+    allocated: dict[str, Decimal]
+    labels: dict[str, str] = field(default_factory=dict)
+    unschedulable: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["allocatable"] = {k: str(v) for k, v in self.allocatable.items()}
+        d["allocated"] = {k: str(v) for k, v in self.allocated.items()}
+        d.pop("labels")
+        return d
+
+
+@dataclass
+class Report:
+    checks: list[Check]
+    nodes: list[NodeInfo]
+
+    @property
+    def failed(self) -> bool:
+        return any(c.status == "fail" for c in self.checks)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ok": not self.failed, "checks": [asdict(c) for c in self.checks],
+                "nodes": [n.to_dict() for n in self.nodes]}
+
+
+def _matches(labels: dict[str, str] | None, wanted: dict[str, str]) -> bool:
+    labels = labels or {}
+    return all(labels.get(k) == v for k, v in wanted.items())
+
+
+class ClusterReader:
+    """Raw JSON reads (no model classes: a partial object from an odd installer must not crash us)."""
+
+    def __init__(self, api_client: Any):
+        from kubernetes import client
+
+        self.api = api_client
+        self.core = client.CoreV1Api(api_client)
+        self.apps = client.AppsV1Api(api_client)
+        self.ext = client.ApiextensionsV1Api(api_client)
+        self.storage = client.StorageV1Api(api_client)
+        self.host = api_client.configuration.host
+
+    def items(self, what: str, fn: Any, **kw: Any) -> list[dict[str, Any]]:
+        try:
+            with api_errors(f"listing {what}", self.host):
+                resp = fn(_preload_content=False, **kw)
+        except Exception as e:
+            if is_not_found(e):
+                return []
+            raise
+        return json.loads(resp.data or b"{}").get("items") or []
+
+
+def node_infos(nodes: list[dict[str, Any]], pods: list[dict[str, Any]]) -> list[NodeInfo]:
+    """Allocatable and allocated (sum of the requests of pods that still hold them) per node."""
+    allocated: dict[str, dict[str, Decimal]] = defaultdict(lambda: defaultdict(Decimal))
+    for pod in pods:
+        phase = (pod.get("status") or {}).get("phase")
+        node = (pod.get("spec") or {}).get("nodeName")
+        if not node or phase in ("Succeeded", "Failed"):
+            continue
+        for c in (pod.get("spec") or {}).get("containers") or []:
+            res = c.get("resources") or {}
+            # Extended resources may be given as limits only; Kubernetes then requests the same.
+            for k, v in {**(res.get("limits") or {}), **(res.get("requests") or {})}.items():
+                if k in ("cpu", "memory", GPU, EFA, NEURON):
+                    allocated[node][k] += parse(v)
+    out = []
+    for n in nodes:
+        meta, status = n.get("metadata") or {}, n.get("status") or {}
+        labels = meta.get("labels") or {}
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+        alloc = {k: parse(v) for k, v in (status.get("allocatable") or {}).items()
+                 if k in ("cpu", "memory", GPU, EFA, NEURON)}
+        out.append(NodeInfo(meta.get("name", "?"), labels.get(INSTANCE_TYPE, "?"), ready, alloc,
+                            dict(allocated.get(meta.get("name"), {})), labels,
+                            bool((n.get("spec") or {}).get("unschedulable"))))
+    return sorted(out, key=lambda i: i.name)
+
+
+def _daemonset_check(name: str, daemonsets: list[dict[str, Any]], label_sets: list[dict[str, str]],
+                     fix: str, needed: bool) -> Check:
+    found = [d for d in daemonsets if any(_matches((d.get("metadata") or {}).get("labels"), ls) for ls in label_sets)]
+    if not found:
+        return Check(name, "fail" if needed else "warn", "not installed" + ("" if needed else " (no node needs it)"),
+                     fix)
+    ds = found[0]
+    st = ds.get("status") or {}
+    desired, ready = int(st.get("desiredNumberScheduled", 0)), int(st.get("numberReady", 0))
+    where = f"{ds['metadata'].get('namespace')}/{ds['metadata'].get('name')}"
+    if desired and ready < desired:
+        return Check(name, "fail", f"{where}: {ready}/{desired} pods ready",
+                     f"kubectl -n {ds['metadata'].get('namespace')} describe daemonset {ds['metadata'].get('name')}")
+    return Check(name, "pass", f"{where}: {ready}/{desired} pods ready")
+
+
+def _operator_check(name: str, crd: str, crds: set[str], deployments: list[dict[str, Any]],
+                    label_sets: list[dict[str, str]], fix: str, needed: bool) -> Check:
+    if crd not in crds:
+        return Check(name, "fail" if needed else "warn", f"CRD {crd} not installed", fix)
+    found = [d for d in deployments if any(_matches((d.get("metadata") or {}).get("labels"), ls) for ls in label_sets)]
+    if not found:
+        return Check(name, "fail" if needed else "warn", f"CRD {crd} present but no controller Deployment found", fix)
+    d = found[0]
+    available = int((d.get("status") or {}).get("availableReplicas") or 0)
+    where = f"{d['metadata'].get('namespace')}/{d['metadata'].get('name')}"
+    if available < 1:
+        return Check(name, "fail", f"{where}: controller not available (0 replicas ready)",
+                     f"kubectl -n {d['metadata'].get('namespace')} logs deploy/{d['metadata'].get('name')}")
+    return Check(name, "pass", f"CRD {crd}; controller {where} available ({available})")
+
+
+def _node_checks(nodes: list[NodeInfo]) -> list[Check]:
+    checks = []
+    if not nodes:
+        return [Check("nodes", "fail", "the cluster has no nodes", "add a node group (eksctl create nodegroup ...)")]
+    not_ready = [n.name for n in nodes if not n.ready]
+    checks.append(Check("nodes ready", "fail" if not_ready else "pass",
+                        f"{len(nodes) - len(not_ready)}/{len(nodes)} Ready" + (f"; not ready: {', '.join(not_ready)}"
+                                                                                 if not_ready else ""),
+                        "kubectl describe node NAME (kubelet, disk or network pressure)" if not_ready else ""))
+    gpu_nodes = [n for n in nodes if n.allocatable.get(GPU, 0) > 0 or n.allocatable.get(NEURON, 0) > 0]
+    free = sum((n.allocatable.get(GPU, Decimal(0)) - n.allocated.get(GPU, Decimal(0)) for n in gpu_nodes
+                if n.ready and not n.unschedulable), Decimal(0))
+    total = sum((n.allocatable.get(GPU, Decimal(0)) for n in gpu_nodes), Decimal(0))
+    checks.append(Check("GPU capacity", "pass" if gpu_nodes else "warn",
+                        f"{len(gpu_nodes)} GPU node(s), {int(total)} GPUs, {int(free)} free" if gpu_nodes else
+                        "no node advertises nvidia.com/gpu",
+                        "" if gpu_nodes else "add GPU nodes, or check the NVIDIA device plugin below"))
+    for n in nodes:
+        health, deep = n.labels.get(HEALTH), n.labels.get(DEEP_HEALTH)
+        if health is not None:
+            ok = health == "Schedulable"
+            checks.append(Check(f"HyperPod health {n.name}", "pass" if ok else "fail", health,
+                                "" if ok else "HyperPod is replacing or rebooting this node; jobs with auto-resume "
+                                "continue on a healthy one (aws sagemaker describe-cluster-node)"))
+        if deep is not None:
+            status = {"Passed": "pass", "InProgress": "warn"}.get(deep, "fail")
+            checks.append(Check(f"deep health check {n.name}", status, deep,
+                                "" if status == "pass" else "wait for the deep health check, or replace the node"))
+    return checks
+
+
+def run_checks(api_client: Any) -> Report:
+    r = ClusterReader(api_client)
+    nodes_raw = r.items("nodes", r.core.list_node)
+    pods = r.items("pods", r.core.list_pod_for_all_namespaces)
+    nodes = node_infos(nodes_raw, pods)
+    daemonsets = r.items("daemonsets", r.apps.list_daemon_set_for_all_namespaces)
+    deployments = r.items("deployments", r.apps.list_deployment_for_all_namespaces)
+    crds = {(c.get("metadata") or {}).get("name") for c in r.items("CRDs", r.ext.list_custom_resource_definition)}
+    classes = r.items("storage classes", r.storage.list_storage_class)
+    drivers = {(d.get("metadata") or {}).get("name") for d in r.items("CSI drivers", r.storage.list_csi_driver)}
+
+    checks = _node_checks(nodes)
+    gpu_types = any(n.instance_type.removeprefix("ml.").split(".")[0] in ("p4d", "p4de", "p5", "p5e", "p5en", "g5",
+                                                                            "g6", "g6e") for n in nodes)
+    efa_nodes = any(n.allocatable.get(EFA, 0) > 0 for n in nodes) or any(
+        n.instance_type.removeprefix("ml.").split(".")[0] in ("p4d", "p4de", "p5", "p5e", "p5en") for n in nodes)
+    checks.append(_daemonset_check("NVIDIA device plugin", daemonsets, NVIDIA_PLUGIN_LABELS, FIXES["nvidia"],
+                                   needed=gpu_types))
+    checks.append(_daemonset_check("EFA device plugin", daemonsets, EFA_PLUGIN_LABELS, FIXES["efa"],
+                                   needed=efa_nodes))
+    checks.append(_operator_check("Kubeflow training operator", "pytorchjobs.kubeflow.org", crds, deployments,
+                                  TRAINING_OPERATOR_LABELS, FIXES["training-operator"], needed=True))
+    checks.append(_operator_check("KubeRay operator", "rayclusters.ray.io", crds, deployments, KUBERAY_LABELS,
+                                  FIXES["kuberay"], needed=False))
+    fsx = [c["metadata"]["name"] for c in classes if c.get("provisioner") == "fsx.csi.aws.com"]
+    checks.append(Check("FSx for Lustre", "pass" if "fsx.csi.aws.com" in drivers else "warn",
+                        ("CSI driver installed" + (f"; storage classes: {', '.join(fsx)}" if fsx else
+                                                   "; no storage class uses it (static PVs only)"))
+                        if "fsx.csi.aws.com" in drivers else "CSI driver fsx.csi.aws.com not installed: checkpoints "
+                        "need another shared volume", "" if "fsx.csi.aws.com" in drivers else FIXES["fsx"]))
+    return Report(checks, nodes)
+
+
+def _pair(n: NodeInfo, key: str, f=lambda v: str(int(v))) -> str:
+    """allocated/allocatable"""
+    return f"{f(n.allocated.get(key, Decimal(0)))}/{f(n.allocatable.get(key, Decimal(0)))}"
+
+
+def node_table(nodes: list[NodeInfo]) -> list[str]:
+    rows = [f"{'node':34s} {'type':16s} {'ready':5s} {'GPU':>7s} {'EFA':>7s} {'CPU':>13s} {'memory':>21s}"]
+    for n in nodes:
+        rows.append(f"{n.name[:34]:34s} {n.instance_type[:16]:16s} {'yes' if n.ready else 'NO':5s} "
+                    f"{_pair(n, GPU):>7s} {_pair(n, EFA):>7s} {_pair(n, 'cpu', fmt_cores):>13s} "
+                    f"{_pair(n, 'memory', fmt_bytes):>21s}")
+    return rows

@@ -1,0 +1,167 @@
+"""`fsdpkit cluster check` against kmock with scripted cluster states, and quantity parsing."""
+
+from __future__ import annotations
+
+import json
+from decimal import Decimal
+
+import pytest
+
+from fsdpkit.cluster.quantity import parse
+from fsdpkit.errors import UserError
+
+from conftest import run_cli
+
+pytest.importorskip("kmock")
+
+
+@pytest.mark.parametrize(("text", "value"), [
+    ("100m", Decimal("0.1")), ("2", Decimal(2)), ("1.5", Decimal("1.5")), ("1.5Gi", Decimal(1610612736)),
+    ("128974848", Decimal(128974848)), ("129e6", Decimal(129000000)), ("129E6", Decimal(129000000)),
+    ("123Mi", Decimal(128974848)), ("1k", Decimal(1000)), ("1M", Decimal(10**6)), ("500u", Decimal("0.0005")),
+    ("250n", Decimal("0.00000025")), ("2Ti", Decimal(2 * 2**40)), ("0.5Ki", Decimal(512)), (".5", Decimal("0.5")),
+])
+def test_every_quantity_format(text, value):
+    assert parse(text) == value
+
+
+def test_bad_quantity_is_refused():
+    for bad in ("12 Gi", "Gi", "1.2.3", "1Gb", ""):
+        with pytest.raises(UserError):
+            parse(bad)
+
+
+def node(name, itype, gpus=0, efa=0, cpu="191450m", memory="2097152000Ki", ready=True, labels=None):
+    alloc = {"cpu": cpu, "memory": memory, "pods": "110"}
+    if gpus:
+        alloc["nvidia.com/gpu"] = str(gpus)
+    if efa:
+        alloc["vpc.amazonaws.com/efa"] = str(efa)
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {"node.kubernetes.io/instance-type": itype, **(labels or {})}},
+            "status": {"allocatable": alloc, "capacity": alloc,
+                       "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
+
+
+def pod(name, node_name, requests, phase="Running", limits=None):
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
+            "spec": {"nodeName": node_name, "containers": [{"name": "c", "image": "x", "resources": {
+                "requests": requests, **({"limits": limits} if limits else {})}}]},
+            "status": {"phase": phase}}
+
+
+def daemonset(name, ns, labels, ready=2, desired=2):
+    return {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": name, "namespace": ns, "labels": labels},
+            "status": {"desiredNumberScheduled": desired, "numberReady": ready}}
+
+
+def deployment(name, ns, labels, available=1):
+    return {"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": name, "namespace": ns, "labels": labels}, "status": {"availableReplicas": available}}
+
+
+def crd(name):
+    return {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition", "metadata": {"name": name}}
+
+
+def healthy_eks(kube, *, operator=True, gpu_plugin=True, gpu_plugin_labels=None, hyperpod_labels=None):
+    """Two p5 nodes and a system node; plugins installed by Helm; the training operator; FSx CSI."""
+    labels = hyperpod_labels or [{}, {}]
+    kube.create("/api/v1/nodes", node("gpu-a", "p5.48xlarge", 8, 32, labels=labels[0]))
+    kube.create("/api/v1/nodes", node("gpu-b", "p5.48xlarge", 8, 32, labels=labels[1]))
+    kube.create("/api/v1/nodes", node("sys", "m5.xlarge", cpu="3920m", memory="15Gi"))
+    kube.create("/api/v1/namespaces/default/pods",
+                pod("train-0", "gpu-a", {"cpu": "500m", "memory": "1Gi"},
+                    limits={"nvidia.com/gpu": "8", "vpc.amazonaws.com/efa": "32"}))
+    kube.create("/api/v1/namespaces/default/pods", pod("done", "gpu-b", {"nvidia.com/gpu": "8"}, phase="Succeeded"))
+    if gpu_plugin:
+        kube.create("/apis/apps/v1/namespaces/kube-system/daemonsets",
+                    daemonset("nvidia-device-plugin", "kube-system",
+                              gpu_plugin_labels or {"app.kubernetes.io/name": "nvidia-device-plugin"}))
+    kube.create("/apis/apps/v1/namespaces/kube-system/daemonsets",
+                daemonset("aws-efa-k8s-device-plugin", "kube-system", {"name": "aws-efa-k8s-device-plugin"}))
+    if operator:
+        kube.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd("pytorchjobs.kubeflow.org"))
+        kube.create("/apis/apps/v1/namespaces/kubeflow/deployments",
+                    deployment("training-operator", "kubeflow", {"control-plane": "kubeflow-training-operator"}))
+    kube.create("/apis/storage.k8s.io/v1/csidrivers",
+                {"apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver", "metadata": {"name": "fsx.csi.aws.com"}})
+    kube.create("/apis/storage.k8s.io/v1/storageclasses",
+                {"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": "fsx-sc"},
+                 "provisioner": "fsx.csi.aws.com"})
+
+
+def check(kube):
+    r = run_cli("cluster", "check", "--json", env=kube.env, timeout=60)
+    data = json.loads(r.stdout)["data"]
+    return r.returncode, {c["name"]: c for c in data["checks"]}, {n["name"]: n for n in data["nodes"]}
+
+
+def test_healthy_eks_gpu_cluster_passes(kube):
+    healthy_eks(kube)
+    code, checks, nodes = check(kube)
+    assert code == 0, checks
+    assert {k: c["status"] for k, c in checks.items()} == {
+        "nodes ready": "pass", "GPU capacity": "pass", "NVIDIA device plugin": "pass", "EFA device plugin": "pass",
+        "Kubeflow training operator": "pass", "KubeRay operator": "warn", "FSx for Lustre": "pass"}
+    # 16 GPUs, 8 held by the running pod (limits only), the Succeeded pod's 8 released.
+    assert checks["GPU capacity"]["detail"] == "2 GPU node(s), 16 GPUs, 8 free"
+    assert nodes["gpu-a"]["allocated"] == {"cpu": "0.500", "memory": "1073741824", "nvidia.com/gpu": "8",
+                                           "vpc.amazonaws.com/efa": "32"}
+    assert nodes["gpu-b"]["allocated"] == {}
+    assert Decimal(nodes["sys"]["allocatable"]["cpu"]) == Decimal("3.92")
+    assert Decimal(nodes["gpu-a"]["allocatable"]["memory"]) == 2097152000 * 1024
+    human = run_cli("cluster", "check", env=kube.env, timeout=60)
+    assert human.returncode == 0 and "ready: 0 failed, 1 warning(s)" in human.stdout
+    assert "8/8" in human.stdout and "0.5/191.45" in human.stdout
+
+
+def test_static_manifest_plugin_labels_are_recognised(kube):
+    healthy_eks(kube, gpu_plugin_labels={"name": "nvidia-device-plugin-ds"})
+    code, checks, _ = check(kube)
+    assert code == 0 and checks["NVIDIA device plugin"]["status"] == "pass"
+
+
+def test_hyperpod_cluster_with_an_unhealthy_node_fails_that_line(kube):
+    healthy_eks(kube, hyperpod_labels=[
+        {"sagemaker.amazonaws.com/node-health-status": "Schedulable",
+         "sagemaker.amazonaws.com/deep-health-check-status": "Passed"},
+        {"sagemaker.amazonaws.com/node-health-status": "UnschedulablePendingReplacement",
+         "sagemaker.amazonaws.com/deep-health-check-status": "InProgress"}])
+    code, checks, _ = check(kube)
+    assert code == 1
+    assert checks["HyperPod health gpu-a"]["status"] == "pass"
+    assert checks["HyperPod health gpu-b"]["status"] == "fail"
+    assert checks["HyperPod health gpu-b"]["detail"] == "UnschedulablePendingReplacement"
+    assert checks["deep health check gpu-a"]["status"] == "pass"
+    assert checks["deep health check gpu-b"]["status"] == "warn"
+    assert checks["NVIDIA device plugin"]["status"] == "pass"
+
+
+def test_cluster_without_training_operator_fails_with_the_fix(kube):
+    healthy_eks(kube, operator=False)
+    code, checks, _ = check(kube)
+    assert code == 1
+    c = checks["Kubeflow training operator"]
+    assert c["status"] == "fail" and c["detail"] == "CRD pytorchjobs.kubeflow.org not installed"
+    assert "training-operator" in c["fix"]
+
+
+def test_gpu_plugin_missing_fails_and_no_gpus_are_seen(kube):
+    kube.create("/api/v1/nodes", node("gpu-a", "p5.48xlarge"))  # no plugin: no nvidia.com/gpu advertised
+    code, checks, _ = check(kube)
+    assert code == 1
+    assert checks["NVIDIA device plugin"]["status"] == "fail"
+    assert "k8s-device-plugin" in checks["NVIDIA device plugin"]["fix"]
+    assert checks["GPU capacity"]["status"] == "warn"
+
+
+def test_a_plugin_with_unready_pods_and_a_notready_node_fail(kube):
+    kube.create("/api/v1/nodes", node("gpu-a", "g5.12xlarge", 4, 1, ready=False))
+    kube.create("/apis/apps/v1/namespaces/kube-system/daemonsets",
+                daemonset("nvidia-device-plugin-daemonset", "gpu-operator", {"app": "nvidia-device-plugin-daemonset"},
+                          ready=0, desired=1))
+    code, checks, _ = check(kube)
+    assert code == 1
+    assert checks["nodes ready"]["status"] == "fail" and "gpu-a" in checks["nodes ready"]["detail"]
+    assert checks["NVIDIA device plugin"]["detail"] == "gpu-operator/nvidia-device-plugin-daemonset: 0/1 pods ready"
