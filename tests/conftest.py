@@ -77,7 +77,8 @@ class KubeMock:
     RESOURCES = ("kubeflow.org/v1/pytorchjobs", "sagemaker.amazonaws.com/v1/hyperpodpytorchjobs",
                  "v1/secrets", "v1/persistentvolumeclaims", "v1/pods", "v1/nodes", "apps/v1/daemonsets",
                  "apps/v1/deployments", "apiextensions.k8s.io/v1/customresourcedefinitions",
-                 "storage.k8s.io/v1/storageclasses", "storage.k8s.io/v1/csidrivers")
+                 "storage.k8s.io/v1/storageclasses", "storage.k8s.io/v1/csidrivers", "ray.io/v1/rayclusters",
+                 "ray.io/v1/rayjobs")
 
     def __init__(self, tmp_path):
         import asyncio

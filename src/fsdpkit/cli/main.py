@@ -17,6 +17,7 @@ VERBS = {
     "data": ("fsdpkit.cli.data", "tokenise a dataset into token shards (data prepare)"),
     "tokenizer": ("fsdpkit.cli.data:tokenizer_main", "train a BPE tokenizer on local text (tokenizer train)"),
     "cluster": ("fsdpkit.cli.cluster", "check that a Kubernetes cluster is ready to train (cluster check)"),
+    "ray": ("fsdpkit.cli.ray", "KubeRay clusters from a job spec: ray up|status|down|submit|exec"),
     "job": ("fsdpkit.cli.job", "render, submit and follow jobs: local, Kubeflow PyTorchJob, HyperPod, Slurm"),
 }
 

@@ -80,7 +80,8 @@ def resources(spec: JobSpec) -> dict[str, Any]:
     return {k: v for k, v in (("requests", requests), ("limits", limits)) if v}
 
 
-def pod_template(spec: JobSpec, command: list[str], container: str = CONTAINER) -> dict[str, Any]:
+def pod_template(spec: JobSpec, command: list[str] | None, container: str = CONTAINER) -> dict[str, Any]:
+    """The pod every replica runs; `command` None keeps the image's (KubeRay injects `ray start`)."""
     mounts = [{"name": "dshm", "mountPath": "/dev/shm"}]
     # /dev/shm is 64 MB in a container by default; NCCL and data loaders need far more.
     volumes: list[dict[str, Any]] = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.shm_size}}]
@@ -89,8 +90,10 @@ def pod_template(spec: JobSpec, command: list[str], container: str = CONTAINER) 
         volumes.append({"name": "checkpoints", "persistentVolumeClaim": {"claimName": spec.claim_name}})
     container_spec: dict[str, Any] = {
         "name": container, "image": spec.image, "imagePullPolicy": "IfNotPresent",
-        "command": command, "env": env_list(spec), "volumeMounts": mounts,
+        "env": env_list(spec), "volumeMounts": mounts,
     }
+    if command is not None:
+        container_spec["command"] = command
     res = resources(spec)
     if res:
         container_spec["resources"] = res

@@ -1,0 +1,150 @@
+"""`fsdpkit ray up|status|down|submit|exec`: a KubeRay RayCluster from a job spec, and work on it."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+
+from fsdpkit.cli.output import Parser, dispatch, emit_json
+from fsdpkit.errors import UserError
+
+
+def _client(args: argparse.Namespace):
+    from fsdpkit.cluster.client import connect
+    from fsdpkit.jobs.ray import RayClient
+
+    api = connect(args.context, args.kubeconfig)
+    return RayClient(api), api
+
+
+def _spec(args: argparse.Namespace):
+    from fsdpkit.jobs.spec import load_spec, parse_overrides
+
+    # Any backend name validates as a cluster spec here: a RayCluster always needs an image.
+    spec = load_spec(args.spec, [*parse_overrides(args.set or []), ("backend", "pytorchjob")])
+    return spec
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from fsdpkit.jobs.ray import raycluster_manifest
+
+    spec = _spec(args)
+    if args.dry_run:
+        import yaml
+
+        print(yaml.safe_dump(raycluster_manifest(spec), sort_keys=False), end="")
+        return 0
+    ray, _ = _client(args)
+    out = ray.up(spec, wait=args.wait, poll=args.poll)
+    if args.json:
+        return emit_json(out)
+    print(f"RayCluster {out['name']} {out['action']} ({out['state']})")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    ray, _ = _client(args)
+    state = ray.state(args.name, args.namespace)
+    if args.json:
+        return emit_json({"name": args.name, "namespace": args.namespace, "state": state})
+    print(f"{args.name}: {state}")
+    return 0
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    ray, _ = _client(args)
+    ray.down(args.name, args.namespace)
+    if args.json:
+        return emit_json({"deleted": f"RayCluster/{args.name}"})
+    print(f"deleted RayCluster/{args.name}")
+    return 0
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    if not args.rest:
+        raise UserError("give the entrypoint after --, for example: fsdpkit ray submit SPEC -- python train.py")
+    spec = _spec(args)
+    ray, _ = _client(args)
+    out = ray.submit(spec, shlex.join(args.rest), args.job_name or f"{spec.name}-job", args.entrypoint_gpus)
+    if args.json:
+        return emit_json(out)
+    print(f"submitted RayJob {out['name']} on RayCluster {out['cluster']}")
+    return 0
+
+
+def cmd_exec(args: argparse.Namespace) -> int:
+    """Run a command on the head pod (the path VERL GRPO runs take), streaming its output."""
+    from kubernetes import client
+    from kubernetes.stream import stream
+
+    if not args.rest:
+        raise UserError("give the command after --, for example: fsdpkit ray exec NAME -- ray status")
+    _, api = _client(args)
+    core = client.CoreV1Api(api)
+    pods = core.list_namespaced_pod(args.namespace, label_selector=f"ray.io/cluster={args.name},ray.io/node-type=head")
+    heads = [p for p in pods.items if (p.metadata.labels or {}).get("ray.io/node-type") == "head"
+             and (p.metadata.labels or {}).get("ray.io/cluster") == args.name]
+    if not heads:
+        raise UserError(f"RayCluster {args.name!r} has no head pod yet (fsdpkit ray status {args.name})")
+    resp = stream(core.connect_get_namespaced_pod_exec, heads[0].metadata.name, args.namespace,
+                  container="ray-head", command=args.rest, stdout=True, stderr=True, stdin=False, tty=False,
+                  _preload_content=False)
+    while resp.is_open():
+        resp.update(timeout=1)
+        if resp.peek_stdout():
+            print(resp.read_stdout(), end="", flush=True)
+        if resp.peek_stderr():
+            print(resp.read_stderr(), end="", file=sys.stderr, flush=True)
+    resp.close()
+    return resp.returncode or 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(prog="fsdpkit ray", description="KubeRay clusters from a job spec.")
+    sub = parser.add_subparsers(dest="cmd", required=True, metavar="VERB", parser_class=Parser)
+
+    def common(p):
+        p.add_argument("--context")
+        p.add_argument("--kubeconfig")
+        p.add_argument("--json", action="store_true")
+
+    def spec_args(p):
+        p.add_argument("spec", help="job spec YAML (image, nodes, instance_type, storage, ...)")
+        p.add_argument("--set", action="append", metavar="KEY=VALUE")
+
+    p = sub.add_parser("up", help="create the RayCluster, or reuse it if it exists with the same spec")
+    spec_args(p)
+    p.add_argument("--wait", type=float, help="seconds to wait for the head to be ready")
+    p.add_argument("--poll", type=float, default=5.0, help=argparse.SUPPRESS)
+    p.add_argument("--dry-run", action="store_true", help="print the RayCluster manifest")
+    common(p)
+    p.set_defaults(func=cmd_up)
+    for verb, func, text in (("status", cmd_status, "the cluster's state"), ("down", cmd_down, "delete it")):
+        p = sub.add_parser(verb, help=text)
+        p.add_argument("name")
+        p.add_argument("-n", "--namespace", default="default")
+        common(p)
+        p.set_defaults(func=func)
+    p = sub.add_parser("submit", help="a RayJob on the cluster: fsdpkit ray submit SPEC -- ENTRYPOINT")
+    spec_args(p)
+    p.add_argument("--job-name")
+    p.add_argument("--entrypoint-gpus", type=float, default=0, help="GPUs for the driver (entrypointNumGpus)")
+    common(p)
+    p.set_defaults(func=cmd_submit)
+    p = sub.add_parser("exec", help="run a command on the head pod: fsdpkit ray exec NAME -- CMD")
+    p.add_argument("name")
+    p.add_argument("-n", "--namespace", default="default")
+    common(p)
+    p.set_defaults(func=cmd_exec)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # Everything after `--` is the entrypoint or command, untouched by our own flags.
+    rest = argv[argv.index("--") + 1:] if "--" in argv else []
+    argv = argv[:argv.index("--")] if "--" in argv else argv
+    parser = build_parser()
+    parser.set_defaults(rest=rest)
+    return dispatch(parser, argv)

@@ -1,0 +1,143 @@
+"""KubeRay: a RayCluster (a CPU head plus one GPU worker group, EFA and /dev/shm like a training
+pod) and RayJobs, rendered from the same JobSpec. `up` reuses a cluster of the same spec instead of
+failing or creating a second one, and refuses one of that name made from a different spec."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import time
+from typing import Any
+
+from fsdpkit.cluster.client import ClusterError, api_errors, is_not_found
+from fsdpkit.errors import UserError
+from fsdpkit.jobs import manifests as m
+from fsdpkit.jobs.spec import JobSpec
+
+GROUP, VERSION = "ray.io", "v1"
+SPEC_HASH = "fsdpkit.dev/spec-hash"
+RAY_VERSION = "2.40.0"
+
+
+def _head_spec(spec: JobSpec) -> JobSpec:
+    """The head schedules and coordinates: no GPUs or EFA, and not pinned to a GPU instance type."""
+    return dataclasses.replace(spec, instance_type=None, gpus_per_node=0, efa_per_node=0,
+                               cpu=spec.cpu or "4", memory=spec.memory or "16Gi")
+
+
+def raycluster_manifest(spec: JobSpec) -> dict[str, Any]:
+    lo, hi = spec.node_range
+    head = m.pod_template(_head_spec(spec), None, container="ray-head")
+    head["spec"]["containers"][0]["ports"] = [
+        {"containerPort": 6379, "name": "gcs"}, {"containerPort": 8265, "name": "dashboard"},
+        {"containerPort": 10001, "name": "client"}]
+    worker = m.pod_template(spec, None, container="ray-worker")
+    # KubeRay requires every rayStartParams value to be a string (a bare 8080 is rejected).
+    head_params = {"dashboard-host": "0.0.0.0", "metrics-export-port": "8080", "num-gpus": "0"}
+    worker_params = {"metrics-export-port": "8080", "num-gpus": str(spec.gpus)}
+    obj = {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "RayCluster",
+        "metadata": {"name": spec.name, "namespace": spec.namespace, "labels": m.labels(spec)},
+        "spec": {
+            "rayVersion": RAY_VERSION,
+            "headGroupSpec": {"rayStartParams": head_params, "template": head},
+            "workerGroupSpecs": [{
+                "groupName": "gpu", "replicas": lo, "minReplicas": lo, "maxReplicas": hi,
+                "rayStartParams": worker_params, "template": worker,
+            }],
+        },
+    }
+    obj["metadata"]["annotations"] = {SPEC_HASH: spec_hash(obj)}
+    return obj
+
+
+def spec_hash(obj: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(obj["spec"], sort_keys=True).encode()).hexdigest()[:16]
+
+
+def rayjob_manifest(spec: JobSpec, entrypoint: str, job_name: str, entrypoint_gpus: float = 0) -> dict[str, Any]:
+    """A RayJob on the existing RayCluster `spec.name`. `entrypointNumGpus` reserves GPUs for the
+    driver, so code in the entrypoint (a VERL trainer's driver) sees CUDA devices."""
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "RayJob",
+        "metadata": {"name": job_name, "namespace": spec.namespace, "labels": m.labels(spec)},
+        "spec": {
+            "entrypoint": entrypoint,
+            "entrypointNumGpus": entrypoint_gpus,
+            "clusterSelector": {"ray.io/cluster": spec.name},
+            "submissionMode": "K8sJobMode",
+        },
+    }
+
+
+class RayClient:
+    def __init__(self, api_client: Any):
+        from kubernetes import client
+
+        self.custom = client.CustomObjectsApi(api_client)
+        self.host = api_client.configuration.host
+
+    def get(self, name: str, namespace: str, plural: str = "rayclusters") -> dict[str, Any] | None:
+        try:
+            with api_errors(f"reading {plural}/{name}", self.host):
+                return self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, plural, name)
+        except Exception as e:
+            if is_not_found(e):
+                return None
+            raise
+
+    def up(self, spec: JobSpec, wait: float | None = None, poll: float = 5.0) -> dict[str, Any]:
+        """Create the RayCluster, or reuse the one of this name if it was made from the same spec."""
+        obj = raycluster_manifest(spec)
+        existing = self.get(spec.name, spec.namespace)
+        if existing is not None:
+            theirs = (existing["metadata"].get("annotations") or {}).get(SPEC_HASH)
+            if theirs != obj["metadata"]["annotations"][SPEC_HASH]:
+                raise UserError(f"RayCluster {spec.name!r} already exists in {spec.namespace} with a different spec; "
+                                f"`fsdpkit ray down {spec.name}` first, or pick another name")
+            action = "reused"
+        else:
+            try:
+                with api_errors(f"creating RayCluster/{spec.name}", self.host):
+                    self.custom.create_namespaced_custom_object(GROUP, VERSION, spec.namespace, "rayclusters", obj)
+            except Exception as e:
+                if is_not_found(e):
+                    raise ClusterError("creating RayCluster: the ray.io/v1 CRD is not installed; install the "
+                                       "KubeRay operator (see `fsdpkit cluster check`)") from None
+                raise
+            action = "created"
+        state = self.wait_ready(spec.name, spec.namespace, wait, poll) if wait is not None else self.state(
+            spec.name, spec.namespace)
+        return {"name": spec.name, "namespace": spec.namespace, "action": action, "state": state}
+
+    def state(self, name: str, namespace: str) -> str:
+        obj = self.get(name, namespace)
+        if obj is None:
+            raise UserError(f"RayCluster {name!r} not found in {namespace}")
+        return (obj.get("status") or {}).get("state") or "pending"
+
+    def wait_ready(self, name: str, namespace: str, timeout: float, poll: float) -> str:
+        deadline = time.monotonic() + timeout
+        while (state := self.state(name, namespace)) != "ready":
+            if time.monotonic() > deadline:
+                raise ClusterError(f"RayCluster {name!r} is not ready after {timeout:.0f} s (state {state}); "
+                                   f"kubectl -n {namespace} describe raycluster {name}")
+            time.sleep(poll)
+        return state
+
+    def down(self, name: str, namespace: str) -> None:
+        if self.get(name, namespace) is None:
+            raise UserError(f"RayCluster {name!r} not found in {namespace}")
+        with api_errors(f"deleting RayCluster/{name}", self.host):
+            self.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, "rayclusters", name)
+
+    def submit(self, spec: JobSpec, entrypoint: str, job_name: str, entrypoint_gpus: float) -> dict[str, Any]:
+        if self.get(spec.name, spec.namespace) is None:
+            raise UserError(f"RayCluster {spec.name!r} not found in {spec.namespace}; start it with `fsdpkit ray up`")
+        if self.get(job_name, spec.namespace, "rayjobs") is not None:
+            raise UserError(f"RayJob {job_name!r} already exists in {spec.namespace}; pick another --job-name")
+        obj = rayjob_manifest(spec, entrypoint, job_name, entrypoint_gpus)
+        with api_errors(f"creating RayJob/{job_name}", self.host):
+            self.custom.create_namespaced_custom_object(GROUP, VERSION, spec.namespace, "rayjobs", obj)
+        return {"name": job_name, "cluster": spec.name, "namespace": spec.namespace}

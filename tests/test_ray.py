@@ -1,0 +1,97 @@
+"""KubeRay: RayCluster and RayJob manifests against the real CRD schemas; `ray up` twice makes one
+cluster, a different spec under the same name is refused, and the head's readiness is awaited."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+import yaml
+from test_jobs_render import IMAGE, crd_validator, pod_of, validate_builtin
+
+from fsdpkit.jobs.ray import raycluster_manifest, rayjob_manifest
+from fsdpkit.jobs.spec import load_spec
+
+from conftest import run_cli
+
+pytest.importorskip("kmock")
+
+
+def spec(**extra):
+    doc = {"name": "verl", "backend": "pytorchjob", "image": IMAGE, "instance_type": "p5.48xlarge", "nodes": 2,
+           "storage": {"claim": "fsx-claim"}, "command": ["unused"], **extra}
+    return load_spec(None, list(doc.items()))
+
+
+@pytest.mark.parametrize("nodes", ["1", "2", "2:4"])
+def test_raycluster_and_rayjob_validate_against_kuberay_schemas(nodes):
+    cluster = raycluster_manifest(spec(nodes=nodes))
+    errors = [f"{list(e.absolute_path)}: {e.message}" for e in crd_validator("ray.io_rayclusters.yaml")
+              .iter_errors(cluster)]
+    assert not errors, errors[:5]
+    head, group = cluster["spec"]["headGroupSpec"], cluster["spec"]["workerGroupSpecs"][0]
+    # Every rayStartParams value is a string (KubeRay rejects ints such as metrics-export-port: 8080).
+    assert all(isinstance(v, str) for v in {**head["rayStartParams"], **group["rayStartParams"]}.values())
+    assert group["rayStartParams"]["num-gpus"] == "8"
+    worker = group["template"]["spec"]
+    assert worker["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": 8, "vpc.amazonaws.com/efa": 32}
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "64Gi"}} in worker["volumes"]
+    assert "resources" not in head["template"]["spec"]["containers"][0] or \
+        "nvidia.com/gpu" not in head["template"]["spec"]["containers"][0]["resources"].get("limits", {})
+    for template in (head["template"], group["template"]):
+        validate_builtin(pod_of(template))
+    job = rayjob_manifest(spec(nodes=nodes), "python -m verl.trainer.main_ppo", "grpo-1", entrypoint_gpus=1)
+    assert not list(crd_validator("ray.io_rayjobs.yaml").iter_errors(job))
+    assert job["spec"]["entrypointNumGpus"] == 1 and job["spec"]["clusterSelector"] == {"ray.io/cluster": "verl"}
+
+
+def write(tmp_path, **extra):
+    doc = {"name": "verl", "image": IMAGE, "instance_type": "p5.48xlarge", "nodes": 2, **extra}
+    path = tmp_path / "ray.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def test_ray_up_twice_makes_one_cluster_and_waits_for_the_head(kube, tmp_path):
+    path = write(tmp_path)
+    from kubernetes import client
+
+    api = client.CustomObjectsApi(kube.api())
+
+    def operator():  # KubeRay marks the cluster ready once the head pod runs
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                api.patch_namespaced_custom_object_status("ray.io", "v1", "default", "rayclusters", "verl",
+                                                          {"status": {"state": "ready"}})
+                return
+            except client.ApiException:
+                time.sleep(0.3)
+    t = threading.Thread(target=operator)
+    t.start()
+    r = run_cli("ray", "up", str(path), "--wait", "60", "--poll", "0.2", "--json", env=kube.env, timeout=90)
+    t.join()
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["data"] == {"name": "verl", "namespace": "default", "action": "created",
+                                            "state": "ready"}
+    r = run_cli("ray", "up", str(path), "--json", env=kube.env)
+    assert r.returncode == 0 and json.loads(r.stdout)["data"]["action"] == "reused"
+    posts = [p for m, p, _ in kube.requests() if m == "POST"]
+    assert posts == ["/apis/ray.io/v1/namespaces/default/rayclusters"]
+
+    r = run_cli("ray", "up", str(write(tmp_path, nodes=4)), env=kube.env)
+    assert r.returncode == 2
+    assert "RayCluster 'verl' already exists in default with a different spec" in r.stderr
+    assert [p for m, p, _ in kube.requests() if m == "POST"] == posts
+
+    r = run_cli("ray", "submit", str(path), "--job-name", "grpo", "--entrypoint-gpus", "1", "--json", "--",
+                "python", "-m", "verl.trainer.main_ppo", env=kube.env)
+    assert r.returncode == 0, r.stderr
+    job = next(b for m, p, b in kube.requests() if m == "POST" and p.endswith("/rayjobs"))
+    assert job["spec"]["entrypoint"] == "python -m verl.trainer.main_ppo" and job["spec"]["entrypointNumGpus"] == 1
+
+    r = run_cli("ray", "down", "verl", env=kube.env)
+    assert r.returncode == 0
+    assert run_cli("ray", "status", "verl", env=kube.env).returncode == 2
