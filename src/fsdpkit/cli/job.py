@@ -9,6 +9,7 @@ from typing import Any
 import yaml
 
 from fsdpkit.cli.output import Parser, dispatch, emit_json
+from fsdpkit.errors import UserError
 from fsdpkit.jobs.backends import get_backend
 from fsdpkit.jobs.spec import BACKENDS, JobSpec, load_spec, parse_overrides
 from fsdpkit.jobs.status import JobStatus
@@ -142,6 +143,34 @@ def cmd_logs(args: argparse.Namespace) -> int:
     return 1 if verdict == "fail" else 0
 
 
+def _print_snapshot(snap: dict) -> None:
+    p = snap["progress"]
+    prog = (f" step {p['step']} loss {p['loss']:.4f} {p['tokens_per_s']} tok/s" if "step" in p else "")
+    pods = ", ".join(f"{x['name']} {x['phase']}" + (f" ({x['reason']})" if x["reason"] else "") +
+                     (f" restarts {x['restarts']}" if x["restarts"] else "") for x in snap["pods"])
+    print(f"{snap['name']}: {snap['state']}{prog} | {pods or 'no pods yet'}", flush=True)
+    for f in snap["findings"]:
+        print(f"  ! {f['kind']} {f['pod']}: {f['detail']}" + (f"\n    fix: {f['fix']}" if f["fix"] else ""),
+              flush=True)
+
+
+def cmd_watch(args: argparse.Namespace) -> int:
+    import time
+
+    backend = _backend(args)
+    if not hasattr(backend, "snapshot"):
+        raise UserError(f"job watch works on Kubernetes jobs; for {backend.name} use `fsdpkit job logs -f`")
+    while True:
+        snap = backend.snapshot(args.job, _ns(args), stall_after=args.stall_after)
+        if args.json:
+            emit_json(snap)
+        else:
+            _print_snapshot(snap)
+        if args.once or snap["state"] in ("Succeeded", "Failed"):
+            return 0 if snap["state"] != "Failed" and not (args.once and snap["findings"]) else 1
+        time.sleep(args.interval)
+
+
 def cmd_wait(args: argparse.Namespace) -> int:
     st = _backend(args).wait(args.job, _ns(args), timeout=args.timeout, poll=args.poll,
                              on_change=None if args.json else _print_status)
@@ -214,6 +243,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--delete-storage", action="store_true", help="also delete the PVC fsdpkit created for it")
     common(p)
     p.set_defaults(func=cmd_delete)
+
+    p = sub.add_parser("watch", help="live step, loss, tokens/s, pods, and problems: stall, OOM, crash loop, "
+                       "pending reason, NCCL timeout")
+    name_args(p)
+    p.add_argument("--stall-after", type=float, default=900, help="seconds without a new step that count as a stall")
+    p.add_argument("--interval", type=float, default=15.0, help="seconds between looks")
+    p.add_argument("--once", action="store_true", help="one look; exit 1 if there is a finding")
+    common(p)
+    p.set_defaults(func=cmd_watch)
 
     p = sub.add_parser("wait", help="wait for the job to end: exit 0 Succeeded, 1 Failed, 124 timed out")
     name_args(p)

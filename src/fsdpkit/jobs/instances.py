@@ -2,7 +2,8 @@
 derived from it (GPUs per node, EFA devices, NCCL / libfabric environment).
 
 Figures are from the EC2 accelerated-computing instance pages. `efa` is the number of EFA
-interfaces a pod can request (`vpc.amazonaws.com/efa`); `rdma` is GPUDirect RDMA over EFA.
+interfaces a pod can request (`vpc.amazonaws.com/efa`); `rdma` is GPUDirect RDMA over EFA;
+`net_gbps` the node's network bandwidth, which bounds a multi-node all-reduce.
 """
 
 from __future__ import annotations
@@ -23,37 +24,38 @@ class Instance:
     efa: int                  # EFA interfaces (0: no EFA)
     rdma: bool                # GPUDirect RDMA over EFA
     resource: str = "nvidia.com/gpu"   # the Kubernetes extended resource for the accelerator
+    net_gbps: int = 0                  # network bandwidth per node (Gbit/s)
 
     @property
     def family(self) -> str:
         return self.name.split(".")[0]
 
 
-def _row(name, acc, n, mem, vcpus, ram, efa, rdma, resource="nvidia.com/gpu") -> Instance:
-    return Instance(name, acc, n, mem, vcpus, ram, efa, rdma, resource)
+def _row(name, acc, n, mem, vcpus, ram, efa, rdma, net, resource="nvidia.com/gpu") -> Instance:
+    return Instance(name, acc, n, mem, vcpus, ram, efa, rdma, resource, net)
 
 
 INSTANCES: dict[str, Instance] = {i.name: i for i in [
-    _row("p4d.24xlarge", "A100", 8, 40, 96, 1152, 4, True),
-    _row("p4de.24xlarge", "A100", 8, 80, 96, 1152, 4, True),
-    _row("p5.48xlarge", "H100", 8, 80, 192, 2048, 32, True),
-    _row("p5e.48xlarge", "H200", 8, 141, 192, 2048, 32, True),
-    _row("p5en.48xlarge", "H200", 8, 141, 192, 2048, 16, True),
-    _row("g5.xlarge", "A10G", 1, 24, 4, 16, 0, False),
-    _row("g5.2xlarge", "A10G", 1, 24, 8, 32, 0, False),
-    _row("g5.12xlarge", "A10G", 4, 24, 48, 192, 1, False),
-    _row("g5.24xlarge", "A10G", 4, 24, 96, 384, 1, False),
-    _row("g5.48xlarge", "A10G", 8, 24, 192, 768, 1, False),
-    _row("g6.xlarge", "L4", 1, 24, 4, 16, 0, False),
-    _row("g6.12xlarge", "L4", 4, 24, 48, 192, 1, False),
-    _row("g6.48xlarge", "L4", 8, 24, 192, 768, 1, False),
-    _row("g6e.xlarge", "L40S", 1, 48, 4, 32, 0, False),
-    _row("g6e.12xlarge", "L40S", 4, 48, 48, 384, 1, False),
-    _row("g6e.24xlarge", "L40S", 4, 48, 96, 768, 2, False),
-    _row("g6e.48xlarge", "L40S", 8, 48, 192, 1536, 4, False),
-    _row("trn1.2xlarge", "Trainium", 1, 32, 8, 32, 0, False, "aws.amazon.com/neuron"),
-    _row("trn1.32xlarge", "Trainium", 16, 32, 128, 512, 8, True, "aws.amazon.com/neuron"),
-    _row("trn1n.32xlarge", "Trainium", 16, 32, 128, 512, 16, True, "aws.amazon.com/neuron"),
+    _row("p4d.24xlarge", "A100", 8, 40, 96, 1152, 4, True, 400),
+    _row("p4de.24xlarge", "A100", 8, 80, 96, 1152, 4, True, 400),
+    _row("p5.48xlarge", "H100", 8, 80, 192, 2048, 32, True, 3200),
+    _row("p5e.48xlarge", "H200", 8, 141, 192, 2048, 32, True, 3200),
+    _row("p5en.48xlarge", "H200", 8, 141, 192, 2048, 16, True, 3200),
+    _row("g5.xlarge", "A10G", 1, 24, 4, 16, 0, False, 10),
+    _row("g5.2xlarge", "A10G", 1, 24, 8, 32, 0, False, 10),
+    _row("g5.12xlarge", "A10G", 4, 24, 48, 192, 1, False, 40),
+    _row("g5.24xlarge", "A10G", 4, 24, 96, 384, 1, False, 50),
+    _row("g5.48xlarge", "A10G", 8, 24, 192, 768, 1, False, 100),
+    _row("g6.xlarge", "L4", 1, 24, 4, 16, 0, False, 10),
+    _row("g6.12xlarge", "L4", 4, 24, 48, 192, 1, False, 40),
+    _row("g6.48xlarge", "L4", 8, 24, 192, 768, 1, False, 100),
+    _row("g6e.xlarge", "L40S", 1, 48, 4, 32, 0, False, 20),
+    _row("g6e.12xlarge", "L40S", 4, 48, 48, 384, 1, False, 100),
+    _row("g6e.24xlarge", "L40S", 4, 48, 96, 768, 2, False, 200),
+    _row("g6e.48xlarge", "L40S", 8, 48, 192, 1536, 4, False, 400),
+    _row("trn1.2xlarge", "Trainium", 1, 32, 8, 32, 0, False, 12, "aws.amazon.com/neuron"),
+    _row("trn1.32xlarge", "Trainium", 16, 32, 128, 512, 8, True, 800, "aws.amazon.com/neuron"),
+    _row("trn1n.32xlarge", "Trainium", 16, 32, 128, 512, 16, True, 1600, "aws.amazon.com/neuron"),
 ]}
 
 # Platforms whose libfabric needs GPUDirect RDMA switched on by hand. With libfabric >= 1.18 and

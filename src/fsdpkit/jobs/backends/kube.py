@@ -324,6 +324,45 @@ class KubeBackend:
         finally:
             resp.release_conn()
 
+    # -- watch ---------------------------------------------------------------------------------------
+    def snapshot(self, name: str, namespace: str = "default", stall_after: float = 900,
+                 now: Any = None) -> dict[str, Any]:
+        """One look at a running job: state, per-pod phase and restarts, the trainer's latest step,
+        loss and tokens/s from rank 0's log, and findings (stall, OOMKilled, crash loop, pending
+        reason, NCCL timeout)."""
+        import datetime as dt
+        import json
+
+        from fsdpkit.jobs.health import log_progress, pod_findings, pod_summary
+
+        st = self.status(name, namespace)
+        with api_errors(f"listing pods of {name}", self.host):
+            resp = self._core().list_namespaced_pod(namespace, label_selector=_selector({KF_JOB_NAME: name}),
+                                                    _preload_content=False)
+        pods = [p for p in json.loads(resp.data or b"{}").get("items") or []
+                if _matches((p.get("metadata") or {}).get("labels"), {KF_JOB_NAME: name})]
+        findings = pod_findings(pods)
+        progress: dict[str, Any] = {}
+        by_replica = {f"{(p['metadata'].get('labels') or {}).get(KF_REPLICA_TYPE, '').lower()}-"
+                      f"{(p['metadata'].get('labels') or {}).get(KF_REPLICA_INDEX)}": p for p in pods}
+        rank0 = by_replica.get("master-0") or by_replica.get("worker-0")
+        if rank0 is not None and (rank0.get("status") or {}).get("phase") == "Running" and not st.finished:
+            pod = rank0["metadata"]["name"]
+            try:
+                with api_errors(f"reading logs of {pod}", self.host):
+                    log = self._core().read_namespaced_pod_log(pod, namespace, container=manifests.CONTAINER,
+                                                               tail_lines=500, timestamps=True,
+                                                               _preload_content=False).data.decode(errors="replace")
+                progress, more = log_progress(log.splitlines(), pod, now or dt.datetime.now(dt.timezone.utc),
+                                              stall_after)
+                findings += more
+            except Exception as e:  # a log that cannot be read yet is not a finding of its own
+                if not is_not_found(e) and getattr(e, "status", None) != 400:
+                    raise
+        return {"name": name, "state": st.state, "attempt": st.attempt, "message": st.message,
+                "pods": [pod_summary(p) for p in pods], "progress": progress,
+                "findings": [f.to_dict() for f in findings]}
+
     # -- wait and resubmit ---------------------------------------------------------------------------
     def wait(self, name: str, namespace: str = "default", timeout: float | None = None, poll: float = 10.0,
              on_change: Callable[[JobStatus], None] | None = None) -> JobStatus:

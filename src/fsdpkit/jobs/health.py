@@ -1,0 +1,110 @@
+"""What is wrong with a running job, read from its pods and its rank-0 log: a stall (no new step
+for too long), OOMKilled, crash loops, pods pending with the scheduler's reason, NCCL timeouts.
+Plain functions over API dicts and log lines, so `fsdpkit job watch` and tests share them."""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from dataclasses import asdict, dataclass
+from typing import Any
+
+# The trainer's progress line: "Batch 25 Loss: 2.91807, Speed: ..., tokens/s: 8918, ..."
+_STEP = re.compile(r"Batch (\d+) Loss: ([\d.]+).*?tokens/s: (\d+)")
+_NCCL_TIMEOUT = re.compile(r"Watchdog caught collective operation timeout|NCCL communicator was aborted|"
+                           r"ProcessGroupNCCL.*[Tt]imeout|NCCL timeout", re.S)
+_PENDING = [
+    (re.compile(r"Insufficient nvidia\.com/gpu"), "not enough free GPUs",
+     "wait for running jobs, lower nodes/gpus_per_node, or scale the GPU node group"),
+    (re.compile(r"Insufficient vpc\.amazonaws\.com/efa"), "not enough free EFA devices",
+     "check the EFA device plugin (fsdpkit cluster check) or lower efa_per_node"),
+    (re.compile(r"Insufficient (cpu|memory)"), "not enough CPU or memory", "lower cpu/memory in the spec"),
+    (re.compile(r"untolerated taint"), "the nodes carry a taint the pod does not tolerate",
+     "add the taint to tolerations: in the spec"),
+    (re.compile(r"didn't match Pod's node affinity/selector|node\(s\) didn't match"),
+     "no node matches the pod's node selector / affinity", "check instance_type and node_selector"),
+]
+
+
+@dataclass
+class Finding:
+    kind: str        # stall | oom | crashloop | pending | nccl_timeout
+    pod: str
+    detail: str
+    fix: str = ""
+
+    def to_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+
+def _ts(line: str) -> tuple[dt.datetime | None, str]:
+    """Split a `timestamps=true` log line into its time and text."""
+    stamp, _, text = line.partition(" ")
+    try:
+        # Kubernetes writes nanoseconds; Python takes microseconds.
+        stamp = re.sub(r"(\.\d{6})\d+", r"\1", stamp).replace("Z", "+00:00")
+        return dt.datetime.fromisoformat(stamp), text
+    except ValueError:
+        return None, line
+
+
+def log_progress(lines: list[str], pod: str, now: dt.datetime, stall_after: float) -> tuple[dict, list[Finding]]:
+    """Latest step, loss and tokens/s from the trainer's log, and stall / NCCL-timeout findings."""
+    progress: dict[str, Any] = {}
+    findings: list[Finding] = []
+    first_ts = last_step_ts = None
+    for line in lines:
+        ts, text = _ts(line)
+        first_ts = first_ts or ts
+        if m := _STEP.search(text):
+            progress.update(step=int(m.group(1)), loss=float(m.group(2)), tokens_per_s=int(m.group(3)))
+            last_step_ts = ts
+        if _NCCL_TIMEOUT.search(text):
+            findings.append(Finding("nccl_timeout", pod, text.strip()[:200],
+                                    "a rank stopped answering collectives: look for a crashed or slow rank, "
+                                    "and run `fsdpkit cluster validate nccl`"))
+    since = last_step_ts or first_ts
+    if since is not None:
+        age = (now - since).total_seconds()
+        progress["last_step_age_s"] = round(age, 1)
+        if age > stall_after:
+            what = f"no new step for {age:.0f} s" if last_step_ts else f"no step logged in {age:.0f} s since start"
+            findings.append(Finding("stall", pod, f"{what} (limit {stall_after:.0f} s)",
+                                    "the job may be hung (NCCL, data loading, storage): see the logs of every "
+                                    "replica (--replica all); py-spy dump shows where it waits"))
+    return progress, findings
+
+
+def pod_findings(pods: list[dict[str, Any]]) -> list[Finding]:
+    out: list[Finding] = []
+    for pod in pods:
+        name = (pod.get("metadata") or {}).get("name", "?")
+        status = pod.get("status") or {}
+        if status.get("phase") == "Pending":
+            for c in status.get("conditions") or []:
+                if c.get("type") == "PodScheduled" and c.get("status") == "False":
+                    msg = c.get("message") or c.get("reason") or ""
+                    why, fix = next(((w, f) for rx, w, f in _PENDING if rx.search(msg)), ("cannot be scheduled", ""))
+                    out.append(Finding("pending", name, f"{why}: {msg}", fix))
+        for cs in status.get("containerStatuses") or []:
+            state, last = cs.get("state") or {}, cs.get("lastState") or {}
+            terminated = (state.get("terminated") or {}).get("reason") or (last.get("terminated") or {}).get("reason")
+            if terminated == "OOMKilled":
+                out.append(Finding("oom", name, f"container {cs.get('name')} was OOMKilled "
+                                   f"(restarts {cs.get('restartCount', 0)})",
+                                   "raise memory in the spec, or lower train_batch_size / turn on "
+                                   "activation_checkpointing / cpu_offload"))
+            if (state.get("waiting") or {}).get("reason") == "CrashLoopBackOff":
+                out.append(Finding("crashloop", name, f"container {cs.get('name')} is crash-looping "
+                                   f"(restarts {cs.get('restartCount', 0)})",
+                                   f"fsdpkit job logs JOB --replica ... --previous  (pod {name})"))
+    return out
+
+
+def pod_summary(pod: dict[str, Any]) -> dict[str, Any]:
+    status = pod.get("status") or {}
+    restarts = sum(int(cs.get("restartCount") or 0) for cs in status.get("containerStatuses") or [])
+    reasons = [((cs.get("state") or {}).get("waiting") or {}).get("reason") for cs in
+               status.get("containerStatuses") or []]
+    return {"name": (pod.get("metadata") or {}).get("name"), "phase": status.get("phase"), "restarts": restarts,
+            "reason": next((r for r in reasons if r), None)}
