@@ -18,6 +18,7 @@ VERBS = {
     "tokenizer": ("fsdpkit.cli.data:tokenizer_main", "train a BPE tokenizer on local text (tokenizer train)"),
     "cluster": ("fsdpkit.cli.cluster", "check that a Kubernetes cluster is ready to train (cluster check)"),
     "ray": ("fsdpkit.cli.ray", "KubeRay clusters from a job spec: ray up|status|down|submit|exec"),
+    "deploy": ("fsdpkit.cli.deploy", "check the cluster, ensure storage and secret, submit and watch a job"),
     "job": ("fsdpkit.cli.job", "render, submit and follow jobs: local, Kubeflow PyTorchJob, HyperPod, Slurm"),
 }
 

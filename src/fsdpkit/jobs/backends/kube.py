@@ -103,6 +103,13 @@ class KubeBackend:
                                 "or pass --replace to delete it and submit again (checkpoints on its storage are kept)")
             self.cancel(spec.name, spec.namespace)
             self._wait_gone(spec.name, spec.namespace)
+        created, reused = self.apply(spec, objs, token)
+        return {"name": spec.name, "namespace": spec.namespace, "dry_run": False, "created": created,
+                "reused": reused}
+
+    def apply(self, spec: JobSpec, objs: list[dict[str, Any]], token: str | None = None) -> tuple[list[str], list[str]]:
+        """Create `objs` in order; an existing PVC of this job is reused. If one fails, the ones this
+        call created are deleted again. Returns (created, reused) as KIND/NAME."""
         created: list[dict[str, Any]] = []
         reused: list[str] = []
         try:
@@ -131,8 +138,7 @@ class KubeBackend:
                                    f"check that namespace {spec.namespace} exists and, for a job, that its operator's "
                                    "CRD is installed (the Kubeflow training operator for PyTorchJob)") from None
             raise
-        return {"name": spec.name, "namespace": spec.namespace, "dry_run": False,
-                "created": [f"{o['kind']}/{o['metadata']['name']}" for o in created], "reused": reused}
+        return [f"{o['kind']}/{o['metadata']['name']}" for o in created], reused
 
     def _put_secret(self, secret: dict[str, Any]) -> None:
         name, ns = secret["metadata"]["name"], secret["metadata"]["namespace"]

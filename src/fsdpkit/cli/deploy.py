@@ -1,0 +1,44 @@
+"""`fsdpkit deploy SPEC`: check the cluster, ensure storage and secret, submit, watch to the end."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from fsdpkit.cli.output import Parser, dispatch, emit_json
+
+
+def cmd_deploy(args: argparse.Namespace) -> int:
+    from fsdpkit.jobs.backends import get_backend
+    from fsdpkit.jobs.deploy import deploy
+    from fsdpkit.jobs.spec import load_spec, parse_overrides
+
+    spec = load_spec(args.spec, parse_overrides(args.set or []))
+    backend = get_backend(spec.backend, context=args.context, kubeconfig=args.kubeconfig)
+    say = (lambda msg: print(msg, file=sys.stderr)) if args.json else (lambda msg: print(msg, flush=True))
+    skip = {s.strip() for s in (args.skip or "").split(",") if s.strip()}
+    out = deploy(spec, backend, skip, say, poll=args.poll, fresh=args.fresh)
+    if args.json:
+        return emit_json(out)
+    print(f"deployed {spec.name}: " + ", ".join(f"{k} {v if isinstance(v, str) else 'ok'}"
+                                                 for k, v in out["steps"].items()))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = Parser(prog="fsdpkit deploy", description="One command: check the cluster -> storage -> secret -> "
+               "submit -> watch. After a failure, run it again to continue from the failed step.")
+    p.add_argument("spec", help="job spec YAML (pytorchjob or hyperpod backend)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE")
+    p.add_argument("--skip", help="comma-separated steps to skip: check,storage,secret,submit,watch")
+    p.add_argument("--fresh", action="store_true", help="ignore the progress of an earlier failed deploy")
+    p.add_argument("--poll", type=float, default=15.0, help="seconds between looks while watching")
+    p.add_argument("--context")
+    p.add_argument("--kubeconfig")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_deploy)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    return dispatch(build_parser(), list(sys.argv[1:] if argv is None else argv))

@@ -1,0 +1,116 @@
+"""`fsdpkit deploy SPEC`: check the cluster, ensure storage, ensure the secret, submit, watch.
+
+Each step can be skipped. Progress is kept in FSDPKIT_HOME/deploy/NAMESPACE-NAME.json, so after a
+failure a second `deploy` continues at the failed step. A step that fails deletes what it created
+itself; what earlier steps made stays (that is what the resumed run builds on) and is named in the
+error, so nothing is left half-created without the user being told."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fsdpkit.errors import UserError
+from fsdpkit.jobs.spec import CLUSTER_BACKENDS, JobSpec
+
+STEPS = ("check", "storage", "secret", "submit", "watch")
+
+
+def state_path(spec: JobSpec) -> Path:
+    root = Path(os.environ.get("FSDPKIT_HOME") or Path.home() / ".fsdpkit")
+    return root / "deploy" / f"{spec.namespace}-{spec.name}.json"
+
+
+@dataclass
+class DeployState:
+    done: list[str] = field(default_factory=list)
+    created: list[str] = field(default_factory=list)
+
+    @classmethod
+    def load(cls, path: Path) -> DeployState:
+        return cls(**json.loads(path.read_text())) if path.exists() else cls()
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"done": self.done, "created": self.created}))
+        tmp.replace(path)
+
+
+class StepFailed(UserError):
+    exit_code = 1
+
+
+def deploy(spec: JobSpec, backend: Any, skip: set[str], say: Callable[[str], None], stall_after: float = 900,
+           poll: float = 15.0, fresh: bool = False) -> dict[str, Any]:
+    if spec.backend not in CLUSTER_BACKENDS:
+        raise UserError(f"backend: deploy runs Kubernetes jobs (pytorchjob, hyperpod), not {spec.backend}; "
+                        "use `fsdpkit job submit` for local and Slurm jobs")
+    unknown = skip - set(STEPS)
+    if unknown:
+        raise UserError(f"--skip: {', '.join(sorted(unknown))} is not a step; steps: {', '.join(STEPS)}")
+    token = os.environ.get(spec.hf_token_env) if spec.hf_token_env else None
+    if spec.hf_token_env and not token and "secret" not in skip:
+        raise UserError(f"hf_token_env: ${spec.hf_token_env} is not set in this shell; export it (or --skip secret "
+                        "if the Secret already exists)")
+    path = state_path(spec)
+    state = DeployState() if fresh else DeployState.load(path)
+    if state.done:
+        say(f"resuming: already done: {', '.join(state.done)}")
+    objs = {o["kind"]: o for o in backend.render(spec)}
+    results: dict[str, Any] = {}
+
+    def remaining() -> str:
+        return ", ".join(state.created) or "nothing"
+
+    for step in STEPS:
+        if step in skip or step in state.done:
+            results[step] = "skipped" if step in skip else "done before"
+            continue
+        say(f"[{step}]")
+        try:
+            if step == "check":
+                from fsdpkit.cluster.checks import run_checks
+
+                report = run_checks(backend.client)
+                failed = [c for c in report.checks if c.status == "fail"]
+                for c in failed:
+                    say(f"  FAIL {c.name}: {c.detail}" + (f" (fix: {c.fix})" if c.fix else ""))
+                if failed:
+                    raise StepFailed(f"cluster check failed ({len(failed)} problem(s) above); fix them, or "
+                                     "--skip check")
+                results[step] = "passed"
+            elif step in ("storage", "secret", "submit"):
+                kind = {"storage": "PersistentVolumeClaim", "secret": "Secret", "submit": None}[step]
+                if kind is None:
+                    kind = next(k for k in objs if k not in ("PersistentVolumeClaim", "Secret"))
+                    if backend._get_job(spec.name, spec.namespace) is not None:
+                        raise UserError(f"job {spec.name!r} already exists in {spec.namespace}; `fsdpkit job delete "
+                                        f"{spec.name}` first, or watch it with `fsdpkit job watch {spec.name}`")
+                if kind not in objs:
+                    results[step] = "not needed"
+                else:
+                    created, reused = backend.apply(spec, [objs[kind]], token)
+                    state.created += created
+                    results[step] = {"created": created, "reused": reused}
+                    for r in created + reused:
+                        say(f"  {'created' if r in created else 'reusing'} {r}")
+            elif step == "watch":
+                final = backend.wait(spec.name, spec.namespace, poll=poll, on_change=lambda st: say(
+                    f"  {st.name}: {st.state}" + (f" ({st.message})" if st.message else "")))
+                results[step] = final.state
+                if final.state != "Succeeded":
+                    raise StepFailed(f"job {spec.name} ended {final.state}: {final.message or 'see its logs'} "
+                                     f"(fsdpkit job logs {spec.name} --previous)")
+        except UserError as e:
+            state.save(path)
+            raise type(e)(f"deploy step {step}: {e}; left in the cluster: {remaining()}; "
+                          f"run deploy again to continue from {step}") from None
+        state.done.append(step)
+        state.save(path)
+    path.unlink(missing_ok=True)  # finished: the next deploy of this spec starts from the beginning
+    return {"name": spec.name, "namespace": spec.namespace, "steps": results, "created": state.created}
