@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from fsdpkit.cli.output import dispatch, emit_json
+from fsdpkit.cli.output import Parser, dispatch, emit_json
 from fsdpkit.errors import UserError
 from fsdpkit.train.checkpoint import META, describe, scan
 
@@ -15,8 +15,80 @@ def _gib(n: int) -> str:
     return f"{n / 2**30:.3f} GiB" if n >= 2**20 else f"{n / 1024:.1f} KiB"
 
 
+def _remote(args: argparse.Namespace, verb: list[str]) -> object:
+    """Run the same verb in a helper pod that mounts the PVC; return its --json data."""
+    from fsdpkit.cluster.client import connect
+    from fsdpkit.cluster.helper_pod import MOUNT, run_in_pod
+
+    if not args.image:
+        raise UserError("--pvc needs --image: an image with fsdpkit installed (your training image)")
+    path = f"{MOUNT}/{args.directory.lstrip('/')}".rstrip("/")
+    out = run_in_pod(connect(args.context, args.kubeconfig), args.namespace, args.pvc, args.image,
+                     ["python", "-m", "fsdpkit", "ckpt", *verb, path, "--json"])
+    start = out.find("{")
+    try:
+        envelope = json.loads(out[start:])
+    except ValueError:
+        raise UserError(f"the helper pod printed no JSON: {out.strip()[:200]}") from None
+    if not envelope.get("ok"):
+        raise UserError((envelope.get("error") or {}).get("message", "the helper pod failed"))
+    return envelope["data"]
+
+
+def _rows(args: argparse.Namespace) -> list[dict]:
+    return _remote(args, ["list"]) if args.pvc else scan(Path(args.directory))
+
+
+def latest(rows: list[dict]) -> dict | None:
+    """The newest complete checkpoint, fsdpkit's or the reference's naming alike."""
+    done = [r for r in rows if r["complete"]]
+    return max(done, key=lambda r: r["step"]) if done else None
+
+
+def cmd_latest(args: argparse.Namespace) -> int:
+    best = latest(_rows(args))
+    if best is None:
+        raise UserError(f"no complete checkpoint in {args.directory}")
+    if args.json:
+        return emit_json(best)
+    print(best["path"])
+    return 0
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    """Delete complete fsdpkit checkpoints beyond the newest --keep, or older than --older-than-days.
+    The newest complete checkpoint is never deleted, nor anything that is not fsdpkit's."""
+    import shutil
+    import time
+
+    if args.keep is None and args.older_than_days is None:
+        raise UserError("prune: give --keep N and/or --older-than-days D")
+    if args.pvc:
+        verb = ["prune", *(["--keep", str(args.keep)] if args.keep is not None else []),
+                *(["--older-than-days", str(args.older_than_days)] if args.older_than_days is not None else []),
+                *(["--dry-run"] if args.dry_run else [])]
+        gone = _remote(args, verb)
+    else:
+        rows = [r for r in scan(Path(args.directory)) if r["kind"] == "fsdpkit" and r["complete"]]
+        newest = rows[-1]["name"] if rows else None
+        keep = {r["name"] for r in rows[-args.keep:]} if args.keep else set()
+        cutoff = time.time() - args.older_than_days * 86400 if args.older_than_days is not None else None
+        gone = [r for r in rows if r["name"] != newest and r["name"] not in keep and
+                (cutoff is None or Path(r["path"]).stat().st_mtime < cutoff)]
+        if not args.dry_run:
+            for r in gone:
+                shutil.rmtree(r["path"])
+    if args.json:
+        return emit_json(gone)
+    for r in gone:
+        print(f"{'would delete' if args.dry_run else 'deleted'} {r['name']}")
+    if not gone:
+        print("nothing to delete")
+    return 0
+
+
 def cmd_list(args: argparse.Namespace) -> int:
-    rows = scan(Path(args.directory))
+    rows = _rows(args)
     if args.json:
         return emit_json(rows)
     if not rows:
@@ -51,13 +123,31 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def _storage_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("directory", help="a directory here, or with --pvc a path inside that volume")
+    p.add_argument("--pvc", help="run in a short-lived pod that mounts this PersistentVolumeClaim")
+    p.add_argument("--image", help="with --pvc: an image with fsdpkit installed (your training image)")
+    p.add_argument("-n", "--namespace", default="default")
+    p.add_argument("--context")
+    p.add_argument("--kubeconfig")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="fsdpkit ckpt", description="List and inspect checkpoints.")
-    sub = parser.add_subparsers(dest="action", required=True)
+    parser = Parser(prog="fsdpkit ckpt", description="List, find and prune checkpoints, here or on a PVC.")
+    sub = parser.add_subparsers(dest="action", required=True, parser_class=Parser)
     p_list = sub.add_parser("list", help="checkpoints in a directory, oldest first")
-    p_list.add_argument("directory")
-    p_list.add_argument("--json", action="store_true", help="machine-readable output")
+    _storage_args(p_list)
     p_list.set_defaults(func=cmd_list)
+    p = sub.add_parser("latest", help="the newest complete checkpoint (fsdpkit's or the reference's naming)")
+    _storage_args(p)
+    p.set_defaults(func=cmd_latest)
+    p = sub.add_parser("prune", help="delete older complete checkpoints (never the newest)")
+    _storage_args(p)
+    p.add_argument("--keep", type=int, help="keep the newest N")
+    p.add_argument("--older-than-days", type=float, help="delete those older than D days")
+    p.add_argument("--dry-run", action="store_true")
+    p.set_defaults(func=cmd_prune)
     p_show = sub.add_parser("show", help="one checkpoint: step, size, world size, config, loss")
     p_show.add_argument("checkpoint")
     p_show.add_argument("--json", action="store_true", help="machine-readable output")
