@@ -78,7 +78,7 @@ class KubeMock:
                  "v1/secrets", "v1/persistentvolumeclaims", "v1/pods", "v1/nodes", "apps/v1/daemonsets",
                  "apps/v1/deployments", "apiextensions.k8s.io/v1/customresourcedefinitions",
                  "storage.k8s.io/v1/storageclasses", "storage.k8s.io/v1/csidrivers", "ray.io/v1/rayclusters",
-                 "ray.io/v1/rayjobs")
+                 "ray.io/v1/rayjobs", "kubeflow.org/v2beta1/mpijobs")
 
     def __init__(self, tmp_path):
         import asyncio

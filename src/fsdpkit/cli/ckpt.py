@@ -18,7 +18,7 @@ def _gib(n: int) -> str:
 def _remote(args: argparse.Namespace, verb: list[str]) -> object:
     """Run the same verb in a helper pod that mounts the PVC; return its --json data."""
     from fsdpkit.cluster.client import connect
-    from fsdpkit.cluster.helper_pod import MOUNT, run_in_pod
+    from fsdpkit.cluster.pods import MOUNT, run_in_pod
 
     if not args.image:
         raise UserError("--pvc needs --image: an image with fsdpkit installed (your training image)")

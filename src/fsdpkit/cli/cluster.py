@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from fsdpkit.cli.output import Parser, dispatch, emit_json
+from fsdpkit.errors import UserError
 
 _MARK = {"pass": "PASS", "warn": "WARN", "fail": "FAIL"}
 
@@ -31,6 +32,33 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 1 if fails else 0
 
 
+def cmd_validate(args: argparse.Namespace) -> int:
+    from fsdpkit.cluster import validate
+    from fsdpkit.cluster.client import connect
+
+    api = connect(args.context, args.kubeconfig, args.eks_cluster, args.region)
+    if args.what == "gpu":
+        rows = validate.validate_gpu(api, args.namespace, args.image or validate.CUDA_IMAGE, poll=args.poll)
+        failed = any(r["status"] == "fail" for r in rows)
+        if args.json:
+            emit_json(rows)
+        else:
+            for r in rows:
+                print(f"{_MARK[r['status']]}  {r['node']}: {r['detail']}")
+        return 1 if failed else 0
+    if not args.instance_type:
+        raise UserError("validate nccl needs --instance-type (for example p5.48xlarge)")
+    out = validate.validate_nccl(api, args.nodes, args.instance_type, args.namespace,
+                                 args.image or validate.NCCL_TESTS_IMAGE, poll=args.poll)
+    if args.json:
+        emit_json(out)
+    else:
+        for row in out["rows"]:
+            print(f"{row['size']:>14} B  busbw {row['busbw']:8.2f} GB/s  in-place {row['busbw_inplace']:8.2f} GB/s")
+        print(f"{_MARK[out['status']]}  NCCL all-reduce over {out['network']}: {out['detail']}")
+    return 1 if out["status"] == "fail" else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="fsdpkit cluster", description="Check that a Kubernetes cluster is ready to train.")
     sub = parser.add_subparsers(dest="cmd", required=True, metavar="VERB", parser_class=Parser)
@@ -41,6 +69,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--region", help="AWS region of --eks-cluster")
     p.add_argument("--json", action="store_true", help="one JSON envelope on stdout")
     p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser("validate", help="run validation workloads: gpu (nvidia-smi per GPU node) or nccl "
+                       "(nccl-tests all_reduce_perf across nodes)")
+    p.add_argument("what", choices=("gpu", "nccl"))
+    p.add_argument("--nodes", type=int, default=2, help="nccl: nodes to test across")
+    p.add_argument("--instance-type", help="nccl: the instance type of those nodes (p5.48xlarge, ...)")
+    p.add_argument("--image", help="gpu: a CUDA base image; nccl: an image with nccl-tests, aws-ofi-nccl, MPI")
+    p.add_argument("-n", "--namespace", default="default")
+    p.add_argument("--poll", type=float, default=5.0, help=argparse.SUPPRESS)
+    for flag in ("--context", "--kubeconfig", "--eks-cluster", "--region"):
+        p.add_argument(flag)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_validate)
     return parser
 
 
