@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from decimal import Decimal
 
 import pytest
@@ -165,3 +166,32 @@ def test_a_plugin_with_unready_pods_and_a_notready_node_fail(kube):
     assert code == 1
     assert checks["nodes ready"]["status"] == "fail" and "gpu-a" in checks["nodes ready"]["detail"]
     assert checks["NVIDIA device plugin"]["detail"] == "gpu-operator/nvidia-device-plugin-daemonset: 0/1 pods ready"
+
+
+def test_fix_asks_before_running_and_says_what_it_cannot_run(kube, tmp_path):
+    healthy_eks(kube, operator=False)
+    # A kubectl that records its arguments, so the test sees what --fix ran and when.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "kubectl.log"
+    (bin_dir / "kubectl").write_text(f'#!/bin/sh\necho "$@" >> {log}\n')
+    (bin_dir / "kubectl").chmod(0o755)
+    env = {**kube.env, "PATH": f"{bin_dir}:/usr/bin:/bin"}
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    def run(answer):
+        return subprocess.run([sys.executable, "-m", "fsdpkit", "cluster", "check", "--fix"], input=answer,
+                              capture_output=True, text=True, cwd=ROOT, env={**os.environ, **env},
+                              timeout=60)
+    r = run("n\n")
+    assert r.returncode == 1
+    assert "--fix Kubeflow training operator:" in r.stdout and "skipped" in r.stdout
+    assert not log.exists()  # nothing ran without a yes
+    r = run("y\n")
+    assert "done; run `fsdpkit cluster check` again" in r.stdout
+    assert log.read_text().startswith("apply --server-side -k github.com/kubeflow/training-operator.git/manifests")
+    # KubeRay (a warning here) is offered too, but its remedy needs helm, which this PATH lacks.
+    assert "--fix KubeRay operator:" in r.stdout and "cannot run it here: helm is not installed" in r.stdout

@@ -29,7 +29,31 @@ def cmd_check(args: argparse.Namespace) -> int:
     fails = sum(c.status == "fail" for c in report.checks)
     warns = sum(c.status == "warn" for c in report.checks)
     print(f"\n{'not ready' if fails else 'ready'}: {fails} failed, {warns} warning(s)")
+    if args.fix:
+        _fix([c for c in report.checks if c.status != "pass" and c.remedy], args.yes)
     return 1 if fails else 0
+
+
+def _fix(checks: list, assume_yes: bool) -> None:
+    """Offer each known remedy; run it only after the user says yes (or --yes). Never silently."""
+    import shutil
+    import subprocess
+
+    if not checks:
+        print("--fix: nothing fsdpkit knows how to fix")
+    for c in checks:
+        print(f"\n--fix {c.name}:\n  {c.remedy}")
+        tools = {w for w in ("kubectl", "helm") if w in c.remedy.split()}
+        missing = [t for t in sorted(tools) if shutil.which(t) is None]
+        if missing:
+            print(f"  cannot run it here: {', '.join(missing)} is not installed")
+            continue
+        answer = "y" if assume_yes else input("  run this now? [y/N] ").strip().lower()
+        if answer not in ("y", "yes"):
+            print("  skipped")
+            continue
+        rc = subprocess.run(["/bin/sh", "-c", c.remedy]).returncode
+        print(f"  {'done' if rc == 0 else f'failed (exit {rc})'}; run `fsdpkit cluster check` again to confirm")
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -65,6 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("check", help="nodes, GPUs, EFA, device plugins, operators, storage: pass/warn/fail")
     p.add_argument("--context", help="kubeconfig context (default: the current one)")
     p.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG or ~/.kube/config)")
+    p.add_argument("--fix", action="store_true", help="offer the known remedy for each missing component, "
+                   "and run it when you confirm")
+    p.add_argument("--yes", action="store_true", help="with --fix: run the remedies without asking")
     p.add_argument("--eks-cluster", help="an EKS cluster by name (builds its own token; no kubeconfig needed)")
     p.add_argument("--region", help="AWS region of --eks-cluster")
     p.add_argument("--json", action="store_true", help="one JSON envelope on stdout")

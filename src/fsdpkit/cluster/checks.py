@@ -35,18 +35,21 @@ TRAINING_OPERATOR_LABELS = [
 ]
 KUBERAY_LABELS = [{"app.kubernetes.io/name": "kuberay-operator"}, {"app.kubernetes.io/component": "kuberay-operator"}]
 
-FIXES = {
-    "nvidia": "install the NVIDIA device plugin: kubectl apply -f https://raw.githubusercontent.com/NVIDIA/"
-              "k8s-device-plugin/v0.17.0/deployments/static/nvidia-device-plugin.yml (or its Helm chart)",
-    "efa": "install the EFA device plugin: helm install aws-efa-k8s-device-plugin eks/aws-efa-k8s-device-plugin "
-           "--namespace kube-system (repo https://aws.github.io/eks-charts)",
-    "training-operator": "install the Kubeflow training operator: kubectl apply --server-side -k "
+# Well-known remedies: the text shown to the user, and the command `cluster check --fix` runs once
+# the user confirms it.
+REMEDIES = {
+    "nvidia": "kubectl apply -f https://raw.githubusercontent.com/NVIDIA/k8s-device-plugin/v0.17.0/deployments/"
+              "static/nvidia-device-plugin.yml",
+    "efa": "helm repo add eks https://aws.github.io/eks-charts && helm upgrade --install aws-efa-k8s-device-plugin "
+           "eks/aws-efa-k8s-device-plugin --namespace kube-system",
+    "training-operator": "kubectl apply --server-side -k "
                          "\"github.com/kubeflow/training-operator.git/manifests/overlays/standalone?ref=v1.9.2\"",
-    "kuberay": "install KubeRay: helm install kuberay-operator kuberay/kuberay-operator "
-               "(repo https://ray-project.github.io/kuberay-helm/)",
-    "fsx": "install the FSx for Lustre CSI driver: helm install aws-fsx-csi-driver "
-           "aws-fsx-csi-driver/aws-fsx-csi-driver --namespace kube-system",
+    "kuberay": "helm repo add kuberay https://ray-project.github.io/kuberay-helm/ && helm upgrade --install "
+               "kuberay-operator kuberay/kuberay-operator",
+    "fsx": "helm repo add aws-fsx-csi-driver https://kubernetes-sigs.github.io/aws-fsx-csi-driver && helm upgrade "
+           "--install aws-fsx-csi-driver aws-fsx-csi-driver/aws-fsx-csi-driver --namespace kube-system",
 }
+FIXES = {k: f"install it: {v}" for k, v in REMEDIES.items()}
 
 
 @dataclass
@@ -55,6 +58,7 @@ class Check:
     status: str           # pass | warn | fail
     detail: str
     fix: str = ""
+    remedy: str = ""      # a command `--fix` may run, after asking
 
 
 @dataclass
@@ -224,20 +228,26 @@ def run_checks(api_client: Any) -> Report:
                                                                             "g6", "g6e") for n in nodes)
     efa_nodes = any(n.allocatable.get(EFA, 0) > 0 for n in nodes) or any(
         n.instance_type.removeprefix("ml.").split(".")[0] in ("p4d", "p4de", "p5", "p5e", "p5en") for n in nodes)
-    checks.append(_daemonset_check("NVIDIA device plugin", daemonsets, NVIDIA_PLUGIN_LABELS, FIXES["nvidia"],
-                                   needed=gpu_types))
-    checks.append(_daemonset_check("EFA device plugin", daemonsets, EFA_PLUGIN_LABELS, FIXES["efa"],
-                                   needed=efa_nodes))
-    checks.append(_operator_check("Kubeflow training operator", "pytorchjobs.kubeflow.org", crds, deployments,
-                                  TRAINING_OPERATOR_LABELS, FIXES["training-operator"], needed=True))
-    checks.append(_operator_check("KubeRay operator", "rayclusters.ray.io", crds, deployments, KUBERAY_LABELS,
-                                  FIXES["kuberay"], needed=False))
+    for key, check in (
+        ("nvidia", _daemonset_check("NVIDIA device plugin", daemonsets, NVIDIA_PLUGIN_LABELS, FIXES["nvidia"],
+                                    needed=gpu_types)),
+        ("efa", _daemonset_check("EFA device plugin", daemonsets, EFA_PLUGIN_LABELS, FIXES["efa"], needed=efa_nodes)),
+        ("training-operator", _operator_check("Kubeflow training operator", "pytorchjobs.kubeflow.org", crds,
+                                              deployments, TRAINING_OPERATOR_LABELS, FIXES["training-operator"],
+                                              needed=True)),
+        ("kuberay", _operator_check("KubeRay operator", "rayclusters.ray.io", crds, deployments, KUBERAY_LABELS,
+                                    FIXES["kuberay"], needed=False)),
+    ):
+        if check.fix == FIXES[key]:  # missing (not merely unhealthy): installing it is the remedy
+            check.remedy = REMEDIES[key]
+        checks.append(check)
     fsx = [c["metadata"]["name"] for c in classes if c.get("provisioner") == "fsx.csi.aws.com"]
     checks.append(Check("FSx for Lustre", "pass" if "fsx.csi.aws.com" in drivers else "warn",
                         ("CSI driver installed" + (f"; storage classes: {', '.join(fsx)}" if fsx else
                                                    "; no storage class uses it (static PVs only)"))
                         if "fsx.csi.aws.com" in drivers else "CSI driver fsx.csi.aws.com not installed: checkpoints "
-                        "need another shared volume", "" if "fsx.csi.aws.com" in drivers else FIXES["fsx"]))
+                        "need another shared volume", "" if "fsx.csi.aws.com" in drivers else FIXES["fsx"],
+                        "" if "fsx.csi.aws.com" in drivers else REMEDIES["fsx"]))
     return Report(checks, nodes)
 
 
