@@ -195,3 +195,17 @@ def test_fix_asks_before_running_and_says_what_it_cannot_run(kube, tmp_path):
     assert log.read_text().startswith("apply --server-side -k github.com/kubeflow/training-operator.git/manifests")
     # KubeRay (a warning here) is offered too, but its remedy needs helm, which this PATH lacks.
     assert "--fix KubeRay operator:" in r.stdout and "cannot run it here: helm is not installed" in r.stdout
+
+
+def test_missing_context_and_expired_token_are_one_line(kube):
+    r = run_cli("cluster", "check", "--context", "nope", env=kube.env)
+    assert r.returncode == 3
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "nope" in lines[0] and "kubectl config get-contexts" in lines[0]
+    # An expired EKS token: the API server answers 401 Unauthorized.
+    kube.route("get /api/v1/nodes", lambda: (_ for _ in ()).throw(
+        __import__("kmock").KubernetesError(status=401, reason="Unauthorized", message="Unauthorized")))
+    r = run_cli("cluster", "check", env=kube.env)
+    assert r.returncode == 3
+    assert r.stderr.strip() == ("error: listing nodes: the cluster refused (401 Unauthorized): Unauthorized; check "
+                                "your kubeconfig credentials and RBAC permissions")

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -125,3 +129,31 @@ def test_oom_crashloop_and_pending_reasons(running_job):
         ("Running", 3, "CrashLoopBackOff")
     human = run_cli("job", "watch", "llama-tiny", "--once", env=kube.env)
     assert "! oom llama-tiny-master-0: container pytorch was OOMKilled (restarts 3)" in human.stdout
+
+
+def test_gpu_utilisation_output_is_parsed():
+    from fsdpkit.jobs.health import parse_gpu_util
+
+    text = "0, 97, 71234, 81559\n1, 95, 70988, 81559\nNVIDIA-SMI has failed\n"
+    assert parse_gpu_util(text) == [{"gpu": 0, "util_pct": 97, "mem_used_mib": 71234, "mem_total_mib": 81559},
+                                    {"gpu": 1, "util_pct": 95, "mem_used_mib": 70988, "mem_total_mib": 81559}]
+
+
+def test_watch_resubmits_a_failed_job_within_its_budget(kube, tmp_path):
+    assert job_cli(kube, "submit", str(write_spec(tmp_path, resubmits=1))).returncode == 0
+    set_conditions(kube, "llama-tiny", "Created", "Running", "Failed")
+    proc = subprocess.Popen([sys.executable, "-m", "fsdpkit", "job", "watch", "llama-tiny", "--resubmit",
+                             "--interval", "0.2"], cwd=ROOT, env={**os.environ, **kube.env},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    from kubernetes import client
+
+    api = client.CustomObjectsApi(kube.api())
+    deadline = time.monotonic() + 60
+    while api.get_namespaced_custom_object("kubeflow.org", "v1", "default", "pytorchjobs", "llama-tiny")[
+            "metadata"]["annotations"]["fsdpkit.dev/attempt"] != "1":
+        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+        time.sleep(0.2)
+    set_conditions(kube, "llama-tiny", "Created", "Running", "Succeeded")
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "resubmitting, attempt 1 of 1" in err and "llama-tiny: Succeeded" in out

@@ -147,7 +147,9 @@ def _print_snapshot(snap: dict) -> None:
     p = snap["progress"]
     prog = (f" step {p['step']} loss {p['loss']:.4f} {p['tokens_per_s']} tok/s" if "step" in p else "")
     pods = ", ".join(f"{x['name']} {x['phase']}" + (f" ({x['reason']})" if x["reason"] else "") +
-                     (f" restarts {x['restarts']}" if x["restarts"] else "") for x in snap["pods"])
+                     (f" restarts {x['restarts']}" if x["restarts"] else "") +
+                     (" GPU " + "/".join(f"{g['util_pct']}%" for g in x["gpus"]) if x.get("gpus") else "")
+                     for x in snap["pods"])
     print(f"{snap['name']}: {snap['state']}{prog} | {pods or 'no pods yet'}", flush=True)
     for f in snap["findings"]:
         print(f"  ! {f['kind']} {f['pod']}: {f['detail']}" + (f"\n    fix: {f['fix']}" if f["fix"] else ""),
@@ -161,11 +163,16 @@ def cmd_watch(args: argparse.Namespace) -> int:
     if not hasattr(backend, "snapshot"):
         raise UserError(f"job watch works on Kubernetes jobs; for {backend.name} use `fsdpkit job logs -f`")
     while True:
-        snap = backend.snapshot(args.job, _ns(args), stall_after=args.stall_after)
+        snap = backend.snapshot(args.job, _ns(args), stall_after=args.stall_after, gpu=args.gpu)
         if args.json:
             emit_json(snap)
         else:
             _print_snapshot(snap)
+        if snap["state"] == "Failed" and not args.once and args.resubmit:
+            # The job's own budget (resubmits: in its spec) decides; wait() resubmits if it allows.
+            st = backend.wait(args.job, _ns(args), timeout=0, poll=0)
+            if st.attempt > snap["attempt"]:
+                continue
         if args.once or snap["state"] in ("Succeeded", "Failed"):
             return 0 if snap["state"] != "Failed" and not (args.once and snap["findings"]) else 1
         time.sleep(args.interval)
@@ -250,6 +257,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stall-after", type=float, default=900, help="seconds without a new step that count as a stall")
     p.add_argument("--interval", type=float, default=15.0, help="seconds between looks")
     p.add_argument("--once", action="store_true", help="one look; exit 1 if there is a finding")
+    p.add_argument("--gpu", action="store_true", help="GPU utilisation and memory per pod (nvidia-smi via exec)")
+    p.add_argument("--resubmit", action="store_true",
+                   help="resubmit a Failed job within its resubmits budget, as `job wait` does")
     common(p)
     p.set_defaults(func=cmd_watch)
 

@@ -101,6 +101,21 @@ def pod_findings(pods: list[dict[str, Any]]) -> list[Finding]:
     return out
 
 
+GPU_QUERY = ["nvidia-smi", "--query-gpu=index,utilization.gpu,memory.used,memory.total",
+             "--format=csv,noheader,nounits"]
+
+
+def parse_gpu_util(text: str) -> list[dict[str, int]]:
+    """`nvidia-smi --query-gpu=index,utilization.gpu,memory.used,memory.total --format=csv,noheader,nounits`."""
+    out = []
+    for line in text.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 4 and all(p.isdigit() for p in parts):
+            i, util, used, total = map(int, parts)
+            out.append({"gpu": i, "util_pct": util, "mem_used_mib": used, "mem_total_mib": total})
+    return out
+
+
 def pod_summary(pod: dict[str, Any]) -> dict[str, Any]:
     status = pod.get("status") or {}
     restarts = sum(int(cs.get("restartCount") or 0) for cs in status.get("containerStatuses") or [])

@@ -331,8 +331,21 @@ class KubeBackend:
             resp.release_conn()
 
     # -- watch ---------------------------------------------------------------------------------------
+    def gpu_utilisation(self, pod: str, namespace: str) -> list[dict[str, int]]:
+        """nvidia-smi in the pod's container (exec), parsed; [] if it cannot be asked."""
+        from kubernetes.stream import stream
+
+        from fsdpkit.jobs.health import GPU_QUERY, parse_gpu_util
+
+        try:
+            out = stream(self._core().connect_get_namespaced_pod_exec, pod, namespace, container=manifests.CONTAINER,
+                         command=GPU_QUERY, stdout=True, stderr=False, stdin=False, tty=False)
+        except Exception:  # no exec permission, no nvidia-smi (CPU pods), websocket blocked: not a finding
+            return []
+        return parse_gpu_util(out if isinstance(out, str) else "")
+
     def snapshot(self, name: str, namespace: str = "default", stall_after: float = 900,
-                 now: Any = None) -> dict[str, Any]:
+                 now: Any = None, gpu: bool = False) -> dict[str, Any]:
         """One look at a running job: state, per-pod phase and restarts, the trainer's latest step,
         loss and tokens/s from rank 0's log, and findings (stall, OOMKilled, crash loop, pending
         reason, NCCL timeout)."""
@@ -365,8 +378,13 @@ class KubeBackend:
             except Exception as e:  # a log that cannot be read yet is not a finding of its own
                 if not is_not_found(e) and getattr(e, "status", None) != 400:
                     raise
+        summaries = [pod_summary(p) for p in pods]
+        if gpu:
+            for s in summaries:
+                if s["phase"] == "Running":
+                    s["gpus"] = self.gpu_utilisation(s["name"], namespace)
         return {"name": name, "state": st.state, "attempt": st.attempt, "message": st.message,
-                "pods": [pod_summary(p) for p in pods], "progress": progress,
+                "pods": summaries, "progress": progress,
                 "findings": [f.to_dict() for f in findings]}
 
     # -- wait and resubmit ---------------------------------------------------------------------------
