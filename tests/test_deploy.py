@@ -11,10 +11,10 @@ import sys
 import time
 
 import pytest
-from test_cluster_check import healthy_eks
-from test_jobs_kube import TOKEN, set_conditions, write_spec, writes
 
 from conftest import ROOT
+from test_cluster_check import healthy_eks
+from test_jobs_kube import TOKEN, set_conditions, write_spec, writes
 
 pytest.importorskip("kmock")
 

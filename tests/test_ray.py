@@ -9,12 +9,12 @@ import time
 
 import pytest
 import yaml
-from test_jobs_render import IMAGE, crd_validator, pod_of, validate_builtin
 
 from fsdpkit.jobs.ray import raycluster_manifest, rayjob_manifest
 from fsdpkit.jobs.spec import load_spec
 
 from conftest import run_cli
+from test_jobs_render import IMAGE, crd_validator, pod_of, validate_builtin
 
 pytest.importorskip("kmock")
 

@@ -9,12 +9,12 @@ import time
 from pathlib import Path
 
 import pytest
-from test_cluster_check import healthy_eks
-from test_jobs_render import validate_builtin
 
 from fsdpkit.cluster.validate import nccl_mpijob
 
 from conftest import run_cli
+from test_cluster_check import healthy_eks
+from test_jobs_render import validate_builtin
 
 pytest.importorskip("kmock")
 NCCL = Path(__file__).parent / "data" / "nccl"

@@ -12,12 +12,12 @@ import time
 from pathlib import Path
 
 import pytest
-from test_jobs_kube import job_cli, set_conditions, write_spec
 
 from fsdpkit.cluster.nccl import parse_all_reduce, verdict
 from fsdpkit.jobs.instances import INSTANCES
 
-from conftest import run_cli
+from conftest import ROOT, run_cli
+from test_jobs_kube import job_cli, set_conditions, write_spec
 
 DATA = Path(__file__).parent / "data" / "nccl"
 
