@@ -19,6 +19,8 @@ VERBS = {
     "cluster": ("fsdpkit.cli.cluster", "check that a Kubernetes cluster is ready to train (cluster check)"),
     "ray": ("fsdpkit.cli.ray", "KubeRay clusters from a job spec: ray up|status|down|submit|exec"),
     "deploy": ("fsdpkit.cli.deploy", "check the cluster, ensure storage and secret, submit and watch a job"),
+    "selftest": ("fsdpkit.train.selftest", "check this environment can train (--level quick|standard|full)"),
+    "image": ("fsdpkit.cli.image", "write a Dockerfile on a known-good base; find PyTorch/CUDA/EFA conflicts"),
     "job": ("fsdpkit.cli.job", "render, submit and follow jobs: local, Kubeflow PyTorchJob, HyperPod, Slurm"),
 }
 

@@ -295,7 +295,7 @@ def validate(spec: JobSpec) -> None:
         raise UserError(f"backend: {spec.backend!r} is not a backend; choose one of: {', '.join(BACKENDS)}")
     if spec.backend in CLUSTER_BACKENDS and not spec.image:
         raise UserError(f"image: the {spec.backend} backend runs a container image; give image: "
-                        "(for example 123456789012.dkr.ecr.us-west-2.amazonaws.com/fsdpkit:latest)")
+                        "(for example ACCOUNT.dkr.ecr.REGION.amazonaws.com/fsdpkit:TAG)")
     if not re.fullmatch(r"\d+(:\d+)?", spec.nodes):
         raise UserError(f"nodes: {spec.nodes!r} must be a count (2) or an elastic range (MIN:MAX, such as 2:4)")
     lo, hi = spec.node_range

@@ -1,0 +1,179 @@
+"""`fsdpkit image check`: PyTorch / CUDA / EFA conflicts in a Dockerfile and its requirements files,
+each with the fix; `fix` rewrites the files so that the check finds none.
+
+Conflict classes:
+- torch-family: torchvision / torchaudio pinned to a release built for another torch;
+- cuda-wheel: a torch wheel (index URL or +cuXYZ local version) for another CUDA than the base;
+- torch-replacer: an unpinned install of a package that pulls its own torch (vllm, xformers, ...)
+  without the constraints file that holds torch in place;
+- efa: a base image without EFA / aws-ofi-nccl, where multi-node NCCL would fall back to TCP.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from fsdpkit.image.dockerfile import BASES, DEFAULT_BASE
+
+# torch 2.N pairs with torchvision 0.(N+15) and torchaudio 2.N.
+REPLACERS = ("vllm", "xformers", "deepspeed", "flash-attn", "flash_attn", "torchao", "bitsandbytes")
+_PIN = re.compile(r"^\s*(torch|torchvision|torchaudio)\s*==\s*([0-9][0-9a-z.+]*)", re.I)
+_CUDA_TAG = re.compile(r"(?:cu|cuda)(\d{2})(\d)")
+_CUDA_DOTTED = re.compile(r"cuda(\d{2})\.(\d)")
+
+
+@dataclass
+class Conflict:
+    kind: str
+    file: str
+    line: int
+    detail: str
+    fix: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _minor(v: str) -> tuple[int, int]:
+    parts = re.findall(r"\d+", v.split("+")[0])
+    return int(parts[0]), int(parts[1])
+
+
+def expected_pair(torch_version: str) -> dict[str, str]:
+    major, minor = _minor(torch_version)
+    return {"torchvision": f"0.{minor + 15}", "torchaudio": f"{major}.{minor}"}
+
+
+def _base_cuda(image: str) -> str | None:
+    for b in BASES.values():
+        if b.image == image:
+            return b.cuda
+    m = _CUDA_DOTTED.search(image) or _CUDA_TAG.search(image)
+    return f"{m.group(1)}.{m.group(2)}" if m else None
+
+
+def _base_torch(image: str) -> str | None:
+    for b in BASES.values():
+        if b.image == image:
+            return b.torch
+    m = re.search(r"(?:pytorch(?:-training)?:|torch)(\d+\.\d+\.\d+)", image)
+    return m.group(1) if m else None
+
+
+def _base_efa(image: str) -> bool:
+    for b in BASES.values():
+        if b.image == image:
+            return b.efa
+    return any(k in image for k in ("deep-learning-containers", "pytorch-training", "nccl-tests", "efa"))
+
+
+def _cuda_of(text: str) -> str | None:
+    m = _CUDA_TAG.search(text)
+    return f"{m.group(1)}.{m.group(2)}" if m else None
+
+
+def check(dockerfile: Path, requirements: list[Path] = ()) -> list[Conflict]:
+    lines = dockerfile.read_text().splitlines()
+    found: list[Conflict] = []
+    image = next((ln.split()[1] for ln in lines if ln.strip().upper().startswith("FROM ")), "")
+    cuda, base_torch = _base_cuda(image), _base_torch(image)
+    has_constraints = any("PIP_CONSTRAINT" in ln or "-c /etc/pip-constraints.txt" in ln for ln in lines)
+    pins: dict[str, tuple[str, str, int]] = {}
+    sources = [(str(dockerfile), i + 1, ln) for i, ln in enumerate(lines)]
+    for req in requirements:
+        sources += [(str(req), i + 1, ln) for i, ln in enumerate(req.read_text().splitlines())]
+    for file, no, ln in sources:
+        words = re.split(r"[\s\"']+", ln)
+        for w in words:
+            if m := _PIN.match(w):
+                pins[m.group(1).lower()] = (m.group(2), file, no)
+        if re.search(r"download\.pytorch\.org/whl/cu\d+", ln) or re.search(r"torch==[^\s]*\+cu\d+", ln):
+            wheel_cuda = _cuda_of(ln.split("whl/")[-1] if "whl/" in ln else ln.split("+")[-1])
+            if cuda and wheel_cuda and wheel_cuda != cuda:
+                found.append(Conflict("cuda-wheel", file, no, f"a torch wheel for CUDA {wheel_cuda} on a CUDA {cuda} "
+                                      f"base ({image})", f"use the cu{cuda.replace('.', '')} wheels, or drop the "
+                                      "torch install and keep the base image's"))
+        if "pip install" in ln or file != str(dockerfile):
+            for w in words:
+                name = re.split(r"[<>=!~\[]", w)[0].lower()
+                if name in REPLACERS and not re.search(r"[<>=~]", w) and "-c " not in ln and not has_constraints:
+                    found.append(Conflict("torch-replacer", file, no, f"unpinned {name} pulls its own torch and can "
+                                          "replace the base image's", "install it with -c /etc/pip-constraints.txt "
+                                          "(a file pinning torch to the base's version), or pin a release built "
+                                          "for that torch"))
+    torch_v = pins.get("torch", (base_torch, None, 0))[0]
+    if torch_v:
+        for pkg, want in expected_pair(torch_v).items():
+            if pkg in pins and not pins[pkg][0].startswith(want + ".") and pins[pkg][0] != want:
+                v, file, no = pins[pkg]
+                found.append(Conflict("torch-family", file, no, f"{pkg}=={v} is built for another torch than "
+                                      f"{torch_v}", f"pin {pkg}=={want}.* (the release for torch {torch_v})"))
+    if image and not _base_efa(image):
+        found.append(Conflict("efa", str(dockerfile), 1 + next(i for i, ln in enumerate(lines)
+                                                               if ln.strip().upper().startswith("FROM ")),
+                              f"{image} has no EFA / aws-ofi-nccl: multi-node NCCL would use TCP sockets",
+                              "base on an AWS Deep Learning Container (fsdpkit image init --base dlc-2.6)"))
+    return found
+
+
+def fix(dockerfile: Path, requirements: list[Path] = ()) -> list[str]:
+    """Rewrite the files so `check` finds nothing; returns the files changed. Fixes can uncover
+    others (a new base has another CUDA), so passes repeat until the check is clean."""
+    changed: set[str] = set()
+    for _ in range(4):
+        if not check(dockerfile, requirements):
+            break
+        changed |= set(_fix_pass(dockerfile, requirements))
+    return sorted(changed)
+
+
+def _fix_pass(dockerfile: Path, requirements: list[Path]) -> list[str]:
+    conflicts = check(dockerfile, requirements)
+    changed: set[str] = set()
+    text = {p: p.read_text() for p in [dockerfile, *requirements]}
+    lines = text[dockerfile].splitlines()
+    image = next((ln.split()[1] for ln in lines if ln.strip().upper().startswith("FROM ")), "")
+    for c in conflicts:
+        path = Path(c.file)
+        rows = text[path].splitlines()
+        row = rows[c.line - 1]
+        if c.kind == "torch-family":
+            torch_v = next((m.group(2) for p in text for m in map(_PIN.match, re.split(r"[\s\"']+", text[p]))
+                            if m and m.group(1).lower() == "torch"), _base_torch(image))
+            want = expected_pair(torch_v)
+            row = re.sub(r"(torchvision|torchaudio)\s*==\s*[0-9][0-9a-z.+]*",
+                         lambda m, want=want: f"{m.group(1)}=={want[m.group(1).lower()]}.*", row)
+        elif c.kind == "cuda-wheel":
+            tag = "cu" + _base_cuda(image).replace(".", "")
+            row = re.sub(r"whl/cu\d+", f"whl/{tag}", row)
+            row = re.sub(r"\+cu\d+", f"+{tag}", row)
+        elif c.kind == "torch-replacer" and path == dockerfile:
+            row = row.replace("pip install", "pip install -c /etc/pip-constraints.txt", 1)
+        elif c.kind == "torch-replacer":
+            # A requirements file cannot carry -c for one line; the Dockerfile installs it constrained.
+            rows_df = text[dockerfile].splitlines()
+            rows_df = [r.replace("pip install -r", "pip install -c /etc/pip-constraints.txt -r", 1) for r in rows_df]
+            text[dockerfile] = "\n".join(rows_df) + "\n"
+            changed.add(str(dockerfile))
+            continue
+        elif c.kind == "efa":
+            row = re.sub(r"^(\s*FROM\s+)\S+", lambda m: m.group(1) + BASES[DEFAULT_BASE].image, row, flags=re.I)
+        rows[c.line - 1] = row
+        text[path] = "\n".join(rows) + "\n"
+        changed.add(str(path))
+    if any(c.kind == "torch-replacer" for c in conflicts) and "/etc/pip-constraints.txt" in text[dockerfile] and \
+            "pip-constraints.txt\" " not in text[dockerfile] and "> /etc/pip-constraints.txt" not in text[dockerfile]:
+        # The constraints file the fix refers to: written from the base image's own torch.
+        rows = text[dockerfile].splitlines()
+        at = next(i for i, ln in enumerate(rows) if ln.strip().upper().startswith("FROM ")) + 1
+        rows.insert(at, "RUN python -c \"import torch; print('torch==' + torch.__version__.split('+')[0])\" "
+                        "> /etc/pip-constraints.txt")
+        text[dockerfile] = "\n".join(rows) + "\n"
+    for p, t in text.items():
+        if str(p) in changed:
+            tmp = p.with_suffix(p.suffix + ".tmp")
+            tmp.write_text(t)
+            tmp.replace(p)
+    return sorted(changed)

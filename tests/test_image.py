@@ -1,0 +1,79 @@
+"""Images: the rendered Dockerfile is clean under our own check; each conflict class is caught on a
+fixture, and --fix leaves files on which the check finds none; selftest passes here (CPU); no AWS
+account id is written into the package."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from fsdpkit.image.conflicts import check
+from fsdpkit.image.dockerfile import BASES, render
+
+from conftest import ROOT, run_cli
+
+DATA = Path(__file__).parent / "data" / "images"
+CASES = [("Dockerfile.family", [], {"torch-family"}), ("Dockerfile.cuda", [], {"cuda-wheel"}),
+         ("Dockerfile.noefa", [], {"efa"}),
+         ("Dockerfile.replacer", ["requirements.replacer.txt"], {"torch-replacer"})]
+
+
+@pytest.mark.parametrize(("dockerfile", "reqs", "kinds"), CASES, ids=[c[0].split(".")[1] for c in CASES])
+def test_each_conflict_class_is_caught_and_fixed(tmp_path, dockerfile, reqs, kinds):
+    df = tmp_path / "Dockerfile"
+    shutil.copy(DATA / dockerfile, df)
+    req_paths = []
+    for r in reqs:
+        shutil.copy(DATA / r, tmp_path / r)
+        req_paths.append(tmp_path / r)
+    found = check(df, req_paths)
+    assert {c.kind for c in found} == kinds and all(c.fix for c in found)
+    r = run_cli("image", "check", str(df), *[a for p in req_paths for a in ("-r", str(p))], "--fix", "--json")
+    out = json.loads(r.stdout)["data"]
+    assert (r.returncode == 0 and out["conflicts"] == [] and str(df) in out["fixed_files"]) or req_paths
+    assert check(df, req_paths) == []
+    text = df.read_text()
+    if "torch-family" in kinds:
+        assert "torchvision==0.21.*" in text and "torchaudio==2.6.*" in text
+    if "cuda-wheel" in kinds:
+        assert "whl/cu126" in text
+    if "efa" in kinds:
+        assert f"FROM {BASES['dlc-2.6'].image}" in text
+    if "torch-replacer" in kinds:
+        assert "pip install -c /etc/pip-constraints.txt vllm" in text and "> /etc/pip-constraints.txt" in text
+
+
+@pytest.mark.parametrize("base", list(BASES))
+def test_rendered_dockerfiles_are_clean_except_for_a_base_without_efa(tmp_path, base):
+    (tmp_path / "requirements.txt").write_text("vllm\n")
+    r = run_cli("image", "init", "--base", base, "--out", str(tmp_path), "--hyperpod")
+    assert r.returncode == 0, r.stderr
+    found = {c.kind for c in check(tmp_path / "Dockerfile", [tmp_path / "requirements.txt"])}
+    assert found == (set() if BASES[base].efa else {"efa"})
+    assert (tmp_path / ".dockerignore").read_text().startswith(".git\n")
+    r = run_cli("image", "init", "--out", str(tmp_path))
+    assert r.returncode == 2 and "already exists; pass --force" in r.stderr
+
+
+def test_selftest_full_passes_here():
+    r = run_cli("selftest", "--level", "full", "--json")
+    out = json.loads(r.stdout)
+    assert r.returncode == 0 and out["ok"], out
+    assert [c["check"] for c in out["data"]] == ["imports", "devices", "presets", "train step"]
+    step = out["data"][-1]["detail"]
+    assert step["losses"][1] < step["losses"][0]
+
+
+def test_no_aws_account_id_in_the_package():
+    hits = [f"{p.relative_to(ROOT)}: {m.group(0)}" for p in (ROOT / "src").rglob("*.py")
+            for m in re.finditer(r"(?<![\d.])\d{12}(?![\d])", p.read_text())]
+    assert hits == []
+
+
+def test_render_is_what_init_writes(tmp_path):
+    run_cli("image", "init", "--out", str(tmp_path), "--no-requirements")
+    assert (tmp_path / "Dockerfile").read_text() == render("dlc-2.6", None)
