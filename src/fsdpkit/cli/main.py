@@ -21,6 +21,7 @@ VERBS = {
     "deploy": ("fsdpkit.cli.deploy", "check the cluster, ensure storage and secret, submit and watch a job"),
     "selftest": ("fsdpkit.train.selftest", "check this environment can train (--level quick|standard|full)"),
     "image": ("fsdpkit.cli.image", "write a Dockerfile on a known-good base; find PyTorch/CUDA/EFA conflicts"),
+    "infra": ("fsdpkit.cli.infra", "AWS resources for image builds: infra up|status|down|template"),
     "job": ("fsdpkit.cli.job", "render, submit and follow jobs: local, Kubeflow PyTorchJob, HyperPod, Slurm"),
 }
 

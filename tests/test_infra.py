@@ -1,0 +1,140 @@
+"""`fsdpkit infra` against moto in server mode over HTTP: up twice makes one of each resource, down
+removes exactly those, the CloudFormation template declares the same; credentials, permission and
+throttling failures are one line each."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+
+import pytest
+import yaml
+
+from conftest import run_cli
+
+moto_server = pytest.importorskip("moto.server")
+boto3 = pytest.importorskip("boto3")
+
+KINDS = {"s3 bucket": "AWS::S3::Bucket", "iam role": "AWS::IAM::Role", "log group": "AWS::Logs::LogGroup",
+         "codebuild project": "AWS::CodeBuild::Project", "ecr repository": "AWS::ECR::Repository"}
+
+
+@pytest.fixture
+def moto(tmp_path):
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    server.start()
+    host, port = server.get_host_and_port()
+    url = f"http://{host}:{port}"
+    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-west-2",
+           "FSDPKIT_AWS_ENDPOINT_URL": url, "AWS_CONFIG_FILE": str(tmp_path / "none"),
+           "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none")}
+    yield url, env
+    server.stop()
+
+
+def client(url, service):
+    return boto3.client(service, region_name="us-west-2", endpoint_url=url, aws_access_key_id="testing",
+                        aws_secret_access_key="testing")
+
+
+def test_up_twice_makes_one_of_each_and_down_removes_only_ours(moto):
+    url, env = moto
+    # Someone else's resources in the same account: down must leave them alone.
+    client(url, "s3").create_bucket(Bucket="not-ours", CreateBucketConfiguration={"LocationConstraint": "us-west-2"})
+    client(url, "ecr").create_repository(repositoryName="their-repo")
+
+    r = run_cli("infra", "up", "--json", env=env)
+    assert r.returncode == 0, r.stderr
+    created = json.loads(r.stdout)["data"]["created"]
+    account = json.loads(r.stdout)["data"]["account"]
+    assert [c.rsplit(" ", 1)[0] for c in created] == ["s3 bucket", "log group", "ecr repository", "iam role",
+                                                      "codebuild project"]
+    assert f"s3 bucket fsdpkit-build-{account}-us-west-2" in created
+    r = run_cli("infra", "up", "--json", env=env)
+    assert json.loads(r.stdout)["data"]["created"] == [] and "nothing to do" in r.stderr
+
+    s3, ecr, cb = client(url, "s3"), client(url, "ecr"), client(url, "codebuild")
+    assert sorted(b["Name"] for b in s3.list_buckets()["Buckets"]) == sorted(
+        ["not-ours", f"fsdpkit-build-{account}-us-west-2"])
+    repo = ecr.describe_repositories(repositoryNames=["fsdpkit"])["repositories"][0]
+    assert repo["imageScanningConfiguration"] == {"scanOnPush": True}
+    assert json.loads(ecr.get_lifecycle_policy(repositoryName="fsdpkit")["lifecyclePolicyText"])["rules"][0][
+        "selection"]["countNumber"] == 50
+    project = cb.batch_get_projects(names=["fsdpkit-image-build"])["projects"][0]
+    assert project["environment"]["privilegedMode"] is True
+    spec = yaml.safe_load(project["source"]["buildspec"])
+    assert set(spec["phases"]) == {"pre_build", "build", "post_build"}
+    assert any("docker push $IMAGE_URI" in c for c in spec["phases"]["post_build"]["commands"])
+    policy = client(url, "iam").get_role_policy(RoleName="fsdpkit-codebuild-us-west-2", PolicyName="fsdpkit-codebuild")
+    actions = {a for s in policy["PolicyDocument"]["Statement"] for a in s["Action"]}
+    assert "ecr:PutImage" in actions and not any(a.endswith("*") for a in actions)  # least privilege
+
+    r = run_cli("infra", "status", "--json", env=env)
+    assert all(json.loads(r.stdout)["data"]["resources"].values())
+    r = run_cli("infra", "down", "--json", env=env)
+    assert r.returncode == 0, r.stderr
+    assert len(json.loads(r.stdout)["data"]["removed"]) == 5
+    assert [b["Name"] for b in s3.list_buckets()["Buckets"]] == ["not-ours"]
+    assert [x["repositoryName"] for x in ecr.describe_repositories()["repositories"]] == ["their-repo"]
+    assert cb.batch_get_projects(names=["fsdpkit-image-build"])["projects"] == []
+    r = run_cli("infra", "status", "--json", env=env)
+    assert not any(json.loads(r.stdout)["data"]["resources"].values())
+
+
+def test_template_declares_the_same_resources_as_up():
+    r = run_cli("infra", "template")
+    doc = yaml.safe_load(r.stdout)
+    assert sorted(res["Type"] for res in doc["Resources"].values()) == sorted(KINDS.values())
+    project = doc["Resources"]["Project"]["Properties"]
+    assert set(yaml.safe_load(project["Source"]["BuildSpec"])["phases"]) == {"pre_build", "build", "post_build"}
+
+
+def test_missing_region_and_credentials_are_one_line(moto, tmp_path):
+    _, env = moto
+    r = run_cli("infra", "status", env={**env, "AWS_REGION": "", "AWS_DEFAULT_REGION": ""})
+    assert r.returncode == 2 and r.stderr.strip().startswith("error: no AWS region: pass --region or set AWS_REGION")
+    r = run_cli("infra", "status", env={**env, "AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": ""})
+    assert r.returncode == 3
+    assert "no AWS credentials found" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+class _Denying(http.server.BaseHTTPRequestHandler):
+    """An AWS endpoint that answers every call with one error code (what IAM or a throttled API says)."""
+
+    code, status, seen = "AccessDenied", 403, []
+
+    def _answer(self):
+        self.seen.append(self.path)
+        body = (f"<ErrorResponse><Error><Type>Sender</Type><Code>{self.code}</Code><Message>User: arn:aws:iam::"
+                f"000000000000:user/dev is not authorized</Message></Error></ErrorResponse>").encode()
+        self.send_response(self.status)
+        self.send_header("Content-Type", "text/xml")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = _answer
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.mark.parametrize(("code", "status", "expect"), [
+    ("AccessDenied", 403, "access denied for sts:GetCallerIdentity; your role needs that IAM permission"),
+    ("Throttling", 400, "AWS kept throttling GetCallerIdentity after retries with backoff"),
+])
+def test_denied_and_throttled_calls_are_one_line(moto, code, status, expect):
+    _, env = moto
+    handler = type("H", (_Denying,), {"code": code, "status": status, "seen": []})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        endpoint = f"http://127.0.0.1:{server.server_port}"
+        r = run_cli("infra", "status", env={**env, "FSDPKIT_AWS_ENDPOINT_URL": endpoint, "AWS_MAX_ATTEMPTS": "3"})
+    finally:
+        server.shutdown()
+    assert r.returncode == 3
+    assert expect in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    # Throttling was retried with backoff (botocore's standard mode); a denial was not.
+    assert len(handler.seen) >= 3 if code == "Throttling" else len(handler.seen) == 1
