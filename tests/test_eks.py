@@ -20,6 +20,9 @@ def aws(monkeypatch):
     server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0)
     server.start()
     host, port = server.get_host_and_port()
+    # moto keeps its backends per process, across server instances: start every test from empty.
+    urllib.request.urlopen(urllib.request.Request(f"http://{host}:{port}/moto-api/reset", method="POST"),
+                           timeout=10).read()
     for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
                  "AWS_DEFAULT_REGION": "us-west-2"}.items():
         monkeypatch.setenv(k, v)

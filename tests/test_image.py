@@ -77,3 +77,32 @@ def test_no_aws_account_id_in_the_package():
 def test_render_is_what_init_writes(tmp_path):
     run_cli("image", "init", "--out", str(tmp_path), "--no-requirements")
     assert (tmp_path / "Dockerfile").read_text() == render("dlc-2.6", None)
+
+
+def test_tag_strategies(tmp_path):
+    import subprocess
+
+    from fsdpkit.aws.build import image_name, tag_for
+    from fsdpkit.errors import UserError
+
+    ctx = tmp_path / "My Trainer"
+    ctx.mkdir()
+    assert image_name(ctx) == "my-trainer"
+    assert tag_for("latest", ctx) == "latest"
+    assert re.fullmatch(r"\d{8}-\d{6}", tag_for("auto", ctx))  # not a git checkout: a UTC timestamp
+    with pytest.raises(UserError, match="not a git checkout"):
+        tag_for("git-sha", ctx)
+    with pytest.raises(UserError, match=r"no version in pyproject\.toml"):
+        tag_for("semantic", ctx)
+    (ctx / "pyproject.toml").write_text('[project]\nname = "x"\nversion = "1.4.2"\n')
+    assert tag_for("semantic", ctx) == "1.4.2"
+    git = ["git", "-C", str(ctx), "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "x"], check=True)
+    sha = subprocess.run([*git, "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert tag_for("git-sha", ctx) == tag_for("auto", ctx) == sha
+    (ctx / "new.py").write_text("")
+    assert tag_for("auto", ctx) == f"{sha}-dirty"
+    with pytest.raises(UserError, match="--tag-strategy: 'nightly'"):
+        tag_for("nightly", ctx)

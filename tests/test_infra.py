@@ -7,6 +7,8 @@ from __future__ import annotations
 import http.server
 import json
 import threading
+import time
+import urllib.request
 
 import pytest
 import yaml
@@ -26,6 +28,8 @@ def moto(tmp_path):
     server.start()
     host, port = server.get_host_and_port()
     url = f"http://{host}:{port}"
+    # moto keeps its backends per process, across server instances: start every test from empty.
+    urllib.request.urlopen(urllib.request.Request(f"{url}/moto-api/reset", method="POST"), timeout=10).read()
     env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-west-2",
            "FSDPKIT_AWS_ENDPOINT_URL": url, "AWS_CONFIG_FILE": str(tmp_path / "none"),
            "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none")}
@@ -138,3 +142,91 @@ def test_denied_and_throttled_calls_are_one_line(moto, code, status, expect):
     assert expect in r.stderr and len(r.stderr.strip().splitlines()) == 1
     # Throttling was retried with backoff (botocore's standard mode); a denial was not.
     assert len(handler.seen) >= 3 if code == "Throttling" else len(handler.seen) == 1
+
+
+def test_image_build_in_codebuild_uploads_the_context_and_reports_the_build(moto, tmp_path):
+    import io
+    import zipfile
+
+    url, env = moto
+    assert run_cli("infra", "up", env=env).returncode == 0
+    ctx = tmp_path / "my-trainer"
+    (ctx / "src").mkdir(parents=True)
+    (ctx / "src" / "train.py").write_text("print('hi')\n")
+    (ctx / "runs").mkdir()
+    (ctx / "runs" / "big.bin").write_bytes(b"x" * 1000)
+    (ctx / "requirements.txt").write_text("datasets\n")
+    assert run_cli("image", "init", "--out", str(ctx)).returncode == 0
+    r = run_cli("image", "build", str(ctx), "--codebuild", "--tag-strategy", "latest", "--poll", "0.1", "--json",
+                env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)["data"]
+    assert out["status"] == "SUCCEEDED" and out["where"] == "codebuild"
+    assert out["image"].endswith(".amazonaws.com/my-trainer:latest")
+    bucket, key = out["context"].removeprefix("s3://").split("/", 1)
+    body = client(url, "s3").get_object(Bucket=bucket, Key=key)["Body"].read()
+    names = sorted(zipfile.ZipFile(io.BytesIO(body)).namelist())
+    assert names == [".dockerignore", "Dockerfile", "requirements.txt", "src/train.py"]  # runs/ is ignored
+    builds = client(url, "codebuild").list_builds_for_project(projectName="fsdpkit-image-build")["ids"]
+    assert builds == [out["build"]]
+    repo = client(url, "ecr").describe_repositories(repositoryNames=["my-trainer"])["repositories"][0]
+    assert repo["imageScanningConfiguration"] == {"scanOnPush": True}
+
+
+def test_build_log_is_followed_until_the_build_ends(moto):
+    """CodeBuild writes its log while it runs; moto ends builds at once, so the test writes the
+    stream and says when the build is over, and the follower must print every line exactly once."""
+    from fsdpkit.aws.build import follow_logs
+
+    url, _ = moto
+    logs = client(url, "logs")
+    logs.create_log_group(logGroupName="/fsdpkit/codebuild")
+    logs.create_log_stream(logGroupName="/fsdpkit/codebuild", logStreamName="b1")
+    script = [["[Container] Entering phase PRE_BUILD"], [], ["Step 1/9 : FROM ...", "Step 2/9 : ENV ..."],
+              ["PASS  imports", "[Container] Phase complete: POST_BUILD State: SUCCEEDED"]]
+    seen, polls = [], {"n": 0}
+    now = int(time.time() * 1000)  # CloudWatch drops events older than 14 days
+
+    def finished():
+        i = polls["n"]
+        polls["n"] += 1
+        if i < len(script) and script[i]:
+            logs.put_log_events(logGroupName="/fsdpkit/codebuild", logStreamName="b1", logEvents=[
+                {"timestamp": now + i * 10 + j, "message": m} for j, m in enumerate(script[i])])
+        return i >= len(script) - 1
+    n = follow_logs(logs, "/fsdpkit/codebuild", "b1", finished, seen.append, poll=0)
+    assert seen == [m for lines in script for m in lines] and n == 5
+
+
+def test_push_creates_the_repository_with_its_policies(moto):
+    url, env = moto
+    r = run_cli("image", "push", "my-trainer:v1", "--immutable-tags", env={**env, "PATH": "/usr/bin:/bin"})
+    repo = client(url, "ecr").describe_repositories(repositoryNames=["my-trainer"])["repositories"][0]
+    assert repo["imageTagMutability"] == "IMMUTABLE" and repo["imageScanningConfiguration"] == {"scanOnPush": True}
+    assert client(url, "ecr").get_lifecycle_policy(repositoryName="my-trainer")["lifecyclePolicyText"]
+    if r.returncode != 0:  # no Docker engine on this machine: said in one line, the repository is ready
+        assert "no Docker engine here" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_image_test_in_codebuild_runs_the_images_selftest(moto):
+    url, env = moto
+    assert run_cli("infra", "up", env=env).returncode == 0
+    image = "000000000000.dkr.ecr.us-west-2.amazonaws.com/my-trainer:latest"
+    r = run_cli("image", "test", image, "--codebuild", "--level", "full", "--poll", "0.1", "--json", env=env)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)["data"]
+    assert out["status"] == "SUCCEEDED" and out["context"] is None
+    assert client(url, "codebuild").list_builds_for_project(projectName="fsdpkit-image-build")["ids"] == [
+        out["build"]]
+    # Testing an image uploads no build context. (moto does not keep a build's overrides, so the
+    # buildspec it runs is checked on its own below.)
+    bucket = next(b["Name"] for b in client(url, "s3").list_buckets()["Buckets"] if b["Name"].startswith("fsdpkit"))
+    assert client(url, "s3").list_objects_v2(Bucket=bucket).get("KeyCount", 0) == 0
+
+
+def test_test_buildspec_runs_the_selftest():
+    from fsdpkit.aws.build import test_buildspec
+
+    spec = yaml.safe_load(yaml.safe_dump(test_buildspec("r/i:t", "full")))
+    assert spec["phases"]["build"]["commands"] == ["docker pull $IMAGE_URI",
+                                                   "docker run --rm $IMAGE_URI fsdpkit selftest --level full"]

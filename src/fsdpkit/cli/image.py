@@ -51,6 +51,104 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 1 if found else 0
 
 
+def _docker_engine() -> bool:
+    import shutil
+    import subprocess
+
+    return shutil.which("docker") is not None and subprocess.run(
+        ["docker", "info"], capture_output=True).returncode == 0
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    import subprocess
+
+    from fsdpkit.aws import build as b
+    from fsdpkit.aws.session import connect
+
+    context = Path(args.context)
+    if not (context / "Dockerfile").is_file():
+        raise UserError(f"{context / 'Dockerfile'} not found: write one with `fsdpkit image init`")
+    repo = args.repository or b.image_name(context)
+    tag = b.tag_for(args.tag_strategy, context)
+    say = (lambda m: print(m, file=sys.stderr, flush=True)) if args.json else (lambda m: print(m, flush=True))
+    aws = connect(args.region, args.profile)
+    uri = f"{b.ensure_repository(aws, repo, args.immutable_tags, say)}:{tag}"
+    if not args.codebuild and _docker_engine():
+        say(f"building {uri} with the local Docker engine")
+        rc = subprocess.run(["docker", "buildx", "build", "--load", "-t", uri, str(context)]).returncode
+        out = {"image": uri, "status": "SUCCEEDED" if rc == 0 else "FAILED", "where": "local"}
+    else:
+        if not args.codebuild:
+            say("no Docker engine here: building in AWS CodeBuild")
+        out = {**b.codebuild(aws, context, uri, args.selftest, say, poll=args.poll), "where": "codebuild"}
+    if args.json:
+        emit_json(out)
+    return 0 if out["status"] == "SUCCEEDED" else 1
+
+
+def cmd_push(args: argparse.Namespace) -> int:
+    """Push a locally built image: the repository (with its policies), registry login, push, and the
+    pushed digest checked against ECR's."""
+    import base64
+    import subprocess
+
+    from fsdpkit.aws import build as b
+    from fsdpkit.aws.session import aws_errors, connect
+
+    say = (lambda m: print(m, file=sys.stderr, flush=True)) if args.json else (lambda m: print(m, flush=True))
+    aws = connect(args.region, args.profile)
+    local = args.image
+    repo = args.repository or local.split("/")[-1].split(":")[0]
+    tag = b.tag_for(args.tag_strategy, Path(".")) if args.tag_strategy else (local.split(":")[-1] if ":" in
+                                                                            local.split("/")[-1] else "latest")
+    uri = f"{b.ensure_repository(aws, repo, args.immutable_tags, say)}:{tag}"
+    if not _docker_engine():
+        raise UserError(f"no Docker engine here to push {local} from; the repository is ready: {uri.split(':')[0]} "
+                        "(or build and push in CodeBuild: fsdpkit image build --codebuild)")
+    ecr = aws.client("ecr")
+    with aws_errors("getting a registry login", "ecr"):
+        auth = ecr.get_authorization_token()["authorizationData"][0]
+    user, password = base64.b64decode(auth["authorizationToken"]).decode().split(":", 1)
+    login = subprocess.run(["docker", "login", "--username", user, "--password-stdin", auth["proxyEndpoint"]],
+                           input=password, text=True, capture_output=True)
+    if login.returncode != 0:
+        raise UserError(f"docker login to {auth['proxyEndpoint']} failed: {login.stderr.strip()}")
+    for cmd in (["docker", "tag", local, uri], ["docker", "push", uri]):
+        if subprocess.run(cmd).returncode != 0:
+            raise UserError(f"{' '.join(cmd[:2])} failed for {uri}")
+    with aws_errors("reading the pushed image", "ecr"):
+        digest = ecr.describe_images(repositoryName=repo, imageIds=[{"imageTag": tag}])["imageDetails"][0][
+            "imageDigest"]
+    local_digest = subprocess.run(["docker", "inspect", "--format", "{{index .RepoDigests 0}}", uri],
+                                  capture_output=True, text=True).stdout.strip().split("@")[-1]
+    if local_digest and local_digest != digest:
+        raise UserError(f"pushed digest {local_digest} differs from ECR's {digest}")
+    if args.json:
+        return emit_json({"image": uri, "digest": digest})
+    print(f"pushed {uri} ({digest})")
+    return 0
+
+
+def cmd_test(args: argparse.Namespace) -> int:
+    """The image's own `fsdpkit selftest --level L`: with the local Docker engine, or in CodeBuild."""
+    import subprocess
+
+    if not args.codebuild and _docker_engine():
+        cmd = ["docker", "run", "--rm", *(["--gpus", "all"] if args.gpus else []), args.image,
+               "fsdpkit", "selftest", "--level", args.level, *(["--json"] if args.json else [])]
+        return subprocess.run(cmd).returncode
+    from fsdpkit.aws.build import codebuild
+    from fsdpkit.aws.session import connect
+
+    if not args.codebuild:
+        print("no Docker engine here: testing in AWS CodeBuild", file=sys.stderr)
+    say = (lambda m: print(m, file=sys.stderr, flush=True)) if args.json else (lambda m: print(m, flush=True))
+    out = codebuild(connect(args.region, args.profile), None, args.image, args.level, say, args.poll, test_only=True)
+    if args.json:
+        emit_json(out)
+    return 0 if out["status"] == "SUCCEEDED" else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="fsdpkit image", description="Container images for training.")
     sub = parser.add_subparsers(dest="cmd", required=True, metavar="VERB", parser_class=Parser)
@@ -69,6 +167,38 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fix", action="store_true", help="rewrite the files so that no conflict is left")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_check)
+
+    def aws_args(p):
+        p.add_argument("--repository", help="ECR repository (default: the directory's / image's name)")
+        p.add_argument("--immutable-tags", action="store_true")
+        p.add_argument("--region")
+        p.add_argument("--profile")
+        p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("build", help="build the image: local Docker if there is an engine, else AWS CodeBuild")
+    p.add_argument("context", nargs="?", default=".")
+    p.add_argument("--codebuild", action="store_true", help="build in CodeBuild even with a local engine")
+    p.add_argument("--tag-strategy", default="auto", help="auto (git sha, else time), git-sha, semantic, latest")
+    p.add_argument("--selftest", default="quick", choices=("quick", "standard", "full"),
+                   help="the image's selftest level run before pushing")
+    p.add_argument("--poll", type=float, default=3.0, help=argparse.SUPPRESS)
+    aws_args(p)
+    p.set_defaults(func=cmd_build)
+    p = sub.add_parser("push", help="push a local image to ECR (creating the repository with its policies)")
+    p.add_argument("image", help="local image name[:tag]")
+    p.add_argument("--tag-strategy", help="retag: auto, git-sha, semantic, latest (default: keep the tag)")
+    aws_args(p)
+    p.set_defaults(func=cmd_push)
+    p = sub.add_parser("test", help="run an image's selftest: locally with Docker, or in CodeBuild")
+    p.add_argument("image")
+    p.add_argument("--level", default="standard", choices=("quick", "standard", "full"))
+    p.add_argument("--codebuild", action="store_true")
+    p.add_argument("--gpus", action="store_true", help="local Docker: pass the GPUs in (--gpus all)")
+    p.add_argument("--poll", type=float, default=3.0, help=argparse.SUPPRESS)
+    p.add_argument("--region")
+    p.add_argument("--profile")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_test)
     return parser
 
 
