@@ -230,3 +230,17 @@ def test_test_buildspec_runs_the_selftest():
     spec = yaml.safe_load(yaml.safe_dump(test_buildspec("r/i:t", "full")))
     assert spec["phases"]["build"]["commands"] == ["docker pull $IMAGE_URI",
                                                    "docker run --rm $IMAGE_URI fsdpkit selftest --level full"]
+
+
+def test_down_keeps_a_repository_that_holds_images(moto):
+    url, env = moto
+    assert run_cli("infra", "up", env=env).returncode == 0
+    client(url, "ecr").put_image(repositoryName="fsdpkit", imageTag="v1", imageManifest=json.dumps(
+        {"schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
+         "config": {"mediaType": "application/vnd.docker.container.image.v1+json", "size": 1,
+                    "digest": "sha256:" + "0" * 64}, "layers": []}))
+    r = run_cli("infra", "down", "--json", env=env)
+    assert r.returncode == 0 and "kept ecr repository fsdpkit: it holds 1 image(s)" in r.stderr
+    assert [x["repositoryName"] for x in client(url, "ecr").describe_repositories()["repositories"]] == ["fsdpkit"]
+    r = run_cli("infra", "down", "--delete-images", "--json", env=env)
+    assert json.loads(r.stdout)["data"]["removed"] == ["ecr repository fsdpkit"]

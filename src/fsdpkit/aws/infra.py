@@ -154,8 +154,9 @@ class Infra:
         return created
 
     # -- down --------------------------------------------------------------------------------------
-    def down(self, say=print) -> list[str]:
-        """Remove what `up` made (fsdpkit's names and tag), newest first; nothing else."""
+    def down(self, say=print, delete_images: bool = False) -> list[str]:
+        """Remove what `up` made (fsdpkit's names and tag), newest first; nothing else. A repository
+        that still holds images is kept unless `delete_images`: images are not ours to lose."""
         have, n, removed = self.status(), self.n, []
         if have[f"codebuild project {n.project}"]:
             with aws_errors("deleting the project", "codebuild"):
@@ -168,9 +169,15 @@ class Infra:
                 self.iam.delete_role(RoleName=n.role)
             removed.append(f"iam role {n.role}")
         if have[f"ecr repository {n.repository}"] and self._repo_is_ours():
-            with aws_errors("deleting the repository", "ecr"):
-                self.ecr.delete_repository(repositoryName=n.repository, force=True)
-            removed.append(f"ecr repository {n.repository}")
+            with aws_errors("listing the repository's images", "ecr"):
+                images = self.ecr.list_images(repositoryName=n.repository).get("imageIds", [])
+            if images and not delete_images:
+                say(f"kept ecr repository {n.repository}: it holds {len(images)} image(s) "
+                    "(pass --delete-images to remove them too)")
+            else:
+                with aws_errors("deleting the repository", "ecr"):
+                    self.ecr.delete_repository(repositoryName=n.repository, force=True)
+                removed.append(f"ecr repository {n.repository}")
         if have[f"log group {n.log_group}"]:
             with aws_errors("deleting the log group", "logs"):
                 self.logs.delete_log_group(logGroupName=n.log_group)

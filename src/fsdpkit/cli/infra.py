@@ -28,7 +28,7 @@ def cmd(args: argparse.Namespace) -> int:
         for k, v in have.items():
             print(f"{'present' if v else 'missing':8s} {k}")
         return 0
-    done = infra.up(say) if args.cmd == "up" else infra.down(say)
+    done = infra.up(say) if args.cmd == "up" else infra.down(say, args.delete_images)
     if args.json:
         return emit_json({"account": aws.account, "region": aws.region,
                           "created" if args.cmd == "up" else "removed": done})
@@ -48,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--repository", default="fsdpkit", help="ECR repository name")
         p.add_argument("--immutable-tags", action="store_true", help="ECR tag immutability")
         p.add_argument("--json", action="store_true")
+        if verb == "down":
+            p.add_argument("--delete-images", action="store_true", help="also remove an ECR repository that "
+                           "still holds images")
         p.set_defaults(func=cmd)
     return parser
 
