@@ -27,3 +27,22 @@ def test_data_and_checkpoint_benchmark_smoke(tmp_path):
         assert ck[mode]["bytes"] > 0 and ck[mode]["total_s"] >= ck[mode]["blocked_s"] > 0
     assert ck["load"]["seconds"] > 0
     assert result["env"]["date"] and result["env"]["torch"]
+
+
+def test_train_throughput_benchmark_smoke(tmp_path):
+    """Both trainers run under torchrun with FSDP on two ranks, fsdpkit also alone; the JSON holds
+    tokens/s, MFU and peak memory for each, and the fsdpkit / baseline ratio."""
+    out = tmp_path / "throughput.json"
+    r = subprocess.run([sys.executable, "-m", "benchmarks.train_throughput", "--smoke", "--out", str(out)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    result = json.loads(out.read_text())
+    rows = {(x["impl"], x["world"]): x for x in result["rows"]}
+    assert set(rows) == {("fsdpkit", 2), ("baseline", 2), ("fsdpkit", 1)}
+    for row in rows.values():
+        assert row["tokens_per_s"] > 0 and row["peak_memory_bytes"] > 0 and 0 < row["mfu"] < 1
+        assert len(row["measured"]) == row["steps"]
+    assert result["peak_flops"] > 0 and result["peak_flops_source"].startswith("measured")
+    [ratio] = result["ratios"]
+    assert ratio["world"] == 2 and ratio["speedup"] > 0 and ratio["memory_ratio"] > 0
+    assert "fsdpkit / baseline" in r.stdout

@@ -93,6 +93,7 @@ class OptimConfig:
     beta2: float = opt(0.95, "AdamW beta2", min=0, max=1)
     eps: float = opt(1e-8, "AdamW epsilon", min=0)
     grad_clip: float = opt(1.0, "clip the global gradient norm to this (0: off)", min=0)
+    fused_optimizer: bool = opt(True, "fused AdamW kernel (one kernel for all parameters; CPU and CUDA)")
 
 
 @dataclass
@@ -114,6 +115,15 @@ class ParallelConfig:
         alias_values={"1": "full", "0": "none", "true": "full", "false": "none"})
     ac_every: int = opt(2, "selective activation checkpointing: every Nth block", min=1)
     compile: bool = opt(False, "torch.compile each decoder block")
+    attention: str = opt("auto", "causal attention kernel: sdpa, or auto (on the CPU, 256-token blocks that skip "
+                         "the masked half; SDPA elsewhere)", choices=("auto", "sdpa"))
+    compile_cache_dir: str | None = opt(None, "keep torch.compile's caches here (e.g. on shared storage) so a "
+                                        "restarted or resubmitted job starts warm")
+    loss_chunk_tokens: int | None = opt(None, "tokens per cross-entropy chunk, so full fp32 logits never exist "
+                                        "(default: chunks of at most 256 MiB of logits; 0: off)", min=0)
+    fsdp_prefetch: int = opt(1, "decoder blocks whose parameters FSDP gathers ahead, forward and backward", min=0,
+                             max=4)
+    float8: bool = opt(False, "float8 linear layers (torchao; Hopper or newer GPUs)")
     max_restarts: int = opt(0, "with --nproc: torchrun restarts the workers this often after a failure", min=0)
 
 
@@ -389,5 +399,7 @@ def validate(cfg: TrainConfig) -> None:
         raise UserError(f"warmup_steps: {cfg.warmup_steps()} must be <= max_steps ({o.max_steps})")
     if cfg.checkpoint.resume_from_checkpoint == "auto" and not cfg.checkpoint.checkpoint_dir:
         raise UserError("resume_from_checkpoint: 'auto' needs --checkpoint_dir to know where to look")
+    if cfg.parallel.float8 and cfg.parallel.device == "cpu":
+        raise UserError("float8: needs an NVIDIA GPU (Ada, Hopper or newer); it cannot run with --device cpu")
     if cfg.checkpoint.checkpoint_freq and not cfg.checkpoint.checkpoint_dir:
         raise UserError("checkpoint_freq: needs --checkpoint_dir to know where checkpoints go")

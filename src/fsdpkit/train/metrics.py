@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import resource
 import sys
@@ -66,12 +67,46 @@ def peak_flops(device: torch.device, dtype: torch.dtype) -> tuple[float | None, 
     return measure_cpu_peak_flops(dtype), "measured-gemm"
 
 
-def peak_memory_bytes(device: torch.device) -> int:
-    """Peak allocated device memory; on CPU the process's peak resident set (a proxy)."""
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device)
+def _proc_status_kib(field: str) -> int | None:
+    """A `VmRSS`/`VmHWM` line of /proc/self/status in KiB (Linux); None elsewhere."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def resident_bytes() -> int:
+    """This process's resident set now (Linux), or its lifetime peak where that is all there is."""
+    kib = _proc_status_kib("VmRSS")
+    return kib * 1024 if kib is not None else _maxrss_bytes()
+
+
+def _maxrss_bytes() -> int:
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return rss if sys.platform == "darwin" else rss * 1024
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    """Start a new peak-memory window: the CUDA allocator's peak, or on Linux the process's
+    resident high-water mark (writing 5 to /proc/self/clear_refs resets VmHWM)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return
+    # Not Linux, or not allowed: the peak stays the process's lifetime peak.
+    with contextlib.suppress(OSError):
+        Path("/proc/self/clear_refs").write_text("5")
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """Peak allocated device memory; on CPU the peak resident set since the last reset (a proxy:
+    it also counts the interpreter and libraries, which is why benchmarks subtract a baseline)."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    kib = _proc_status_kib("VmHWM")
+    return kib * 1024 if kib is not None else _maxrss_bytes()
 
 
 @dataclass

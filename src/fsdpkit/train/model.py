@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fsdpkit.train.attention import causal_attention, expand_kv
 from fsdpkit.train.model_config import ModelConfig
 
 
@@ -39,10 +40,14 @@ def rope_frequencies(cfg: ModelConfig) -> torch.Tensor:
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate (B, H, T, hd) by position, in the "rotate half" layout Hugging Face checkpoints use."""
-    x1, x2 = x.float().chunk(2, dim=-1)
-    out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-    return out.to(x.dtype)
+    """Rotate (B, H, T, hd) by position, in the "rotate half" layout Hugging Face checkpoints use.
+
+    In the input's dtype, as transformers does: the tables are exact in fp32, and rotating bf16
+    activations in fp32 would keep fp32 copies of q and k alive for backward (a third more
+    activation memory in bf16 runs, measured) for no gain in a bf16 model."""
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
 
 class RMSNorm(nn.Module):
@@ -67,6 +72,7 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=False)
         self.v_proj = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=False)
         self.o_proj = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False)
+        self.kernel = "auto"  # set by fsdpkit.train.shard from the config (see fsdpkit.train.attention)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 doc_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -75,11 +81,6 @@ class Attention(nn.Module):
         k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        if self.n_kv_heads != self.n_heads:
-            # Expanding K/V (rather than SDPA's enable_gqa) keeps every backend, flash included, usable.
-            rep = self.n_heads // self.n_kv_heads
-            k = k.repeat_interleave(rep, dim=1)
-            v = v.repeat_interleave(rep, dim=1)
         window = self.sliding_window is not None and self.sliding_window < T
         if window or doc_mask is not None:
             i = torch.arange(T, device=x.device)
@@ -87,9 +88,10 @@ class Attention(nn.Module):
             mask = (offset >= 0) & (offset < self.sliding_window) if window else offset >= 0
             if doc_mask is not None:
                 mask = mask & doc_mask  # (B, 1, T, T): attend only within the same document
+            k, v = expand_kv(k, v, self.n_heads)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         else:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            out = causal_attention(q, k, v, self.kernel)
         return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
 
 
@@ -188,6 +190,7 @@ class Transformer(nn.Module):
         self.rope_len = rope_len or cfg.max_seq_len
         self.model = Model(cfg)
         self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        self.loss_chunk_tokens: int | None = None  # set by fsdpkit.train.shard from the config
         if cfg.tie_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         # Derived from the config, so not saved in checkpoints; init_weights fills them.
@@ -250,20 +253,56 @@ class Transformer(nn.Module):
             h = layer(h, cos, sin, doc_mask)
         return self.model.norm(h)
 
-    def forward(self, tokens: torch.Tensor, eos_id: int | None = None) -> torch.Tensor:
-        """Logits (B, T, vocab) for (B, T) token ids; with `eos_id`, attention stays within documents."""
-        return self.lm_head(self.hidden_states(tokens, eos_id))
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None,
+                eos_id: int | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Logits (B, T, vocab) for (B, T) token ids; with `targets`, the loss instead (see `loss`).
+        With `eos_id`, attention stays within documents.
 
-    def loss(self, tokens: torch.Tensor, targets: torch.Tensor,
-             eos_id: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Mean next-token cross-entropy and the total loss (cross-entropy plus MoE balancing)."""
-        logits = self(tokens, eos_id)
-        ce = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
+        The loss is computed here, inside forward, so that under FSDP the output head's gathered
+        weight is still in place when the chunked cross-entropy runs."""
+        h = self.hidden_states(tokens, eos_id)
+        if targets is None:
+            return self.lm_head(h)
+        ce = chunked_cross_entropy(self.lm_head, h.flatten(0, 1), targets.flatten(), self.loss_chunk_tokens)
         total = ce
         if self.cfg.is_moe:
             aux = torch.stack([layer.mlp.aux_loss for layer in self.model.layers]).mean()
             total = ce + self.cfg.router_aux_loss_coef * aux
         return ce, total
+
+    def loss(self, tokens: torch.Tensor, targets: torch.Tensor,
+             eos_id: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mean next-token cross-entropy and the total loss (cross-entropy plus MoE balancing)."""
+        return self(tokens, targets, eos_id)
+
+
+def loss_chunk_size(vocab_size: int, setting: int | None) -> int:
+    """Tokens per cross-entropy chunk: `setting` (0: no chunking), or by default as many as keep
+    one chunk's fp32 logits within 256 MiB (about 520 tokens at a 128k vocabulary; a byte-level
+    vocabulary never chunks at usual batch sizes)."""
+    if setting is not None:
+        return setting
+    return max(256, 2**28 // (4 * vocab_size))
+
+
+def chunked_cross_entropy(head: nn.Module, h: torch.Tensor, targets: torch.Tensor, chunk: int | None) -> torch.Tensor:
+    """Mean cross-entropy of head(h) against targets (-100 ignored) without materialising the full
+    (tokens x vocab) fp32 logits: each chunk's logits are computed, reduced and dropped, and
+    recomputed in backward (activation checkpointing of the head), so the peak holds one chunk."""
+    n = h.shape[0]
+    count = (targets != -100).sum().clamp(min=1)
+    size = loss_chunk_size(head.out_features, chunk)
+    if size == 0 or size >= n:
+        return _ce_sum(head, h, targets) / count
+    total = h.new_zeros((), dtype=torch.float32)
+    for start in range(0, n, size):
+        part = slice(start, start + size)
+        total = total + torch.utils.checkpoint.checkpoint(_ce_sum, head, h[part], targets[part], use_reentrant=False)
+    return total / count
+
+
+def _ce_sum(head: nn.Module, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(head(h).float(), targets, ignore_index=-100, reduction="sum")
 
 
 def document_mask(tokens: torch.Tensor, eos_id: int) -> torch.Tensor:

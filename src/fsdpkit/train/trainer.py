@@ -34,6 +34,7 @@ from fsdpkit.train.metrics import (
     human_line,
     peak_flops,
     peak_memory_bytes,
+    reset_peak_memory,
 )
 from fsdpkit.train.model import Transformer
 from fsdpkit.train.model_config import count_params
@@ -151,6 +152,7 @@ def train(cfg: TrainConfig, notices: list[str] | None = None) -> TrainResult:
 
 def _train(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path, notices: list[str]) -> TrainResult:
     torch.manual_seed(cfg.seed)
+    reset_peak_memory(rt.device)  # the memory figure is this run's, not the imports'
     mcfg, seq_len = cfg.model_config(), cfg.seq_len()
     d, o, lg = cfg.data, cfg.optim, cfg.log
     model = build_model(cfg, rt)
@@ -172,7 +174,8 @@ def _train(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path, notices: list[str]
     source, tok = data_pipeline(cfg, d.train_split, verbose=rt.is_main)
     batches = BatchStream(source, tok, seq_len, d.train_batch_size, rt.rank, rt.world_size, cfg.seed,
                           epochs=d.epochs, skip_blocks=samples_done)
-    stream = Prefetcher(batches, d.prefetch) if d.prefetch else iter(batches)
+    pin = rt.device.type == "cuda"
+    stream = Prefetcher(batches, d.prefetch, pin_memory=pin) if d.prefetch else iter(batches)
     eos_id = (source.meta["eos_id"] if tok is None else tok.eos_id) if d.document_masking else None
     sample_log = None
     if lg.log_samples:

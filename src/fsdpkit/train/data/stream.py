@@ -150,7 +150,10 @@ class Prefetcher:
     producer is raised in the consumer, at the item where it happened.
     """
 
-    def __init__(self, items: Iterable, depth: int = 4):
+    def __init__(self, items: Iterable, depth: int = 4, pin_memory: bool = False):
+        # Pinned (page-locked) batches let the copy to the GPU run asynchronously (non_blocking);
+        # pinning here keeps its cost off the training thread.
+        self._pin = pin_memory
         self._queue: queue.Queue = queue.Queue(maxsize=max(1, depth))
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(iter(items),), daemon=True, name="fsdpkit-data")
@@ -159,6 +162,8 @@ class Prefetcher:
     def _run(self, it: Iterator) -> None:
         try:
             for item in it:
+                if self._pin:
+                    item = item._replace(**{f: getattr(item, f).pin_memory() for f in ("inputs", "targets")})
                 while not self._stop.is_set():
                     try:
                         self._queue.put(item, timeout=0.1)

@@ -1,0 +1,319 @@
+"""Training throughput: fsdpkit's trainer against the reference baseline, in one run, same machine.
+
+    python -m benchmarks.train_throughput              # full size; appends to benchmarks/RESULTS.md
+    python -m benchmarks.train_throughput --smoke      # seconds; what CI runs
+    python -m benchmarks.train_throughput --only compare,ablation
+
+Every measurement is a fresh process (under torchrun for more than one rank, and for the
+baseline, which the reference always launches with torchrun), so imports, allocator state and
+compile caches never leak from one case into the next. Each reports the median step time after
+warm-up, tokens/s, MFU and peak memory:
+
+- compare: fsdpkit vs the baseline (benchmarks/reference_baseline.py) for the same preset, batch,
+  sequence and precision, 1 process and 2 FSDP ranks; the ratio is fsdpkit / baseline tokens/s.
+- curve: how fsdpkit's step time grows with sequence length and with model size.
+- ablation: each performance switch of the trainer on and off, and what it gains.
+- gpu (only with a CUDA device): llama3_2_1b at sequence 2048 and 8192 in bf16 with and without
+  compile and activation checkpointing, and llama3_1_8b with fewer layers.
+
+On a CPU the MFU denominator is this machine's GEMM rate measured in the same run (all cores, the
+run's precision); on a GPU it is the data-sheet peak. Peak memory is the CUDA allocator's peak, or
+on a CPU the resident set's high-water mark minus the resident set before the model was built.
+The precision is bf16 where the device multiplies bf16 in hardware (GPUs; CPUs with AVX512-BF16
+or AMX), fp32 elsewhere, for fsdpkit and the baseline alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from benchmarks.common import append_rows, environment, write_json
+
+SECTIONS = ("compare", "curve", "ablation", "gpu")
+
+
+def case(section: str, impl: str, preset: str, seq: int, batch: int, world: int, dtype: str,
+         flags: tuple[str, ...] = (), label: str = "", steps: int = 8, warmup: int = 2) -> dict:
+    return {"section": section, "impl": impl, "preset": preset, "seq": seq, "batch": batch, "world": world,
+            "dtype": dtype, "flags": list(flags), "label": label or impl, "steps": steps, "warmup": warmup}
+
+
+COMPILE = ("--compile", "1")
+WIDE = ("--dim", "512", "--n_heads", "16", "--n_kv_heads", "8", "--ffn_dim", "1376")
+
+
+def plan(smoke: bool, device: str, dtype: str, only: set[str]) -> list[dict]:
+    cases: list[dict] = []
+    if device == "cuda":
+        if "gpu" in only:
+            cases = gpu_plan(torch.cuda.device_count())
+        return cases
+    if smoke:  # each path once: torchrun with FSDP for both trainers, and fsdpkit alone
+        tiny = {"steps": 2, "warmup": 1}
+        if "compare" in only:
+            cases += [case("compare", impl, "tiny", 64, 2, 2, dtype, **tiny) for impl in ("fsdpkit", "baseline")]
+        if "curve" in only:
+            cases.append(case("curve", "fsdpkit", "tiny", 32, 2, 1, dtype, label="seq 32", **tiny))
+        return cases
+    if "compare" in only:
+        for w in (1, 2):
+            cases += [case("compare", "fsdpkit", "debug", 512, 16, w, dtype),
+                      case("compare", "fsdpkit", "debug", 512, 16, w, dtype, COMPILE, "fsdpkit+compile"),
+                      case("compare", "baseline", "debug", 512, 16, w, dtype)]
+    if "curve" in only:
+        cases += [case("curve", "fsdpkit", "debug", s, 8192 // s, 1, dtype, label=f"seq {s}", steps=4)
+                  for s in (128, 256, 1024)]
+        cases += [case("curve", "fsdpkit", "tiny", 512, 16, 1, dtype, label="tiny", steps=4),
+                  case("curve", "fsdpkit", "debug", 512, 16, 1, dtype, WIDE, "debug, 2x wider", steps=4),
+                  case("curve", "fsdpkit", "debug", 512, 16, 1, dtype, ("--n_layers", "8"), "debug, 2x deeper",
+                       steps=4)]
+    if "ablation" in only:
+        cases += [case("ablation", "fsdpkit", "debug", 512, 16, 1, dtype, flags, label, steps=5)
+                  for flags, label in ABLATIONS]
+    return cases
+
+
+def gpu_plan(n_gpus: int) -> list[dict]:
+    """One GPU: llama3_2_1b in bf16 at 2048 and 8192 tokens, compile and activation checkpointing on
+    and off, against the baseline; llama3_1_8b with 4 layers (the full model's AdamW state alone
+    is 128 GB). With several GPUs, also FSDP over all of them."""
+    cases = []
+    variants = (((), "plain"), (COMPILE, "compile"), (("--activation_checkpointing", "full"), "ac"),
+                ((*COMPILE, "--activation_checkpointing", "full"), "compile+ac"))
+    for seq, batch in ((2048, 4), (8192, 1)):
+        cases += [case("gpu", "fsdpkit", "llama3_2_1b", seq, batch, 1, "bf16", f, label, 10, 3)
+                  for f, label in variants]
+        cases.append(case("gpu", "baseline", "llama3_2_1b", seq, batch, 1, "bf16", (), "baseline", 10, 3))
+    cases.append(case("gpu", "fsdpkit", "llama3_1_8b", 2048, 2, 1, "bf16",
+                      ("--n_layers", "4", *COMPILE, "--activation_checkpointing", "full"), "8b, 4 layers", 10, 3))
+    if n_gpus > 1:
+        cases += [case("gpu", impl, "llama3_2_1b", 2048, 4, n_gpus, "bf16", (), impl, 10, 3)
+                  for impl in ("fsdpkit", "baseline")]
+    return cases
+
+
+# Each switch against fsdpkit's defaults (debug, seq 512, batch 16, one process).
+ABLATIONS: list[tuple[tuple[str, ...], str]] = [
+    ((), "defaults"),
+    (("--fused_optimizer", "0"), "foreach AdamW (fused off)"),
+    (("--attention", "sdpa"), "attention: SDPA (blocked CPU kernel off)"),
+    (("--compile", "1"), "torch.compile per block"),
+    (("--activation_checkpointing", "full"), "activation checkpointing: full"),
+    (("--activation_checkpointing", "selective"), "activation checkpointing: every 2nd block"),
+    (("--vocab_size", "32000"), "vocab 32000, chunked loss (default)"),
+    (("--vocab_size", "32000", "--loss_chunk_tokens", "0"), "vocab 32000, full fp32 logits"),
+]
+
+
+# --- one case, in its own process(es) --------------------------------------------------------------
+def run_case(c: dict, tmp: Path, device: str) -> dict:
+    out = Path(tempfile.mkdtemp(prefix="case-", dir=tmp))
+    env = dict(os.environ)
+    if device == "cpu":
+        # Each rank gets its share of the cores, for both trainers alike (torchrun would give 1).
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // c["world"]))
+    worker = ["-m", "benchmarks.train_throughput", "--worker", json.dumps(c), "--worker-out", str(out),
+              "--device", device]
+    if c["world"] > 1 or c["impl"] == "baseline":
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={c['world']}",
+               *worker]
+    else:  # fsdpkit with one process runs as `fsdpkit train` does: no torchrun, no sharding
+        cmd = [sys.executable, *worker]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=Path(__file__).parent.parent)
+    ranks = [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))]
+    if r.returncode != 0 or len(ranks) != c["world"]:
+        raise RuntimeError(f"case {c['label']} ({c['impl']}, world {c['world']}) failed:\n{r.stderr[-4000:]}")
+    times = ranks[0]["step_times"][c["warmup"]:]
+    step = statistics.median(times)
+    tokens = c["batch"] * c["seq"] * c["world"]
+    return {**c, "step_time_s": step, "tokens_per_s": tokens / step, "measured": times,
+            "peak_memory_bytes": max(x["peak_memory_bytes"] for x in ranks), "step_times": ranks[0]["step_times"]}
+
+
+def worker(c: dict, out: Path, device: str) -> None:
+    """Runs inside the case's process: train, then write this rank's step times and peak memory."""
+    from fsdpkit.train import dist
+    from fsdpkit.train.config import parse_args
+    from fsdpkit.train.metrics import peak_memory_bytes, reset_peak_memory, resident_bytes
+
+    rank = int(os.environ.get("RANK", 0))
+    dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if device == "cuda" else torch.device("cpu")
+    flags = ["--preset", c["preset"], "--seq_len", str(c["seq"]), "--train_batch_size", str(c["batch"]),
+             "--max_steps", str(c["steps"] + c["warmup"]), "--mixed_precision", c["dtype"], "--device", device,
+             "--logging_freq", "1", "--validation_freq", "0", "--validation_batches", "1", "--tensorboard", "0",
+             "--progress", "off", "--run_dir", str(out / "run"), *c["flags"]]
+    cfg, _ = parse_args(flags)
+    if c["impl"] == "baseline":
+        from benchmarks import reference_baseline  # imports transformers before the memory baseline
+
+        rt = dist.setup(device)
+    before = resident_bytes()
+    reset_peak_memory(dev)
+    if c["impl"] == "baseline":
+        dtype = torch.bfloat16 if c["dtype"] == "bf16" else torch.float32
+        try:
+            times = reference_baseline.train_steps(cfg, rt, dtype, c["steps"] + c["warmup"])
+        finally:
+            dist.teardown()
+    else:
+        from fsdpkit.train.trainer import train
+
+        train(cfg)
+        rows = [json.loads(x) for x in (out / "run" / "metrics.jsonl").read_text().splitlines()] if rank == 0 else []
+        times = [r["step_time_s"] for r in rows if r["kind"] == "train"]
+    peak = peak_memory_bytes(dev) - (before if device == "cpu" else 0)
+    (out / f"rank{rank}.json").write_text(json.dumps({"step_times": times, "peak_memory_bytes": peak}))
+
+
+# --- the run -----------------------------------------------------------------------------------------
+def measured_peak(device: str, dtype: str) -> tuple[float | None, str]:
+    from fsdpkit.train.metrics import gpu_peak_flops, measure_cpu_peak_flops
+
+    torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
+    if device == "cuda":
+        return gpu_peak_flops(torch.device("cuda"), torch_dtype), "datasheet"
+    torch.set_num_threads(os.cpu_count() or 1)
+    return max(measure_cpu_peak_flops(torch_dtype, seconds=1.0) for _ in range(3)), "measured GEMM, all cores"
+
+
+def add_mfu(row: dict, peak: float | None) -> None:
+    from fsdpkit.train.config import parse_args
+    from fsdpkit.train.metrics import flops_per_token
+
+    overrides = [f for f in row["flags"] if f.startswith("--") and f.lstrip("-") in MODEL_FLAGS]
+    flags = ["--preset", row["preset"]]
+    for f in overrides:
+        i = row["flags"].index(f)
+        flags += row["flags"][i:i + 2]
+    mcfg = parse_args(flags)[0].model_config()
+    row["flops_per_token"] = flops_per_token(mcfg, row["seq"])
+    # Per device on a GPU; on a CPU the ranks share one machine, whose GEMM rate is the denominator.
+    per = row["world"] if row.get("device") == "cuda" else 1
+    row["mfu"] = row["flops_per_token"] * row["tokens_per_s"] / per / peak if peak else None
+
+
+MODEL_FLAGS = {"dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size"}
+
+
+def merge_rounds(rows: list[dict]) -> list[dict]:
+    """One row per case: the measured steps of every round pooled, their median taken again."""
+    merged: dict[str, dict] = {}
+    for r in rows:
+        key = json.dumps({k: r[k] for k in ("section", "impl", "label", "preset", "seq", "world", "flags")})
+        if key in merged:
+            m = merged[key]
+            m["measured"] += r["measured"]
+            m["peak_memory_bytes"] = max(m["peak_memory_bytes"], r["peak_memory_bytes"])
+            m["step_time_s"] = statistics.median(m["measured"])
+            m["tokens_per_s"] = m["batch"] * m["seq"] * m["world"] / m["step_time_s"]
+            if m["mfu"] is not None:
+                m["mfu"] = r["mfu"] * r["step_time_s"] / m["step_time_s"]
+        else:
+            merged[key] = dict(r)
+    return list(merged.values())
+
+
+def ratios(rows: list[dict]) -> list[dict]:
+    """fsdpkit (each compared configuration) over the baseline of the same preset, size and ranks."""
+    key = lambda r: (r["preset"], r["seq"], r["batch"], r["world"], r["dtype"])  # noqa: E731
+    base = {key(r): r for r in rows if r["impl"] == "baseline"}
+    return [{"fsdpkit": r["label"], "preset": r["preset"], "seq": r["seq"], "batch": r["batch"], "world": r["world"],
+             "dtype": r["dtype"], "speedup": r["tokens_per_s"] / b["tokens_per_s"],
+             "memory_ratio": r["peak_memory_bytes"] / b["peak_memory_bytes"]}
+            for r in rows if r["impl"] == "fsdpkit" and r["section"] in ("compare", "gpu") and (b := base.get(key(r)))]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, seconds (CI)")
+    parser.add_argument("--only", default=",".join(SECTIONS), help=f"sections to run, of: {', '.join(SECTIONS)}")
+    parser.add_argument("--dtype", choices=("auto", "bf16", "fp32"), default="auto",
+                        help="precision for both trainers (auto: bf16 where the device has it in hardware)")
+    parser.add_argument("--rounds", type=int, default=2, help="times the compare cases run, interleaved")
+    parser.add_argument("--out", type=Path, default=Path(__file__).with_name("results") / "train_throughput.json")
+    parser.add_argument("--no-results-md", action="store_true", help="do not append to RESULTS.md")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--worker-out", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    args = parser.parse_args(argv)
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    if args.worker:
+        worker(json.loads(args.worker), args.worker_out, device)
+        return 0
+    from fsdpkit.train.shard import cpu_has_native_bf16
+
+    dtype = args.dtype
+    if dtype == "auto":
+        dtype = "bf16" if device == "cuda" or cpu_has_native_bf16() else "fp32"
+    only = set(args.only.split(","))
+    peak, peak_source = measured_peak(device, dtype)
+    rows = []
+    cases = plan(args.smoke, device, dtype, only)
+    # Rounds interleave the compared cases, so a slow spell of a shared machine hits all of them.
+    rounds = 1 if args.smoke else args.rounds
+    cases += [c for _ in range(rounds - 1) for c in cases if c["section"] == "compare"]
+    with tempfile.TemporaryDirectory() as d:
+        for c in cases:
+            print(f"[{c['section']}] {c['impl']:8} {c['label']:44} {c['preset']} seq {c['seq']} x {c['batch']} "
+                  f"world {c['world']} {c['dtype']} ...", end="", flush=True)
+            row = run_case(c, Path(d), device)
+            row["device"] = device
+            add_mfu(row, peak)
+            mfu = f"{100 * row['mfu']:.1f}%" if row["mfu"] is not None else "n/a"
+            print(f" {row['tokens_per_s']:,.0f} tok/s, {row['step_time_s'] * 1000:.0f} ms/step, MFU {mfu}, "
+                  f"{row['peak_memory_bytes'] / 2**20:,.0f} MiB", flush=True)
+            rows.append(row)
+    rows = merge_rounds(rows)
+    result = {"env": environment(), "smoke": args.smoke, "device": device, "dtype": dtype,
+              "peak_flops": peak, "peak_flops_source": peak_source, "rows": rows, "ratios": ratios(rows)}
+    write_json(args.out, result)
+    for r in result["ratios"]:
+        print(f"{r['fsdpkit']} / baseline: {r['preset']} seq {r['seq']} world {r['world']} {r['dtype']}: "
+              f"{r['speedup']:.2f}x tokens/s, {r['memory_ratio']:.2f}x peak memory")
+    if not args.no_results_md and not args.smoke:
+        write_results_md(result)
+    return 0
+
+
+def write_results_md(result: dict) -> None:
+    env, rows = result["env"], result["rows"]
+    peak = f"{result['peak_flops'] / 1e12:.3f}" if result["peak_flops"] else "n/a"
+
+    def fmt(r: dict) -> list:
+        mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a"
+        return [f"{r['tokens_per_s']:,.0f}", f"{r['step_time_s'] * 1000:,.0f}", mfu,
+                f"{r['peak_memory_bytes'] / 2**20:,.0f}"]
+
+    head = ["date", "device", "torch", "peak TFLOP/s"]
+    base_cols = [env["date"], env["device"], env["torch"], peak]
+    compare = [r for r in rows if r["section"] in ("compare", "gpu") and r["impl"] == "baseline"]
+    base = {(b["preset"], b["seq"], b["world"], b["dtype"]): b for b in compare}
+    pairs = [(f, b) for f in rows if f["impl"] == "fsdpkit" and f["section"] in ("compare", "gpu")
+             and (b := base.get((f["preset"], f["seq"], f["world"], f["dtype"])))]
+    if pairs:
+        append_rows("Training throughput: fsdpkit vs the reference baseline",
+                    [*head, "preset", "seq x batch", "ranks", "dtype", "fsdpkit", "fsdpkit tok/s", "baseline tok/s",
+                     "speedup", "fsdpkit MFU", "baseline MFU", "fsdpkit MiB", "baseline MiB", "commit"],
+                    [[*base_cols, b["preset"], f"{b['seq']} x {b['batch']}", b["world"], b["dtype"], f["label"],
+                                  fmt(f)[0], fmt(b)[0], f"{f['tokens_per_s'] / b['tokens_per_s']:.2f}x", fmt(f)[2],
+                                  fmt(b)[2], fmt(f)[3], fmt(b)[3], env["commit"]] for f, b in pairs])
+    other = [r for r in rows if r["impl"] == "fsdpkit" and r["section"] in ("curve", "ablation")]
+    if other:
+        append_rows("fsdpkit: cost curve, switches and GPU runs",
+                    [*head, "section", "case", "preset", "seq x batch", "ranks", "dtype", "tok/s", "ms/step", "MFU",
+                     "peak MiB", "commit"],
+                    [[*base_cols, r["section"], r["label"], r["preset"], f"{r['seq']} x {r['batch']}", r["world"],
+                             r["dtype"], *fmt(r), env["commit"]] for r in other])
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

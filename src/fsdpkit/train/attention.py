@@ -1,0 +1,113 @@
+"""Causal attention: PyTorch's SDPA, and on the CPU a blocked kernel that skips the masked half.
+
+PyTorch's CPU flash-attention kernel splits keys into blocks of 512, so below 1024 tokens it
+computes the whole T x T score matrix and masks half of it away: a causal call costs the same as
+a non-causal one (measured: 0.190 s vs 0.191 s fwd+bwd at 16 x 8 heads x 512 tokens). Splitting
+the queries into 256-token blocks, each attending causally to its own block and fully to the
+blocks before it, skips a quarter of that work at 512 tokens and more at longer sequences. The
+partial results are merged with their log-sum-exps, and backward runs the same kernel's backward
+on each piece against the merged output, which is exact (as ring attention does across GPUs).
+
+In bf16 runs the blocks are computed in fp32: the CPU kernel is faster in fp32 than in bf16 at
+these sizes (and it is more precise). GPUs keep SDPA, whose flash kernels skip masked blocks.
+Both kernels are registered as custom ops, so torch.compile traces around them without a break.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+BLOCK = 256
+_fwd = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+_bwd = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+
+
+def causal_attention(q: Tensor, k: Tensor, v: Tensor, kernel: str = "auto") -> Tensor:
+    """softmax(q k^T / sqrt(d), causal) v for q (B, H, T, d) and k, v (B, H_kv, T, d), H_kv dividing H."""
+    if kernel == "auto" and q.device.type == "cpu":
+        # The CPU kernel shares each K/V head among its query heads itself (no expanded copies).
+        out, _ = cpu_causal_blocks(q.float(), k.float(), v.float(), BLOCK)
+        return out.to(q.dtype)
+    k, v = expand_kv(k, v, q.shape[1])
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def expand_kv(k: Tensor, v: Tensor, n_heads: int) -> tuple[Tensor, Tensor]:
+    """Repeat grouped K/V heads to one per query head. Expanding (rather than SDPA's enable_gqa)
+    keeps every SDPA backend, flash included, usable on every device."""
+    rep = n_heads // k.shape[1]
+    if rep == 1:
+        return k, v
+    return k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+
+
+def _blocks(t: int, block: int) -> list[tuple[int, int]]:
+    return [(s, min(s + block, t)) for s in range(0, t, block)]
+
+
+@torch.library.custom_op("fsdpkit::cpu_causal_blocks", mutates_args=())
+def cpu_causal_blocks(q: Tensor, k: Tensor, v: Tensor, block: int) -> tuple[Tensor, Tensor]:
+    scale = q.shape[-1] ** -0.5
+    outs, lses = [], []
+    for s, e in _blocks(q.shape[2], block):
+        qi = q[:, :, s:e]
+        o_own, l_own = _fwd(qi, k[:, :, s:e], v[:, :, s:e], 0.0, True, scale=scale)[:2]
+        if s == 0:
+            outs.append(o_own)
+            lses.append(l_own)
+            continue
+        o_past, l_past = _fwd(qi, k[:, :, :s], v[:, :, :s], 0.0, False, scale=scale)[:2]
+        lse = torch.logaddexp(l_own, l_past)
+        outs.append(o_own * torch.exp(l_own - lse).unsqueeze(-1) + o_past * torch.exp(l_past - lse).unsqueeze(-1))
+        lses.append(lse)
+    return torch.cat(outs, 2), torch.cat(lses, -1)
+
+
+@cpu_causal_blocks.register_fake
+def _(q: Tensor, k: Tensor, v: Tensor, block: int) -> tuple[Tensor, Tensor]:
+    return torch.empty_like(q), q.new_empty(q.shape[:3])
+
+
+@torch.library.custom_op("fsdpkit::cpu_causal_blocks_backward", mutates_args=())
+def cpu_causal_blocks_backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                               block: int) -> tuple[Tensor, Tensor, Tensor]:
+    scale = q.shape[-1] ** -0.5
+    grad = grad.contiguous()
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    for s, e in _blocks(q.shape[2], block):
+        g, qi, oi, li = grad[:, :, s:e], q[:, :, s:e], out[:, :, s:e], lse[:, :, s:e]
+        a, b, c = _bwd(g, qi, k[:, :, s:e], v[:, :, s:e], oi, li, 0.0, True, scale=scale)
+        dq[:, :, s:e] += a
+        dk[:, :, s:e] += b
+        dv[:, :, s:e] += c
+        if s:
+            a, b, c = _bwd(g, qi, k[:, :, :s], v[:, :, :s], oi, li, 0.0, False, scale=scale)
+            dq[:, :, s:e] += a
+            dk[:, :, :s] += b
+            dv[:, :, :s] += c
+    return dq, dk, dv
+
+
+@cpu_causal_blocks_backward.register_fake
+def _(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+      block: int) -> tuple[Tensor, Tensor, Tensor]:
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup(ctx, inputs, output) -> None:
+    q, k, v, block = inputs
+    out, lse = output
+    ctx.mark_non_differentiable(lse)  # a by-product for the backward; nothing may train through it
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.block = block
+
+
+def _backward(ctx, grad_out: Tensor, grad_lse: Tensor):
+    q, k, v, out, lse = ctx.saved_tensors
+    dq, dk, dv = cpu_causal_blocks_backward(grad_out, q, k, v, out, lse, ctx.block)
+    return dq, dk, dv, None
+
+
+cpu_causal_blocks.register_autograd(_backward, setup_context=_setup)

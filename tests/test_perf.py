@@ -1,0 +1,120 @@
+"""The trainer's performance switches compute what the plain path computes, and save what they claim."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fsdpkit.errors import UserError
+from fsdpkit.train.attention import causal_attention, expand_kv
+from fsdpkit.train.config import parse_args
+from fsdpkit.train.metrics import peak_memory_bytes, reset_peak_memory
+from fsdpkit.train.model import chunked_cross_entropy, loss_chunk_size
+from fsdpkit.train.optim import build_optimizer
+
+
+@pytest.mark.parametrize("seq,kv_heads", [(200, 4), (512, 4), (700, 2), (1024, 1)])
+def test_cpu_blocked_attention_equals_sdpa_with_gradients(seq, kv_heads):
+    torch.manual_seed(0)
+    q = torch.randn(2, 4, seq, 16, requires_grad=True)
+    k, v = (torch.randn(2, kv_heads, seq, 16, requires_grad=True) for _ in range(2))
+    grad = torch.randn(2, 4, seq, 16)
+    out = causal_attention(q, k, v, "auto")
+    ek, ev = expand_kv(k, v, 4)
+    ref = F.scaled_dot_product_attention(q, ek, ev, is_causal=True)
+    torch.testing.assert_close(out, ref, atol=2e-6, rtol=1e-5)
+    for ours, theirs in zip(torch.autograd.grad(out, (q, k, v), grad), torch.autograd.grad(ref, (q, k, v), grad),
+                            strict=True):
+        torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
+
+
+def test_blocked_attention_in_bf16_stays_close_to_fp32():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 600, 32) for _ in range(3))
+    ref = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    out = causal_attention(q.bfloat16(), k.bfloat16(), v.bfloat16())
+    assert out.dtype == torch.bfloat16
+    assert (out.float() - ref).abs().max() < 0.03  # bf16 inputs and output, fp32 inside
+
+
+def _head_and_data(vocab: int, n: int = 96, dim: int = 32):
+    torch.manual_seed(0)
+    head = torch.nn.Linear(dim, vocab, bias=False)
+    h = torch.randn(n, dim, requires_grad=True)
+    targets = torch.randint(0, vocab, (n,))
+    targets[::7] = -100  # ignored positions count in neither numerator nor denominator
+    return head, h, targets
+
+
+def test_chunked_cross_entropy_equals_the_full_one():
+    head, h, targets = _head_and_data(50)
+    full = chunked_cross_entropy(head, h, targets, 0)
+    ref = F.cross_entropy(head(h).float(), targets, ignore_index=-100)
+    torch.testing.assert_close(full, ref)
+    g_full = torch.autograd.grad(full, (h, head.weight))
+    chunked = chunked_cross_entropy(head, h, targets, 13)  # chunks that do not divide the tokens
+    torch.testing.assert_close(chunked, ref)
+    for a, b in zip(torch.autograd.grad(chunked, (h, head.weight)), g_full, strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_chunked_cross_entropy_never_keeps_the_full_logits():
+    """What autograd saves for backward: with chunks, one chunk's inputs; without, all fp32 logits."""
+    head, h, targets = _head_and_data(4096, n=512)
+
+    def saved_bytes(chunk: int) -> int:
+        total = 0
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            nonlocal total
+            total += t.numel() * t.element_size()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            chunked_cross_entropy(head, h, targets, chunk)
+        return total
+
+    logits = 512 * 4096 * 4
+    assert saved_bytes(0) >= logits
+    assert saved_bytes(64) < logits / 4
+
+
+def test_default_loss_chunk_bounds_the_logits_of_a_chunk():
+    assert loss_chunk_size(128256, None) * 128256 * 4 <= 2**28
+    assert loss_chunk_size(258, None) > 100_000  # a byte vocabulary is never chunked in practice
+    assert loss_chunk_size(32000, 0) == 0
+
+
+def test_fused_and_foreach_adamw_take_the_same_step():
+    torch.manual_seed(0)
+    init = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2)).state_dict()
+    results = []
+    for fused in ("1", "0"):
+        model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2))
+        model.load_state_dict(init)
+        opt = build_optimizer(model, parse_args(["--fused_optimizer", fused])[0])
+        for _ in range(3):
+            model(torch.ones(4, 8)).square().sum().backward()
+            opt.step()
+            opt.zero_grad()
+        results.append([p.detach() for p in model.parameters()])
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.skipif(not __import__("pathlib").Path("/proc/self/clear_refs").exists(), reason="Linux only")
+def test_peak_memory_window_is_reset():
+    cpu = torch.device("cpu")
+    reset_peak_memory(cpu)
+    before = peak_memory_bytes(cpu)
+    block = torch.ones(50_000_000)  # 200 MB, touched
+    assert peak_memory_bytes(cpu) - before > 150e6
+    del block
+    reset_peak_memory(cpu)
+    assert peak_memory_bytes(cpu) - before < 100e6
+
+
+def test_float8_on_the_cpu_is_refused_up_front():
+    with pytest.raises(UserError, match="float8"):
+        parse_args(["--float8", "1", "--device", "cpu"])
