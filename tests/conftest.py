@@ -17,10 +17,11 @@ ROOT = Path(__file__).resolve().parents[1]
 FAST = ["--seq_len", "64", "--validation_freq", "0", "--validation_batches", "2", "--progress", "off"]
 
 
-def run_cli(*args: str, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
+def run_cli(*args: str, timeout: float = 300, env: dict | None = None,
+            cwd: Path | None = None) -> subprocess.CompletedProcess:
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     return subprocess.run([sys.executable, "-m", "fsdpkit", *args], capture_output=True, text=True,
-                          timeout=timeout, env=full_env, cwd=ROOT)
+                          timeout=timeout, env=full_env, cwd=cwd or ROOT)
 
 
 def read_metrics(run_dir: Path, kind: str = "train") -> list[dict]:

@@ -29,6 +29,18 @@ def test_cpu_blocked_attention_equals_sdpa_with_gradients(seq, kv_heads):
         torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
 
 
+def test_blocked_attention_ops_pass_torch_library_checks():
+    """Fake kernels match the real ones (shapes, strides, dtypes), so torch.compile traces them."""
+    from fsdpkit.train.attention import cpu_causal_blocks
+
+    q = torch.randn(1, 300, 4, 8).transpose(1, 2)  # (B, H, T, d) strided as (B, T, H, d), as in the model
+    k, v = (torch.randn(1, 2, 300, 8, requires_grad=True) for _ in range(2))
+    for dtype in (torch.float32, torch.bfloat16):
+        args = (q.detach().to(dtype).requires_grad_(), k.detach().to(dtype).requires_grad_(),
+                v.detach().to(dtype).requires_grad_(), 128)
+        torch.library.opcheck(cpu_causal_blocks, args)
+
+
 def test_blocked_attention_in_bf16_stays_close_to_fp32():
     torch.manual_seed(0)
     q, k, v = (torch.randn(1, 2, 600, 32) for _ in range(3))

@@ -148,9 +148,17 @@ def test_watch_resubmits_a_failed_job_within_its_budget(kube, tmp_path):
     from kubernetes import client
 
     api = client.CustomObjectsApi(kube.api())
+
+    def attempt() -> str | None:
+        try:
+            job = api.get_namespaced_custom_object("kubeflow.org", "v1", "default", "pytorchjobs", "llama-tiny")
+        except client.ApiException as e:  # between the resubmission's delete and its create
+            assert e.status == 404
+            return None
+        return job["metadata"]["annotations"]["fsdpkit.dev/attempt"]
+
     deadline = time.monotonic() + 60
-    while api.get_namespaced_custom_object("kubeflow.org", "v1", "default", "pytorchjobs", "llama-tiny")[
-            "metadata"]["annotations"]["fsdpkit.dev/attempt"] != "1":
+    while attempt() != "1":
         assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
         time.sleep(0.2)
     set_conditions(kube, "llama-tiny", "Created", "Running", "Succeeded")

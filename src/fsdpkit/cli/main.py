@@ -22,6 +22,8 @@ VERBS = {
     "selftest": ("fsdpkit.train.selftest", "check this environment can train (--level quick|standard|full)"),
     "image": ("fsdpkit.cli.image", "write a Dockerfile on a known-good base; find PyTorch/CUDA/EFA conflicts"),
     "infra": ("fsdpkit.cli.infra", "AWS resources for image builds: infra up|status|down|template"),
+    "report": ("fsdpkit.cli.report", "plot runs (loss, lr, tokens/s, MFU, memory, restarts) into an HTML page"),
+    "skills": ("fsdpkit.cli.skills", "SKILL.md files for AI coding agents (OpenCode, Claude Code): list|install"),
     "job": ("fsdpkit.cli.job", "render, submit and follow jobs: local, Kubeflow PyTorchJob, HyperPod, Slurm"),
 }
 

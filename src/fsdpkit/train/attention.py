@@ -11,6 +11,9 @@ on each piece against the merged output, which is exact (as ring attention does 
 In bf16 runs the blocks are computed in fp32: the CPU kernel is faster in fp32 than in bf16 at
 these sizes (and it is more precise). GPUs keep SDPA, whose flash kernels skip masked blocks.
 Both kernels are registered as custom ops, so torch.compile traces around them without a break.
+Their fake (meta) kernels must give the real outputs' strides: inductor asserts them. Inductor's
+on-disk cache does not key on a fake kernel's code, so after changing one, clear the cache
+(/tmp/torchinductor_$USER, or --compile_cache_dir) or a stale graph fails the stride assertion.
 """
 
 from __future__ import annotations
@@ -28,8 +31,8 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, kernel: str = "auto") -> T
     """softmax(q k^T / sqrt(d), causal) v for q (B, H, T, d) and k, v (B, H_kv, T, d), H_kv dividing H."""
     if kernel == "auto" and q.device.type == "cpu":
         # The CPU kernel shares each K/V head among its query heads itself (no expanded copies).
-        out, _ = cpu_causal_blocks(q.float(), k.float(), v.float(), BLOCK)
-        return out.to(q.dtype)
+        out, _ = cpu_causal_blocks(q, k, v, BLOCK)
+        return out
     k, v = expand_kv(k, v, q.shape[1])
     return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
@@ -49,7 +52,10 @@ def _blocks(t: int, block: int) -> list[tuple[int, int]]:
 
 @torch.library.custom_op("fsdpkit::cpu_causal_blocks", mutates_args=())
 def cpu_causal_blocks(q: Tensor, k: Tensor, v: Tensor, block: int) -> tuple[Tensor, Tensor]:
-    scale = q.shape[-1] ** -0.5
+    """Output in the inputs' dtype and the fp32 log-sum-exp per query. Computed in fp32; autograd
+    saves the inputs and output in their own dtype (half the bytes of fp32 copies in bf16 runs)."""
+    dtype, scale = q.dtype, q.shape[-1] ** -0.5
+    q, k, v = q.float(), k.float(), v.float()
     outs, lses = [], []
     for s, e in _blocks(q.shape[2], block):
         qi = q[:, :, s:e]
@@ -62,19 +68,19 @@ def cpu_causal_blocks(q: Tensor, k: Tensor, v: Tensor, block: int) -> tuple[Tens
         lse = torch.logaddexp(l_own, l_past)
         outs.append(o_own * torch.exp(l_own - lse).unsqueeze(-1) + o_past * torch.exp(l_past - lse).unsqueeze(-1))
         lses.append(lse)
-    return torch.cat(outs, 2), torch.cat(lses, -1)
+    return torch.cat(outs, 2).to(dtype), torch.cat(lses, -1)
 
 
 @cpu_causal_blocks.register_fake
 def _(q: Tensor, k: Tensor, v: Tensor, block: int) -> tuple[Tensor, Tensor]:
-    return torch.empty_like(q), q.new_empty(q.shape[:3])
+    return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
 @torch.library.custom_op("fsdpkit::cpu_causal_blocks_backward", mutates_args=())
 def cpu_causal_blocks_backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                                block: int) -> tuple[Tensor, Tensor, Tensor]:
-    scale = q.shape[-1] ** -0.5
-    grad = grad.contiguous()
+    dtype, scale = q.dtype, q.shape[-1] ** -0.5
+    grad, q, k, v, out = (t.float().contiguous() for t in (grad, q, k, v, out))
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     for s, e in _blocks(q.shape[2], block):
         g, qi, oi, li = grad[:, :, s:e], q[:, :, s:e], out[:, :, s:e], lse[:, :, s:e]
@@ -87,13 +93,14 @@ def cpu_causal_blocks_backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, ou
             dq[:, :, s:e] += a
             dk[:, :, :s] += b
             dv[:, :, :s] += c
-    return dq, dk, dv
+    return dq.to(dtype), dk.to(dtype), dv.to(dtype)
 
 
 @cpu_causal_blocks_backward.register_fake
 def _(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
       block: int) -> tuple[Tensor, Tensor, Tensor]:
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    # The real kernel returns contiguous tensors, whatever the strides of its inputs.
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _setup(ctx, inputs, output) -> None:

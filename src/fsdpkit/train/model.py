@@ -57,10 +57,10 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.empty(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in fp32, as the reference implementations do, then return to the input dtype.
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(x.dtype)
+        # Normalise in fp32, as the reference implementations do, and return the input's dtype
+        # (also under autocast, where the weight stays fp32). The fused kernel is 1.5-2x faster
+        # than the same formula in separate ops (fwd+bwd, measured on the CPU).
+        return F.rms_norm(x.float(), (x.shape[-1],), self.weight.float(), self.eps).to(x.dtype)
 
 
 class Attention(nn.Module):
@@ -249,6 +249,10 @@ class Transformer(nn.Module):
         cos, sin = self.rope_cos[:T], self.rope_sin[:T]
         doc_mask = None if eos_id is None else document_mask(tokens, eos_id)
         h = self.model.embed_tokens(tokens)
+        if torch.is_autocast_enabled(h.device.type):
+            # One process under autocast: carry the residual stream in the compute dtype, as FSDP's
+            # bf16 parameters make it, rather than in fp32 (half the activation memory and traffic).
+            h = h.to(torch.get_autocast_dtype(h.device.type))
         for layer in self.model.layers:
             h = layer(h, cos, sin, doc_mask)
         return self.model.norm(h)

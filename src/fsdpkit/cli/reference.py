@@ -1,0 +1,94 @@
+"""The command reference (docs/reference.md), generated from the CLI's own parsers so it cannot go stale.
+
+    python -m fsdpkit.cli.reference > docs/reference.md
+
+Each verb's `main` is run with its parser's parsing intercepted: the parser it builds is captured
+and described (arguments, defaults, choices, help) in a fixed format, independent of the Python
+version's help layout. A test regenerates this and compares it with the file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from unittest import mock
+
+from fsdpkit.cli.main import VERBS
+
+
+class _Captured(Exception):
+    def __init__(self, parser: argparse.ArgumentParser):
+        super().__init__(parser.prog)
+        self.parser = parser
+
+
+def _grab(self: argparse.ArgumentParser, args=None, namespace=None):
+    raise _Captured(self)
+
+
+def verb_parser(verb: str) -> argparse.ArgumentParser:
+    """The parser `fsdpkit VERB` builds, captured just before it would parse anything."""
+    module_name, _, func = VERBS[verb][0].partition(":")
+    main = getattr(importlib.import_module(module_name), func or "main")
+    with mock.patch.object(argparse.ArgumentParser, "parse_known_args", _grab):
+        try:
+            main([])
+        except _Captured as c:
+            return c.parser
+    raise RuntimeError(f"fsdpkit {verb}: no argument parser was built")
+
+
+def _describe(action: argparse.Action) -> str:
+    if action.option_strings:
+        name = ", ".join(f"`{o}`" for o in action.option_strings)
+        if action.nargs != 0:
+            name += f" `{action.metavar or action.dest.upper()}`"
+    else:
+        name = f"`{action.metavar or action.dest}`"
+    text = (action.help or "").replace("%(default)s", str(action.default)).replace("\n", " ")
+    extra = []
+    if action.choices and not isinstance(action, argparse._SubParsersAction):
+        extra.append("one of " + ", ".join(f"`{c}`" for c in action.choices))
+    if action.default not in (None, False, argparse.SUPPRESS, []) and action.option_strings and action.nargs != 0:
+        extra.append(f"default `{action.default}`")
+    text = " ".join(filter(None, [text, f"({'; '.join(extra)})" if extra else ""]))
+    return f"- {name}" + (f": {text}" if text else "")
+
+
+def _section(parser: argparse.ArgumentParser, depth: int) -> list[str]:
+    lines = [f"{'#' * depth} `{parser.prog}`", ""]
+    if parser.description:
+        lines += [" ".join(parser.description.split()), ""]
+    subcommands = None
+    for action in parser._actions:
+        if isinstance(action, argparse._HelpAction) or action.help == argparse.SUPPRESS:
+            continue
+        if isinstance(action, argparse._SubParsersAction):
+            subcommands = action
+            continue
+        lines.append(_describe(action))
+    if lines[-1]:
+        lines.append("")
+    if subcommands:
+        helps = {a.dest: a.help for a in subcommands._choices_actions}
+        for name, sub in subcommands.choices.items():
+            if sub.description is None and helps.get(name):
+                sub.description = helps[name]
+            lines += _section(sub, depth + 1)
+    return lines
+
+
+def render() -> str:
+    lines = ["# Command reference", "",
+             "Generated from the CLI by `python -m fsdpkit.cli.reference > docs/reference.md`; do not edit.",
+             "Every command takes `--help`; those with `--json` print one envelope "
+             '`{"ok", "data", "error": {"code", "message", "hint"}}`.', ""]
+    lines += [f"- `fsdpkit {verb}`: {help_text}" for verb, (_m, help_text) in VERBS.items()]
+    lines.append("")
+    for verb in VERBS:
+        lines += _section(verb_parser(verb), 2)
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+if __name__ == "__main__":
+    print(render(), end="")

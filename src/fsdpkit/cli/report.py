@@ -1,0 +1,36 @@
+"""`fsdpkit report RUN_DIR [RUN_DIR ...]`: loss, learning rate, throughput, MFU, memory and restarts
+of one or more runs as PNGs and one self-contained HTML page (also for a run still being written)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fsdpkit.cli.output import Parser, dispatch, emit_json
+
+
+def run(args) -> int:
+    from fsdpkit.report.page import write_report
+    from fsdpkit.report.runs import load_runs
+
+    runs = load_runs([Path(p) for p in args.run_dirs])
+    out = Path(args.out) if args.out else Path(args.run_dirs[0]) / "report"
+    result = write_report(runs, out)
+    if args.json:
+        return emit_json(result)
+    for s in result["runs"]:
+        state = "finished" if s["finished"] else "running or stopped"
+        print(f"{s['name']}: {s['steps']} steps ({state}), loss {s['first_loss']} -> {s['final_loss']}, "
+              f"{s['restarts']} restart(s)")
+    print(f"report: {result['html']} ({len(result['plots'])} plots)")
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    parser = Parser(prog="fsdpkit report", description="Plot one or more runs (also one still being written): "
+                    "loss, validation loss, learning rate, tokens/s, MFU, memory and restarts, as PNGs and one "
+                    "self-contained HTML page.")
+    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories (with metrics.jsonl)")
+    parser.add_argument("--out", help="where the HTML and PNGs go (default: FIRST_RUN_DIR/report)")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.set_defaults(func=run)
+    return dispatch(parser, argv)

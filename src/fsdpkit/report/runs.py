@@ -1,0 +1,69 @@
+"""Reading a run directory's metrics, including one that is still being written."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fsdpkit.errors import UserError
+
+
+@dataclass
+class Run:
+    name: str
+    path: Path
+    train: list[dict] = field(default_factory=list)  # metric lines of kind "train", in file order
+    val: list[dict] = field(default_factory=list)
+    restarts: list[int] = field(default_factory=list)  # steps at which a resumed attempt logged again
+    finished: bool = False  # summary.json exists: the run ended (a live or killed run has none)
+
+    def summary(self) -> dict:
+        t = self.train
+
+        def median(key: str) -> float | None:
+            values = [r[key] for r in t if r.get(key) is not None]
+            return statistics.median(values) if values else None
+
+        return {
+            "name": self.name, "path": str(self.path), "finished": self.finished,
+            "steps": t[-1]["step"] if t else 0,
+            "first_loss": t[0]["loss"] if t else None, "final_loss": t[-1]["loss"] if t else None,
+            "final_val_loss": self.val[-1]["val_loss"] if self.val else None,
+            "median_tokens_per_s": median("tokens_per_s"), "median_mfu": median("mfu"),
+            "peak_memory_gib": max((r["peak_memory_gib"] for r in t if "peak_memory_gib" in r), default=None),
+            "restarts": len(self.restarts),
+        }
+
+
+def load_run(path: Path) -> Run:
+    """A run from RUN_DIR/metrics.jsonl. A line that is not (yet) whole JSON is skipped: the trainer
+    may be writing it right now."""
+    metrics = path / "metrics.jsonl"
+    if not metrics.is_file():
+        raise UserError(f"{path}: no metrics.jsonl here; pass a run directory (what `fsdpkit train` wrote)")
+    run = Run(name=path.resolve().name, path=path, finished=(path / "summary.json").is_file())
+    last_step = 0
+    for line in metrics.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if row.get("kind") == "train":
+            if row["step"] <= last_step:  # steps went back: a new attempt resumed from a checkpoint
+                run.restarts.append(row["step"])
+            last_step = row["step"]
+            run.train.append(row)
+        elif row.get("kind") == "val":
+            run.val.append(row)
+    return run
+
+
+def load_runs(paths: list[Path]) -> list[Run]:
+    runs = [load_run(p) for p in paths]
+    names = [r.name for r in runs]
+    for r in runs:  # two runs with the same folder name get their parent's name too
+        if names.count(r.name) > 1:
+            r.name = f"{r.path.resolve().parent.name}/{r.name}"
+    return runs
