@@ -94,7 +94,9 @@ def healthy_eks(kube, *, operator=True, gpu_plugin=True, gpu_plugin_labels=None,
 
 def check(kube):
     r = run_cli("cluster", "check", "--json", env=kube.env, timeout=60)
-    data = json.loads(r.stdout)["data"]
+    envelope = json.loads(r.stdout)
+    assert set(envelope) == {"ok", "data", "error"} and envelope["ok"] is (envelope["error"] is None)
+    data = envelope["data"]
     return r.returncode, {c["name"]: c for c in data["checks"]}, {n["name"]: n for n in data["nodes"]}
 
 

@@ -6,7 +6,8 @@ import argparse
 import itertools
 from pathlib import Path
 
-from fsdpkit.cli.output import dispatch, emit_json
+from fsdpkit.cli.output import Parser, dispatch, emit_json
+from fsdpkit.errors import UserError
 
 
 def _source_args(p: argparse.ArgumentParser) -> None:
@@ -45,6 +46,11 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 def cmd_train_tokenizer(args: argparse.Namespace) -> int:
     from fsdpkit.train.data import train_bpe
 
+    # 256 byte tokens and the end-of-text token are always there; fewer leaves no room for merges.
+    if not 258 <= args.vocab_size <= 2**20:
+        raise UserError(f"vocab_size: {args.vocab_size} is out of range; a byte-level BPE needs 258..{2**20}")
+    if args.max_documents < 0:
+        raise UserError(f"max_documents: {args.max_documents} is out of range; it must be >= 0 (0: all)")
     source = _sources(args, ("train",))["train"]
     docs = source.documents(0)
     if args.max_documents:
@@ -61,7 +67,7 @@ def cmd_train_tokenizer(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str], prog: str = "fsdpkit data") -> int:
-    parser = argparse.ArgumentParser(prog=prog, description="Prepare training data offline.")
+    parser = Parser(prog=prog, description="Prepare training data offline.")
     sub = parser.add_subparsers(dest="action", required=True)
     if prog.endswith("data"):
         p = sub.add_parser("prepare", help="tokenise a dataset into memory-mapped token shards")

@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from fsdpkit.cli.output import dispatch, emit_json
+from fsdpkit.cli.output import Parser, dispatch, emit_json
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="fsdpkit export", description="Write a checkpoint as consolidated Hugging Face safetensors.")
     parser.add_argument("source", help="a checkpoint, a checkpoint directory (newest), or a run directory")
     parser.add_argument("out", help="new directory for config.json and model*.safetensors")

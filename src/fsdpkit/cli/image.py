@@ -22,8 +22,12 @@ def cmd_init(args: argparse.Namespace) -> int:
     existing = [str(p) for p in files if p.exists()]
     if existing and not args.force:
         raise UserError(f"{', '.join(existing)} already exists; pass --force to overwrite")
-    for path, text in files.items():
-        path.write_text(text)
+    try:
+        out.mkdir(parents=True, exist_ok=True)  # a new project folder is fine
+        for path, text in files.items():
+            path.write_text(text)
+    except OSError as e:
+        raise UserError(f"--out: cannot write into {out}: {e.strerror}") from None
     if args.json:
         return emit_json({"written": [str(p) for p in files]})
     print(f"wrote {', '.join(str(p) for p in files)}; check it with: fsdpkit image check {out / 'Dockerfile'}")

@@ -14,7 +14,10 @@ def cmd(args: argparse.Namespace) -> int:
     from fsdpkit.aws.infra import Infra, cloudformation
 
     if args.cmd == "template":
-        print(yaml.safe_dump(cloudformation(args.repository), sort_keys=False), end="")
+        template = cloudformation(args.repository)
+        if args.json:
+            return emit_json({"template": template})
+        print(yaml.safe_dump(template, sort_keys=False), end="")
         return 0
     from fsdpkit.aws.session import connect
 

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import argparse
-
-from fsdpkit.cli.output import emit_json
+from fsdpkit.cli.output import Parser, dispatch, emit_json
 from fsdpkit.train.model_config import count_params
 from fsdpkit.train.presets import PRESETS
 
@@ -26,9 +24,13 @@ def _human(n: int) -> str:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="fsdpkit presets", description="List the model presets.")
+    parser = Parser(prog="fsdpkit presets", description="List the model presets.")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
-    args = parser.parse_args(argv)
+    parser.set_defaults(func=show)
+    return dispatch(parser, argv)
+
+
+def show(args) -> int:
     data = rows()
     if args.json:
         return emit_json(data)

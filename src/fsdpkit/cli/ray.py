@@ -33,7 +33,10 @@ def cmd_up(args: argparse.Namespace) -> int:
     if args.dry_run:
         import yaml
 
-        print(yaml.safe_dump(raycluster_manifest(spec), sort_keys=False), end="")
+        manifest = raycluster_manifest(spec)
+        if args.json:
+            return emit_json({"manifest": manifest})
+        print(yaml.safe_dump(manifest, sort_keys=False), end="")
         return 0
     ray, _ = _client(args)
     out = ray.up(spec, wait=args.wait, poll=args.poll)

@@ -8,13 +8,15 @@ full      + one forward/backward/optimizer step of the debug preset (on the GPU 
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import json
 import sys
 import time
 from collections.abc import Callable
 from typing import Any
+
+from fsdpkit.envelope import Parser, emit_error
+from fsdpkit.errors import UserError
 
 LEVELS = ("quick", "standard", "full")
 REQUIRED = ("torch", "numpy", "yaml", "safetensors", "tokenizers", "tqdm")
@@ -114,10 +116,13 @@ def run(level: str) -> tuple[bool, list[dict[str, Any]]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="fsdpkit selftest", description=__doc__.split("\n\n")[0])
+    p = Parser(prog="fsdpkit selftest", description=__doc__.split("\n\n")[0])
     p.add_argument("--level", choices=LEVELS, default="quick")
     p.add_argument("--json", action="store_true")
-    args = p.parse_args(argv)
+    try:
+        args = p.parse_args(argv)
+    except UserError as e:
+        return emit_error(e, "--json" in (sys.argv[1:] if argv is None else argv))
     ok, results = run(args.level)
     if args.json:
         print(json.dumps({"ok": ok, "data": results, "error": None if ok else {

@@ -1,0 +1,74 @@
+"""Every command group answers `--json` with one envelope, on success and on error:
+`{"ok": bool, "data": ..., "error": null | {"code", "message", "hint"}}` and nothing else on stdout."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import FAST, ROOT, run_cli
+
+pytestmark = pytest.mark.slow
+
+SPEC = str(ROOT / "examples" / "jobs" / "local-tiny.yaml")
+CLUSTER_SPEC = str(ROOT / "examples" / "jobs" / "eks-p5.yaml")
+OFFLINE_AWS = {"FSDPKIT_AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_MAX_ATTEMPTS": "1", "AWS_REGION": "us-west-2",
+               "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
+
+# group -> (a command that succeeds offline, a command that fails on bad input); {tmp} and {run} are filled in.
+# `cluster check` succeeding needs a cluster: its envelope is checked against kmock in test_cluster_check.py.
+# Not yet covered: a successful `deploy --json` (test_deploy.py checks its failure envelope), and
+# `train`, which has no --json (its metrics go to RUN_DIR/metrics.jsonl).
+CASES = {
+    "presets": (["presets"], ["presets", "--bogus"]),
+    "ckpt": (["ckpt", "list", "{run}/ckpt"], ["ckpt", "show", "{tmp}/missing"]),
+    "export": (["export", "{run}/ckpt", "{tmp}/hf"], ["export", "{tmp}/missing", "{tmp}/hf2"]),
+    "data": (["data", "prepare", "--dataset", "{tmp}/docs.jsonl", "--out", "{tmp}/shards"],
+             ["data", "prepare", "--dataset", "{tmp}/missing.jsonl", "--out", "{tmp}/shards2"]),
+    "tokenizer": (["tokenizer", "train", "--dataset", "{tmp}/docs.jsonl", "--vocab_size", "300", "--out", "{tmp}/tok"],
+                  ["tokenizer", "train", "--dataset", "{tmp}/docs.jsonl", "--vocab_size", "0", "--out", "{tmp}/t2"]),
+    "job": (["job", "render", SPEC], ["job", "render", SPEC, "--set", "nodes=0"]),
+    "ray": (["ray", "up", CLUSTER_SPEC, "--dry-run"], ["ray", "up", "{tmp}/missing.yaml", "--dry-run"]),
+    "deploy": (None, ["deploy", "{tmp}/missing.yaml"]),
+    "cluster": (None, ["cluster", "check", "--kubeconfig", "{tmp}/no-kubeconfig"]),
+    "image": (["image", "init", "--no-requirements", "--out", "{tmp}/img"],
+              ["image", "check", "{tmp}/missing/Dockerfile"]),
+    "infra": (["infra", "template"], ["infra", "status"]),
+    "report": (["report", "{run}/run"], ["report", "{tmp}"]),
+    "skills": (["skills", "list"], ["skills", "install", "--target", "vim"]),
+    "selftest": (["selftest", "--level", "quick"], ["selftest", "--level", "bogus"]),
+}
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    """A one-step training run with a checkpoint, for the commands that read runs and checkpoints."""
+    root = tmp_path_factory.mktemp("envelope")
+    r = run_cli("train", *FAST, "--max_steps", "2", "--logging_freq", "1", "--tensorboard", "0",
+                "--run_dir", str(root / "run"), "--checkpoint_dir", str(root / "ckpt"), "--checkpoint_freq", "2")
+    assert r.returncode == 0, r.stderr[-2000:]
+    return root
+
+
+def _run(argv: list[str], tmp, run) -> tuple[int, dict]:
+    args = [a.format(tmp=tmp, run=run) for a in argv] + ["--json"]
+    r = run_cli(*args, env=OFFLINE_AWS, timeout=120)
+    envelope = json.loads(r.stdout)  # the whole of stdout is one JSON document
+    assert set(envelope) == {"ok", "data", "error"}, r.stdout[:500]
+    return r.returncode, envelope
+
+
+@pytest.mark.parametrize("group", CASES)
+def test_json_envelope_on_success_and_on_error(group, run_dir, tmp_path):
+    (tmp_path / "docs.jsonl").write_text("".join(json.dumps({"text": f"document {i} " * 20}) + "\n"
+                                                 for i in range(50)))
+    ok_argv, bad_argv = CASES[group]
+    if ok_argv:
+        code, env = _run(ok_argv, tmp_path, run_dir)
+        assert code == 0 and env["ok"] is True and env["error"] is None, env
+    code, env = _run(bad_argv, tmp_path, run_dir)
+    assert code != 0 and env["ok"] is False and env["data"] is None, env
+    error = env["error"]
+    assert set(error) == {"code", "message", "hint"}
+    assert error["code"] and isinstance(error["code"], str) and error["message"] and "\n" not in error["message"]
