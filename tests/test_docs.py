@@ -73,3 +73,20 @@ def test_documented_command_exists_with_its_flags(doc, line):
     for t in tokens[2:]:
         if t.startswith("--"):
             assert t.split("=")[0] in known, f"{doc}: `{line}`: {t.split('=')[0]} is not an option of {parser.prog}"
+
+
+def _verb_and_sub(line: str) -> tuple[str, ...]:
+    tokens = shlex.split(line.split(" | ")[0].split(" && ")[0], comments=True)
+    subs = _subparsers(verb_parser(tokens[1]))
+    sub = next((t for t in tokens[2:] if not t.startswith("-")), None) if subs else None
+    return (tokens[1], sub) if sub else (tokens[1],)
+
+
+@pytest.mark.parametrize("command", sorted({_verb_and_sub(line) for _, line in COMMANDS}), ids=" ".join)
+def test_documented_command_runs_with_help(command, capsys):
+    from fsdpkit.cli.main import main
+
+    with pytest.raises(SystemExit) as done:
+        main([*command, "--help"])
+    assert done.value.code == 0
+    assert "usage:" in capsys.readouterr().out
