@@ -65,6 +65,15 @@ def test_deploy_creates_and_watches_to_success(kube, tmp_path):
     assert not (tmp_path / "home" / "deploy" / "default-llama-tiny.json").exists()
 
 
+def test_deploy_json_is_one_envelope_and_progress_goes_to_stderr(kube, tmp_path):
+    healthy_eks(kube)
+    code, out, err = deploy(kube, tmp_path, "--json", operator=succeed_when_created)
+    assert code == 0, err
+    envelope = json.loads(out)
+    assert envelope["ok"] is True and envelope["error"] is None and envelope["data"]
+    assert "llama-tiny: Succeeded" in err and TOKEN not in out + err
+
+
 def test_failed_check_creates_nothing(kube, tmp_path):
     healthy_eks(kube, operator=False)
     code, out, err = deploy(kube, tmp_path)

@@ -18,9 +18,11 @@ OFFLINE_AWS = {"FSDPKIT_AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_MAX_ATTEMP
 
 # group -> (a command that succeeds offline, a command that fails on bad input); {tmp} and {run} are filled in.
 # `cluster check` succeeding needs a cluster: its envelope is checked against kmock in test_cluster_check.py.
-# Not yet covered: a successful `deploy --json` (test_deploy.py checks its failure envelope), and
-# `train`, which has no --json (its metrics go to RUN_DIR/metrics.jsonl).
+# `deploy` succeeding needs a cluster and an operator: test_deploy.py checks that envelope on kmock.
 CASES = {
+    # Two processes under torchrun: stdout must still be rank 0's envelope alone.
+    "train": (["train", "--nproc", "2", *FAST, "--max_steps", "2", "--tensorboard", "0", "--run_dir", "{tmp}/t"],
+              ["train", "--lr", "-1"]),
     "presets": (["presets"], ["presets", "--bogus"]),
     "ckpt": (["ckpt", "list", "{run}/ckpt"], ["ckpt", "show", "{tmp}/missing"]),
     "export": (["export", "{run}/ckpt", "{tmp}/hf"], ["export", "{tmp}/missing", "{tmp}/hf2"]),

@@ -326,6 +326,9 @@ def build_parser(prog: str = "fsdpkit train") -> argparse.ArgumentParser:
         description="Train a Llama-family model with FSDP2. With no flags: the embedded default run.",
     )
     parser.add_argument("--config", help="YAML file with option values (flags override it)")
+    # Read by fsdpkit.train.launch (how to report), not a training option.
+    parser.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                        help="print one JSON envelope with the run's summary on stdout; progress goes to stderr")
     for section, cls in _section_classes().items():
         group = parser.add_argument_group(section or "run")
         for f, _tp in _fields(cls):
@@ -352,6 +355,7 @@ def parse_args(argv: list[str] | None, prog: str = "fsdpkit train") -> tuple[Tra
     if unknown:
         raise UserError(f"unknown option {unknown[0]!r} (see `{prog} --help`)")
     values = dict(vars(ns))
+    values.pop("json", None)
     cfg, notices = TrainConfig(), []
     config_file = values.pop("config", None)
     if config_file:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import sys
 
+from fsdpkit.envelope import emit_error, emit_json
 from fsdpkit.errors import UserError
 from fsdpkit.train import dist
 from fsdpkit.train.config import TrainConfig, parse_args
@@ -29,7 +32,8 @@ def torchrun_command(cfg: TrainConfig, argv: list[str], run_dir: str) -> list[st
     ]
 
 
-def launch(cfg: TrainConfig, argv: list[str], notices: list[str]) -> int:
+def launch(cfg: TrainConfig, argv: list[str], notices: list[str]):
+    """Train; returns (exit code, TrainResult). With --nproc N this process becomes torchrun."""
     # Imported here so that `--help` and bad-input errors stay fast.
     from fsdpkit.train.trainer import preflight, train
 
@@ -48,17 +52,32 @@ def launch(cfg: TrainConfig, argv: list[str], notices: list[str]) -> int:
     result = train(cfg, notices)
     # 128 + SIGTERM, as if the signal had ended the process: an orchestrator must not take a
     # preempted run for a finished one.
-    return 143 if result.stopped_by_signal else 0
+    return (143 if result.stopped_by_signal else 0), result
+
+
+def summary(result) -> dict:
+    """The envelope's data: what rank 0 wrote to RUN_DIR/summary.json, and where the run is."""
+    path = result.run_dir / "summary.json"
+    data = json.loads(path.read_text()) if path.is_file() else {"steps": result.steps}
+    return {"run_dir": str(result.run_dir), **data, "stopped_by_signal": result.stopped_by_signal}
 
 
 def main(argv: list[str] | None = None, prog: str = "fsdpkit train") -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    # --json: every human line goes to stderr and rank 0 prints one envelope on stdout at the end
+    # (also under torchrun, where the flag travels to the workers with the others).
+    as_json = "--json" in argv
+    rank0 = int(os.environ.get("RANK", "0")) == 0
     try:
         cfg, notices = parse_args(argv, prog)
-        return launch(cfg, argv, notices)
+        with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():
+            code, result = launch(cfg, argv, notices)
+        if as_json and rank0:
+            emit_json(summary(result))
+        return code
     except UserError as e:
-        if int(os.environ.get("RANK", "0")) == 0:
-            print(f"error: {e}", file=sys.stderr)
+        if rank0:
+            emit_error(e, as_json)
         return e.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
