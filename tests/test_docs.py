@@ -11,7 +11,7 @@ import shlex
 import pytest
 
 from fsdpkit.cli.main import VERBS
-from fsdpkit.cli.reference import render, verb_parser
+from fsdpkit.cli.reference import render, subcommands, verb_parser
 
 from conftest import ROOT
 
@@ -49,22 +49,20 @@ def _options(parser: argparse.ArgumentParser) -> set[str]:
     return {o for a in parser._actions for o in a.option_strings}
 
 
-def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
-    for a in parser._actions:
-        if isinstance(a, argparse._SubParsersAction):
-            return a.choices
-    return {}
+def _tokens(line: str) -> list[str]:
+    """A documented command line as argv, up to a pipe or `&&`, and up to a bare `--` (what follows
+    is the entrypoint's own command line)."""
+    tokens = shlex.split(line.split(" | ")[0].split(" && ")[0], comments=True)
+    return tokens[:tokens.index("--")] if "--" in tokens else tokens
 
 
 @pytest.mark.parametrize("doc,line", COMMANDS, ids=[f"{d}:{c[:60]}" for d, c in COMMANDS])
 def test_documented_command_exists_with_its_flags(doc, line):
-    tokens = shlex.split(line.split(" | ")[0].split(" && ")[0], comments=True)
-    if "--" in tokens:  # what follows is the entrypoint's own command line
-        tokens = tokens[:tokens.index("--")]
+    tokens = _tokens(line)
     verb = tokens[1]
     assert verb in VERBS, f"{doc}: `{line}` names no fsdpkit command"
     parser = verb_parser(verb)
-    subs = _subparsers(parser)
+    subs = subcommands(parser)
     if subs:
         sub = next((t for t in tokens[2:] if not t.startswith("-")), None)
         assert sub in subs, f"{doc}: `{line}`: `fsdpkit {verb}` has no subcommand {sub!r}"
@@ -76,8 +74,8 @@ def test_documented_command_exists_with_its_flags(doc, line):
 
 
 def _verb_and_sub(line: str) -> tuple[str, ...]:
-    tokens = shlex.split(line.split(" | ")[0].split(" && ")[0], comments=True)
-    subs = _subparsers(verb_parser(tokens[1]))
+    tokens = _tokens(line)
+    subs = subcommands(verb_parser(tokens[1]))
     sub = next((t for t in tokens[2:] if not t.startswith("-")), None) if subs else None
     return (tokens[1], sub) if sub else (tokens[1],)
 

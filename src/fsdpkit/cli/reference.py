@@ -55,26 +55,31 @@ def _describe(action: argparse.Action) -> str:
     return f"- {name}" + (f": {text}" if text else "")
 
 
-def _section(parser: argparse.ArgumentParser, depth: int) -> list[str]:
+def _subparsers_action(parser: argparse.ArgumentParser) -> argparse._SubParsersAction | None:
+    return next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+
+
+def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """A parser's subcommands by name (empty for a verb without any)."""
+    action = _subparsers_action(parser)
+    return dict(action.choices) if action else {}
+
+
+def _section(parser: argparse.ArgumentParser, depth: int, description: str | None = None) -> list[str]:
     lines = [f"{'#' * depth} `{parser.prog}`", ""]
-    if parser.description:
-        lines += [" ".join(parser.description.split()), ""]
-    subcommands = None
+    if description := parser.description or description:
+        lines += [" ".join(description.split()), ""]
     for action in parser._actions:
-        if isinstance(action, argparse._HelpAction) or action.help == argparse.SUPPRESS:
-            continue
-        if isinstance(action, argparse._SubParsersAction):
-            subcommands = action
+        if isinstance(action, argparse._HelpAction | argparse._SubParsersAction) or action.help == argparse.SUPPRESS:
             continue
         lines.append(_describe(action))
     if lines[-1]:
         lines.append("")
-    if subcommands:
-        helps = {a.dest: a.help for a in subcommands._choices_actions}
-        for name, sub in subcommands.choices.items():
-            if sub.description is None and helps.get(name):
-                sub.description = helps[name]
-            lines += _section(sub, depth + 1)
+    if action := _subparsers_action(parser):
+        # A subcommand without a description of its own is described by its help line.
+        helps = {a.dest: a.help for a in action._choices_actions}
+        for name, sub in action.choices.items():
+            lines += _section(sub, depth + 1, helps.get(name))
     return lines
 
 

@@ -78,15 +78,18 @@ def _proc_status_kib(field: str) -> int | None:
     return None
 
 
-def resident_bytes() -> int:
-    """This process's resident set now (Linux), or its lifetime peak where that is all there is."""
-    kib = _proc_status_kib("VmRSS")
-    return kib * 1024 if kib is not None else _maxrss_bytes()
-
-
-def _maxrss_bytes() -> int:
+def _status_bytes(field: str) -> int:
+    """A /proc/self/status size in bytes; off Linux, the lifetime peak (all there is there)."""
+    kib = _proc_status_kib(field)
+    if kib is not None:
+        return kib * 1024
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return rss if sys.platform == "darwin" else rss * 1024
+
+
+def resident_bytes() -> int:
+    """This process's resident set now (Linux), or its lifetime peak where that is all there is."""
+    return _status_bytes("VmRSS")
 
 
 def reset_peak_memory(device: torch.device) -> None:
@@ -105,8 +108,7 @@ def peak_memory_bytes(device: torch.device) -> int:
     it also counts the interpreter and libraries, which is why benchmarks subtract a baseline)."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device)
-    kib = _proc_status_kib("VmHWM")
-    return kib * 1024 if kib is not None else _maxrss_bytes()
+    return _status_bytes("VmHWM")
 
 
 @dataclass
