@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.common import append_rows, environment, write_json
+from fsdpkit.report.runs import load_run
 from fsdpkit.train import checkpoint
 from fsdpkit.train.config import parse_args
 from fsdpkit.train.data import BatchStream, ByteTokenizer, EmbeddedCorpus, HFTokenizer, get_source, train_bpe
@@ -65,8 +66,7 @@ def training_tokens_per_s(tmp: Path, smoke: bool) -> float:
              "--validation_batches", "1", "--tensorboard", "0", "--progress", "off", "--run_dir", str(tmp / "run")]
     cfg, _ = parse_args(flags)
     train(cfg)
-    rows = [json.loads(x) for x in (tmp / "run" / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in rows if r["kind"] == "train"][-1]["tokens_per_s"]  # after warm-up
+    return load_run(tmp / "run").train[-1]["tokens_per_s"]  # after warm-up
 
 
 def checkpoint_bench(tmp: Path, smoke: bool) -> dict:

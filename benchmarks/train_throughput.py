@@ -132,15 +132,21 @@ def run_case(c: dict, tmp: Path, device: str) -> dict:
     ranks = [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))]
     if r.returncode != 0 or len(ranks) != c["world"]:
         raise RuntimeError(f"case {c['label']} ({c['impl']}, world {c['world']}) failed:\n{r.stderr[-4000:]}")
-    times = ranks[0]["step_times"][c["warmup"]:]
-    step = statistics.median(times)
-    tokens = c["batch"] * c["seq"] * c["world"]
-    return {**c, "step_time_s": step, "tokens_per_s": tokens / step, "measured": times,
-            "peak_memory_bytes": max(x["peak_memory_bytes"] for x in ranks), "step_times": ranks[0]["step_times"]}
+    row = {**c, "peak_memory_bytes": max(x["peak_memory_bytes"] for x in ranks), "step_times": ranks[0]["step_times"]}
+    return timed(row, ranks[0]["step_times"][c["warmup"]:])
+
+
+def timed(row: dict, measured: list[float]) -> dict:
+    """The row with its measured steps, their median step time and the tokens/s that gives."""
+    row["measured"] = measured
+    row["step_time_s"] = statistics.median(measured)
+    row["tokens_per_s"] = row["batch"] * row["seq"] * row["world"] / row["step_time_s"]
+    return row
 
 
 def worker(c: dict, out: Path, device: str) -> None:
     """Runs inside the case's process: train, then write this rank's step times and peak memory."""
+    from fsdpkit.report.runs import load_run
     from fsdpkit.train import dist
     from fsdpkit.train.config import parse_args
     from fsdpkit.train.metrics import peak_memory_bytes, reset_peak_memory, resident_bytes
@@ -169,8 +175,7 @@ def worker(c: dict, out: Path, device: str) -> None:
             dist.teardown()
     else:
         train(cfg)
-        rows = [json.loads(x) for x in (out / "run" / "metrics.jsonl").read_text().splitlines()] if rank == 0 else []
-        times = [r["step_time_s"] for r in rows if r["kind"] == "train"]
+        times = [r["step_time_s"] for r in load_run(out / "run").train] if rank == 0 else []
     peak = peak_memory_bytes(dev) - (before if device == "cpu" else 0)
     (out / f"rank{rank}.json").write_text(json.dumps({"step_times": times, "peak_memory_bytes": peak}))
 
@@ -212,25 +217,26 @@ def merge_rounds(rows: list[dict]) -> list[dict]:
         key = json.dumps({k: r[k] for k in ("section", "impl", "label", "preset", "seq", "world", "flags")})
         if key in merged:
             m = merged[key]
-            m["measured"] += r["measured"]
             m["peak_memory_bytes"] = max(m["peak_memory_bytes"], r["peak_memory_bytes"])
-            m["step_time_s"] = statistics.median(m["measured"])
-            m["tokens_per_s"] = m["batch"] * m["seq"] * m["world"] / m["step_time_s"]
-            if m["mfu"] is not None:
-                m["mfu"] = r["mfu"] * r["step_time_s"] / m["step_time_s"]
+            timed(m, m["measured"] + r["measured"])
         else:
             merged[key] = dict(r)
     return list(merged.values())
 
 
-def ratios(rows: list[dict]) -> list[dict]:
-    """fsdpkit (each compared configuration) over the baseline of the same preset, size and ranks."""
+def baseline_pairs(rows: list[dict]) -> list[tuple[dict, dict]]:
+    """Each compared fsdpkit row with the baseline row of the same preset, sequence, batch, ranks, dtype."""
     key = lambda r: (r["preset"], r["seq"], r["batch"], r["world"], r["dtype"])  # noqa: E731
     base = {key(r): r for r in rows if r["impl"] == "baseline"}
-    return [{"fsdpkit": r["label"], "preset": r["preset"], "seq": r["seq"], "batch": r["batch"], "world": r["world"],
-             "dtype": r["dtype"], "speedup": r["tokens_per_s"] / b["tokens_per_s"],
-             "memory_ratio": r["peak_memory_bytes"] / b["peak_memory_bytes"]}
-            for r in rows if r["impl"] == "fsdpkit" and r["section"] in ("compare", "gpu") and (b := base.get(key(r)))]
+    return [(r, b) for r in rows
+            if r["impl"] == "fsdpkit" and r["section"] in ("compare", "gpu") and (b := base.get(key(r)))]
+
+
+def ratios(rows: list[dict]) -> list[dict]:
+    """fsdpkit (each compared configuration) over the baseline of the same preset, size and ranks."""
+    return [{"fsdpkit": f["label"], "preset": f["preset"], "seq": f["seq"], "batch": f["batch"], "world": f["world"],
+             "dtype": f["dtype"], "speedup": f["tokens_per_s"] / b["tokens_per_s"],
+             "memory_ratio": f["peak_memory_bytes"] / b["peak_memory_bytes"]} for f, b in baseline_pairs(rows)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -274,6 +280,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{row['peak_memory_bytes'] / 2**20:,.0f} MiB", flush=True)
             rows.append(row)
     rows = merge_rounds(rows)
+    for row in rows:
+        add_mfu(row, peak)
     result = {"env": environment(), "smoke": args.smoke, "device": device, "dtype": dtype,
               "peak_flops": peak, "peak_flops_source": peak_source, "rows": rows, "ratios": ratios(rows)}
     write_json(args.out, result)
@@ -296,10 +304,7 @@ def write_results_md(result: dict) -> None:
 
     head = ["date", "device", "torch", "peak TFLOP/s"]
     base_cols = [env["date"], env["device"], env["torch"], peak]
-    compare = [r for r in rows if r["section"] in ("compare", "gpu") and r["impl"] == "baseline"]
-    base = {(b["preset"], b["seq"], b["world"], b["dtype"]): b for b in compare}
-    pairs = [(f, b) for f in rows if f["impl"] == "fsdpkit" and f["section"] in ("compare", "gpu")
-             and (b := base.get((f["preset"], f["seq"], f["world"], f["dtype"])))]
+    pairs = baseline_pairs(rows)
     if pairs:
         append_rows("Training throughput: fsdpkit vs the reference baseline",
                     [*head, "preset", "seq x batch", "ranks", "dtype", "fsdpkit", "fsdpkit tok/s", "baseline tok/s",
@@ -307,7 +312,9 @@ def write_results_md(result: dict) -> None:
                     [[*base_cols, b["preset"], f"{b['seq']} x {b['batch']}", b["world"], b["dtype"], f["label"],
                                   fmt(f)[0], fmt(b)[0], f"{f['tokens_per_s'] / b['tokens_per_s']:.2f}x", fmt(f)[2],
                                   fmt(b)[2], fmt(f)[3], fmt(b)[3], env["commit"]] for f, b in pairs])
-    other = [r for r in rows if r["impl"] == "fsdpkit" and r["section"] in ("curve", "ablation")]
+    # Everything of fsdpkit's without a baseline beside it (the curve, the switches, GPU-only cases).
+    paired = {id(f) for f, _ in pairs}
+    other = [r for r in rows if r["impl"] == "fsdpkit" and id(r) not in paired]
     if other:
         append_rows("fsdpkit: cost curve, switches and GPU runs",
                     [*head, "section", "case", "preset", "seq x batch", "ranks", "dtype", "tok/s", "ms/step", "MFU",
