@@ -145,6 +145,20 @@ class KubeMock:
 
         return config.new_client_from_config(config_file=str(self.kubeconfig))
 
+    def get_job(self, name: str, plural: str = "pytorchjobs", group: str = "kubeflow.org",
+                version: str = "v1", namespace: str = "default") -> dict | None:
+        """The custom object as stored, or None while it is absent: a resubmission deletes the
+        job and creates it again, and a poll can land in between."""
+        from kubernetes import client
+
+        try:
+            return client.CustomObjectsApi(self.api()).get_namespaced_custom_object(
+                group, version, namespace, plural, name)
+        except client.ApiException as e:
+            if e.status != 404:
+                raise
+            return None
+
     def close(self):
         self.loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(10)

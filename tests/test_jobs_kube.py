@@ -204,17 +204,15 @@ def test_a_failed_create_rolls_back_what_was_created(kube, tmp_path):
 
 def test_failed_job_is_resubmitted_within_its_budget_and_resumes(kube, tmp_path):
     assert job_cli(kube, "submit", str(write_spec(tmp_path, resubmits=1))).returncode == 0
-    from kubernetes import client
-
-    api = client.CustomObjectsApi(kube.api())
     waiter = subprocess.Popen([sys.executable, "-m", "fsdpkit", "job", "wait", "llama-tiny", "--poll", "0.2"],
                               cwd=ROOT, env={**os.environ, **kube.env}, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
     set_conditions(kube, "llama-tiny", "Created", "Running", "Failed")
 
     def attempt():
-        obj = api.get_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "llama-tiny")
-        return obj["metadata"]["annotations"]["fsdpkit.dev/attempt"], obj.get("status")
+        obj = kube.get_job("llama-tiny", PLURAL, GROUP, VERSION)
+        return (None, None) if obj is None else (obj["metadata"]["annotations"]["fsdpkit.dev/attempt"],
+                                                 obj.get("status"))
 
     deadline = time.monotonic() + 60
     while attempt()[0] != "1":

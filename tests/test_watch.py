@@ -145,17 +145,10 @@ def test_watch_resubmits_a_failed_job_within_its_budget(kube, tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "fsdpkit", "job", "watch", "llama-tiny", "--resubmit",
                              "--interval", "0.2"], cwd=ROOT, env={**os.environ, **kube.env},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    from kubernetes import client
-
-    api = client.CustomObjectsApi(kube.api())
 
     def attempt() -> str | None:
-        try:
-            job = api.get_namespaced_custom_object("kubeflow.org", "v1", "default", "pytorchjobs", "llama-tiny")
-        except client.ApiException as e:  # between the resubmission's delete and its create
-            assert e.status == 404
-            return None
-        return job["metadata"]["annotations"]["fsdpkit.dev/attempt"]
+        job = kube.get_job("llama-tiny")
+        return None if job is None else job["metadata"]["annotations"]["fsdpkit.dev/attempt"]
 
     deadline = time.monotonic() + 60
     while attempt() != "1":
