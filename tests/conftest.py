@@ -79,7 +79,7 @@ class KubeMock:
                  "v1/secrets", "v1/persistentvolumeclaims", "v1/pods", "v1/nodes", "apps/v1/daemonsets",
                  "apps/v1/deployments", "apiextensions.k8s.io/v1/customresourcedefinitions",
                  "storage.k8s.io/v1/storageclasses", "storage.k8s.io/v1/csidrivers", "ray.io/v1/rayclusters",
-                 "ray.io/v1/rayjobs", "kubeflow.org/v2beta1/mpijobs")
+                 "ray.io/v1/rayjobs", "kubeflow.org/v2beta1/mpijobs", "v1/persistentvolumes", "v1/services")
 
     def __init__(self, tmp_path):
         import asyncio
@@ -162,6 +162,33 @@ class KubeMock:
     def close(self):
         self.loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(10)
+
+
+@pytest.fixture
+def moto(tmp_path):
+    """moto in server mode on 127.0.0.1: (url, env for the CLI, which reaches it through
+    FSDPKIT_AWS_ENDPOINT_URL with throwaway credentials and no config files)."""
+    import urllib.request
+
+    moto_server = pytest.importorskip("moto.server")
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    server.start()
+    host, port = server.get_host_and_port()
+    url = f"http://{host}:{port}"
+    # moto keeps its backends per process, across server instances: start every test from empty.
+    urllib.request.urlopen(urllib.request.Request(f"{url}/moto-api/reset", method="POST"), timeout=10).read()
+    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-west-2",
+           "FSDPKIT_AWS_ENDPOINT_URL": url, "AWS_CONFIG_FILE": str(tmp_path / "none"),
+           "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none")}
+    yield url, env
+    server.stop()
+
+
+def aws_client(url: str, service: str):
+    import boto3
+
+    return boto3.client(service, region_name="us-west-2", endpoint_url=url, aws_access_key_id="testing",
+                        aws_secret_access_key="testing")
 
 
 @pytest.fixture

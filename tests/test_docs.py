@@ -56,31 +56,31 @@ def _tokens(line: str) -> list[str]:
     return tokens[:tokens.index("--")] if "--" in tokens else tokens
 
 
+def _resolve(line: str) -> tuple[list[str], argparse.ArgumentParser]:
+    """The command path (verb, subcommand, sub-subcommand...) a documented line names, and its parser."""
+    tokens = _tokens(line)
+    path, parser = [tokens[1]], verb_parser(tokens[1])
+    words = iter(t for t in tokens[2:] if not t.startswith("-"))
+    while subs := subcommands(parser):
+        sub = next(words, None)
+        assert sub in subs, f"`{line}`: `{parser.prog}` has no subcommand {sub!r}"
+        path.append(sub)
+        parser = subs[sub]
+    return path, parser
+
+
 @pytest.mark.parametrize("doc,line", COMMANDS, ids=[f"{d}:{c[:60]}" for d, c in COMMANDS])
 def test_documented_command_exists_with_its_flags(doc, line):
     tokens = _tokens(line)
-    verb = tokens[1]
-    assert verb in VERBS, f"{doc}: `{line}` names no fsdpkit command"
-    parser = verb_parser(verb)
-    subs = subcommands(parser)
-    if subs:
-        sub = next((t for t in tokens[2:] if not t.startswith("-")), None)
-        assert sub in subs, f"{doc}: `{line}`: `fsdpkit {verb}` has no subcommand {sub!r}"
-        parser = subs[sub]
+    assert tokens[1] in VERBS, f"{doc}: `{line}` names no fsdpkit command"
+    _, parser = _resolve(line)
     known = _options(parser)
     for t in tokens[2:]:
         if t.startswith("--"):
             assert t.split("=")[0] in known, f"{doc}: `{line}`: {t.split('=')[0]} is not an option of {parser.prog}"
 
 
-def _verb_and_sub(line: str) -> tuple[str, ...]:
-    tokens = _tokens(line)
-    subs = subcommands(verb_parser(tokens[1]))
-    sub = next((t for t in tokens[2:] if not t.startswith("-")), None) if subs else None
-    return (tokens[1], sub) if sub else (tokens[1],)
-
-
-@pytest.mark.parametrize("command", sorted({_verb_and_sub(line) for _, line in COMMANDS}), ids=" ".join)
+@pytest.mark.parametrize("command", sorted({tuple(_resolve(line)[0]) for _, line in COMMANDS}), ids=" ".join)
 def test_documented_command_runs_with_help(command, capsys):
     from fsdpkit.cli.main import main
 

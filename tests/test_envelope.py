@@ -18,6 +18,7 @@ OFFLINE_AWS = {"FSDPKIT_AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_MAX_ATTEMP
 
 # group -> (a command that succeeds offline, a command that fails on bad input); {tmp} and {run} are filled in.
 # `cluster check` succeeding needs a cluster: its envelope is checked against kmock in test_cluster_check.py.
+# `storage fsx create` and `cluster addons install` succeeding for real: test_provision.py (moto, kmock).
 # `deploy` succeeding needs a cluster and an operator: test_deploy.py checks that envelope on kmock.
 CASES = {
     # Two processes under torchrun: stdout must still be rank 0's envelope alone.
@@ -33,7 +34,10 @@ CASES = {
     "job": (["job", "render", SPEC], ["job", "render", SPEC, "--set", "nodes=0"]),
     "ray": (["ray", "up", CLUSTER_SPEC, "--dry-run"], ["ray", "up", "{tmp}/missing.yaml", "--dry-run"]),
     "deploy": (None, ["deploy", "{tmp}/missing.yaml"]),
-    "cluster": (None, ["cluster", "check", "--kubeconfig", "{tmp}/no-kubeconfig"]),
+    "cluster": (["cluster", "config", "--name", "llm", "--region", "us-west-2", "--instance-type", "p5.48xlarge",
+                 "--nodes", "2"], ["cluster", "check", "--kubeconfig", "{tmp}/no-kubeconfig"]),
+    "storage": (["storage", "fsx", "create", "ckpt", "--dry-run"],
+                ["storage", "fsx", "create", "ckpt", "--size", "3000"]),
     "image": (["image", "init", "--no-requirements", "--out", "{tmp}/img"],
               ["image", "check", "{tmp}/missing/Dockerfile"]),
     "infra": (["infra", "template"], ["infra", "status"]),

@@ -8,38 +8,17 @@ import http.server
 import json
 import threading
 import time
-import urllib.request
 
 import pytest
 import yaml
 
+from conftest import aws_client as client
 from conftest import run_cli
 
-moto_server = pytest.importorskip("moto.server")
 boto3 = pytest.importorskip("boto3")
 
 KINDS = {"s3 bucket": "AWS::S3::Bucket", "iam role": "AWS::IAM::Role", "log group": "AWS::Logs::LogGroup",
          "codebuild project": "AWS::CodeBuild::Project", "ecr repository": "AWS::ECR::Repository"}
-
-
-@pytest.fixture
-def moto(tmp_path):
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0)
-    server.start()
-    host, port = server.get_host_and_port()
-    url = f"http://{host}:{port}"
-    # moto keeps its backends per process, across server instances: start every test from empty.
-    urllib.request.urlopen(urllib.request.Request(f"{url}/moto-api/reset", method="POST"), timeout=10).read()
-    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-west-2",
-           "FSDPKIT_AWS_ENDPOINT_URL": url, "AWS_CONFIG_FILE": str(tmp_path / "none"),
-           "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none")}
-    yield url, env
-    server.stop()
-
-
-def client(url, service):
-    return boto3.client(service, region_name="us-west-2", endpoint_url=url, aws_access_key_id="testing",
-                        aws_secret_access_key="testing")
 
 
 def test_up_twice_makes_one_of_each_and_down_removes_only_ours(moto):

@@ -1,8 +1,10 @@
-"""`fsdpkit cluster check`: a pass / warn / fail line per readiness check, with what to do."""
+"""`fsdpkit cluster config|create|delete|addons|check|validate`: provision an EKS cluster with eksctl,
+install what training needs on it, and check that it is ready (pass / warn / fail with what to do)."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from fsdpkit.cli.output import Parser, dispatch, emit_json
@@ -83,9 +85,177 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 1 if out["status"] == "fail" else 0
 
 
+def _say(args: argparse.Namespace):
+    """Progress goes to stderr under --json, so stdout stays one envelope."""
+    return (lambda m: print(m, file=sys.stderr)) if args.json else print
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    import yaml
+
+    from fsdpkit.aws.eksctl import ClusterPlan, render
+
+    region = args.region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    if not region:
+        raise UserError("region: give --region (or set AWS_REGION); fsdpkit never picks one for you")
+    plan = ClusterPlan(args.name, region, args.instance_type, args.nodes, zone=args.zone or "", efa=args.efa,
+                       capacity_reservation=args.capacity_reservation or "", capacity_block=args.capacity_block,
+                       placement_group=args.placement_group or "", k8s_version=args.k8s_version,
+                       volume_size=args.volume_size, system_instance_type=args.system_instance_type,
+                       system_nodes=args.system_nodes)
+    config = render(plan)
+    text = yaml.safe_dump(config, sort_keys=False)
+    if args.out:
+        _write(args.out, text)
+        _say(args)(f"wrote {args.out}; next: fsdpkit cluster create --config {args.out}")
+    if args.json:
+        return emit_json({"config": config, "path": args.out})
+    if not args.out:
+        print(text, end="")
+    return 0
+
+
+def _write(path: str, text: str) -> None:
+    """Whole or not at all: a half-written config must never reach eksctl."""
+    tmp = f"{path}.tmp"
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except OSError as e:
+        raise UserError(f"--out: cannot write {path}: {e.strerror}") from None
+
+
+def cmd_create_delete(args: argparse.Namespace) -> int:
+    from fsdpkit.aws import eksctl
+
+    config = eksctl.load_config(args.config)
+    groups = eksctl.placement_groups(config)
+    region, name = config["metadata"]["region"], config["metadata"]["name"]
+    say = _say(args)
+    command = eksctl.eksctl_command(args.cmd, args.config)
+    if args.dry_run:
+        out = {"cluster": name, "region": region, "placement_groups": groups, "command": command, "ran": False}
+        if args.json:
+            return emit_json(out)
+        verb = "create" if args.cmd == "create" else "delete (fsdpkit's own only)"
+        for g in groups:
+            print(f"would {verb} placement group {g}")
+        print(f"would run: {' '.join(command)}")
+        return 0
+    if args.cmd == "delete" and not args.yes:
+        if args.json or not sys.stdin.isatty():
+            raise UserError(f"delete: removes cluster {name} and everything on it; add --yes to confirm")
+        if input(f"delete EKS cluster {name} in {region} and its nodes? [y/N] ").strip().lower() not in ("y", "yes"):
+            print("nothing deleted")
+            return 1
+    from fsdpkit.aws.session import aws_errors, connect
+
+    aws = connect(region, args.profile)
+    ec2 = aws.client("ec2")
+    out: dict = {"cluster": name, "region": region}
+    if args.cmd == "create":
+        with aws_errors("creating the placement group", "ec2"):
+            out["placement_groups_created"] = eksctl.ensure_placement_groups(ec2, groups, say)
+        out.update(eksctl.run_eksctl("create", args.config, say))
+    else:
+        out.update(eksctl.run_eksctl("delete", args.config, say))
+        removed: list[str] = []
+        if out["ran"]:  # the nodes are gone only once eksctl has finished
+            with aws_errors("deleting the placement group", "ec2"):
+                removed = eksctl.delete_placement_groups(ec2, groups, say)
+        elif groups:
+            say("once the cluster is gone, run this command again to remove the placement group(s) "
+                + ", ".join(groups))
+        out["placement_groups_deleted"] = removed
+    return emit_json(out) if args.json else 0
+
+
+def cmd_addons(args: argparse.Namespace) -> int:
+    from fsdpkit.cluster import addons
+
+    components = [c.strip() for c in args.only.split(",")] if args.only else list(addons.COMPONENTS)
+    unknown = [c for c in components if c not in addons.COMPONENTS]
+    if unknown:
+        raise UserError(f"--only: {', '.join(unknown)} is not one of {', '.join(addons.COMPONENTS)}")
+    steps = addons.plan(components, args.etcd, args.namespace)
+    if args.dry_run:
+        if args.json:
+            return emit_json({"steps": steps})
+        import yaml
+
+        for s in steps:
+            if "object" in s:
+                print("---\n" + yaml.safe_dump(s["object"], sort_keys=False), end="")
+            else:
+                print(f"# {s['component']}: {s['command']}")
+        return 0
+    from fsdpkit.cluster.client import connect
+
+    api = connect(args.context, args.kubeconfig, args.eks_cluster, args.region)
+    out = addons.install(api, steps, _say(args))
+    failed = any(c["status"] == "fail" for c in out["checks"])
+    if args.json:
+        emit_json(out)
+    return 1 if failed else 0
+
+
+def _kube_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--context", help="kubeconfig context (default: the current one)")
+    p.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG or ~/.kube/config)")
+    p.add_argument("--eks-cluster", help="an EKS cluster by name (builds its own token; no kubeconfig needed)")
+    p.add_argument("--region", help="AWS region of --eks-cluster")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="fsdpkit cluster", description="Check that a Kubernetes cluster is ready to train.")
     sub = parser.add_subparsers(dest="cmd", required=True, metavar="VERB", parser_class=Parser)
+    p = sub.add_parser("config", help="write an eksctl ClusterConfig: system + GPU node group (EFA, one zone, "
+                       "placement group, capacity reservation), add-ons, IAM OIDC")
+    p.add_argument("--name", required=True, help="EKS cluster name")
+    p.add_argument("--region", help="AWS region (default: $AWS_REGION)")
+    p.add_argument("--instance-type", required=True, help="GPU node type (p5.48xlarge, g6e.12xlarge, ...)")
+    p.add_argument("--nodes", type=int, required=True, help="GPU nodes (at least 1)")
+    p.add_argument("--zone", help="availability zone of the GPU nodes (default: the region's a zone; required with "
+                   "--capacity-reservation)")
+    p.add_argument("--efa", choices=("auto", "on", "off"), default="auto", help="EFA interfaces (auto: where the "
+                   "instance type has them)")
+    p.add_argument("--capacity-reservation", help="On-Demand Capacity Reservation or Capacity Block id (cr-...)")
+    p.add_argument("--capacity-block", action="store_true", help="the reservation is an EC2 Capacity Block for ML")
+    p.add_argument("--placement-group", help="an existing cluster placement group (default: <name>-gpu, created "
+                   "by `cluster create`)")
+    p.add_argument("--k8s-version", default="1.33", help="Kubernetes minor version")
+    p.add_argument("--volume-size", type=int, default=500, help="GPU node root volume, GiB")
+    p.add_argument("--system-instance-type", default="m6i.xlarge")
+    p.add_argument("--system-nodes", type=int, default=2)
+    p.add_argument("--out", help="write the config to this file (default: print it)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_config)
+
+    for verb, text in (("create", "create the placement group, then run `eksctl create cluster -f` (or print "
+                                  "the command when eksctl is not installed)"),
+                       ("delete", "run `eksctl delete cluster -f --wait`, then remove fsdpkit's placement group")):
+        p = sub.add_parser(verb, help=text)
+        p.add_argument("--config", required=True, help="the ClusterConfig from `fsdpkit cluster config --out`")
+        p.add_argument("--profile", help="AWS profile")
+        p.add_argument("--dry-run", action="store_true", help="print what would be created or run")
+        if verb == "delete":
+            p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+        p.add_argument("--json", action="store_true")
+        p.set_defaults(func=cmd_create_delete)
+
+    addons_p = sub.add_parser("addons", help="install the device plugins and operators training needs")
+    addons_sub = addons_p.add_subparsers(dest="addons_cmd", required=True, metavar="VERB", parser_class=Parser)
+    p = addons_sub.add_parser("install", help="NVIDIA and EFA device plugins, Kubeflow training operator, KubeRay "
+                              "(pinned, each once), then the readiness checks")
+    p.add_argument("--only", help="comma-separated subset of: nvidia, efa, training-operator, kuberay")
+    p.add_argument("--etcd", action="store_true", help="also one etcd member + Service for etcd rendezvous")
+    p.add_argument("-n", "--namespace", default="default", help="namespace of etcd")
+    p.add_argument("--dry-run", action="store_true", help="print the manifests and commands, apply nothing")
+    _kube_flags(p)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_addons)
+
     p = sub.add_parser("check", help="nodes, GPUs, EFA, device plugins, operators, storage: pass/warn/fail")
     p.add_argument("--context", help="kubeconfig context (default: the current one)")
     p.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG or ~/.kube/config)")

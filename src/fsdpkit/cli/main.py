@@ -16,7 +16,9 @@ VERBS = {
     "export": ("fsdpkit.cli.export", "write a checkpoint as Hugging Face safetensors (export SRC --to hf OUT)"),
     "data": ("fsdpkit.cli.data", "tokenise a dataset into token shards (data prepare)"),
     "tokenizer": ("fsdpkit.cli.data:tokenizer_main", "train a BPE tokenizer on local text (tokenizer train)"),
-    "cluster": ("fsdpkit.cli.cluster", "check that a Kubernetes cluster is ready to train (cluster check)"),
+    "cluster": ("fsdpkit.cli.cluster", "provision an EKS cluster (config, create, addons install) and check it "
+                "is ready to train"),
+    "storage": ("fsdpkit.cli.storage", "FSx for Lustre for checkpoints and data, with its PersistentVolume"),
     "ray": ("fsdpkit.cli.ray", "KubeRay clusters from a job spec: ray up|status|down|submit|exec"),
     "deploy": ("fsdpkit.cli.deploy", "check the cluster, ensure storage and secret, submit and watch a job"),
     "selftest": ("fsdpkit.train.selftest", "check this environment can train (--level quick|standard|full)"),

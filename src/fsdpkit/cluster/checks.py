@@ -45,7 +45,7 @@ REMEDIES = {
     "training-operator": "kubectl apply --server-side -k "
                          "\"github.com/kubeflow/training-operator.git/manifests/overlays/standalone?ref=v1.9.2\"",
     "kuberay": "helm repo add kuberay https://ray-project.github.io/kuberay-helm/ && helm upgrade --install "
-               "kuberay-operator kuberay/kuberay-operator",
+               "kuberay-operator kuberay/kuberay-operator --version 1.4.2",
     "fsx": "helm repo add aws-fsx-csi-driver https://kubernetes-sigs.github.io/aws-fsx-csi-driver && helm upgrade "
            "--install aws-fsx-csi-driver aws-fsx-csi-driver/aws-fsx-csi-driver --namespace kube-system",
 }

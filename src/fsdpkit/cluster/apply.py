@@ -1,0 +1,64 @@
+"""Create-if-absent for the built-in kinds fsdpkit installs (add-ons, storage), through the typed
+clients of the official `kubernetes` package. An object that exists is left as it is: running an
+install twice changes nothing, and fsdpkit never overwrites what an administrator has tuned."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fsdpkit.cluster.client import api_errors, is_not_found
+
+# (apiVersion, kind) -> (client class, method suffix, namespaced)
+KINDS: dict[tuple[str, str], tuple[str, str, bool]] = {
+    ("v1", "Namespace"): ("CoreV1Api", "namespace", False),
+    ("v1", "Service"): ("CoreV1Api", "namespaced_service", True),
+    ("v1", "PersistentVolume"): ("CoreV1Api", "persistent_volume", False),
+    ("v1", "PersistentVolumeClaim"): ("CoreV1Api", "namespaced_persistent_volume_claim", True),
+    ("apps/v1", "DaemonSet"): ("AppsV1Api", "namespaced_daemon_set", True),
+    ("apps/v1", "Deployment"): ("AppsV1Api", "namespaced_deployment", True),
+    ("storage.k8s.io/v1", "StorageClass"): ("StorageV1Api", "storage_class", False),
+}
+
+
+def describe(obj: dict[str, Any]) -> str:
+    meta = obj["metadata"]
+    where = f"{meta['namespace']}/" if meta.get("namespace") else ""
+    return f"{obj['kind']}/{where}{meta['name']}"
+
+
+def _call(api_client: Any, obj: dict[str, Any], verb: str, *extra: Any) -> Any:
+    from kubernetes import client
+
+    cls, suffix, namespaced = KINDS[(obj["apiVersion"], obj["kind"])]
+    api = getattr(client, cls)(api_client)
+    meta = obj["metadata"]
+    args: list[Any] = [] if verb == "create" else [meta["name"]]
+    if namespaced:
+        args.append(meta["namespace"])
+    return getattr(api, f"{verb}_{suffix}")(*args, *extra)
+
+
+def ensure(api_client: Any, obj: dict[str, Any]) -> str:
+    """"created" or "exists"."""
+    with api_errors(f"reading {describe(obj)}"):
+        try:
+            _call(api_client, obj, "read")
+            return "exists"
+        except Exception as e:
+            if not is_not_found(e):
+                raise
+    with api_errors(f"creating {describe(obj)}"):
+        _call(api_client, obj, "create", obj)
+    return "created"
+
+
+def remove(api_client: Any, obj: dict[str, Any]) -> str:
+    """"deleted" or "absent"."""
+    with api_errors(f"deleting {describe(obj)}"):
+        try:
+            _call(api_client, obj, "delete")
+            return "deleted"
+        except Exception as e:
+            if not is_not_found(e):
+                raise
+    return "absent"
