@@ -60,10 +60,30 @@ def cmd_render(args: argparse.Namespace) -> int:
     return 0
 
 
+def _capacity(spec: Any, strict: bool) -> dict[str, Any] | None:
+    """The capacity planner's verdict on a GPU job: a warning on stderr when it will not fit, an
+    error (nothing submitted) with --strict. None when there is nothing to plan."""
+    if spec.command is not None or not spec.instance_type or spec.instance.resource != "nvidia.com/gpu":
+        return None
+    from fsdpkit.jobs.spec import train_config
+    from fsdpkit.plan.planner import advice, plan_config
+
+    p = plan_config(train_config(spec), spec.instance_type, spec.node_range[1], procs_per_node=spec.procs)
+    verdict = advice(p)
+    if p.fits is False:
+        if strict:
+            raise UserError(f"plan: {verdict}; not submitted (--strict); see `fsdpkit plan JOBSPEC`")
+        print(f"warning: plan: {verdict}; see `fsdpkit plan JOBSPEC` (--strict refuses such jobs)", file=sys.stderr)
+    return {"fits": p.fits, "peak_gib": round(p.memory.peak / 2**30, 2), "verdict": verdict}
+
+
 def cmd_submit(args: argparse.Namespace) -> int:
     spec = _spec(args)
     backend = _backend(args, spec)
+    capacity = _capacity(spec, args.strict)
     result = backend.submit(spec, replace=args.replace, dry_run=args.dry_run)
+    if capacity is not None:
+        result["plan"] = capacity
     if args.wait and not args.dry_run:
         st = backend.wait(spec.name, spec.namespace, poll=args.poll,
                           on_change=None if args.json else _print_status)
@@ -219,6 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
     spec_args(p)
     p.add_argument("--dry-run", action="store_true", help="validate and show what would be created")
     p.add_argument("--replace", action="store_true", help="delete a job of the same name first")
+    p.add_argument("--strict", action="store_true", help="refuse a job the capacity planner says cannot fit")
     p.add_argument("--wait", action="store_true", help="wait for the job to end; exit code from its result")
     p.add_argument("--poll", type=float, default=10.0, help=argparse.SUPPRESS)
     common(p)

@@ -11,6 +11,7 @@ from fsdpkit import __version__
 # verb -> (module with main(argv), help). Modules load lazily so `fsdpkit --help` stays fast.
 VERBS = {
     "train": ("fsdpkit.train.launch", "train a model (embedded default with no flags; --nproc N for N processes)"),
+    "plan": ("fsdpkit.cli.plan", "will a training config fit on an instance type, how fast, what to change"),
     "presets": ("fsdpkit.cli.presets", "list the model presets with their parameter counts"),
     "ckpt": ("fsdpkit.cli.ckpt", "list and inspect checkpoints (ckpt list DIR, ckpt show CKPT)"),
     "export": ("fsdpkit.cli.export", "write a checkpoint as Hugging Face safetensors (export SRC --to hf OUT)"),

@@ -364,18 +364,24 @@ def validate(spec: JobSpec) -> None:
         _validate_train(spec)
 
 
+def train_config(spec: JobSpec) -> Any:
+    """The TrainConfig the job's nodes will run (output directories on the job's storage)."""
+    from fsdpkit.jobs.command import train_options
+    from fsdpkit.train.config import TrainConfig, apply_mapping
+
+    root = "/local-job-dir" if spec.backend == "local" and not spec.storage.shared_path else spec.storage.root
+    cfg = TrainConfig()
+    apply_mapping(train_options(spec, root), cfg, [])
+    return cfg
+
+
 def _validate_train(spec: JobSpec) -> None:
     """The trainer's own rules, run here so a bad option fails before submission, not in a pod.
     Checked on the options the job will really pass (output directories on the job's storage)."""
-    from fsdpkit.jobs.command import train_options
-    from fsdpkit.train.config import TrainConfig, apply_mapping
     from fsdpkit.train.config import validate as validate_train
 
-    root = "/local-job-dir" if spec.backend == "local" and not spec.storage.shared_path else spec.storage.root
-    opts = train_options(spec, root)
-    cfg = TrainConfig()
     try:
-        apply_mapping(opts, cfg, [])
+        cfg = train_config(spec)
         if cfg.checkpoint.checkpoint_freq and not cfg.checkpoint.checkpoint_dir:
             raise UserError("storage: train.checkpoint_freq is set but the job has no storage, so checkpoints "
                             "would be written inside the container and lost; give storage.claim (an existing PVC "

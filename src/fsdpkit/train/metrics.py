@@ -13,30 +13,7 @@ from typing import Any
 
 import torch
 
-from fsdpkit.train.model_config import ModelConfig, count_params
-
-# Dense (no sparsity) peak TFLOP/s per GPU for bf16 and tf32 tensor-core math, from NVIDIA's data
-# sheets (SXM parts where there are several). A10G is AWS's variant; its figure is the one AWS
-# quotes for g5. Matching is by substring of torch.cuda.get_device_name().
-GPU_PEAK_TFLOPS: dict[str, dict[str, float]] = {
-    "H200": {"bf16": 989.0, "fp32": 494.5},
-    "H100": {"bf16": 989.0, "fp32": 494.5},
-    "A100": {"bf16": 312.0, "fp32": 156.0},
-    "L40S": {"bf16": 362.0, "fp32": 183.0},
-    "A10G": {"bf16": 70.0, "fp32": 35.0},
-    "L4": {"bf16": 121.0, "fp32": 60.0},
-}
-
-
-def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
-    """Training FLOPs per token: 6 x (non-embedding, active) parameters plus attention scores.
-
-    The attention term is 12 x layers x heads x head_dim x context (forward and backward of QK^T
-    and AV), the convention of PaLM and torchtitan; a sliding window caps the context.
-    """
-    n = count_params(cfg, active=True) - cfg.vocab_size * cfg.dim  # the embedding lookup is free
-    context = min(seq_len, cfg.sliding_window or seq_len)
-    return 6 * n + 12 * cfg.n_layers * cfg.n_heads * cfg.head_dim * context
+from fsdpkit.train.flops import GPU_PEAK_TFLOPS, flops_per_token  # noqa: F401  (re-exported)
 
 
 def gpu_peak_flops(device: torch.device, dtype: torch.dtype) -> float | None:

@@ -1,0 +1,117 @@
+"""`fsdpkit plan`: will this training config fit on these nodes, how fast, and what to change."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from fsdpkit.cli.output import Parser, emit_error, emit_json
+from fsdpkit.errors import UserError
+
+GIB = 2**30
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = Parser(prog="fsdpkit plan", description="Memory per GPU, communication per step, throughput, time and "
+               "cost for a training config on an instance type, from the same config that runs the job. "
+               "Trainer flags (fsdpkit train --help) may follow, e.g. --seq_len 8192 --activation_checkpointing full.")
+    # The job spec, if any, comes first; it is taken apart from the parser because trainer flags
+    # with values (--seq_len 4096) would otherwise be read as it.
+    p.usage = "fsdpkit plan [JOBSPEC] [options] [trainer flags]"
+    p.add_argument("--preset", help="model preset (without a job spec)")
+    p.add_argument("--config", help="a training YAML (as `fsdpkit train --config`)")
+    p.add_argument("--instance-type", help="p5.48xlarge, p4d.24xlarge, g6e.12xlarge, ... (default: the job spec's)")
+    p.add_argument("--nodes", type=int, help="nodes (default: the job spec's, or 1)")
+    p.add_argument("--mfu", type=float, default=0.4, help="model FLOPs utilisation to assume (default 0.4)")
+    p.add_argument("--tokens", type=float, help="token budget: report the time (and cost) to train on it")
+    p.add_argument("--price-per-hour", type=float, help="your price per node-hour (no price list is built in)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="job spec override")
+    p.add_argument("--json", action="store_true")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    try:
+        jobspec = argv.pop(0) if argv and not argv[0].startswith("-") else None
+        args, train_flags = parser.parse_known_args(argv)
+        args.jobspec = jobspec
+        return run(args, train_flags)
+    except UserError as e:
+        return emit_error(e, "--json" in argv)
+
+
+def run(args: argparse.Namespace, train_flags: list[str]) -> int:
+    from fsdpkit.plan.planner import plan_config
+
+    cfg, instance_type, nodes, procs = _config(args, train_flags)
+    if args.tokens is not None and args.tokens <= 0:
+        raise UserError(f"tokens: {args.tokens} is out of range (> 0)")
+    p = plan_config(cfg, instance_type, nodes, args.mfu, procs)
+    out = {"model": cfg.preset, "verdict": _advice(p), **p.summary(args.tokens, args.price_per_hour),
+           "alternatives": [a.summary(args.tokens, args.price_per_hour) for a in p.alternatives]}
+    if args.json:
+        return emit_json(out)
+    _print(out)
+    return 0
+
+
+def _config(args: argparse.Namespace, train_flags: list[str]):
+    from fsdpkit.train.config import parse_args
+
+    unknown = [f for f in train_flags if f.startswith("-")]
+    if args.jobspec:
+        if train_flags or args.preset or args.config:
+            raise UserError("with a job spec, change its train options with --set train.KEY=VALUE")
+        from fsdpkit.jobs.spec import load_spec, train_config
+
+        spec = load_spec(args.jobspec, [tuple(s.split("=", 1)) if "=" in s else (s, "") for s in args.set])
+        if spec.command is not None:
+            raise UserError("jobspec: this job runs its own command, not fsdpkit's trainer; nothing to plan")
+        return (train_config(spec), args.instance_type or spec.instance_type,
+                args.nodes if args.nodes is not None else spec.node_range[1],
+                spec.procs if spec.instance_type else None)
+    flags = (["--preset", args.preset] if args.preset else []) + (["--config", args.config] if args.config else [])
+    try:
+        cfg, _ = parse_args([*flags, *train_flags])
+    except SystemExit:  # argparse inside the trainer's parser: a bad flag
+        raise UserError(f"unknown or bad trainer option among: {' '.join(unknown)} (see fsdpkit train --help)") \
+            from None
+    return cfg, args.instance_type, args.nodes if args.nodes is not None else 1, None
+
+
+def _advice(p) -> str:
+    from fsdpkit.plan.planner import advice
+
+    return advice(p)
+
+
+def _print(out: dict) -> None:
+    m = out["memory_gib"]
+    where = f"{out['nodes']} x {out['instance_type']} ({out['world']} ranks)" if out["instance_type"] else \
+        f"{out['world']} rank(s), no instance type"
+    print(f"{out['model']} on {where}: seq {out['seq_len']} x micro-batch {out['micro_batch']} x accumulation "
+          f"{out['grad_accum']}, {out['dtype']}, sharding {out['sharding']}, activation checkpointing "
+          f"{out['activation_checkpointing']}{', CPU offload' if out['cpu_offload'] else ''}")
+    print("\nmemory per rank (GiB)")
+    for k in ("params", "grads", "optimizer", "fsdp_buffers", "activations", "loss", "backward_working"):
+        print(f"  {k:18s} {m[k]:10.2f}")
+    usable = f" of {out['usable_gib']:.2f} usable" if out["usable_gib"] else ""
+    print(f"  {'peak':18s} {out['peak_gib']:10.2f}{usable}  (at {out['peak_at']})")
+    if m["host"]:
+        print(f"  {'host (offload)':18s} {m['host']:10.2f}")
+    c = out["comm_bytes"]
+    print(f"\ncommunication per step and rank: all-gather {c['all_gather_bytes'] / GIB:.2f} GiB "
+          f"({c['all_gathers']} calls), reduce-scatter {c['reduce_scatter_bytes'] / GIB:.2f} GiB "
+          f"({c['reduce_scatters']} calls), on the wire {c['wire_bytes'] / GIB:.2f} GiB")
+    if out["compute_s"] is not None:
+        print(f"step: compute {out['compute_s']:.3f} s at {out['mfu']:.0%} MFU, communication {out['comm_s']:.3f} s "
+              f"-> {out['bound']}-bound, about {out['tokens_per_s']:,} tokens/s")
+    if out.get("hours") is not None:
+        cost = f", {out['cost']:,.2f} at your price" if out.get("cost") is not None else ""
+        print(f"token budget: {out['hours']:,.1f} hours{cost}")
+    print(f"\n{out['verdict']}")
+    for a in out["alternatives"]:
+        print(f"  with {a['change']}: {'fits' if a['fits'] else 'does not fit'}, {a['peak_gib']:.1f} GiB per GPU, "
+              f"{a['nodes']} node(s), about {a['tokens_per_s'] or 0:,} tokens/s")

@@ -1,0 +1,48 @@
+"""FSDP2 collectives of one optimizer step, per rank, from the config alone.
+
+Each FSDP unit (every decoder block, and the root: embeddings, final norm, head) is all-gathered in
+the compute dtype in forward, and again in backward when it was resharded after forward (every
+block but the last, and the root); with gradient accumulation, on every micro-step. Gradients are
+reduce-scattered once per optimizer step in the reduce dtype (`set_requires_gradient_sync` holds
+them back on the other micro-steps); with HSDP the sharded result is then all-reduced across
+replicas. Sizes are the collectives' full tensors (all-gather output, reduce-scatter input),
+padding included: what `torch.distributed` is handed. The gradient-norm all-reduce (one scalar)
+is left out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from fsdpkit.plan.memory import DTYPE_BYTES, Workload, block_shapes, root_shapes, unit_elements
+
+
+@dataclass
+class StepComm:
+    all_gather_bytes: int        # sum of all-gather outputs
+    reduce_scatter_bytes: int    # sum of reduce-scatter inputs
+    all_reduce_bytes: int        # HSDP: sharded gradients all-reduced across replicas
+    all_gathers: int
+    reduce_scatters: int
+    wire_bytes: int              # what each rank sends (= receives) with ring algorithms
+
+    def to_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+def step_comm(w: Workload) -> StepComm:
+    if not w.fsdp:
+        return StepComm(0, 0, 0, 0, 0, 0)
+    L, shard = w.model.n_layers, w.shard
+    block, root = unit_elements(block_shapes(w.model), shard), unit_elements(root_shapes(w.model), shard)
+    cb, rb = DTYPE_BYTES[w.compute], DTYPE_BYTES[w.reduce]
+    regathered_blocks = L - 1 if w.reshard else 0
+    regathered_root = 1 if w.reshard else 0
+    gathers = w.grad_accum * (L + 1 + regathered_blocks + regathered_root)
+    gathered = w.grad_accum * ((L + regathered_blocks) * block + (1 + regathered_root) * root) * cb
+    scattered = (L * block + root) * rb
+    replicas = w.world // shard
+    reduced = (L * block + root) // shard * rb if replicas > 1 else 0
+    frac = (shard - 1) / shard
+    wire = int((gathered + scattered) * frac + (2 * reduced * (replicas - 1) / replicas if replicas > 1 else 0))
+    return StepComm(gathered, scattered, reduced, gathers, L + 1, wire)

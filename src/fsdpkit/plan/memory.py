@@ -1,0 +1,214 @@
+"""Bytes per rank of one training step of fsdpkit's trainer, from the config alone.
+
+The figures follow what the code keeps alive, tensor by tensor (see fsdpkit.train.model and
+fsdpkit.train.shard):
+- sharded state: fp32 parameters, fp32 gradients and AdamW's two fp32 moments, each 1/shard of the
+  (dim-0 padded) parameters; all on the host with CPU offload;
+- FSDP buffers: the root unit (embeddings, final norm, head) stays gathered from forward through
+  backward; each block is gathered (plus `fsdp_prefetch` blocks ahead) in the compute dtype; in
+  backward a block's unsharded gradients and the reduce-scatter input (reduce dtype);
+- activations each decoder block saves for backward, counted per saved tensor (the RMSNorms' fp32
+  inputs and normalised values, the q/k/v projections' shared input, q, k and v after RoPE, the attention output
+  and its log-sum-exp, o_proj's input, and SwiGLU's four ffn-wide tensors); with activation
+  checkpointing only the block input, plus one block recomputed in backward;
+- the loss: one chunk of logits in the compute dtype, fp32 and log-softmax at a time (or the
+  whole of them without chunking), and in backward the same with their gradients;
+- the backward working set of one block: the gradient flowing through the residual stream and
+  the SwiGLU gradients.
+The peak is the largest of the start of backward (all activations, no gradients yet), its end
+(all gradients, no activations) and a validation forward (no gradients, maybe a larger batch).
+torch.compile fuses elementwise work and saves less, so with compile on the estimate is an upper
+bound. On CPU the measured figures (tests/test_plan.py) also hold the runtime's own memory
+(interpreter, data pipeline), which is not the step's and is measured apart.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from fsdpkit.train.model_config import ModelConfig
+
+DTYPE_BYTES = {"fp32": 4, "bf16": 2}
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Everything the estimate depends on, taken from a TrainConfig (see plan.planner.workload)."""
+
+    model: ModelConfig
+    seq: int
+    micro_batch: int            # sequences per rank per micro-step
+    val_batch: int              # sequences per rank per validation batch (forward only)
+    grad_accum: int
+    world: int                  # ranks (GPUs) in the job
+    shard: int                  # ranks a parameter is sharded over (world, or world / replicas for HSDP)
+    compute: str                # "bf16" | "fp32": dtype of matmuls and activations
+    reduce: str                 # "bf16" | "fp32"
+    ac: str                     # "none" | "full" | "selective"
+    ac_every: int
+    cpu_offload: bool
+    prefetch: int               # blocks gathered ahead
+    reshard: bool               # reshard_after_forward: gather again in backward
+    loss_chunk: int             # tokens per cross-entropy chunk (0: no chunking)
+    expanded_kv: bool           # SDPA on repeated K/V heads (GPU), or the CPU kernel sharing them
+
+    @property
+    def tokens(self) -> int:
+        return self.seq * self.micro_batch
+
+    @property
+    def fsdp(self) -> bool:
+        return self.world > 1
+
+
+@dataclass
+class MemoryEstimate:
+    params: int
+    grads: int
+    optimizer: int
+    fsdp_buffers: int
+    activations: int
+    loss: int
+    backward_working: int
+    peak: int                   # bytes per rank on the device
+    host: int                   # bytes per rank kept on the host (CPU offload)
+    peak_at: str                # "start of backward" | "end of backward" | "validation"
+
+    def to_dict(self) -> dict[str, int | str]:
+        return asdict(self)
+
+
+def _padded(shape: tuple[int, ...], shard: int) -> int:
+    """Elements of a parameter after FSDP2 pads dim 0 to a multiple of the shard count."""
+    rest = math.prod(shape[1:])
+    return math.ceil(shape[0] / shard) * shard * rest
+
+
+def block_shapes(m: ModelConfig) -> list[tuple[int, ...]]:
+    hd = m.head_dim
+    shapes = [(m.dim,), (m.n_heads * hd, m.dim), (m.n_kv_heads * hd, m.dim), (m.n_kv_heads * hd, m.dim),
+              (m.dim, m.n_heads * hd), (m.dim,)]
+    if m.is_moe:
+        shapes += [(m.n_experts, m.dim), (m.n_experts, 2 * m.ffn_dim, m.dim), (m.n_experts, m.dim, m.ffn_dim)]
+    else:
+        shapes += [(m.ffn_dim, m.dim), (m.ffn_dim, m.dim), (m.dim, m.ffn_dim)]
+    return shapes
+
+
+def root_shapes(m: ModelConfig) -> list[tuple[int, ...]]:
+    return [(m.vocab_size, m.dim), (m.dim,)] + ([] if m.tie_embeddings else [(m.vocab_size, m.dim)])
+
+
+def unit_elements(shapes: list[tuple[int, ...]], shard: int) -> int:
+    """Elements of an FSDP unit gathered whole (padding included)."""
+    return sum(_padded(s, shard) for s in shapes)
+
+
+def sharded_elements(w: Workload) -> int:
+    """Elements of all parameters one rank holds."""
+    shard = w.shard if w.fsdp else 1
+    total = unit_elements(block_shapes(w.model), shard) * w.model.n_layers + unit_elements(root_shapes(w.model), shard)
+    return total // shard
+
+
+def block_activations(w: Workload) -> int:
+    """Bytes one decoder block saves for backward (no checkpointing)."""
+    m, s, cb = w.model, w.tokens, DTYPE_BYTES[w.compute]
+    d, kv = m.dim, m.n_kv_heads * m.head_dim
+    norms = 2 * (2 * s * d * 4 + s * 4)        # each RMSNorm keeps its fp32 input, the normalised x and rstd
+    attn_in = s * d * cb                        # q/k/v projections share their input
+    qkv = s * d * cb + 2 * s * (d if w.expanded_kv else kv) * cb
+    attn_out = 2 * s * d * cb + s * m.n_heads * 4   # kernel output, o_proj's (reshaped) input; lse
+    if m.is_moe:
+        routed = s * m.experts_per_token
+        mlp = s * d * cb + s * m.n_experts * 4 * 2 + routed * (d * cb + 4 * m.ffn_dim * cb)
+    else:
+        mlp = s * d * cb + 4 * s * m.ffn_dim * cb   # input; gate, silu(gate), up, and their product
+    return norms + attn_in + qkv + attn_out + mlp
+
+
+def activations(w: Workload) -> int:
+    L, per_block = w.model.n_layers, block_activations(w)
+    block_input = w.tokens * w.model.dim * DTYPE_BYTES[w.compute]
+    if w.ac == "none":
+        checkpointed = 0
+    elif w.ac == "full":
+        checkpointed = L
+    else:
+        checkpointed = math.ceil(L / w.ac_every)
+    acts = checkpointed * block_input + (L - checkpointed) * per_block
+    if checkpointed:
+        acts += per_block   # the block being recomputed in backward
+    # Final norm (fp32 input copy) and its output, which the head's chunks keep.
+    return acts + w.tokens * w.model.dim * (4 + DTYPE_BYTES[w.compute])
+
+
+def attention_working(w: Workload, tokens: int, backward: bool) -> int:
+    """Temporaries of fsdpkit's CPU attention kernel, which computes in fp32: in a bf16 run its
+    fp32 copies of q, k, v and the output (forward), and of q, k, v, the output, its gradient
+    and the fp32 dq, dk, dv (backward). SDPA on GPUs keeps no such copies."""
+    if w.expanded_kv or w.compute == "fp32":
+        return 0
+    d, kv = w.model.dim, w.model.n_kv_heads * w.model.head_dim
+    return 4 * tokens * ((4 * d + 4 * kv) if backward else (2 * d + 2 * kv))
+
+
+def loss_bytes(w: Workload) -> tuple[int, int]:
+    """(kept for backward, transient at its peak) of the output head and cross-entropy."""
+    V, cb = w.model.vocab_size, DTYPE_BYTES[w.compute]
+    n = w.tokens
+    per_token = V * (cb + 4 + 4)   # logits, their fp32 copy, log-softmax
+    if w.loss_chunk == 0 or w.loss_chunk >= n:
+        return n * per_token, n * V * (4 + cb)      # all kept; backward adds their gradients
+    c = w.loss_chunk
+    return 0, c * per_token + c * V * (4 + cb)      # one chunk recomputed, with its gradients
+
+
+def loss_chunk_tokens(vocab_size: int, setting: int | None) -> int:
+    """The trainer's rule (fsdpkit.train.model.loss_chunk_size), without importing torch."""
+    if setting is not None:
+        return setting
+    return max(256, 2**28 // (4 * vocab_size))
+
+
+def estimate(w: Workload) -> MemoryEstimate:
+    cb, rb = DTYPE_BYTES[w.compute], DTYPE_BYTES[w.reduce]
+    shard = w.shard if w.fsdp else 1
+    p = sharded_elements(w)
+    params, grads, optimizer = 4 * p, 4 * p, 8 * p
+    host = 0
+    if w.cpu_offload and w.fsdp:
+        host, params, grads, optimizer = params + grads + optimizer, 0, 0, 0
+    block = unit_elements(block_shapes(w.model), shard)
+    root = unit_elements(root_shapes(w.model), shard)
+    if w.fsdp:
+        # Without resharding after forward every block stays gathered until its backward.
+        gathered = root * cb + (w.model.n_layers if not w.reshard else 1 + w.prefetch) * block * cb
+        # Backward: one block's unsharded gradients and the reduce-scatter input.
+        fsdp_bwd = block * (cb + rb)
+        if w.grad_accum > 1:   # without gradient sync, unsharded gradients of every unit stay
+            gathered += (block * w.model.n_layers + root) * cb
+    else:
+        # One process: autocast keeps a compute-dtype copy of each weight it has cast.
+        gathered = (block * w.model.n_layers + root) * cb if w.compute != "fp32" else 0
+        fsdp_bwd = 0
+    acts = activations(w)
+    kept, loss_peak = loss_bytes(w)
+    m, s = w.model, w.tokens
+    # The residual stream's gradient and its branch's, and two ffn-wide SwiGLU gradients; a
+    # recomputed block frees its SwiGLU tensors as fast as their gradients appear.
+    working = s * (2 * m.dim + (0 if w.ac == "full" else 2 * m.ffn_dim)) * cb
+    working += attention_working(w, s, backward=True)
+    # Backward begins with the loss and head, then the last block: activations are all still alive.
+    start = params + optimizer + gathered + acts + kept + max(loss_peak, fsdp_bwd + working)
+    end = params + optimizer + grads + gathered + fsdp_bwd + working
+    # Validation: no gradients kept, one block's forward working set (SwiGLU's ffn-wide tensors,
+    # the residual and its branch) and one chunk of logits at the validation batch size.
+    v = w.seq * w.val_batch
+    val_chunk = v if w.loss_chunk == 0 else min(w.loss_chunk, v)
+    val = params + optimizer + gathered + v * (3 * m.ffn_dim + 3 * m.dim) * cb + val_chunk * m.vocab_size * (cb + 8) \
+        + attention_working(w, v, backward=False)
+    peak, at = max((start, "start of backward"), (end, "end of backward"), (val, "validation"))
+    return MemoryEstimate(params, grads, optimizer, gathered + fsdp_bwd, acts + kept, loss_peak, working, peak, host,
+                          at)

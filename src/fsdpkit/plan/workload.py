@@ -1,0 +1,28 @@
+"""The planner's view of a TrainConfig: the same config that then runs the job."""
+
+from __future__ import annotations
+
+from fsdpkit.errors import UserError
+from fsdpkit.plan.memory import Workload, loss_chunk_tokens
+from fsdpkit.train.config import TrainConfig
+
+
+def workload(cfg: TrainConfig, world: int, device: str, nodes: int = 1) -> Workload:
+    """`world` ranks on `nodes` nodes; `device` "cuda" or "cpu" decides the dtype and attention
+    kernel the trainer would pick."""
+    m, par = cfg.model_config(), cfg.parallel
+    compute = par.mixed_precision if par.mixed_precision != "auto" else ("bf16" if device == "cuda" else "fp32")
+    shard = world
+    if par.sharding_strategy == "hybrid" and world > 1:
+        replicas = par.dp_replicate or nodes
+        if world % replicas:
+            raise UserError(f"dp_replicate: {replicas} must divide the world size ({world})")
+        shard = world // replicas
+    cpu_kernel = device == "cpu" and par.attention == "auto" and not m.sliding_window \
+        and not cfg.data.document_masking
+    return Workload(model=m, seq=cfg.seq_len(), micro_batch=cfg.data.train_batch_size,
+                    val_batch=cfg.data.val_batch_size,
+                    grad_accum=cfg.data.grad_accum_steps, world=world, shard=shard, compute=compute,
+                    reduce=par.reduce_dtype, ac=par.activation_checkpointing, ac_every=par.ac_every,
+                    cpu_offload=par.cpu_offload, prefetch=par.fsdp_prefetch, reshard=par.reshard_after_forward,
+                    loss_chunk=loss_chunk_tokens(m.vocab_size, par.loss_chunk_tokens), expanded_kv=not cpu_kernel)

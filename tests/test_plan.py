@@ -1,0 +1,169 @@
+"""The capacity planner against real training: peak memory of real CPU runs (1 process and 2 FSDP
+ranks, with and without activation checkpointing), the bytes of every FSDP2 collective of a real
+step, the 70B verdicts on p5 nodes, and `job submit` warning (or refusing with --strict).
+
+Measured memory on CPU (a documented proxy for allocator statistics, which CPU PyTorch lacks): the
+process's peak resident set during training less the resident set before it (the benchmark
+worker's figure), with glibc's mmap threshold fixed at 64 KiB so that freed tensors go back to the
+OS at once instead of being kept in malloc's heap. What the runtime itself holds (interpreter
+objects, the data pipeline: about 60 MiB here) is not the training step's, so it is measured once
+with a near-empty run and taken off both the measured and the estimated figures."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from fsdpkit.plan.comm import step_comm
+from fsdpkit.plan.memory import estimate
+from fsdpkit.plan.workload import workload
+from fsdpkit.train.config import parse_args
+
+from conftest import ROOT, run_cli
+
+pytestmark = pytest.mark.slow
+MIB = 2**20
+
+
+def measured_peak(world: int, preset: str, seq: int, batch: int, dtype: str, *flags: str) -> float:
+    """Peak bytes of a 3-step training run (the highest rank), as the benchmark worker measures it."""
+    case = {"section": "plan", "impl": "fsdpkit", "preset": preset, "seq": seq, "batch": batch, "world": world,
+            "dtype": dtype, "flags": list(flags), "label": "plan", "steps": 2, "warmup": 1}
+    out = Path(tempfile.mkdtemp(prefix="plan-"))
+    worker = ["-m", "benchmarks.train_throughput", "--worker", json.dumps(case), "--worker-out", str(out),
+              "--device", "cpu"]
+    cmd = [sys.executable, *(["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}"]
+                             if world > 1 else []), *worker]
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": "1"}
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return max(json.loads(p.read_text())["peak_memory_bytes"] for p in out.glob("rank*.json"))
+
+
+def estimated_peak(world: int, preset: str, seq: int, batch: int, dtype: str, *flags: str) -> float:
+    cfg, _ = parse_args(["--preset", preset, "--seq_len", str(seq), "--train_batch_size", str(batch),
+                         "--mixed_precision", dtype, *flags])
+    return estimate(workload(cfg, world, "cpu")).peak
+
+
+RUNTIME = (1, "tiny", 16, 1, "fp32")
+
+
+@pytest.fixture(scope="module")
+def runtime():
+    return measured_peak(*RUNTIME), estimated_peak(*RUNTIME)
+
+
+@pytest.mark.parametrize("case", [
+    (1, "debug", 256, 8, "fp32"),
+    (1, "debug", 256, 8, "fp32", "--activation_checkpointing", "full"),
+    (2, "debug", 512, 4, "fp32"),
+    (2, "debug", 256, 8, "bf16", "--activation_checkpointing", "full"),
+], ids=["1proc", "1proc-ac", "2ranks", "2ranks-bf16-ac"])
+def test_memory_estimate_is_within_15_percent_of_a_real_run(runtime, case):
+    measured = measured_peak(*case) - runtime[0]
+    estimated = estimated_peak(*case) - runtime[1]
+    assert 0.85 <= estimated / measured <= 1.15, (f"estimated {estimated / MIB:.1f} MiB, "
+                                                  f"measured {measured / MIB:.1f} MiB")
+
+
+def recorded_collectives(tmp_path: Path, steps: int, flags: list[str]) -> list:
+    out = tmp_path / f"calls{steps}.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+           str(ROOT / "tests" / "plan_comm_worker.py"), str(out), *flags, "--max_steps", str(steps),
+           "--validation_freq", "0", "--validation_batches", "1", "--tensorboard", "0", "--progress", "off",
+           "--run_dir", str(tmp_path / f"run{steps}")]
+    r = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, cwd=ROOT,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def _sums(calls: list) -> dict[str, int]:
+    gathers = [c for c in calls if c[0] == "c10d::_allgather_base_"]
+    scatters = [c for c in calls if c[0] == "c10d::_reduce_scatter_base_"]
+    return {"all_gathers": len(gathers), "all_gather_bytes": sum(c[1] for c in gathers),
+            "reduce_scatters": len(scatters), "reduce_scatter_bytes": sum(c[2] for c in scatters)}
+
+
+@pytest.mark.parametrize("flags", [
+    ["--preset", "debug", "--seq_len", "64", "--train_batch_size", "2"],
+    ["--preset", "tiny", "--seq_len", "64", "--train_batch_size", "2", "--mixed_precision", "bf16",
+     "--grad_accum_steps", "2", "--reshard_after_forward", "false", "--n_kv_heads", "2", "--vocab_size", "301"],
+], ids=["debug-fp32", "tiny-bf16-accum-noreshard"])
+def test_communication_bytes_equal_the_collectives_of_a_real_step(tmp_path, flags):
+    # One step's collectives: a 2-step run less a 1-step run (start-up and the final validation cancel).
+    one, two = (_sums(recorded_collectives(tmp_path, n, flags)) for n in (1, 2))
+    step = {k: two[k] - one[k] for k in one}
+    cfg, _ = parse_args(flags)
+    expected = step_comm(workload(cfg, 2, "cpu")).to_dict()
+    assert step == {k: expected[k] for k in step}
+
+
+def plan_json(*args: str) -> dict:
+    r = run_cli("plan", *args, "--json")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)["data"]
+
+
+BIG = ["--preset", "llama3_1_70b", "--instance-type", "p5.48xlarge", "--seq_len", "4096", "--train_batch_size", "1",
+       "--activation_checkpointing", "full"]
+
+
+def test_70b_does_not_fit_one_p5_and_the_suggested_change_does():
+    one = plan_json(*BIG, "--nodes", "1")
+    assert one["fits"] is False and one["world"] == 8 and one["peak_gib"] > one["usable_gib"]
+    assert one["verdict"].startswith("does not fit")
+    best = one["alternatives"][0]
+    assert best["fits"] is True and best["change"] in one["verdict"]
+    # The suggestion, applied, is a plan that fits.
+    n = best["nodes"]
+    applied = plan_json(*BIG, "--nodes", str(n), *[a for a in best["change"].split() if not a.startswith("nodes=")])
+    assert applied["fits"] is True and applied["peak_gib"] == best["peak_gib"]
+    eight = plan_json(*BIG, "--nodes", "8")
+    assert eight["fits"] is True and eight["world"] == 64
+    # Sharded fp32 parameters: 1/64 of 70.6e9 x 4 bytes; AdamW twice that.
+    assert 4.0 < eight["memory_gib"]["params"] < 4.2 and eight["memory_gib"]["optimizer"] == pytest.approx(
+        2 * eight["memory_gib"]["params"], abs=0.002)
+    assert eight["bound"] in ("compute", "network") and eight["tokens_per_s"] > 0
+    assert plan_json(*BIG, "--nodes", "8") == eight   # stable: the same figures every time
+
+
+def test_plan_reports_time_and_cost_for_a_token_budget():
+    out = plan_json(*BIG, "--nodes", "8", "--tokens", "1e9", "--price-per-hour", "100")
+    assert out["hours"] == pytest.approx(1e9 / out["tokens_per_s"] / 3600, rel=1e-3)
+    assert out["cost"] == pytest.approx(out["hours"] * 8 * 100, rel=1e-3)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--preset", "debug", "--nodes", "0"], "nodes: 0 is out of range"),
+    (["--preset", "debug", "--mfu", "1.5"], "mfu: 1.5 is out of range"),
+    (["--preset", "debug", "--instance-type", "p9.1xlarge"], "instance_type: 'p9.1xlarge' is not in fsdpkit's table"),
+    (["--preset", "nope"], "preset"),
+])
+def test_bad_plan_input_is_one_line(args, message):
+    r = run_cli("plan", *args)
+    assert r.returncode == 2
+    assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_job_submit_warns_and_strict_refuses_a_job_that_cannot_fit(kube, tmp_path):
+    from test_jobs_kube import job_cli, write_spec
+
+    spec = write_spec(tmp_path, instance_type="p5.48xlarge", nodes=1,
+                      train={"preset": "llama3_1_70b", "seq_len": 4096, "train_batch_size": 1})
+    r = job_cli(kube, "submit", str(spec), "--strict")
+    assert r.returncode == 2 and "does not fit" in r.stderr and "not submitted (--strict)" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert not [m for m, _, _ in kube.requests() if m == "POST"]
+    r = job_cli(kube, "submit", str(spec), "--json")
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.startswith("warning: plan: does not fit")
+    assert json.loads(r.stdout)["data"]["plan"]["fits"] is False
+    assert [p for m, p, _ in kube.requests() if m == "POST" and p.endswith("/pytorchjobs")]
