@@ -7,7 +7,7 @@ import argparse
 import os
 import sys
 
-from fsdpkit.cli.output import Parser, dispatch, emit_json
+from fsdpkit.cli.output import Parser, dispatch, emit_json, progress
 from fsdpkit.errors import UserError
 
 _MARK = {"pass": "PASS", "warn": "WARN", "fail": "FAIL"}
@@ -85,11 +85,6 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 1 if out["status"] == "fail" else 0
 
 
-def _say(args: argparse.Namespace):
-    """Progress goes to stderr under --json, so stdout stays one envelope."""
-    return (lambda m: print(m, file=sys.stderr)) if args.json else print
-
-
 def cmd_config(args: argparse.Namespace) -> int:
     import yaml
 
@@ -107,7 +102,7 @@ def cmd_config(args: argparse.Namespace) -> int:
     text = yaml.safe_dump(config, sort_keys=False)
     if args.out:
         _write(args.out, text)
-        _say(args)(f"wrote {args.out}; next: fsdpkit cluster create --config {args.out}")
+        progress(args)(f"wrote {args.out}; next: fsdpkit cluster create --config {args.out}")
     if args.json:
         return emit_json({"config": config, "path": args.out})
     if not args.out:
@@ -132,7 +127,7 @@ def cmd_create_delete(args: argparse.Namespace) -> int:
     config = eksctl.load_config(args.config)
     groups = eksctl.placement_groups(config)
     region, name = config["metadata"]["region"], config["metadata"]["name"]
-    say = _say(args)
+    say = progress(args)
     command = eksctl.eksctl_command(args.cmd, args.config)
     if args.dry_run:
         out = {"cluster": name, "region": region, "placement_groups": groups, "command": command, "ran": False}
@@ -193,7 +188,7 @@ def cmd_addons(args: argparse.Namespace) -> int:
     from fsdpkit.cluster.client import connect
 
     api = connect(args.context, args.kubeconfig, args.eks_cluster, args.region)
-    out = addons.install(api, steps, _say(args))
+    out = addons.install(api, steps, progress(args))
     failed = any(c["status"] == "fail" for c in out["checks"])
     if args.json:
         emit_json(out)

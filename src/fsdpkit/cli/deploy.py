@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from fsdpkit.cli.output import Parser, dispatch, emit_json
+from fsdpkit.cli.output import Parser, dispatch, emit_json, progress
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
@@ -15,7 +15,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 
     spec = load_spec(args.spec, parse_overrides(args.set or []))
     backend = get_backend(spec.backend, context=args.context, kubeconfig=args.kubeconfig)
-    say = (lambda msg: print(msg, file=sys.stderr)) if args.json else (lambda msg: print(msg, flush=True))
+    say = progress(args)
     skip = {s.strip() for s in (args.skip or "").split(",") if s.strip()}
     out = deploy(spec, backend, skip, say, poll=args.poll, fresh=args.fresh)
     if args.json:

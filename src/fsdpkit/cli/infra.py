@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from fsdpkit.cli.output import Parser, dispatch, emit_json
+from fsdpkit.cli.output import Parser, dispatch, emit_json, progress
 
 
 def cmd(args: argparse.Namespace) -> int:
@@ -23,7 +23,7 @@ def cmd(args: argparse.Namespace) -> int:
 
     aws = connect(args.region, args.profile)
     infra = Infra(aws, args.repository, args.immutable_tags)
-    say = (lambda m: print(m, file=sys.stderr)) if args.json else print
+    say = progress(args)
     if args.cmd == "status":
         have = infra.status()
         if args.json:

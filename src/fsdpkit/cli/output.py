@@ -8,7 +8,13 @@ import sys
 from fsdpkit.envelope import Parser, emit_error, emit_json
 from fsdpkit.errors import UserError
 
-__all__ = ["Parser", "dispatch", "emit_error", "emit_json"]
+__all__ = ["Parser", "dispatch", "emit_error", "emit_json", "progress"]
+
+
+def progress(args: argparse.Namespace):
+    """Where a verb's progress lines go: stderr under --json, so stdout stays one envelope."""
+    out = sys.stderr if getattr(args, "json", False) else sys.stdout
+    return lambda message: print(message, file=out, flush=True)
 
 
 def dispatch(parser: argparse.ArgumentParser, argv: list[str]) -> int:

@@ -6,12 +6,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from fsdpkit.cli.output import Parser, dispatch, emit_json
+from fsdpkit.cli.output import Parser, dispatch, emit_json, progress
 from fsdpkit.errors import UserError
-
-
-def _say(args: argparse.Namespace):
-    return (lambda m: print(m, file=sys.stderr)) if args.json else print
 
 
 def _aws(args: argparse.Namespace):
@@ -53,7 +49,7 @@ def cmd_create(args: argparse.Namespace) -> int:
     from fsdpkit.cluster.storage import static_volume
 
     plan = _plan(args)
-    say = _say(args)
+    say = progress(args)
     if args.dry_run:
         subnet = args.subnet_id or "<the cluster's first subnet>"
         groups = args.security_group_id or ["<the cluster security group>"]
@@ -124,7 +120,7 @@ def cmd_delete(args: argparse.Namespace) -> int:
         if input(f"delete FSx file system {args.name} and all its files? [y/N] ").strip().lower() not in ("y", "yes"):
             print("nothing deleted")
             return 1
-    say = _say(args)
+    say = progress(args)
     out: dict = {"kubernetes": []}
     if not args.no_k8s:  # the claim first, so no new pod mounts a file system on its way out
         api = _kube(args)
@@ -156,7 +152,7 @@ def cmd_storage_class(args: argparse.Namespace) -> int:
     if args.dry_run:
         return emit_json({"object": obj}) if args.json else print(yaml.safe_dump(obj, sort_keys=False), end="") or 0
     action = ensure(_kube(args), obj)
-    _say(args)(f"StorageClass/{plan.name}: {action}; claims with storageClassName: {plan.name} get their own FSx")
+    progress(args)(f"StorageClass/{plan.name}: {action}; claims with storageClassName: {plan.name} get their own FSx")
     return emit_json({"object": f"StorageClass/{plan.name}", "action": action}) if args.json else 0
 
 

@@ -38,15 +38,22 @@ def _call(api_client: Any, obj: dict[str, Any], verb: str, *extra: Any) -> Any:
     return getattr(api, f"{verb}_{suffix}")(*args, *extra)
 
 
-def ensure(api_client: Any, obj: dict[str, Any]) -> str:
-    """"created" or "exists"."""
-    with api_errors(f"reading {describe(obj)}"):
+def _found(what: str, call: Any) -> bool:
+    """Run `call`; False when the object is not there (404), any other failure one line."""
+    with api_errors(what):
         try:
-            _call(api_client, obj, "read")
-            return "exists"
+            call()
+            return True
         except Exception as e:
             if not is_not_found(e):
                 raise
+            return False
+
+
+def ensure(api_client: Any, obj: dict[str, Any]) -> str:
+    """"created" or "exists"."""
+    if _found(f"reading {describe(obj)}", lambda: _call(api_client, obj, "read")):
+        return "exists"
     with api_errors(f"creating {describe(obj)}"):
         _call(api_client, obj, "create", obj)
     return "created"
@@ -54,11 +61,4 @@ def ensure(api_client: Any, obj: dict[str, Any]) -> str:
 
 def remove(api_client: Any, obj: dict[str, Any]) -> str:
     """"deleted" or "absent"."""
-    with api_errors(f"deleting {describe(obj)}"):
-        try:
-            _call(api_client, obj, "delete")
-            return "deleted"
-        except Exception as e:
-            if not is_not_found(e):
-                raise
-    return "absent"
+    return "deleted" if _found(f"deleting {describe(obj)}", lambda: _call(api_client, obj, "delete")) else "absent"
