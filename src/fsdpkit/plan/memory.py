@@ -196,9 +196,10 @@ def estimate(w: Workload) -> MemoryEstimate:
     acts = activations(w)
     kept, loss_peak = loss_bytes(w)
     m, s = w.model, w.tokens
-    # The residual stream's gradient and its branch's, and two ffn-wide SwiGLU gradients; a
-    # recomputed block frees its SwiGLU tensors as fast as their gradients appear.
-    working = s * (2 * m.dim + (0 if w.ac == "full" else 2 * m.ffn_dim)) * cb
+    # The residual stream's gradient and its branch's, RMSNorm's two fp32 gradients, and two
+    # ffn-wide SwiGLU gradients (a recomputed block frees its SwiGLU tensors as fast as their
+    # gradients appear).
+    working = s * (2 * m.dim + (0 if w.ac == "full" else 2 * m.ffn_dim)) * cb + 2 * s * m.dim * 4
     working += attention_working(w, s, backward=True)
     # Backward begins with the loss and head, then the last block: activations are all still alive.
     start = params + optimizer + gathered + acts + kept + max(loss_peak, fsdp_bwd + working)
