@@ -40,18 +40,20 @@ def eksctl_validator():
     return jsonschema.validators.validator_for(schema)(schema)
 
 
-def render(*args: str) -> dict:
-    r = run_cli("cluster", "config", "--name", "llm", "--region", "us-west-2", *args, "--json")
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout)["data"]["config"]
+def render(instance: str, nodes: int, **choices) -> dict:
+    """The ClusterConfig `fsdpkit cluster config` writes (the CLI path itself: the tests below)."""
+    from fsdpkit.aws.eksctl import ClusterPlan
+    from fsdpkit.aws.eksctl import render as render_config
+
+    return render_config(ClusterPlan("llm", "us-west-2", instance, nodes, **choices))
 
 
 @pytest.mark.parametrize("reserved", [False, True], ids=["on-demand", "capacity-reservation"])
 @pytest.mark.parametrize("instance", sorted(EFA_INTERFACES))
 def test_cluster_config_validates_against_eksctls_schema(instance, reserved):
     validator = eksctl_validator()
-    extra = ["--capacity-reservation", CR, "--zone", "us-west-2c"] if reserved else []
-    config = render("--instance-type", instance, "--nodes", "4", *extra)
+    extra = {"capacity_reservation": CR, "zone": "us-west-2c"} if reserved else {}
+    config = render(instance, 4, **extra)
     errors = [f"{'/'.join(map(str, e.path))}: {e.message}" for e in validator.iter_errors(config)]
     assert not errors, errors
     system, gpu = config["managedNodeGroups"]
@@ -75,9 +77,9 @@ def test_cluster_config_validates_against_eksctls_schema(instance, reserved):
 
 def test_config_without_efa_and_with_a_capacity_block():
     validator = eksctl_validator()
-    plain = render("--instance-type", "g5.4xlarge", "--nodes", "1")  # no EFA on this size
-    block = render("--instance-type", "p5.48xlarge", "--nodes", "2", "--capacity-reservation", CR, "--zone",
-                   "us-west-2b", "--capacity-block", "--placement-group", "my-pg")
+    plain = render("g5.4xlarge", 1)  # no EFA on this size
+    block = render("p5.48xlarge", 2, capacity_reservation=CR, zone="us-west-2b", capacity_block=True,
+                   placement_group="my-pg")
     for config in (plain, block):
         assert not list(validator.iter_errors(config))
     gpu = plain["managedNodeGroups"][1]
@@ -90,6 +92,16 @@ def test_config_without_efa_and_with_a_capacity_block():
     broken["managedNodeGroups"][1]["volumeSize"] = "500"
     broken["managedNodeGroups"][1]["efaEnable"] = True
     assert len(list(validator.iter_errors(broken))) == 2
+
+
+def test_cluster_config_cli_writes_the_file_and_the_envelope(tmp_path):
+    out = tmp_path / "cluster.yaml"
+    r = run_cli("cluster", "config", "--name", "llm", "--region", "us-west-2", "--instance-type", "p5en.48xlarge",
+                "--nodes", "3", "--out", str(out), "--json")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)["data"]
+    assert data["path"] == str(out) and yaml.safe_load(out.read_text()) == data["config"] == render("p5en.48xlarge", 3)
+    assert "next: fsdpkit cluster create --config" in r.stderr
 
 
 @pytest.mark.parametrize(("args", "message"), [
@@ -213,7 +225,7 @@ def test_create_makes_the_placement_group_once_runs_eksctl_and_delete_removes_bo
 def test_create_dry_run_calls_nothing(ec2, tmp_path):
     handler, env = ec2
     config = tmp_path / "c.yaml"
-    config.write_text(yaml.safe_dump(render("--instance-type", "p4d.24xlarge", "--nodes", "2")))
+    config.write_text(yaml.safe_dump(render("p4d.24xlarge", 2)))
     r = run_cli("cluster", "create", "--config", str(config), "--dry-run", env=env)
     assert r.returncode == 0
     assert r.stdout.splitlines() == ["would create placement group llm-gpu",
