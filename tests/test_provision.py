@@ -287,13 +287,19 @@ def fsx_service(moto, monkeypatch):
     """FSx's side of the lifecycle on moto's stored file systems (see the module docstring)."""
     from moto.fsx import models
 
-    state = {"lifecycle": "CREATING", "failure": None}
+    # A new file system answers CREATING to its first `creating_reads` reads (its own create
+    # included), then settles in `settles_to`: FSx's order, independent of how fast the CLI starts.
+    state = {"lifecycle": "CREATING", "creating_reads": 3, "settles_to": "AVAILABLE", "failure": None}
     plain = models.FileSystem.to_dict
 
     def to_dict(self):
         d = plain(self)
+        if state["lifecycle"] == "CREATING":
+            state["creating_reads"] -= 1
+            if state["creating_reads"] < 0:
+                state["lifecycle"] = state["settles_to"]
         d["Lifecycle"] = state["lifecycle"]
-        if state["failure"]:
+        if state["failure"] and state["lifecycle"] == "FAILED":
             d["FailureDetails"] = {"Message": state["failure"]}
         d["LustreConfiguration"] = {**(d.get("LustreConfiguration") or {}), "MountName": "abcd1234"}
         return d
@@ -319,19 +325,11 @@ def stored_request(fs_id):
     return fsx_backends["123456789012"]["us-west-2"].file_systems[fs_id]
 
 
-def _later(seconds, fn):
-    t = threading.Timer(seconds, fn)
-    t.start()
-    return t
-
-
 def test_fsx_create_waits_for_available_then_makes_the_volume_and_claim(fsx_service, kube, tmp_path):
     svc = fsx_service
     env = {**svc["env"], **kube.env}
-    timer = _later(1.5, lambda: svc["state"].update(lifecycle="AVAILABLE"))
     r = run_cli("storage", "fsx", "create", "ckpt", "--size", "2400", "--throughput", "250", "--eks-cluster", "llm",
                 "--security-group-id", svc["sg"], "--poll", "0.2", "--json", env=env)
-    timer.join()
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)["data"]
     fs_id = out["file_system_id"]
@@ -375,7 +373,7 @@ def test_fsx_create_waits_for_available_then_makes_the_volume_and_claim(fsx_serv
 
 def test_fsx_failure_is_one_line_with_the_services_reason(fsx_service):
     svc = fsx_service
-    svc["state"].update(lifecycle="FAILED", failure="The subnet has no free IP addresses.")
+    svc["state"].update(settles_to="FAILED", failure="The subnet has no free IP addresses.")
     r = run_cli("storage", "fsx", "create", "data", "--deployment-type", "SCRATCH_2", "--s3", "s3://corpus/tok",
                 "--eks-cluster", "llm", "--poll", "0.2", "--no-k8s", env=svc["env"])
     assert r.returncode == 3
