@@ -23,12 +23,13 @@ PVCS = "/api/v1/namespaces/default/persistentvolumeclaims"
 JOBS = "/apis/kubeflow.org/v1/namespaces/default/pytorchjobs"
 
 
-def deploy(kube, tmp_path, *args, operator=None):
+def deploy(kube, tmp_path, *args, operator=None, spec=None):
     """Run `fsdpkit deploy` as a user would; `operator(kube)` plays the training operator meanwhile."""
     env = {**os.environ, **kube.env, "MY_HF_TOKEN": TOKEN, "FSDPKIT_HOME": str(tmp_path / "home")}
     seen = job_posts(kube)
-    proc = subprocess.Popen([sys.executable, "-m", "fsdpkit", "deploy", str(write_spec(tmp_path)), "--poll", "0.2",
-                             *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    spec = spec or write_spec(tmp_path)
+    proc = subprocess.Popen([sys.executable, "-m", "fsdpkit", "deploy", str(spec), "--poll", "0.2", *args], cwd=ROOT,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if operator:
         operator(kube, proc, seen)
     out, err = proc.communicate(timeout=120)
@@ -81,6 +82,18 @@ def test_failed_check_creates_nothing(kube, tmp_path):
     assert "FAIL Kubeflow training operator: CRD pytorchjobs.kubeflow.org not installed" in out
     assert "deploy step check: cluster check failed" in err and "left in the cluster: nothing" in err
     assert created(kube) == []
+
+
+def test_a_job_the_planner_says_cannot_fit_warns_and_strict_stops_at_check(kube, tmp_path):
+    healthy_eks(kube)
+    spec = write_spec(tmp_path, nodes=1, train={"preset": "llama3_1_70b", "seq_len": 4096, "train_batch_size": 1,
+                                                "checkpoint_freq": 10})
+    code, out, err = deploy(kube, tmp_path, "--strict", spec=spec)
+    assert code == 1 and "deploy step check: plan: does not fit" in err and "left in the cluster: nothing" in err
+    assert created(kube) == []
+    code, out, err = deploy(kube, tmp_path, "--fresh", spec=spec, operator=succeed_when_created)
+    assert code == 0, err
+    assert "WARN plan: does not fit: needs" in out and created(kube) == [PVCS, SECRETS, JOBS]
 
 
 @pytest.mark.parametrize(("step", "route", "left"), [

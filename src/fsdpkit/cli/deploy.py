@@ -17,7 +17,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     backend = get_backend(spec.backend, context=args.context, kubeconfig=args.kubeconfig)
     say = progress(args)
     skip = {s.strip() for s in (args.skip or "").split(",") if s.strip()}
-    out = deploy(spec, backend, skip, say, poll=args.poll, fresh=args.fresh)
+    out = deploy(spec, backend, skip, say, poll=args.poll, fresh=args.fresh, strict=args.strict)
     if args.json:
         return emit_json(out)
     print(f"deployed {spec.name}: " + ", ".join(f"{k} {v if isinstance(v, str) else 'ok'}"
@@ -32,6 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", metavar="KEY=VALUE")
     p.add_argument("--skip", help="comma-separated steps to skip: check,storage,secret,submit,watch")
     p.add_argument("--fresh", action="store_true", help="ignore the progress of an earlier failed deploy")
+    p.add_argument("--strict", action="store_true", help="stop at the check step when the capacity planner says "
+                   "the job cannot fit (otherwise a warning)")
     p.add_argument("--poll", type=float, default=15.0, help="seconds between looks while watching")
     p.add_argument("--context")
     p.add_argument("--kubeconfig")

@@ -63,13 +63,12 @@ def cmd_render(args: argparse.Namespace) -> int:
 def _capacity(spec: Any, strict: bool) -> dict[str, Any] | None:
     """The capacity planner's verdict on a GPU job: a warning on stderr when it will not fit, an
     error (nothing submitted) with --strict. None when there is nothing to plan."""
-    if spec.command is not None or not spec.instance_type or spec.instance.resource != "nvidia.com/gpu":
-        return None
-    from fsdpkit.jobs.spec import train_config
-    from fsdpkit.plan.planner import advice, plan_config
+    from fsdpkit.plan.planner import check_job
 
-    p = plan_config(train_config(spec), spec.instance_type, spec.node_range[1], procs_per_node=spec.procs)
-    verdict = advice(p)
+    checked = check_job(spec)
+    if checked is None:
+        return None
+    p, verdict = checked
     if p.fits is False:
         if strict:
             raise UserError(f"plan: {verdict}; not submitted (--strict); see `fsdpkit plan JOBSPEC`")

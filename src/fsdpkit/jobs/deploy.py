@@ -46,7 +46,7 @@ class StepFailed(UserError):
 
 
 def deploy(spec: JobSpec, backend: Any, skip: set[str], say: Callable[[str], None], stall_after: float = 900,
-           poll: float = 15.0, fresh: bool = False) -> dict[str, Any]:
+           poll: float = 15.0, fresh: bool = False, strict: bool = False) -> dict[str, Any]:
     if spec.backend not in CLUSTER_BACKENDS:
         raise UserError(f"backend: deploy runs Kubernetes jobs (pytorchjob, hyperpod), not {spec.backend}; "
                         "use `fsdpkit job submit` for local and Slurm jobs")
@@ -83,6 +83,13 @@ def deploy(spec: JobSpec, backend: Any, skip: set[str], say: Callable[[str], Non
                 if failed:
                     raise StepFailed(f"cluster check failed ({len(failed)} problem(s) above); fix them, or "
                                      "--skip check")
+                from fsdpkit.plan.planner import check_job
+
+                checked = check_job(spec)
+                if checked and checked[0].fits is False:
+                    if strict:
+                        raise StepFailed(f"plan: {checked[1]} (--strict; see `fsdpkit plan SPEC`)")
+                    say(f"  WARN plan: {checked[1]}")
                 results[step] = "passed"
             elif step in ("storage", "secret", "submit"):
                 kind = {"storage": "PersistentVolumeClaim", "secret": "Secret", "submit": None}[step]

@@ -200,3 +200,14 @@ def plan_config(cfg: Any, instance_type: str | None, nodes: int, mfu: float = 0.
     per_node = procs_per_node or (inst.accelerators if inst else cfg.parallel.nproc)
     w = workload(cfg, nodes * per_node, "cuda" if inst else "cpu", nodes)
     return plan(w, inst, nodes, mfu, flops_per_token(cfg.model_config(), cfg.seq_len()))
+
+
+def check_job(spec: Any) -> tuple[Plan, str] | None:
+    """The plan for a job spec's training on its GPUs and the one-line verdict; None when there is
+    nothing to plan (its own command, no instance type, not NVIDIA GPUs)."""
+    if spec.command is not None or not spec.instance_type or spec.instance.resource != "nvidia.com/gpu":
+        return None
+    from fsdpkit.jobs.spec import train_config
+
+    p = plan_config(train_config(spec), spec.instance_type, spec.node_range[1], procs_per_node=spec.procs)
+    return p, advice(p)
