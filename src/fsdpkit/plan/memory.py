@@ -165,13 +165,6 @@ def loss_bytes(w: Workload) -> tuple[int, int]:
     return 0, c * per_token + c * V * (4 + cb)      # one chunk recomputed, with its gradients
 
 
-def loss_chunk_tokens(vocab_size: int, setting: int | None) -> int:
-    """The trainer's rule (fsdpkit.train.model.loss_chunk_size), without importing torch."""
-    if setting is not None:
-        return setting
-    return max(256, 2**28 // (4 * vocab_size))
-
-
 def estimate(w: Workload) -> MemoryEstimate:
     cb, rb = DTYPE_BYTES[w.compute], DTYPE_BYTES[w.reduce]
     shard = w.shard if w.fsdp else 1

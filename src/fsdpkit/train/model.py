@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fsdpkit.train.attention import causal_attention, expand_kv
-from fsdpkit.train.model_config import ModelConfig
+from fsdpkit.train.model_config import ModelConfig, loss_chunk_size
 
 
 def rope_frequencies(cfg: ModelConfig) -> torch.Tensor:
@@ -278,15 +278,6 @@ class Transformer(nn.Module):
              eos_id: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Mean next-token cross-entropy and the total loss (cross-entropy plus MoE balancing)."""
         return self(tokens, targets, eos_id)
-
-
-def loss_chunk_size(vocab_size: int, setting: int | None) -> int:
-    """Tokens per cross-entropy chunk: `setting` (0: no chunking), or by default as many as keep
-    one chunk's fp32 logits within 256 MiB (about 520 tokens at a 128k vocabulary; a byte-level
-    vocabulary never chunks at usual batch sizes)."""
-    if setting is not None:
-        return setting
-    return max(256, 2**28 // (4 * vocab_size))
 
 
 def chunked_cross_entropy(head: nn.Module, h: torch.Tensor, targets: torch.Tensor, chunk: int | None) -> torch.Tensor:

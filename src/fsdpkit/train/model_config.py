@@ -54,3 +54,12 @@ def count_params(cfg: ModelConfig, active: bool = False) -> int:
     per_layer = attn + mlp + 2 * D
     head = 0 if cfg.tie_embeddings else V * D
     return V * D + L * per_layer + D + head
+
+
+def loss_chunk_size(vocab_size: int, setting: int | None) -> int:
+    """Tokens per cross-entropy chunk: `setting` (0: no chunking), or by default as many as keep
+    one chunk's fp32 logits within 256 MiB (about 520 tokens at a 128k vocabulary; a byte-level
+    vocabulary never chunks at usual batch sizes)."""
+    if setting is not None:
+        return setting
+    return max(256, 2**28 // (4 * vocab_size))
