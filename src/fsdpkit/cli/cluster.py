@@ -7,7 +7,7 @@ import argparse
 import os
 import sys
 
-from fsdpkit.cli.output import Parser, dispatch, emit_json, progress
+from fsdpkit.cli.output import Parser, confirmed, dispatch, emit_json, progress
 from fsdpkit.errors import UserError
 
 _MARK = {"pass": "PASS", "warn": "WARN", "fail": "FAIL"}
@@ -138,12 +138,9 @@ def cmd_create_delete(args: argparse.Namespace) -> int:
             print(f"would {verb} placement group {g}")
         print(f"would run: {' '.join(command)}")
         return 0
-    if args.cmd == "delete" and not args.yes:
-        if args.json or not sys.stdin.isatty():
-            raise UserError(f"delete: removes cluster {name} and everything on it; add --yes to confirm")
-        if input(f"delete EKS cluster {name} in {region} and its nodes? [y/N] ").strip().lower() not in ("y", "yes"):
-            print("nothing deleted")
-            return 1
+    if args.cmd == "delete" and not confirmed(args, f"cluster {name} and everything on it",
+                                              f"delete EKS cluster {name} in {region} and its nodes?"):
+        return 1
     from fsdpkit.aws.session import aws_errors, connect
 
     aws = connect(region, args.profile)
@@ -252,13 +249,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_addons)
 
     p = sub.add_parser("check", help="nodes, GPUs, EFA, device plugins, operators, storage: pass/warn/fail")
-    p.add_argument("--context", help="kubeconfig context (default: the current one)")
-    p.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG or ~/.kube/config)")
+    _kube_flags(p)
     p.add_argument("--fix", action="store_true", help="offer the known remedy for each missing component, "
                    "and run it when you confirm")
     p.add_argument("--yes", action="store_true", help="with --fix: run the remedies without asking")
-    p.add_argument("--eks-cluster", help="an EKS cluster by name (builds its own token; no kubeconfig needed)")
-    p.add_argument("--region", help="AWS region of --eks-cluster")
     p.add_argument("--json", action="store_true", help="one JSON envelope on stdout")
     p.set_defaults(func=cmd_check)
 
@@ -270,8 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--image", help="gpu: a CUDA base image; nccl: an image with nccl-tests, aws-ofi-nccl, MPI")
     p.add_argument("-n", "--namespace", default="default")
     p.add_argument("--poll", type=float, default=5.0, help=argparse.SUPPRESS)
-    for flag in ("--context", "--kubeconfig", "--eks-cluster", "--region"):
-        p.add_argument(flag)
+    _kube_flags(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_validate)
     return parser

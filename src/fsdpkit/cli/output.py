@@ -8,13 +8,26 @@ import sys
 from fsdpkit.envelope import Parser, emit_error, emit_json
 from fsdpkit.errors import UserError
 
-__all__ = ["Parser", "dispatch", "emit_error", "emit_json", "progress"]
+__all__ = ["Parser", "confirmed", "dispatch", "emit_error", "emit_json", "progress"]
 
 
 def progress(args: argparse.Namespace):
     """Where a verb's progress lines go: stderr under --json, so stdout stays one envelope."""
     out = sys.stderr if getattr(args, "json", False) else sys.stdout
     return lambda message: print(message, file=out, flush=True)
+
+
+def confirmed(args: argparse.Namespace, what: str, question: str) -> bool:
+    """Consent to destroy something: --yes, or "y" at a terminal. Under --json or without a
+    terminal nobody can answer, so that is a one-line error naming --yes, not a silent no."""
+    if getattr(args, "yes", False):
+        return True
+    if getattr(args, "json", False) or not sys.stdin.isatty():
+        raise UserError(f"delete: removes {what}; add --yes to confirm")
+    if input(f"{question} [y/N] ").strip().lower() in ("y", "yes"):
+        return True
+    print("nothing deleted")
+    return False
 
 
 def dispatch(parser: argparse.ArgumentParser, argv: list[str]) -> int:

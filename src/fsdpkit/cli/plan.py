@@ -43,13 +43,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace, train_flags: list[str]) -> int:
-    from fsdpkit.plan.planner import plan_config
+    from fsdpkit.plan.planner import advice, plan_config
 
     cfg, instance_type, nodes, procs = _config(args, train_flags)
     if args.tokens is not None and args.tokens <= 0:
         raise UserError(f"tokens: {args.tokens} is out of range (> 0)")
     p = plan_config(cfg, instance_type, nodes, args.mfu, procs)
-    out = {"model": cfg.preset, "verdict": _advice(p), **p.summary(args.tokens, args.price_per_hour),
+    out = {"model": cfg.preset, "verdict": advice(p), **p.summary(args.tokens, args.price_per_hour),
            "alternatives": [a.summary(args.tokens, args.price_per_hour) for a in p.alternatives]}
     if args.json:
         return emit_json(out)
@@ -79,12 +79,6 @@ def _config(args: argparse.Namespace, train_flags: list[str]):
         raise UserError(f"unknown or bad trainer option among: {' '.join(unknown)} (see fsdpkit train --help)") \
             from None
     return cfg, args.instance_type, args.nodes if args.nodes is not None else 1, None
-
-
-def _advice(p) -> str:
-    from fsdpkit.plan.planner import advice
-
-    return advice(p)
 
 
 def _print(out: dict) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from fsdpkit.cli.output import Parser, dispatch, emit_json, progress
+from fsdpkit.cli.output import Parser, confirmed, dispatch, emit_json, progress
 from fsdpkit.errors import UserError
 
 
@@ -30,11 +30,12 @@ def _plan(args: argparse.Namespace):
     return plan
 
 
-def _network(args: argparse.Namespace, aws) -> tuple[str, list[str]]:
+def _network(args: argparse.Namespace, aws=None) -> tuple[str, list[str]]:
+    """Subnet and security groups: from --eks-cluster (AWS is asked only then), or as given."""
     from fsdpkit.aws.fsx import cluster_network
 
     if args.eks_cluster:
-        return cluster_network(aws, args.eks_cluster, args.subnet_id or "", args.security_group_id)
+        return cluster_network(aws or _aws(args), args.eks_cluster, args.subnet_id or "", args.security_group_id)
     if not (args.subnet_id and args.security_group_id):
         raise UserError("network: give --eks-cluster (its VPC, subnet and cluster security group are used), or "
                         "both --subnet-id and --security-group-id")
@@ -66,9 +67,9 @@ def cmd_create(args: argparse.Namespace) -> int:
         fs = fsx.wait_available(aws, fs["FileSystemId"], say, args.timeout, args.poll)
         if plan.s3 and plan.deployment_type == "PERSISTENT_2" and created:
             fsx.link_s3(aws, fs, plan.s3, say)
-    out = {"created": created, **fsx.summary(fs), "claim": None, "kubernetes": []}
+    info = fsx.summary(fs)
+    out = {"created": created, **info, "claim": None, "kubernetes": []}
     if not args.no_wait and not args.no_k8s:
-        info = fsx.summary(fs)
         if not info["mount_name"]:
             raise UserError(f"FSx {info['file_system_id']} reports no mount name; cannot write its volume")
         api = _kube(args)
@@ -114,12 +115,9 @@ def cmd_delete(args: argparse.Namespace) -> int:
             print(f"would delete {what} (if present)")
         print(f"would delete FSx {out['file_system']['file_system_id']}" if fs else f"no FSx named {args.name}")
         return 0
-    if not args.yes:
-        if args.json or not sys.stdin.isatty():
-            raise UserError(f"delete: removes FSx {args.name} and every file on it; add --yes to confirm")
-        if input(f"delete FSx file system {args.name} and all its files? [y/N] ").strip().lower() not in ("y", "yes"):
-            print("nothing deleted")
-            return 1
+    if not confirmed(args, f"FSx {args.name} and every file on it",
+                     f"delete FSx file system {args.name} and all its files?"):
+        return 1
     say = progress(args)
     out: dict = {"kubernetes": []}
     if not args.no_k8s:  # the claim first, so no new pod mounts a file system on its way out
@@ -145,12 +143,13 @@ def cmd_storage_class(args: argparse.Namespace) -> int:
     if args.dry_run and not args.eks_cluster and not (args.subnet_id and args.security_group_id):
         subnet, groups = "<subnet-id>", ["<security-group-id>"]
     else:
-        subnet, groups = _network(args, _aws(args)) if args.eks_cluster else (args.subnet_id, args.security_group_id)
-        if not (subnet and groups):
-            raise UserError("network: give --eks-cluster, or both --subnet-id and --security-group-id")
+        subnet, groups = _network(args)
     obj = storage_class(plan.name, subnet, groups, plan.deployment_type, plan.throughput, plan.s3)
     if args.dry_run:
-        return emit_json({"object": obj}) if args.json else print(yaml.safe_dump(obj, sort_keys=False), end="") or 0
+        if args.json:
+            return emit_json({"object": obj})
+        print(yaml.safe_dump(obj, sort_keys=False), end="")
+        return 0
     action = ensure(_kube(args), obj)
     progress(args)(f"StorageClass/{plan.name}: {action}; claims with storageClassName: {plan.name} get their own FSx")
     return emit_json({"object": f"StorageClass/{plan.name}", "action": action}) if args.json else 0
