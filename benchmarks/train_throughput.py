@@ -85,16 +85,20 @@ def plan(smoke: bool, device: str, dtype: str, only: set[str]) -> list[dict]:
 def gpu_plan(n_gpus: int) -> list[dict]:
     """One GPU: llama3_2_1b in bf16 at 2048 and 8192 tokens, compile and activation checkpointing on
     and off, against the baseline; llama3_1_8b with 4 layers (the full model's AdamW state alone
-    is 128 GB). With several GPUs, also FSDP over all of them."""
-    cases = []
-    variants = (((), "plain"), (COMPILE, "compile"), (("--activation_checkpointing", "full"), "ac"),
-                ((*COMPILE, "--activation_checkpointing", "full"), "compile+ac"))
-    for seq, batch in ((2048, 4), (8192, 1)):
-        cases += [case("gpu", "fsdpkit", "llama3_2_1b", seq, batch, 1, "bf16", f, label, 10, 3)
-                  for f, label in variants]
-        cases.append(case("gpu", "baseline", "llama3_2_1b", seq, batch, 1, "bf16", (), "baseline", 10, 3))
+    is 128 GB). With several GPUs, also FSDP over all of them. The most wanted figures come first,
+    so a lease that runs out still has them."""
+    ac = ("--activation_checkpointing", "full")
+
+    def one(impl: str, seq: int, batch: int, flags: tuple[str, ...] = (), label: str = "") -> dict:
+        return case("gpu", impl, "llama3_2_1b", seq, batch, 1, "bf16", flags, label or impl, 10, 3)
+
+    cases = [one("fsdpkit", 2048, 4), one("fsdpkit", 2048, 4, COMPILE, "compile"), one("baseline", 2048, 4),
+             one("fsdpkit", 2048, 8, COMPILE, "compile"), one("baseline", 2048, 8),
+             one("fsdpkit", 2048, 4, ac, "ac"), one("fsdpkit", 2048, 4, (*COMPILE, *ac), "compile+ac"),
+             one("fsdpkit", 8192, 1), one("fsdpkit", 8192, 1, COMPILE, "compile"), one("baseline", 8192, 1),
+             one("fsdpkit", 8192, 1, (*COMPILE, *ac), "compile+ac")]
     cases.append(case("gpu", "fsdpkit", "llama3_1_8b", 2048, 2, 1, "bf16",
-                      ("--n_layers", "4", *COMPILE, "--activation_checkpointing", "full"), "8b, 4 layers", 10, 3))
+                      ("--n_layers", "4", *COMPILE, *ac), "8b, 4 layers", 10, 3))
     if n_gpus > 1:
         cases += [case("gpu", impl, "llama3_2_1b", 2048, 4, n_gpus, "bf16", (), impl, 10, 3)
                   for impl in ("fsdpkit", "baseline")]
@@ -115,7 +119,11 @@ ABLATIONS: list[tuple[tuple[str, ...], str]] = [
 
 
 # --- one case, in its own process(es) --------------------------------------------------------------
-def run_case(c: dict, tmp: Path, device: str) -> dict:
+class CaseFailed(RuntimeError):
+    """One case's process failed or hung; the run goes on with the other cases."""
+
+
+def run_case(c: dict, tmp: Path, device: str, timeout: float | None = None) -> dict:
     out = Path(tempfile.mkdtemp(prefix="case-", dir=tmp))
     env = dict(os.environ)
     if device == "cpu":
@@ -128,10 +136,15 @@ def run_case(c: dict, tmp: Path, device: str) -> dict:
                *worker]
     else:  # fsdpkit with one process runs as `fsdpkit train` does: no torchrun, no sharding
         cmd = [sys.executable, *worker]
-    r = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=Path(__file__).parent.parent)
+    try:
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=Path(__file__).parent.parent,
+                           timeout=timeout)
+        err = r.stderr
+    except subprocess.TimeoutExpired as e:
+        r, err = None, f"timed out after {timeout} s\n{(e.stderr or b'')[-4000:]!r}"
     ranks = [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))]
-    if r.returncode != 0 or len(ranks) != c["world"]:
-        raise RuntimeError(f"case {c['label']} ({c['impl']}, world {c['world']}) failed:\n{r.stderr[-4000:]}")
+    if r is None or r.returncode != 0 or len(ranks) != c["world"]:
+        raise CaseFailed(f"case {c['label']} ({c['impl']}, world {c['world']}) failed:\n{err[-4000:]}")
     row = {**c, "peak_memory_bytes": max(x["peak_memory_bytes"] for x in ranks), "step_times": ranks[0]["step_times"]}
     return timed(row, ranks[0]["step_times"][c["warmup"]:])
 
@@ -248,6 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2, help="times the compare cases run, interleaved")
     parser.add_argument("--out", type=Path, default=Path(__file__).with_name("results") / "train_throughput.json")
     parser.add_argument("--no-results-md", action="store_true", help="do not append to RESULTS.md")
+    parser.add_argument("--case-timeout", type=float, default=None, help="seconds before a case is stopped")
+    parser.add_argument("--from-json", type=Path, help="append the rows of an earlier run's JSON to RESULTS.md")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--worker-out", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
@@ -256,6 +271,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         worker(json.loads(args.worker), args.worker_out, device)
         return 0
+    if args.from_json:  # e.g. a run made on a lent GPU, whose checkout is gone
+        write_results_md(json.loads(args.from_json.read_text()))
+        return 0
     from fsdpkit.train.shard import cpu_has_native_bf16
 
     dtype = args.dtype
@@ -263,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
         dtype = "bf16" if device == "cuda" or cpu_has_native_bf16() else "fp32"
     only = set(args.only.split(","))
     peak, peak_source = measured_peak(device, dtype)
-    rows = []
+    rows, failed = [], []
     cases = plan(args.smoke, device, dtype, only)
     # Rounds interleave the compared cases, so a slow spell of a shared machine hits all of them.
     rounds = 1 if args.smoke else args.rounds
@@ -272,25 +290,39 @@ def main(argv: list[str] | None = None) -> int:
         for c in cases:
             print(f"[{c['section']}] {c['impl']:8} {c['label']:44} {c['preset']} seq {c['seq']} x {c['batch']} "
                   f"world {c['world']} {c['dtype']} ...", end="", flush=True)
-            row = run_case(c, Path(d), device)
+            try:
+                row = run_case(c, Path(d), device, args.case_timeout)
+            except CaseFailed as e:
+                # One broken or hung case must not lose the others' figures (a lent GPU is minutes).
+                print(f" FAILED\n{e}", flush=True)
+                failed.append({**c, "error": str(e)[-4000:]})
+                continue
             row["device"] = device
             add_mfu(row, peak)
             mfu = f"{100 * row['mfu']:.1f}%" if row["mfu"] is not None else "n/a"
             print(f" {row['tokens_per_s']:,.0f} tok/s, {row['step_time_s'] * 1000:.0f} ms/step, MFU {mfu}, "
                   f"{row['peak_memory_bytes'] / 2**20:,.0f} MiB", flush=True)
             rows.append(row)
-    rows = merge_rounds(rows)
-    for row in rows:
-        add_mfu(row, peak)
-    result = {"env": environment(), "smoke": args.smoke, "device": device, "dtype": dtype,
-              "peak_flops": peak, "peak_flops_source": peak_source, "rows": rows, "ratios": ratios(rows)}
+            # Written after every case: a run cut off (a lease running out) keeps what it measured.
+            result = summarise(rows, failed, args.smoke, device, dtype, peak, peak_source)
+            write_json(args.out, result)
+    result = summarise(rows, failed, args.smoke, device, dtype, peak, peak_source)
     write_json(args.out, result)
     for r in result["ratios"]:
         print(f"{r['fsdpkit']} / baseline: {r['preset']} seq {r['seq']} world {r['world']} {r['dtype']}: "
               f"{r['speedup']:.2f}x tokens/s, {r['memory_ratio']:.2f}x peak memory")
     if not args.no_results_md and not args.smoke:
         write_results_md(result)
-    return 0
+    return 1 if failed else 0
+
+
+def summarise(rows: list[dict], failed: list[dict], smoke: bool, device: str, dtype: str, peak: float | None,
+              peak_source: str) -> dict:
+    rows = merge_rounds(rows)
+    for row in rows:
+        add_mfu(row, peak)
+    return {"env": environment(), "smoke": smoke, "device": device, "dtype": dtype, "peak_flops": peak,
+            "peak_flops_source": peak_source, "rows": rows, "ratios": ratios(rows), "failed": failed}
 
 
 def write_results_md(result: dict) -> None:

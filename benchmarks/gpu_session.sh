@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# One call on a lent GPU machine (minutes of lease): check the CUDA path, profile a step, run the
+# GPU benchmark. Figures go to $OUT (the device tool brings that folder back); append them here with
+#   python -m benchmarks.train_throughput --from-json <that folder>/gpu.json
+# The machine has PyTorch but not this checkout installed, so the source tree goes on PYTHONPATH.
+set -u
+OUT=${OUT:-/tmp/fsdpkit-gpu}
+mkdir -p "$OUT"
+export PYTHONPATH="$PWD/src:$PWD" PYTHONUNBUFFERED=1
+PY=${PYTHON:-python3}
+SECTIONS=${SECTIONS:-smoke,profile,bench}
+
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
+$PY -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__)"
+
+if [[ $SECTIONS == *smoke* ]]; then
+  echo "== CUDA path: nccl under torchrun, bf16, compile, checkpoint save and exact resume"
+  ck=$(mktemp -d)
+  timeout 240 $PY -m torch.distributed.run --standalone --nproc-per-node=1 -m fsdpkit.train --preset tiny \
+    --device cuda --max_steps 12 --checkpoint_dir "$ck" --checkpoint_freq 6 --compile 1 --logging_freq 6 \
+    --progress off --run_dir "$ck/run" 2>&1 | tail -8
+  timeout 120 $PY -m fsdpkit.train --preset tiny --device cuda --max_steps 14 --checkpoint_dir "$ck" \
+    --resume_from_checkpoint auto --logging_freq 2 --progress off --run_dir "$ck/run2" 2>&1 | tail -4
+fi
+if [[ $SECTIONS == *profile* ]]; then
+  echo "== profile: llama3_2_1b, seq 2048 x 4, bf16, eager"
+  timeout 180 $PY -m benchmarks.profile_step --top 30 --skip 3 -- --preset llama3_2_1b --device cuda \
+    --seq_len 2048 --train_batch_size 4 --max_steps 6 --mixed_precision bf16 --run_dir /tmp/prof \
+    2>&1 | grep -v "^Batch\|^fsdpkit" | tee "$OUT/profile.txt" | tail -40
+fi
+if [[ $SECTIONS == *bench* ]]; then
+  echo "== benchmark (gpu section)"
+  $PY -m benchmarks.train_throughput --only gpu --case-timeout ${CASE_TIMEOUT:-200} --no-results-md \
+    --out "$OUT/gpu.json" 2>&1 | tee "$OUT/bench.log" | grep -v "^  "
+fi

@@ -1,0 +1,55 @@
+"""Where a training step's time goes: fsdpkit's trainer under torch.profiler, one process.
+
+    python -m benchmarks.profile_step --preset debug --seq_len 512 --train_batch_size 16 --max_steps 6
+    python -m benchmarks.profile_step --top 30 --trace /tmp/trace.json -- --preset llama3_2_1b --device cuda
+
+Every flag after the options below goes to the trainer as is. The table is the operators (CPU) or
+kernels (GPU) by their own time, summed over the profiled steps; the warm-up steps (the first
+`--skip` optimizer steps, which hold compilation and allocator growth) are left out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.profiler import ProfilerActivity, profile, schedule
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--top", type=int, default=25, help="rows of the table")
+    parser.add_argument("--skip", type=int, default=3, help="optimizer steps left out as warm-up")
+    parser.add_argument("--trace", help="also write a Chrome trace here")
+    args, trainer_flags = parser.parse_known_args(argv)
+    trainer_flags = [f for f in trainer_flags if f != "--"]
+
+    from fsdpkit.train.config import parse_args
+    from fsdpkit.train.trainer import train
+
+    cfg, _ = parse_args(["--progress", "off", "--tensorboard", "0", "--validation_freq", "0", *trainer_flags])
+    dev = cfg.parallel.device
+    cuda = dev == "cuda" or (dev == "auto" and torch.cuda.is_available())
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    measured = cfg.optim.max_steps - args.skip
+    if measured < 1 or args.skip < 1:
+        parser.error(f"--skip must be at least 1 and --max_steps more than --skip ({args.skip})")
+    prof = profile(activities=activities, schedule=schedule(wait=args.skip - 1, warmup=1, active=measured))
+    # The profiler advances once per optimizer step: wrap the step the trainer calls.
+    step_hook = register_optimizer_step_post_hook(lambda *_: prof.step())
+    try:
+        with prof:
+            train(cfg)
+    finally:
+        step_hook.remove()
+    key = "self_device_time_total" if cuda else "self_cpu_time_total"
+    print(prof.key_averages().table(sort_by=key, row_limit=args.top), file=sys.stdout)
+    if args.trace:
+        prof.export_chrome_trace(args.trace)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
