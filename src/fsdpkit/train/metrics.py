@@ -73,7 +73,9 @@ def reset_peak_memory(device: torch.device) -> None:
     """Start a new peak-memory window: the CUDA allocator's peak, or on Linux the process's
     resident high-water mark (writing 5 to /proc/self/clear_refs resets VmHWM)."""
     if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
+        # Before CUDA is initialised nothing is allocated (and resetting raises "Invalid device").
+        if torch.cuda.is_initialized():
+            torch.cuda.reset_peak_memory_stats(device)
         return
     # Not Linux, or not allowed: the peak stays the process's lifetime peak.
     with contextlib.suppress(OSError):
