@@ -23,9 +23,9 @@ if [[ $SECTIONS == *smoke* ]]; then
     --resume_from_checkpoint auto --logging_freq 2 --progress off --run_dir "$ck/run2" 2>&1 | tail -4
 fi
 if [[ $SECTIONS == *profile* ]]; then
-  echo "== profile: llama3_2_1b, seq 2048 x 4, bf16, eager"
+  echo "== profile: llama3_2_1b, seq 2048 x 4, bf16, compile ${PROFILE_COMPILE:-0}"
   timeout 180 $PY -m benchmarks.profile_step --top 30 --skip 3 -- --preset llama3_2_1b --device cuda \
-    --seq_len 2048 --train_batch_size 4 --max_steps 6 --mixed_precision bf16 --run_dir /tmp/prof \
+    --seq_len 2048 --train_batch_size 4 --max_steps 7 --mixed_precision bf16 --compile ${PROFILE_COMPILE:-0} --run_dir /tmp/prof \
     2>&1 | grep -v "^Batch\|^fsdpkit" | tee "$OUT/profile.txt" | tail -40
 fi
 if [[ $SECTIONS == *bench* ]]; then

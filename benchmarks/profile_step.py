@@ -11,6 +11,7 @@ kernels (GPU) by their own time, summed over the profiled steps; the warm-up ste
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import torch
@@ -23,6 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top", type=int, default=25, help="rows of the table")
     parser.add_argument("--skip", type=int, default=3, help="optimizer steps left out as warm-up")
     parser.add_argument("--trace", help="also write a Chrome trace here")
+    parser.add_argument("--shapes", action="store_true", help="one row per operator and input shapes")
     args, trainer_flags = parser.parse_known_args(argv)
     trainer_flags = [f for f in trainer_flags if f != "--"]
 
@@ -36,7 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     measured = cfg.optim.max_steps - args.skip
     if measured < 1 or args.skip < 1:
         parser.error(f"--skip must be at least 1 and --max_steps more than --skip ({args.skip})")
-    prof = profile(activities=activities, schedule=schedule(wait=args.skip - 1, warmup=1, active=measured))
+    prof = profile(activities=activities, record_shapes=args.shapes,
+                   schedule=schedule(wait=args.skip - 1, warmup=1, active=measured))
     # The profiler advances once per optimizer step: wrap the step the trainer calls.
     step_hook = register_optimizer_step_post_hook(lambda *_: prof.step())
     try:
@@ -45,7 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         step_hook.remove()
     key = "self_device_time_total" if cuda else "self_cpu_time_total"
-    print(prof.key_averages().table(sort_by=key, row_limit=args.top), file=sys.stdout)
+    if int(os.environ.get("RANK", 0)) == 0:  # under torchrun, one table is enough
+        table = prof.key_averages(group_by_input_shape=args.shapes).table(sort_by=key, row_limit=args.top)
+        print(table, file=sys.stdout)
     if args.trace:
         prof.export_chrome_trace(args.trace)
     return 0

@@ -94,6 +94,7 @@ def gpu_plan(n_gpus: int) -> list[dict]:
 
     cases = [one("fsdpkit", 2048, 4), one("fsdpkit", 2048, 4, COMPILE, "compile"), one("baseline", 2048, 4),
              one("fsdpkit", 2048, 8, COMPILE, "compile"), one("baseline", 2048, 8),
+             one("fsdpkit", 2048, 4, (*COMPILE, "--loss_chunk_tokens", "0"), "compile, full fp32 logits"),
              one("fsdpkit", 2048, 4, ac, "ac"), one("fsdpkit", 2048, 4, (*COMPILE, *ac), "compile+ac"),
              one("fsdpkit", 8192, 1), one("fsdpkit", 8192, 1, COMPILE, "compile"), one("baseline", 8192, 1),
              one("fsdpkit", 8192, 1, (*COMPILE, *ac), "compile+ac")]
@@ -227,7 +228,7 @@ def merge_rounds(rows: list[dict]) -> list[dict]:
     """One row per case: the measured steps of every round pooled, their median taken again."""
     merged: dict[str, dict] = {}
     for r in rows:
-        key = json.dumps({k: r[k] for k in ("section", "impl", "label", "preset", "seq", "world", "flags")})
+        key = json.dumps({k: r[k] for k in ("section", "impl", "label", "preset", "seq", "batch", "world", "flags")})
         if key in merged:
             m = merged[key]
             m["peak_memory_bytes"] = max(m["peak_memory_bytes"], r["peak_memory_bytes"])

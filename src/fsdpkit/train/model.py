@@ -243,6 +243,7 @@ class Transformer(nn.Module):
 
     # -- forward ----------------------------------------------------------------------------------
     def hidden_states(self, tokens: torch.Tensor, eos_id: int | None = None) -> torch.Tensor:
+        """The last block's output, before the final norm."""
         T = tokens.shape[1]
         if self.rope_len < T:
             raise ValueError(f"sequence of {T} tokens is longer than the RoPE table ({self.rope_len})")
@@ -255,7 +256,7 @@ class Transformer(nn.Module):
             h = h.to(torch.get_autocast_dtype(h.device.type))
         for layer in self.model.layers:
             h = layer(h, cos, sin, doc_mask)
-        return self.model.norm(h)
+        return h
 
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None,
                 eos_id: int | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
@@ -266,13 +267,19 @@ class Transformer(nn.Module):
         weight is still in place when the chunked cross-entropy runs."""
         h = self.hidden_states(tokens, eos_id)
         if targets is None:
-            return self.lm_head(h)
-        ce = chunked_cross_entropy(self.lm_head, h.flatten(0, 1), targets.flatten(), self.loss_chunk_tokens)
+            return self.lm_head(self.model.norm(h))
+        ce = self.output_loss(h, targets)
         total = ce
         if self.cfg.is_moe:
             aux = torch.stack([layer.mlp.aux_loss for layer in self.model.layers]).mean()
             total = ce + self.cfg.router_aux_loss_coef * aux
         return ce, total
+
+    def output_loss(self, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Final norm, output head and mean cross-entropy: one method, so that `--compile` can fuse
+        the norm and the loss's elementwise work as it does each block's."""
+        h = self.model.norm(h)
+        return chunked_cross_entropy(self.lm_head, h.flatten(0, 1), targets.flatten(), self.loss_chunk_tokens)
 
     def loss(self, tokens: torch.Tensor, targets: torch.Tensor,
              eos_id: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -130,6 +130,7 @@ def build_model(cfg: TrainConfig, rt: Runtime) -> Transformer:
             os.environ["TRITON_CACHE_DIR"] = os.path.join(par.compile_cache_dir, "triton")
         for layer in model.model.layers:
             layer.compile()
+        model.output_loss = torch.compile(model.output_loss)
     if rt.distributed:
         apply_fsdp(model, build_mesh(rt, par), par, rt.device.type)
     # Offloaded shards live on the CPU; unsharded (single-process) models always sit on the device.

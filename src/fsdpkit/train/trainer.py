@@ -26,6 +26,7 @@ from fsdpkit.train.config import TrainConfig
 from fsdpkit.train.data import BatchStream, Prefetcher, TokenShards, get_source, get_tokenizer
 from fsdpkit.train.faults import maybe_fail
 from fsdpkit.train.hf import load_hf_into
+from fsdpkit.train.host_memory import keep_freed_memory
 from fsdpkit.train.metrics import (
     MetricsWriter,
     StepStats,
@@ -152,6 +153,8 @@ def train(cfg: TrainConfig, notices: list[str] | None = None) -> TrainResult:
 
 def _train(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path, notices: list[str]) -> TrainResult:
     torch.manual_seed(cfg.seed)
+    if cfg.parallel.keep_host_memory:
+        keep_freed_memory()
     reset_peak_memory(rt.device)  # the memory figure is this run's, not the imports'
     mcfg, seq_len = cfg.model_config(), cfg.seq_len()
     d, o, lg = cfg.data, cfg.optim, cfg.log
