@@ -31,5 +31,5 @@ fi
 if [[ $SECTIONS == *bench* ]]; then
   echo "== benchmark (gpu section)"
   $PY -m benchmarks.train_throughput --only gpu --case-timeout ${CASE_TIMEOUT:-200} --no-results-md \
-    --out "$OUT/gpu.json" 2>&1 | tee "$OUT/bench.log" | grep -v "^  "
+    ${SELECT:+--select "$SELECT"} --out "$OUT/gpu.json" 2>&1 | tee "$OUT/bench.log" | grep --line-buffered -v "^  "
 fi

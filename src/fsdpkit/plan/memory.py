@@ -52,6 +52,7 @@ class Workload:
     reshard: bool               # reshard_after_forward: gather again in backward
     loss_chunk: int             # tokens per cross-entropy chunk (0: no chunking)
     expanded_kv: bool           # SDPA on repeated K/V heads (GPU), or the CPU kernel sharing them
+    compiled: bool = False      # torch.compile: the unchunked loss is one fused kernel
 
     @property
     def tokens(self) -> int:
@@ -159,6 +160,10 @@ def loss_bytes(w: Workload) -> tuple[int, int]:
     V, cb = w.model.vocab_size, DTYPE_BYTES[w.compute]
     n = w.tokens
     per_token = V * (cb + 4 + 4)   # logits, their fp32 copy, log-softmax
+    if w.compiled and (w.loss_chunk == 0 or w.loss_chunk >= n):
+        # Inductor fuses the fp32 log-softmax: the logits are kept in the compute dtype, and
+        # backward adds their gradient and one fp32 working copy.
+        return n * V * cb, n * V * (4 + cb)
     if w.loss_chunk == 0 or w.loss_chunk >= n:
         return n * per_token, n * V * (4 + cb)      # all kept; backward adds their gradients
     c = w.loss_chunk

@@ -26,4 +26,5 @@ def workload(cfg: TrainConfig, world: int, device: str, nodes: int = 1) -> Workl
                     grad_accum=cfg.data.grad_accum_steps, world=world, shard=shard, compute=compute,
                     reduce=par.reduce_dtype, ac=par.activation_checkpointing, ac_every=par.ac_every,
                     cpu_offload=par.cpu_offload, prefetch=par.fsdp_prefetch, reshard=par.reshard_after_forward,
-                    loss_chunk=loss_chunk_size(m.vocab_size, par.loss_chunk_tokens), expanded_kv=not cpu_kernel)
+                    loss_chunk=loss_chunk_size(m.vocab_size, par.loss_chunk_tokens, par.compile),
+                    expanded_kv=not cpu_kernel, compiled=par.compile)

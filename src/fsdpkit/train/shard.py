@@ -22,6 +22,7 @@ from fsdpkit.errors import UserError
 from fsdpkit.train.config import ParallelConfig, TrainConfig
 from fsdpkit.train.dist import Runtime
 from fsdpkit.train.model import Transformer
+from fsdpkit.train.model_config import loss_chunk_size
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -117,7 +118,7 @@ def build_model(cfg: TrainConfig, rt: Runtime) -> Transformer:
     par = cfg.parallel
     with torch.device("meta"):
         model = Transformer(cfg.model_config(), rope_len=cfg.seq_len())
-    model.loss_chunk_tokens = par.loss_chunk_tokens
+    model.loss_chunk_tokens = loss_chunk_size(model.cfg.vocab_size, par.loss_chunk_tokens, par.compile)
     for layer in model.model.layers:
         layer.self_attn.kernel = par.attention
     if par.float8:
