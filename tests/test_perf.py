@@ -96,6 +96,24 @@ def test_default_loss_chunk_bounds_the_logits_of_a_chunk():
     assert loss_chunk_size(128256, None) * 128256 * 4 <= 2**28
     assert loss_chunk_size(258, None) > 100_000  # a byte vocabulary is never chunked in practice
     assert loss_chunk_size(32000, 0) == 0
+    # Compiled, the loss is one fused kernel over unchunked logits unless a size is asked for.
+    assert loss_chunk_size(128256, None, compiled=True) == 0
+    assert loss_chunk_size(128256, 512, compiled=True) == 512
+
+
+def test_planner_counts_the_compiled_unchunked_loss_in_the_compute_dtype():
+    from fsdpkit.plan.memory import loss_bytes
+    from fsdpkit.plan.workload import workload
+
+    def kept(*flags):
+        cfg = parse_args(["--preset", "llama3_2_1b", "--device", "cuda", "--seq_len", "2048",
+                          "--train_batch_size", "4", *flags])[0]
+        return loss_bytes(workload(cfg, 1, "cuda"))[0]
+
+    logits = 2048 * 4 * 128256
+    assert kept("--compile", "1") == 2 * logits                         # bf16 logits, kept for backward
+    assert kept("--compile", "0", "--loss_chunk_tokens", "0") == 10 * logits  # + fp32 copy and log-softmax
+    assert kept("--compile", "0") == 0                                  # chunks, recomputed in backward
 
 
 def test_fused_and_foreach_adamw_take_the_same_step():
@@ -127,6 +145,39 @@ def test_peak_memory_window_is_reset():
     assert peak_memory_bytes(cpu) - before < 100e6
 
 
+@pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="glibc only")
+def test_keeping_freed_host_memory_removes_the_page_faults_of_each_step(tmp_path):
+    """The trainer reports its page faults per step; with freed memory kept (the default) a steady
+    step maps in no new memory, while glibc's defaults hand it back and fault it in again."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}  # glibc's own knobs off
+
+    def faults_per_step(keep: str) -> list[float]:
+        run_dir = tmp_path / keep
+        subprocess.run([sys.executable, "-m", "fsdpkit.train", "--preset", "debug", "--seq_len", "256",
+                        "--train_batch_size", "8", "--max_steps", "6", "--logging_freq", "2",
+                        "--validation_freq", "0", "--validation_batches", "1", "--tensorboard", "0",
+                        "--progress", "off", "--keep_host_memory", keep, "--run_dir", str(run_dir)],
+                       env=env, check=True, capture_output=True)
+        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        return [r["host_page_faults_per_step"] for r in rows if "step_time_s" in r]
+
+    kept, default = faults_per_step("1"), faults_per_step("0")
+    assert default[-1] > 1000, default   # steps 5-6 still fault their activations in
+    assert kept[-1] < default[-1] / 10, (kept, default)
+
+
 def test_float8_on_the_cpu_is_refused_up_front():
     with pytest.raises(UserError, match="float8"):
         parse_args(["--float8", "1", "--device", "cpu"])
+
+
+def test_glibc_settings_from_the_environment_are_left_alone(monkeypatch):
+    from fsdpkit.train.host_memory import keep_freed_memory
+
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "131072")
+    assert keep_freed_memory() is False

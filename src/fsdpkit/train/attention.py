@@ -18,6 +18,8 @@ on-disk cache does not key on a fake kernel's code, so after changing one, clear
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -81,19 +83,30 @@ def cpu_causal_blocks_backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, ou
                                block: int) -> tuple[Tensor, Tensor, Tensor]:
     dtype, scale = q.dtype, q.shape[-1] ** -0.5
     grad, q, k, v, out = (t.float().contiguous() for t in (grad, q, k, v, out))
-    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    for s, e in _blocks(q.shape[2], block):
+    blocks = _blocks(q.shape[2], block)
+    # Each block's gradient is the sum of its pieces, joined once at the end: no zero-filled
+    # buffers to accumulate into (they cost a fill and an add per piece on the CPU).
+    dq, dk, dv = [], [[] for _ in blocks], [[] for _ in blocks]
+    for i, (s, e) in enumerate(blocks):
         g, qi, oi, li = grad[:, :, s:e], q[:, :, s:e], out[:, :, s:e], lse[:, :, s:e]
         a, b, c = _bwd(g, qi, k[:, :, s:e], v[:, :, s:e], oi, li, 0.0, True, scale=scale)
-        dq[:, :, s:e] += a
-        dk[:, :, s:e] += b
-        dv[:, :, s:e] += c
+        dk[i].append(b)
+        dv[i].append(c)
         if s:
-            a, b, c = _bwd(g, qi, k[:, :, :s], v[:, :, :s], oi, li, 0.0, False, scale=scale)
-            dq[:, :, s:e] += a
-            dk[:, :, :s] += b
-            dv[:, :, :s] += c
-    return dq.to(dtype), dk.to(dtype), dv.to(dtype)
+            a_past, b_past, c_past = _bwd(g, qi, k[:, :, :s], v[:, :, :s], oi, li, 0.0, False, scale=scale)
+            a = a + a_past
+            for j, (s2, e2) in enumerate(blocks[:i]):
+                dk[j].append(b_past[:, :, s2:e2])
+                dv[j].append(c_past[:, :, s2:e2])
+        dq.append(a)
+
+    def join(parts: list[Tensor]) -> Tensor:
+        return torch.cat(parts, 2).to(dtype)
+
+    def summed(per_block: list[list[Tensor]]) -> list[Tensor]:
+        return [functools.reduce(torch.add, pieces) for pieces in per_block]
+
+    return join(dq), join(summed(dk)), join(summed(dv))
 
 
 @cpu_causal_blocks_backward.register_fake

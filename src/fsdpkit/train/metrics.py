@@ -101,6 +101,13 @@ class StepStats:
     samples: int  # global samples in the measured window
     tokens: int  # global tokens in the measured window
     world_size: int
+    page_faults: int = 0  # this process's minor page faults in the window
+
+
+def minor_page_faults() -> int:
+    """Minor page faults of this process so far: memory the OS had to map in (zeroed) on first touch.
+    A steady training step should make next to none (see fsdpkit.train.host_memory)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 def derive(s: StepStats, flops_tok: float, peak: float | None, mem: int) -> dict[str, Any]:
@@ -119,6 +126,7 @@ def derive(s: StepStats, flops_tok: float, peak: float | None, mem: int) -> dict
         "tflops_per_device": tflops,
         "mfu": (tflops * 1e12 / peak) if peak else None,
         "peak_memory_gib": mem / 2**30,
+        "host_page_faults_per_step": s.page_faults / s.steps,
     }
 
 

@@ -33,6 +33,7 @@ from fsdpkit.train.metrics import (
     derive,
     flops_per_token,
     human_line,
+    minor_page_faults,
     peak_flops,
     peak_memory_bytes,
     reset_peak_memory,
@@ -214,7 +215,7 @@ def _train(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path, notices: list[str]
     tokens_per_step = d.train_batch_size * seq_len * rt.world_size * d.grad_accum_steps
     samples_per_step = d.train_batch_size * rt.world_size * d.grad_accum_steps
     loss_sum = torch.zeros((), device=rt.device)
-    window_start, window_steps = time.perf_counter(), 0
+    window_start, window_steps, window_faults = time.perf_counter(), 0, minor_page_faults()
     model.train()
     stop = dist.StopRequest(rt)
     checkpointer = None
@@ -254,21 +255,22 @@ def _train(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path, notices: list[str]
             elapsed = time.perf_counter() - window_start
             stats = StepStats(n, loss, lr, float(grad_norm), elapsed, window_steps,
                               samples_per_step * window_steps, tokens_per_step * window_steps,
-                              rt.world_size)
+                              rt.world_size, minor_page_faults() - window_faults)
             result.losses.append((n, loss))
             if writer:
                 m = derive(stats, flops_tok, peak, peak_memory_bytes(rt.device))
                 writer.record("train", m, human_line(m))
                 writer.advance(window_steps, loss)
             loss_sum.zero_()
-            window_start, window_steps = time.perf_counter(), 0
+            window_start, window_steps, window_faults = time.perf_counter(), 0, minor_page_faults()
         if (lg.validation_freq and n % lg.validation_freq == 0) or n == o.max_steps:
             val = validate(model)
             if val is not None:
                 result.val_losses.append((n, val))
                 if writer:
                     writer.record("val", {"step": n, "val_loss": val}, f"Batch {n} Validation loss: {val:.5f}")
-            window_start = time.perf_counter()  # validation time is not training throughput
+            # Validation's time and page faults are not training's.
+            window_start, window_faults = time.perf_counter(), minor_page_faults()
         ck = cfg.checkpoint
         stopping = stop.agreed()
         due = ck.checkpoint_freq and (n % ck.checkpoint_freq == 0 or n == o.max_steps)
@@ -279,7 +281,7 @@ def _train(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path, notices: list[str]
             if writer:
                 how = "writing in the background" if ck.async_checkpoint else "saved"
                 writer.print(f"fsdpkit: checkpoint {path} {how}")
-            window_start = time.perf_counter()
+            window_start, window_faults = time.perf_counter(), minor_page_faults()
         if stopping:
             if checkpointer:
                 checkpointer.wait()
