@@ -181,3 +181,22 @@ def test_glibc_settings_from_the_environment_are_left_alone(monkeypatch):
 
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "131072")
     assert keep_freed_memory() is False
+
+
+def test_compiled_cpu_attention_in_bf16_matches_fp32_sdpa_with_gradients():
+    """Under torch.compile with bf16 inputs the CPU path is bf16 GEMMs over 64-token query blocks
+    (a partial last block here), GQA by views: same function and gradients as fp32 SDPA."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, h, 160, 16) for h in (4, 2, 2))
+    grad = torch.randn(2, 4, 160, 16)
+    ref_in = [t.clone().requires_grad_() for t in (q, k, v)]
+    kx, vx = expand_kv(ref_in[1], ref_in[2], 4)
+    ref = F.scaled_dot_product_attention(ref_in[0], kx, vx, is_causal=True)
+    ref.backward(grad)
+    got_in = [t.bfloat16().requires_grad_() for t in (q, k, v)]
+    torch._dynamo.reset()
+    out = torch.compile(causal_attention, fullgraph=True)(*got_in)
+    out.backward(grad.bfloat16())
+    for got, want in [(out, ref), *((g.grad, r.grad) for g, r in zip(got_in, ref_in, strict=True))]:
+        assert got.dtype == torch.bfloat16
+        assert ((got.float() - want).norm() / want.norm()).item() < 1e-2

