@@ -125,7 +125,7 @@ class ParallelConfig:
                              max=4)
     float8: bool = opt(False, "float8 linear layers (torchao; Hopper or newer GPUs)")
     keep_host_memory: bool = opt(True, "reuse freed host memory instead of returning it to the OS each step "
-                                 "(glibc mallopt: fewer page faults; CPU training 3-8% faster)")
+                                 "(glibc mallopt: fewer page faults per step)")
     max_restarts: int = opt(0, "with --nproc: torchrun restarts the workers this often after a failure", min=0)
 
 
