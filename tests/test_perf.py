@@ -158,17 +158,21 @@ def test_keeping_freed_host_memory_removes_the_page_faults_of_each_step(tmp_path
 
     def faults_per_step(keep: str) -> list[float]:
         run_dir = tmp_path / keep
-        subprocess.run([sys.executable, "-m", "fsdpkit.train", "--preset", "debug", "--seq_len", "256",
-                        "--train_batch_size", "8", "--max_steps", "6", "--logging_freq", "2",
+        subprocess.run([sys.executable, "-m", "fsdpkit.train", "--preset", "debug", "--seq_len", "512",
+                        "--train_batch_size", "16", "--max_steps", "10", "--logging_freq", "2",
                         "--validation_freq", "0", "--validation_batches", "1", "--tensorboard", "0",
-                        "--progress", "off", "--keep_host_memory", keep, "--run_dir", str(run_dir)],
+                        "--progress", "off", "--prefetch", "0", "--keep_host_memory", keep, "--run_dir", str(run_dir)],
                        env=env, check=True, capture_output=True)
         rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
         return [r["host_page_faults_per_step"] for r in rows if "step_time_s" in r]
 
     kept, default = faults_per_step("1"), faults_per_step("0")
-    assert default[-1] > 1000, default   # steps 5-6 still fault their activations in
-    assert kept[-1] < default[-1] / 3, (kept, default)  # seen: 0-1,200 against 5,500
+    # Steps 5-10, once the first steps have faulted everything in. At this size glibc's own adaptive
+    # threshold does not settle (seen: 9,600-14,600 per step); at batch 8 it sometimes does. No
+    # prefetch thread: its own malloc arena grows at its own pace and blurs the count.
+    steady_kept, steady_default = sum(kept[2:]) / 3, sum(default[2:]) / 3
+    assert steady_default > 1000, default
+    assert steady_kept < steady_default / 3, (kept, default)  # seen: 0-600 per step
 
 
 def test_float8_on_the_cpu_is_refused_up_front():

@@ -147,6 +147,20 @@ def _causal_mask(s: int, e: int, device: torch.device) -> Tensor:
     return torch.arange(s, e, device=device).view(-1, 1) >= torch.arange(e, device=device).view(1, -1)
 
 
+def _grouped(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Views of q as (B * H_kv, G, T, d) and of k, v as (B * H_kv, T, d): G query heads per K/V head."""
+    B, H, T, D = q.shape
+    Hk = k.shape[1]
+    return q.reshape(B * Hk, H // Hk, T, D), k.reshape(B * Hk, T, D), v.reshape(B * Hk, T, D)
+
+
+def _block_scores(qb: Tensor, kg: Tensor, s: int, e: int) -> Tensor:
+    """fp32 scaled scores (B * H_kv, G, e - s, e) of the query block s..e, laid out (B * H_kv, G * (e - s), d),
+    against keys 0..e."""
+    scores = torch.bmm(qb, kg[:, :e].transpose(1, 2)).float() * qb.shape[-1] ** -0.5
+    return scores.view(kg.shape[0], -1, e - s, e)
+
+
 class CompiledCausalBlocks(torch.autograd.Function):
     """Causal attention written as bf16 matrix products and softmax arithmetic, for torch.compile on
     the CPU (bf16 compute).
@@ -166,17 +180,15 @@ class CompiledCausalBlocks(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         B, H, T, D = q.shape
-        Hk = k.shape[1]
-        G, scale = H // Hk, D ** -0.5
-        qg, kg, vg = q.reshape(B * Hk, G, T, D), k.reshape(B * Hk, T, D), v.reshape(B * Hk, T, D)
+        qg, kg, vg = _grouped(q, k, v)
+        BHk, G = kg.shape[0], qg.shape[1]
         outs, lses = [], []
         for s, e in _query_blocks(T):
-            qb = qg[:, :, s:e].reshape(B * Hk, G * (e - s), D)
-            scores = torch.bmm(qb, kg[:, :e].transpose(1, 2)).float().view(B * Hk, G, e - s, e) * scale
-            scores = scores.masked_fill(~_causal_mask(s, e, q.device), float("-inf"))
+            qb = qg[:, :, s:e].reshape(BHk, G * (e - s), D)
+            scores = _block_scores(qb, kg, s, e).masked_fill(~_causal_mask(s, e, q.device), float("-inf"))
             lse = torch.logsumexp(scores, -1)
-            p = torch.exp(scores - lse.unsqueeze(-1)).to(q.dtype).view(B * Hk, G * (e - s), e)
-            outs.append(torch.bmm(p, vg[:, :e]).view(B * Hk, G, e - s, D))
+            p = torch.exp(scores - lse.unsqueeze(-1)).to(q.dtype).view(BHk, G * (e - s), e)
+            outs.append(torch.bmm(p, vg[:, :e]).view(BHk, G, e - s, D))
             lses.append(lse)
         out = torch.cat(outs, 2).view(B, H, T, D)
         ctx.save_for_backward(q, k, v, out, torch.cat(lses, 2))
@@ -186,29 +198,28 @@ class CompiledCausalBlocks(torch.autograd.Function):
     def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         q, k, v, out, lse = ctx.saved_tensors
         B, H, T, D = q.shape
-        Hk = k.shape[1]
-        G, scale = H // Hk, D ** -0.5
-        qg, kg, vg = q.reshape(B * Hk, G, T, D), k.reshape(B * Hk, T, D), v.reshape(B * Hk, T, D)
+        qg, kg, vg = _grouped(q, k, v)
+        BHk, G, scale = kg.shape[0], qg.shape[1], D ** -0.5
         grad = grad.contiguous()
-        gg = grad.view(B * Hk, G, T, D)
-        delta = (grad.float() * out.float()).sum(-1).view(B * Hk, G, T)  # rowsum(dO * O)
+        gg = grad.view(BHk, G, T, D)
+        delta = (grad.float() * out.float()).sum(-1).view(BHk, G, T)  # rowsum(dO * O)
         dq, dk, dv = [], [], []
         for s, e in _query_blocks(T):
             n = G * (e - s)
-            qb, gb = qg[:, :, s:e].reshape(B * Hk, n, D), gg[:, :, s:e].reshape(B * Hk, n, D)
-            scores = torch.bmm(qb, kg[:, :e].transpose(1, 2)).float().view(B * Hk, G, e - s, e) * scale
+            qb, gb = qg[:, :, s:e].reshape(BHk, n, D), gg[:, :, s:e].reshape(BHk, n, D)
+            scores = _block_scores(qb, kg, s, e)
             p = torch.exp(scores - lse[:, :, s:e].unsqueeze(-1)).masked_fill(~_causal_mask(s, e, q.device), 0.0)
-            dp = torch.bmm(gb, vg[:, :e].transpose(1, 2)).float().view(B * Hk, G, e - s, e)
-            ds = (p * (dp - delta[:, :, s:e].unsqueeze(-1)) * scale).to(q.dtype).view(B * Hk, n, e)
-            dv.append((e, torch.bmm(p.to(q.dtype).view(B * Hk, n, e).transpose(1, 2), gb)))
+            dp = torch.bmm(gb, vg[:, :e].transpose(1, 2)).float().view(BHk, G, e - s, e)
+            ds = (p * (dp - delta[:, :, s:e].unsqueeze(-1)) * scale).to(q.dtype).view(BHk, n, e)
+            dv.append((e, torch.bmm(p.to(q.dtype).view(BHk, n, e).transpose(1, 2), gb)))
             dk.append((e, torch.bmm(ds.transpose(1, 2), qb)))
-            dq.append(torch.bmm(ds, kg[:, :e]).view(B * Hk, G, e - s, D))
+            dq.append(torch.bmm(ds, kg[:, :e]).view(BHk, G, e - s, D))
 
         def keys_sum(parts: list[tuple[int, Tensor]]) -> Tensor:
             # Block i's product covers keys 0 .. e_i: add them up, each over its own prefix.
-            total = torch.zeros(B * Hk, T, D, dtype=torch.float32, device=q.device)
+            total = torch.zeros(BHk, T, D, dtype=torch.float32, device=q.device)
             for e, part in parts:
                 total[:, :e] += part
-            return total.view(B, Hk, T, D).to(q.dtype)
+            return total.view(k.shape).to(q.dtype)
 
         return torch.cat(dq, 2).view(B, H, T, D), keys_sum(dk), keys_sum(dv)
