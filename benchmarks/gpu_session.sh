@@ -2,13 +2,14 @@
 # One call on a lent GPU machine (minutes of lease): check the CUDA path, profile a step, run the
 # GPU benchmark. Figures go to $OUT (the device tool brings that folder back); append them here with
 #   python -m benchmarks.train_throughput --from-json <that folder>/gpu.json
+#   python -m benchmarks.optimizer_step --from-json <that folder>/optim.json
 # The machine has PyTorch but not this checkout installed, so the source tree goes on PYTHONPATH.
 set -u
 OUT=${OUT:-/tmp/fsdpkit-gpu}
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD/src:$PWD" PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
-SECTIONS=${SECTIONS:-smoke,profile,bench}
+SECTIONS=${SECTIONS:-smoke,optim,profile,bench}
 
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
 $PY -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__)"
@@ -21,6 +22,11 @@ if [[ $SECTIONS == *smoke* ]]; then
     --progress off --run_dir "$ck/run" 2>&1 | tail -8
   timeout 120 $PY -m fsdpkit.train --preset tiny --device cuda --max_steps 14 --checkpoint_dir "$ck" \
     --resume_from_checkpoint auto --logging_freq 2 --progress off --run_dir "$ck/run2" 2>&1 | tail -4
+fi
+if [[ $SECTIONS == *optim* ]]; then
+  echo "== optimizer step: gradient norm, clipping and AdamW over llama3_2_1b's fp32 weights"
+  timeout 180 $PY -m benchmarks.optimizer_step --preset llama3_2_1b --device cuda --no-results-md \
+    --out "$OUT/optim.json" 2>&1 | tail -8
 fi
 if [[ $SECTIONS == *profile* ]]; then
   echo "== profile: llama3_2_1b, seq 2048 x 4, bf16, compile ${PROFILE_COMPILE:-0}"

@@ -19,8 +19,8 @@ warm-up, tokens/s, MFU and peak memory:
 On a CPU the MFU denominator is this machine's GEMM rate measured in the same run (all cores, the
 run's precision); on a GPU it is the data-sheet peak. Peak memory is the CUDA allocator's peak, or
 on a CPU the resident set's high-water mark minus the resident set before the model was built.
-The precision is bf16 where the device multiplies bf16 in hardware (GPUs; CPUs with AVX512-BF16
-or AMX), fp32 elsewhere, for fsdpkit and the baseline alike.
+The precision is bf16 on GPUs and on CPUs whose bf16 matmuls are measured faster than their fp32
+ones (an AVX512-BF16 flag is no promise of that), fp32 elsewhere, for fsdpkit and the baseline alike.
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def gpu_plan(n_gpus: int) -> list[dict]:
              one("fsdpkit", 8192, 1), one("fsdpkit", 8192, 1, COMPILE, "compile"), one("baseline", 8192, 1),
              one("fsdpkit", 8192, 1, (*COMPILE, *ac), "compile+ac")]
     cases.append(case("gpu", "fsdpkit", "llama3_1_8b", 2048, 2, 1, "bf16",
-                      ("--n_layers", "4", *COMPILE, *ac), "8b, 4 layers", 10, 3))
+                      ("--n_layers", "4", *COMPILE, *ac), "8b 4 layers", 10, 3))
     if n_gpus > 1:
         cases += [case("gpu", impl, "llama3_2_1b", 2048, 4, n_gpus, "bf16", (), impl, 10, 3)
                   for impl in ("fsdpkit", "baseline")]
@@ -205,6 +205,18 @@ def measured_peak(device: str, dtype: str) -> tuple[float | None, str]:
     return max(measure_cpu_peak_flops(torch_dtype, seconds=1.0) for _ in range(3)), "measured GEMM, all cores"
 
 
+def cpu_precision() -> str:
+    """bf16 where this CPU multiplies it faster than fp32 (measured, all cores), else fp32: both
+    trainers then run at the precision that is fast here."""
+    from fsdpkit.train.metrics import cpu_bf16_gemm_ratio
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    ratio = cpu_bf16_gemm_ratio(seconds=1.0)
+    dtype = "bf16" if ratio > 1 else "fp32"
+    print(f"precision: {dtype} (bf16 matmuls at {ratio:.2f}x the fp32 rate on this CPU)", flush=True)
+    return dtype
+
+
 def add_mfu(row: dict, peak: float | None) -> None:
     from fsdpkit.train.config import parse_args
     from fsdpkit.train.metrics import flops_per_token
@@ -258,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, seconds (CI)")
     parser.add_argument("--only", default=",".join(SECTIONS), help=f"sections to run, of: {', '.join(SECTIONS)}")
     parser.add_argument("--dtype", choices=("auto", "bf16", "fp32"), default="auto",
-                        help="precision for both trainers (auto: bf16 where the device has it in hardware)")
+                        help="precision for both trainers (auto: bf16 on GPUs and on CPUs where it is measured faster)")
     parser.add_argument("--rounds", type=int, default=2, help="times the compare cases run, interleaved")
     parser.add_argument("--out", type=Path, default=Path(__file__).with_name("results") / "train_throughput.json")
     parser.add_argument("--no-results-md", action="store_true", help="do not append to RESULTS.md")
@@ -276,11 +288,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.from_json:  # e.g. a run made on a lent GPU, whose checkout is gone
         write_results_md(json.loads(args.from_json.read_text()))
         return 0
-    from fsdpkit.train.shard import cpu_has_native_bf16
-
     dtype = args.dtype
     if dtype == "auto":
-        dtype = "bf16" if device == "cuda" or cpu_has_native_bf16() else "fp32"
+        dtype = "bf16" if device == "cuda" else cpu_precision()
     only = set(args.only.split(","))
     peak, peak_source = measured_peak(device, dtype)
     rows, failed = [], []

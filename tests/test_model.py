@@ -166,3 +166,27 @@ def test_document_masking_isolates_packed_documents():
     torch.testing.assert_close(masked[:, 21:], alone, rtol=0, atol=1e-5)
     torch.testing.assert_close(masked[:, :21], plain[:, :21], rtol=0, atol=1e-5)  # the first is unaffected
     assert (plain[:, 21:] - alone).abs().max() > 1e-3  # without masking the second sees the first
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_flops_per_token_counts_every_matmul_the_model_does(tied):
+    """The MFU numerator is the matmul work one training token costs: torch's FLOP counter over a
+    real forward and backward agrees with the formula, a tied output head included (it multiplies
+    as an untied one does). Attention scores are the formula's separate term; RMSNorm weights are
+    counted as parameters though they do no matmul."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from fsdpkit.train.flops import flops_per_token
+
+    cfg = dataclasses.replace(PRESETS["tiny"], tie_embeddings=tied)
+    model = Transformer(cfg, rope_len=64)
+    model.init_weights()
+    for layer in model.model.layers:
+        layer.self_attn.kernel = "sdpa"  # the counter does not see inside the CPU attention kernel
+    tokens = torch.randint(0, cfg.vocab_size, (2, 64))
+    counter = FlopCounterMode(display=False)
+    with counter:
+        model.loss(tokens, tokens)[1].backward()
+    attention = 12 * cfg.n_layers * cfg.n_heads * cfg.head_dim * 64
+    norms = 6 * cfg.dim * (2 * cfg.n_layers + 1)
+    assert flops_per_token(cfg, 64) - attention - norms == counter.get_total_flops() / tokens.numel()

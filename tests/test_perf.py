@@ -204,3 +204,24 @@ def test_compiled_cpu_attention_in_bf16_matches_fp32_sdpa_with_gradients():
     for got, want in [(out, ref), *((g.grad, r.grad) for g, r in zip(got_in, ref_in, strict=True))]:
         assert got.dtype == torch.bfloat16
         assert ((got.float() - want).norm() / want.norm()).item() < 1e-2
+
+
+def test_validation_runs_in_slices_of_the_training_batch_with_the_same_loss():
+    """A validation batch larger than the training micro-batch is cut into slices of it, so
+    validation never needs more memory than a training step, and the loss does not change."""
+    from fsdpkit.train import dist
+    from fsdpkit.train.model import Transformer
+    from fsdpkit.train.trainer import Validator
+
+    rt = dist.setup("cpu")
+    losses, seen = {}, {}
+    for rows in (4, 3):
+        cfg = parse_args(["--preset", "tiny", "--seq_len", "32", "--val_batch_size", "4", "--train_batch_size",
+                          str(rows), "--validation_batches", "2"])[0]
+        model = Transformer(cfg.model_config(), rope_len=32)
+        model.init_weights(seed=0)
+        seen[rows] = []
+        model.register_forward_pre_hook(lambda _m, args, rows=rows: seen[rows].append(args[0].shape[0]))
+        losses[rows] = Validator(cfg, rt)(model)
+    assert seen == {4: [4, 4], 3: [3, 1, 3, 1]}
+    assert losses[3] == pytest.approx(losses[4], rel=1e-6)

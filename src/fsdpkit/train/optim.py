@@ -1,4 +1,4 @@
-"""AdamW with weight decay only on matrices, and the warm-up + decay learning-rate schedule."""
+"""AdamW with weight decay only on matrices, the clipped step, and the warm-up + decay schedule."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import math
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from fsdpkit.train.config import TrainConfig
 
@@ -30,6 +31,37 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer
     impl = {"fused": True} if o.fused_optimizer else {"foreach": True}
     return torch.optim.AdamW(param_groups(model, o.weight_decay), lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps,
                              **impl)
+
+
+def gradient_norm(params: list[nn.Parameter]) -> torch.Tensor:
+    """The global L2 norm of the gradients, one fp32 number on the device (sharded gradients'
+    partial norms are reduced across ranks)."""
+    grads = [p.grad for p in params if p.grad is not None]
+    norm = torch.nn.utils.get_total_norm(grads, foreach=True)
+    return norm.full_tensor() if isinstance(norm, DTensor) else norm
+
+
+def clipped_step(optimizer: torch.optim.Optimizer, max_norm: float) -> torch.Tensor:
+    """Clip the gradients to a global norm of `max_norm` (0: no clipping), take the optimizer step,
+    and return the norm before clipping. Never synchronises with the device.
+
+    The fused AdamW kernel divides each gradient by `grad_scale` as it reads it, so clipping there
+    costs no pass over the gradients of its own: clip_grad_norm_'s separate multiply reads and
+    writes every gradient once more (fp32: 8 bytes per parameter, 10 GB a step at 1.2B parameters).
+    With `found_inf` set the kernel leaves weights and moments alone, so a step whose gradients hold
+    inf or nan is skipped instead of poisoning the weights (as GradScaler does for fp16).
+    """
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    norm = gradient_norm(params)
+    if optimizer.defaults.get("fused"):
+        optimizer.grad_scale = (norm / max_norm).clamp(min=1.0).float() if max_norm else None
+        optimizer.found_inf = (~norm.isfinite()).float()
+    elif not norm.isfinite():  # the for-each kernels cannot skip on the device: one read-back a step
+        return norm
+    elif max_norm:
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm, foreach=True)
+    optimizer.step()
+    return norm
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
