@@ -42,9 +42,12 @@ SECTIONS = ("compare", "curve", "ablation", "gpu")
 
 
 def case(section: str, impl: str, preset: str, seq: int, batch: int, world: int, dtype: str,
-         flags: tuple[str, ...] = (), label: str = "", steps: int = 8, warmup: int = 2) -> dict:
+         flags: tuple[str, ...] = (), label: str = "", steps: int = 8, warmup: int = 2, fsdp: bool = False) -> dict:
+    """One measurement. fsdpkit with one process runs unsharded, as `fsdpkit train` does; `fsdp`
+    runs it under torchrun as one FSDP2 rank instead, the way the baseline always runs."""
     return {"section": section, "impl": impl, "preset": preset, "seq": seq, "batch": batch, "world": world,
-            "dtype": dtype, "flags": list(flags), "label": label or impl, "steps": steps, "warmup": warmup}
+            "dtype": dtype, "flags": list(flags), "label": label or impl, "steps": steps, "warmup": warmup,
+            "fsdp": fsdp}
 
 
 COMPILE = ("--compile", "1")
@@ -73,8 +76,8 @@ def plan(smoke: bool, device: str, dtype: str, only: set[str]) -> list[dict]:
         cases += [case("curve", "fsdpkit", "debug", s, 8192 // s, 1, dtype, label=f"seq {s}", steps=4)
                   for s in (128, 256, 1024)]
         cases += [case("curve", "fsdpkit", "tiny", 512, 16, 1, dtype, label="tiny", steps=4),
-                  case("curve", "fsdpkit", "debug", 512, 16, 1, dtype, WIDE, "debug, 2x wider", steps=4),
-                  case("curve", "fsdpkit", "debug", 512, 16, 1, dtype, ("--n_layers", "8"), "debug, 2x deeper",
+                  case("curve", "fsdpkit", "debug", 512, 16, 1, dtype, WIDE, "debug 2x wider", steps=4),
+                  case("curve", "fsdpkit", "debug", 512, 16, 1, dtype, ("--n_layers", "8"), "debug 2x deeper",
                        steps=4)]
     if "ablation" in only:
         cases += [case("ablation", "fsdpkit", "debug", 512, 16, 1, dtype, flags, label, steps=5)
@@ -89,12 +92,13 @@ def gpu_plan(n_gpus: int) -> list[dict]:
     so a lease that runs out still has them."""
     ac = ("--activation_checkpointing", "full")
 
-    def one(impl: str, seq: int, batch: int, flags: tuple[str, ...] = (), label: str = "") -> dict:
-        return case("gpu", impl, "llama3_2_1b", seq, batch, 1, "bf16", flags, label or impl, 10, 3)
+    def one(impl: str, seq: int, batch: int, flags: tuple[str, ...] = (), label: str = "", fsdp: bool = False) -> dict:
+        return case("gpu", impl, "llama3_2_1b", seq, batch, 1, "bf16", flags, label or impl, 10, 3, fsdp)
 
     cases = [one("fsdpkit", 2048, 4), one("fsdpkit", 2048, 4, COMPILE, "compile"), one("baseline", 2048, 4),
+             one("fsdpkit", 2048, 4, COMPILE, "compile as 1 FSDP rank", fsdp=True),
              one("fsdpkit", 2048, 8, COMPILE, "compile"), one("baseline", 2048, 8),
-             one("fsdpkit", 2048, 4, (*COMPILE, "--loss_chunk_tokens", "523"), "compile, chunked loss"),
+             one("fsdpkit", 2048, 4, (*COMPILE, "--loss_chunk_tokens", "523"), "compile chunked loss"),
              one("fsdpkit", 2048, 4, ac, "ac"), one("fsdpkit", 2048, 4, (*COMPILE, *ac), "compile+ac"),
              one("fsdpkit", 8192, 1), one("fsdpkit", 8192, 1, COMPILE, "compile"), one("baseline", 8192, 1),
              one("fsdpkit", 8192, 1, (*COMPILE, *ac), "compile+ac")]
@@ -114,8 +118,8 @@ ABLATIONS: list[tuple[tuple[str, ...], str]] = [
     (("--compile", "1"), "torch.compile per block"),
     (("--activation_checkpointing", "full"), "activation checkpointing: full"),
     (("--activation_checkpointing", "selective"), "activation checkpointing: every 2nd block"),
-    (("--vocab_size", "32000"), "vocab 32000, chunked loss (default)"),
-    (("--vocab_size", "32000", "--loss_chunk_tokens", "0"), "vocab 32000, full fp32 logits"),
+    (("--vocab_size", "32000"), "vocab 32000 chunked loss (default)"),
+    (("--vocab_size", "32000", "--loss_chunk_tokens", "0"), "vocab 32000 full fp32 logits"),
 ]
 
 
@@ -132,7 +136,7 @@ def run_case(c: dict, tmp: Path, device: str, timeout: float | None = None) -> d
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // c["world"]))
     worker = ["-m", "benchmarks.train_throughput", "--worker", json.dumps(c), "--worker-out", str(out),
               "--device", device]
-    if c["world"] > 1 or c["impl"] == "baseline":
+    if c["world"] > 1 or c["impl"] == "baseline" or c.get("fsdp"):
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={c['world']}",
                *worker]
     else:  # fsdpkit with one process runs as `fsdpkit train` does: no torchrun, no sharding

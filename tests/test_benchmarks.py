@@ -61,3 +61,14 @@ def test_optimizer_step_benchmark_smoke(tmp_path):
     before, ours = rows["clip_grad_norm_ + AdamW"], rows["clipped_step (clip inside fused AdamW)"]
     assert ours["bytes"] / before["bytes"] == 0.9
     assert result["params"] > 0 and result["env"]["torch"]
+
+
+def test_every_case_can_be_picked_with_select():
+    """--select takes IMPL:LABEL:SEQxBATCH keys separated by commas: no label may hold one (a lent
+    GPU's minutes were lost to a case that could not be named)."""
+    from benchmarks.train_throughput import SECTIONS, gpu_plan, plan
+
+    cases = gpu_plan(2) + plan(False, "cpu", "fp32", set(SECTIONS)) + plan(True, "cpu", "fp32", set(SECTIONS))
+    keys = [f"{c['impl']}:{c['label']}:{c['seq']}x{c['batch']}" for c in cases]
+    assert ",".join(keys).split(",") == keys
+    assert any(c["fsdp"] for c in cases)  # fsdpkit as one FSDP rank, beside the unsharded one
