@@ -43,7 +43,7 @@ def gradient_norm(params: list[nn.Parameter]) -> torch.Tensor:
 
 def clipped_step(optimizer: torch.optim.Optimizer, max_norm: float) -> torch.Tensor:
     """Clip the gradients to a global norm of `max_norm` (0: no clipping), take the optimizer step,
-    and return the norm before clipping. Never synchronises with the device.
+    and return the norm before clipping. With the fused optimizer it never waits on the device.
 
     The fused AdamW kernel divides each gradient by `grad_scale` as it reads it, so clipping there
     costs no pass over the gradients of its own: clip_grad_norm_'s separate multiply reads and
