@@ -90,6 +90,7 @@ def test_metrics_jsonl_and_tensorboard_events(single_process_run):
         assert r["tokens_per_s"] > 0 and r["tokens_per_s_per_device"] > 0
         assert 0 < r["mfu"] < 1 and r["tflops_per_device"] > 0
         assert r["peak_memory_gib"] > 0 and r["grad_norm"] > 0 and r["lr"] > 0
+        assert r["host_page_faults_per_step"] >= 0 and r["skipped_steps"] == 0
     val = read_metrics(single_process_run, "val")
     assert val and val[-1]["step"] == 6 and val[-1]["val_loss"] > 0
 

@@ -7,6 +7,9 @@ faults per step on each of 2 CPU ranks of the `debug` preset (2 us each here, an
 the mmap threshold at its 32 MiB ceiling and no trimming, freed blocks are reused: about 300 faults
 per step, and the step about 3% faster (1.96 against 2.03 s in an interleaved A/B, noisy machine).
 Only memory already used once is kept, so the peak resident set stays the run's own peak.
+glibc's adaptive threshold sometimes settles on its own after a few steps and sometimes keeps
+trimming every step (seen on one machine, same program: 0, 70k and 87k faults per step); kept
+memory makes the outcome the same every run.
 
 Set through mallopt() at start-up, so it needs no environment from the launcher; it leaves alone a
 process whose environment sets glibc's own MALLOC_MMAP_THRESHOLD_ or MALLOC_TRIM_THRESHOLD_.
