@@ -17,6 +17,7 @@ be set against the device's bandwidth:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import time
@@ -53,8 +54,6 @@ def timer(device: torch.device, fn, repeats: int, warmup: int) -> float:
 def run(preset: str, device: torch.device, repeats: int, warmup: int, layers: int | None) -> dict:
     cfg = get_preset(preset)
     if layers:
-        import dataclasses
-
         cfg = dataclasses.replace(cfg, n_layers=layers)
     with torch.device("meta"):
         model = Transformer(cfg, rope_len=16)

@@ -209,18 +209,6 @@ def measured_peak(device: str, dtype: str) -> tuple[float | None, str]:
     return max(measure_cpu_peak_flops(torch_dtype, seconds=1.0) for _ in range(3)), "measured GEMM, all cores"
 
 
-def cpu_precision() -> str:
-    """bf16 where this CPU multiplies it faster than fp32 (measured, all cores), else fp32: both
-    trainers then run at the precision that is fast here."""
-    from fsdpkit.train.metrics import cpu_bf16_gemm_ratio
-
-    torch.set_num_threads(os.cpu_count() or 1)
-    ratio = cpu_bf16_gemm_ratio(seconds=1.0)
-    dtype = "bf16" if ratio > 1 else "fp32"
-    print(f"precision: {dtype} (bf16 matmuls at {ratio:.2f}x the fp32 rate on this CPU)", flush=True)
-    return dtype
-
-
 def add_mfu(row: dict, peak: float | None) -> None:
     from fsdpkit.train.config import parse_args
     from fsdpkit.train.metrics import flops_per_token
@@ -293,10 +281,18 @@ def main(argv: list[str] | None = None) -> int:
         write_results_md(json.loads(args.from_json.read_text()))
         return 0
     dtype = args.dtype
-    if dtype == "auto":
-        dtype = "bf16" if device == "cuda" else cpu_precision()
+    if dtype == "auto" and device == "cpu":
+        # bf16 only where this CPU multiplies it faster than fp32 (an AVX512-BF16 flag is no promise):
+        # both trainers then run at the precision that is fast here, and its rate is the MFU peak.
+        rates = {d: measured_peak(device, d) for d in ("bf16", "fp32")}
+        dtype = "bf16" if rates["bf16"][0] > rates["fp32"][0] else "fp32"
+        print(f"precision: {dtype} (bf16 matmuls at {rates['bf16'][0] / rates['fp32'][0]:.2f}x the fp32 rate "
+              "on this CPU)", flush=True)
+        peak, peak_source = rates[dtype]
+    else:
+        dtype = "bf16" if dtype == "auto" else dtype
+        peak, peak_source = measured_peak(device, dtype)
     only = set(args.only.split(","))
-    peak, peak_source = measured_peak(device, dtype)
     rows, failed = [], []
     cases = plan(args.smoke, device, dtype, only)
     if args.select:  # in the order given (on a lent GPU, the most wanted first)

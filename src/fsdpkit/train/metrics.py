@@ -38,11 +38,10 @@ def measure_cpu_peak_flops(dtype: torch.dtype = torch.float32, seconds: float = 
     return 2 * n**3 * iters / (time.perf_counter() - start)
 
 
-def cpu_bf16_gemm_ratio(bf16_rate: float | None = None, seconds: float = 0.3) -> float:
-    """This CPU's bf16 matmul rate over its fp32 one, measured. Having AVX512-BF16 is no promise:
+def cpu_bf16_gemm_ratio(bf16_rate: float, seconds: float = 0.3) -> float:
+    """A bf16 matmul rate measured on this CPU over its fp32 one. Having AVX512-BF16 is no promise:
     measured 3.1x on a 2-core AMD EPYC, 0.55x on a 2-core Intel Xeon VM whose AMX is hidden."""
-    bf16 = bf16_rate or max(measure_cpu_peak_flops(torch.bfloat16, seconds) for _ in range(2))
-    return bf16 / max(measure_cpu_peak_flops(torch.float32, seconds) for _ in range(2))
+    return bf16_rate / max(measure_cpu_peak_flops(torch.float32, seconds) for _ in range(2))
 
 
 def peak_flops(device: torch.device, dtype: torch.dtype) -> tuple[float | None, str]:
