@@ -72,3 +72,21 @@ def test_every_case_can_be_picked_with_select():
     keys = [f"{c['impl']}:{c['label']}:{c['seq']}x{c['batch']}" for c in cases]
     assert ",".join(keys).split(",") == keys
     assert any(c["fsdp"] for c in cases)  # fsdpkit as one FSDP rank, beside the unsharded one
+
+
+def test_each_round_is_paired_with_the_baseline_run_of_the_same_round():
+    """The pooled ratio takes the median of all rounds' steps; the per-round ratios pair the k-th
+    run of a case with the k-th run of its baseline (what a noisy machine's spread is read from)."""
+    from benchmarks import train_throughput as tt
+
+    def run(impl: str, step_s: float) -> dict:
+        return tt.timed({**tt.case("compare", impl, "debug", 512, 16, 1, "fp32"), "peak_memory_bytes": 1}, [step_s])
+
+    raw = [run("fsdpkit", 1.0), run("baseline", 1.5), run("fsdpkit", 1.0), run("baseline", 1.2)]
+    merged = tt.merge_rounds(raw)
+    tt.per_round_speedups(raw, merged)
+    [ratio] = tt.ratios(merged)
+    assert ratio["speedup_per_round"] == pytest.approx([1.5, 1.2])
+    assert ratio["speedup"] == pytest.approx(1.35)  # median step of the pooled rounds: 1.0 against 1.35
+    assert ratio["text"] == "1.35x (rounds 1.20-1.50x)"
+    assert tt.ratios(tt.merge_rounds(raw[:2]))[0]["text"] == "1.50x"  # one round: no range to show
