@@ -242,7 +242,7 @@ def merge_rounds(rows: list[dict]) -> list[dict]:
             m["peak_memory_bytes"] = max(m["peak_memory_bytes"], r["peak_memory_bytes"])
             timed(m, m["measured"] + r["measured"])
         else:
-            merged[key] = dict(r)
+            merged[key] = {k: v for k, v in r.items() if k != "round"}  # the pooled row is no one round
     return list(merged.values())
 
 
@@ -255,16 +255,17 @@ def baseline_pairs(rows: list[dict]) -> list[tuple[dict, dict]]:
 
 
 def per_round_speedups(raw: list[dict], merged: list[dict]) -> None:
-    """Set each compared fsdpkit row's `speedup_per_round`: its k-th run over its baseline's k-th run.
+    """Set each compared fsdpkit row's `speedup_per_round`: each round's run over its baseline's run
+    of the same round (a round where either failed has no ratio).
 
     Rounds run interleaved, so a slow spell of a shared machine falls on both runs of a round; the
     spread of these ratios shows how far a single run can be trusted (on a noisy 2-core VM it was
     1.19-1.35x around a pooled 1.28x)."""
-    tokens: dict[str, list[float]] = {}
-    for r in raw:
-        tokens.setdefault(case_key(r), []).append(r["tokens_per_s"])
+    tokens = {(case_key(r), r.get("round", 0)): r["tokens_per_s"] for r in raw}
     for f, b in baseline_pairs(merged):
-        f["speedup_per_round"] = [x / y for x, y in zip(tokens[case_key(f)], tokens[case_key(b)], strict=False)]
+        kf, kb = case_key(f), case_key(b)
+        f["speedup_per_round"] = [t / tokens[kb, k] for (key, k), t in tokens.items()
+                                  if key == kf and (kb, k) in tokens]
 
 
 def speedup_text(f: dict, b: dict) -> str:
@@ -328,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
         cases = [by_key[k] for k in args.select.split(",")]
     # Rounds interleave the compared cases, so a slow spell of a shared machine hits all of them.
     rounds = 1 if args.smoke else args.rounds
-    cases += [c for _ in range(rounds - 1) for c in cases if c["section"] == "compare"]
+    cases = [{**c, "round": k} for k in range(rounds) for c in cases if k == 0 or c["section"] == "compare"]
     with tempfile.TemporaryDirectory() as d:
         for c in cases:
             print(f"[{c['section']}] {c['impl']:8} {c['label']:44} {c['preset']} seq {c['seq']} x {c['batch']} "

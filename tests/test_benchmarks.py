@@ -75,18 +75,27 @@ def test_every_case_can_be_picked_with_select():
 
 
 def test_each_round_is_paired_with_the_baseline_run_of_the_same_round():
-    """The pooled ratio takes the median of all rounds' steps; the per-round ratios pair the k-th
-    run of a case with the k-th run of its baseline (what a noisy machine's spread is read from)."""
+    """The pooled ratio takes the median of all rounds' steps; the per-round ratios pair each run of
+    a case with its baseline's run of the same round (what a noisy machine's spread is read from),
+    also when a case failed in one round."""
     from benchmarks import train_throughput as tt
 
-    def run(impl: str, step_s: float) -> dict:
-        return tt.timed({**tt.case("compare", impl, "debug", 512, 16, 1, "fp32"), "peak_memory_bytes": 1}, [step_s])
+    def run(impl: str, k: int, step_s: float) -> dict:
+        c = tt.case("compare", impl, "debug", 512, 16, 1, "fp32")
+        return tt.timed({**c, "round": k, "peak_memory_bytes": 1}, [step_s])
 
-    raw = [run("fsdpkit", 1.0), run("baseline", 1.5), run("fsdpkit", 1.0), run("baseline", 1.2)]
+    raw = [run("fsdpkit", 0, 1.0), run("baseline", 0, 1.5), run("fsdpkit", 1, 1.0), run("baseline", 1, 1.2)]
     merged = tt.merge_rounds(raw)
     tt.per_round_speedups(raw, merged)
     [ratio] = tt.ratios(merged)
     assert ratio["speedup_per_round"] == pytest.approx([1.5, 1.2])
     assert ratio["speedup"] == pytest.approx(1.35)  # median step of the pooled rounds: 1.0 against 1.35
     assert ratio["text"] == "1.35x (rounds 1.20-1.50x)"
+    assert "round" not in merged[0]
     assert tt.ratios(tt.merge_rounds(raw[:2]))[0]["text"] == "1.50x"  # one round: no range to show
+    # fsdpkit's round 0 failed: its round 1 is paired with the baseline's round 1, not its round 0.
+    raw = [run("baseline", 0, 1.5), run("fsdpkit", 1, 1.0), run("baseline", 1, 1.2), run("fsdpkit", 2, 1.0),
+           run("baseline", 2, 1.1)]
+    merged = tt.merge_rounds(raw)
+    tt.per_round_speedups(raw, merged)
+    assert tt.ratios(merged)[0]["speedup_per_round"] == pytest.approx([1.2, 1.1])
