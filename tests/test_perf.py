@@ -186,7 +186,12 @@ def test_keeping_freed_host_memory_removes_the_page_faults_of_each_step():
     pages = 370 * 2**20 // 4096  # one step's activations, in 4 KiB pages
     assert default[1] > pages // 2, default
     assert kept[1] < default[1] / 10, (kept, default)
-    assert max(kept[3:]) < pages // 50, kept  # seen: 0-1,024 of 94,720
+    # The heap's layout takes a few steps to settle as small allocations land between the big ones, and
+    # on some machines a 12 MiB block keeps being mapped in every other step (CI: [93716, 2816, 3072,
+    # 3072, 0, 3072, ...]); with glibc's defaults it is the whole step. So: all later steps together
+    # map in less than a quarter of one step's activations, and no single one more than a tenth.
+    assert sum(kept[1:]) < pages // 4, kept  # seen: 4,000-15,000 of 94,720
+    assert max(kept[1:]) < pages // 10, kept  # seen: at most 7,168
 
 
 def test_float8_on_the_cpu_is_refused_up_front():
