@@ -20,7 +20,7 @@ def test_cpu_blocked_attention_equals_sdpa_with_gradients(seq, kv_heads):
     q = torch.randn(2, 4, seq, 16, requires_grad=True)
     k, v = (torch.randn(2, kv_heads, seq, 16, requires_grad=True) for _ in range(2))
     grad = torch.randn(2, 4, seq, 16)
-    out = causal_attention(q, k, v, "auto")
+    out = causal_attention(q, k, v, "blocks")
     ek, ev = expand_kv(k, v, 4)
     ref = F.scaled_dot_product_attention(q, ek, ev, is_causal=True)
     torch.testing.assert_close(out, ref, atol=2e-6, rtol=1e-5)
@@ -45,7 +45,7 @@ def test_blocked_attention_in_bf16_stays_close_to_fp32():
     torch.manual_seed(0)
     q, k, v = (torch.randn(1, 2, 600, 32) for _ in range(3))
     ref = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    out = causal_attention(q.bfloat16(), k.bfloat16(), v.bfloat16())
+    out = causal_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), "blocks")
     assert out.dtype == torch.bfloat16
     assert (out.float() - ref).abs().max() < 0.03  # bf16 inputs and output, fp32 inside
 

@@ -115,8 +115,9 @@ class ParallelConfig:
         alias_values={"1": "full", "0": "none", "true": "full", "false": "none"})
     ac_every: int = opt(2, "selective activation checkpointing: every Nth block", min=1)
     compile: bool = opt(False, "torch.compile each decoder block")
-    attention: str = opt("auto", "causal attention kernel: sdpa, or auto (on the CPU, 256-token blocks that skip "
-                         "the masked half; SDPA elsewhere)", choices=("auto", "sdpa"))
+    attention: str = opt("auto", "causal attention kernel: auto (on the CPU fsdpkit's own tiled kernel, built at "
+                         "first use, else 256-token SDPA blocks; SDPA elsewhere), blocks (the SDPA blocks on the "
+                         "CPU) or sdpa", choices=("auto", "blocks", "sdpa"))
     compile_cache_dir: str | None = opt(None, "keep torch.compile's caches here (e.g. on shared storage) so a "
                                         "restarted or resubmitted job starts warm")
     loss_chunk_tokens: int | None = opt(None, "tokens per cross-entropy chunk, so full fp32 logits never exist "
