@@ -146,7 +146,7 @@ def activations(w: Workload) -> int:
 
 
 def attention_working(w: Workload, tokens: int, backward: bool) -> int:
-    """Temporaries of fsdpkit's CPU attention kernel, which computes in fp32: in a bf16 run its
+    """Temporaries of fsdpkit's CPU attention kernels, which compute in fp32: in a bf16 run their
     fp32 copies of q, k, v and the output (forward), and of q, k, v, the output, its gradient
     and the fp32 dq, dk, dv (backward). SDPA on GPUs keeps no such copies."""
     if w.expanded_kv or w.compute == "fp32":

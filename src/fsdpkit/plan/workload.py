@@ -19,7 +19,7 @@ def workload(cfg: TrainConfig, world: int, device: str, nodes: int = 1) -> Workl
         if world % replicas:
             raise UserError(f"dp_replicate: {replicas} must divide the world size ({world})")
         shard = world // replicas
-    cpu_kernel = device == "cpu" and par.attention == "auto" and not m.sliding_window \
+    cpu_kernel = device == "cpu" and par.attention in ("auto", "blocks") and not m.sliding_window \
         and not cfg.data.document_masking
     return Workload(model=m, seq=cfg.seq_len(), micro_batch=cfg.data.train_batch_size,
                     val_batch=cfg.data.val_batch_size,
