@@ -115,7 +115,7 @@ ABLATIONS: list[tuple[tuple[str, ...], str]] = [
     ((), "defaults"),
     (("--fused_optimizer", "0"), "foreach AdamW (fused off)"),
     (("--attention", "blocks"), "attention: SDPA in 256-token blocks (own CPU kernel off)"),
-    (("--attention", "sdpa"), "attention: SDPA (blocked CPU kernel off)"),
+    (("--attention", "sdpa"), "attention: SDPA (both CPU kernels off)"),
     (("--compile", "1"), "torch.compile per block"),
     (("--activation_checkpointing", "full"), "activation checkpointing: full"),
     (("--activation_checkpointing", "selective"), "activation checkpointing: every 2nd block"),

@@ -80,8 +80,6 @@ def build(cache: Path | None = None) -> Path:
 @functools.cache
 def library() -> ctypes.CDLL | None:
     """The loaded kernel, or None (with one warning) where it cannot be built here."""
-    if os.environ.get("FSDPKIT_NATIVE_ATTENTION", "1") == "0":
-        return None
     try:
         lib = ctypes.CDLL(str(build()))
     except (RuntimeError, OSError) as e:
@@ -114,9 +112,10 @@ def _strides(*tensors: Tensor) -> ctypes.Array:
     return (ctypes.c_int64 * len(flat))(*flat)
 
 
-def _check(rc: int, q: Tensor) -> None:
+def _check(rc: int, q: Tensor, k: Tensor) -> None:
     if rc:
-        raise ValueError(f"the CPU attention kernel has no head size {q.shape[-1]}")
+        raise ValueError(f"the CPU attention kernel cannot take q {tuple(q.shape)} with k, v {tuple(k.shape)} "
+                         f"(head sizes {HEAD_DIMS}; K/V heads must divide the query heads)")
 
 
 def forward(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
@@ -125,7 +124,7 @@ def forward(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
     out, lse = q.new_empty(q.shape), q.new_empty(q.shape[:3])
     _check(library().fsdpkit_attention_forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), _strides(q, k, v),
                                                out.data_ptr(), lse.data_ptr(), *_dims(q, k), q.shape[-1] ** -0.5,
-                                               torch.get_num_threads()), q)
+                                               torch.get_num_threads()), q, k)
     return out, lse
 
 
@@ -137,5 +136,5 @@ def backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Te
     _check(library().fsdpkit_attention_backward(
         grad.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), _strides(grad, q, k, v, out),
         lse.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), *_dims(q, k), q.shape[-1] ** -0.5,
-        torch.get_num_threads()), q)
+        torch.get_num_threads()), q, k)
     return dq, dk, dv
