@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -92,13 +93,20 @@ def test_resume_continues_exactly(two_rank_run, tmp_path, nproc, batch):
     assert losses(tmp_path / "run") == pytest.approx(uninterrupted[3:], abs=1e-5)
 
 
-def test_resume_refuses_another_model_shape(two_rank_run, tmp_path):
-    r = run_cli("train", *FAST, "--max_steps", "6", "--train_batch_size", "8", "--n_layers", "3",
+@pytest.mark.parametrize("nproc", ["1", "2"])
+def test_resume_refuses_another_model_shape(two_rank_run, tmp_path, nproc):
+    # Under --nproc 2 the error is raised in both torchrun workers; it still reaches the user once,
+    # as one line with exit code 2 (torchrun's ChildFailedError report goes to RUN_DIR/launcher.log).
+    r = run_cli("train", *FAST, "--max_steps", "6", "--train_batch_size", "8", "--n_layers", "3", "--nproc", nproc,
                 "--run_dir", str(tmp_path / "run"), "--resume_from_checkpoint", str(two_rank_run / "ckpt"))
-    assert r.returncode == 2
+    assert r.returncode == 2, r.stderr[-3000:]
     assert r.stderr.strip().splitlines() == [r.stderr.strip()]
-    assert r.stderr.startswith("error: resume_from_checkpoint") and "another shape" in r.stderr
-    assert not (tmp_path / "run").exists()
+    assert r.stderr.startswith("error: resume_from_checkpoint")
+    assert "another shape: n_layers 4 (this run: 3)" in r.stderr
+    if nproc == "1":
+        assert not (tmp_path / "run").exists()
+    else:
+        assert "ChildFailedError" not in r.stderr and "exitcode  : 2" in (tmp_path / "run" / "launcher.log").read_text()
     assert json.loads((two_rank_run / "ckpt" / "step-00000006" / "fsdpkit.json").read_text())["step"] == 6
 
 
@@ -110,7 +118,8 @@ def test_resume_from_empty_directory_starts_fresh(tmp_path):
     assert "starting from step 0" in r.stdout
 
 
-def _train_until_sigterm(tmp_path, nproc: str) -> tuple[subprocess.Popen, float]:
+def _train_until(tmp_path, nproc: str, sig: int) -> tuple[subprocess.Popen, float]:
+    """A long run, sent `sig` once it has logged 3 steps; returns it ended and the seconds it took."""
     cmd = [sys.executable, "-m", "fsdpkit", "train", *FAST, "--max_steps", "100000", "--logging_freq", "1",
            "--tensorboard", "0", "--train_batch_size", "4", "--nproc", nproc, "--run_dir", str(tmp_path / "run"),
            "--checkpoint_dir", str(tmp_path / "ckpt")]
@@ -120,17 +129,47 @@ def _train_until_sigterm(tmp_path, nproc: str) -> tuple[subprocess.Popen, float]
     while time.monotonic() < deadline and not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
         assert proc.poll() is None, proc.communicate()[0][-3000:]
         time.sleep(0.1)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(sig)
     sent = time.monotonic()
     proc.communicate(timeout=60)
     return proc, time.monotonic() - sent
+
+
+def _train_until_sigterm(tmp_path, nproc: str) -> tuple[subprocess.Popen, float]:
+    return _train_until(tmp_path, nproc, signal.SIGTERM)
+
+
+def test_killing_the_launcher_leaves_no_rank_running(tmp_path):
+    """SIGKILL can be neither caught nor forwarded: the workers must die with their launcher
+    (parent-death signals along launcher -> torchrun's agent -> workers), not train on unsupervised."""
+    proc, _ = _train_until(tmp_path, "2", signal.SIGKILL)
+    assert proc.returncode == -signal.SIGKILL
+    deadline = time.monotonic() + 10
+    while _fsdpkit_processes(tmp_path / "run") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _fsdpkit_processes(tmp_path / "run")
+
+
+def _fsdpkit_processes(run_dir: Path) -> list[str]:
+    """Command lines of live processes that were started for this run (by its run directory)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            cmd = stat.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if str(run_dir) in cmd:
+            out.append(cmd)
+    return out
 
 
 @pytest.mark.parametrize("nproc", ["1", "2"])
 def test_sigterm_saves_a_complete_checkpoint_within_grace_period(tmp_path, nproc):
     proc, took = _train_until_sigterm(tmp_path, nproc)
     assert took < 30, "Kubernetes' default grace period is 30 s"
-    assert proc.returncode != 0  # an interrupted run must not look finished
+    # 128 + SIGTERM, also under torchrun: an interrupted run must not look finished, nor failed.
+    assert proc.returncode == 143
+    assert not _fsdpkit_processes(tmp_path / "run")   # the workers and torchrun's agent are gone too
     (latest,) = list_checkpoints(tmp_path / "ckpt")
     assert latest.step >= 3 and latest.meta["world_size"] == int(nproc)
     steps_logged = [m["step"] for m in read_metrics(tmp_path / "run")]

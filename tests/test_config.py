@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from fsdpkit.errors import UserError
-from fsdpkit.train.config import TrainConfig, parse_args
+from fsdpkit.train.config import TrainConfig, parse_args, resolve
 
 # The flags a reference job manifest passes (kubernetes/llama3_1_8b-fsdp.yaml), shrunk to run here.
 REFERENCE_FLAGS = [
@@ -33,7 +33,9 @@ def test_reference_flags_map_to_fields():
 
 def test_defaults_come_from_one_place():
     cfg, _ = parse_args([])
-    assert cfg == TrainConfig()
+    # The dataclass defaults, with the derived values written in (what config.yaml then records).
+    assert cfg == resolve(TrainConfig())
+    assert cfg.data.seq_len == 256 and cfg.data.val_batch_size == 16 and cfg.optim.min_lr == 3e-4
     assert cfg.preset == "tiny" and cfg.data.dataset == "embedded"
 
 
@@ -99,3 +101,149 @@ def test_unwritable_run_dir_is_one_line_and_exit_2(cli, tmp_path):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "run_dir" in lines[0] and "not writable" in lines[0], r.stderr
     assert blocker.read_text() == "not a directory"
+
+
+# Every model file of the reference example's models/ folder (awsome-distributed-training,
+# 3.test_cases/pytorch/FSDP/models/*.txt), its model and optimizer flags written out. The reference
+# has no presets: `--model_type` plus the dimensions name the published model, whose vocabulary,
+# RoPE base and expert count the files leave to it.
+_COMMON = ["--checkpoint_freq=50", "--checkpoint_dir=./checkpoints", "--dataset=allenai/c4",
+           "--dataset_config_name=en", "--resume_from_checkpoint=./checkpoints", "--train_batch_size=1",
+           "--val_batch_size=1", "--sharding_strategy=full", "--offload_activations=1"]
+_LLAMA_TOK = "--tokenizer=hf-internal-testing/llama-tokenizer"
+_MISTRAL_OPT = ["--seed=42", "--grad_clip=1.0", "--weight_decay=0.2", "--beta1=0.9", "--beta2=0.95",
+                "--activation_checkpointing=1", "--intermediate_size=14336", "--num_key_value_heads=8",
+                "--logging_freq=1", "--max_context_width=32768", "--hidden_width=4096", "--num_layers=32",
+                "--num_heads=32", "--resid_pdrop=0.1", "--embd_pdrop=0.1", "--attn_pdrop=0.1",
+                "--summary_first_pdrop=0.1", "--initializer_range=0.02", "--rotary_pct=0.25",
+                "--rotary_emb_base=10000", "--lr=0.0001", "--lr_decay_style=cosine", "--min_lr=1e-5",
+                "--warmup=0.0032", "--plateau=0.0", "--dataset=allenai/c4", "--epochs=3",
+                "--dataset_config_name=en", "--limit_all_gathers=1", "--sharding_strategy=full",
+                "--offload_activations=1"]
+REFERENCE_MODEL_FILES = {
+    "llama2_7b.txt": [*_COMMON, "--max_context_width=4096", "--num_key_value_heads=32", "--intermediate_size=11008",
+                      "--hidden_width=4096", "--num_layers=32", "--num_heads=32", "--model_type=llama_v2",
+                      _LLAMA_TOK, "--validation_freq=100", "--max_steps=100"],
+    "llama2_13b.txt": [*_COMMON, "--max_context_width=4096", "--num_key_value_heads=40", "--intermediate_size=13824",
+                       "--hidden_width=5120", "--num_layers=40", "--num_heads=40", "--model_type=llama_v2",
+                       _LLAMA_TOK, "--validation_freq=25", "--max_steps=50"],
+    "llama2_70b.txt": [*_COMMON, "--max_context_width=4096", "--num_key_value_heads=8", "--intermediate_size=28672",
+                       "--hidden_width=8192", "--num_layers=80", "--num_heads=64", "--model_type=llama_v2",
+                       _LLAMA_TOK, "--validation_freq=10", "--max_steps=30"],
+    "llama3_1_8b.txt": [*_COMMON, "--max_context_width=8192", "--num_key_value_heads=8", "--intermediate_size=14336",
+                        "--hidden_width=4096", "--num_layers=32", "--num_heads=32", "--model_type=llama_v3",
+                        _LLAMA_TOK, "--validation_freq=25", "--max_steps=50"],
+    "llama3_1_70b.txt": [*_COMMON, "--max_context_width=8192", "--num_key_value_heads=8",
+                         "--intermediate_size=28672", "--hidden_width=8192", "--num_layers=80", "--num_heads=64",
+                         "--model_type=llama_v3", _LLAMA_TOK, "--validation_freq=10", "--max_steps=30"],
+    "llama3_2_1b.txt": [*_COMMON, "--max_context_width=8192", "--num_key_value_heads=2", "--intermediate_size=8192",
+                        "--hidden_width=2048", "--num_layers=16", "--num_heads=32", "--model_type=llama_v3",
+                        _LLAMA_TOK, "--validation_freq=100", "--max_steps=100"],
+    "llama3_2_3b.txt": [*_COMMON, "--max_context_width=8192", "--num_key_value_heads=2", "--intermediate_size=8192",
+                        "--hidden_width=3072", "--num_layers=28", "--num_heads=24", "--model_type=llama_v3",
+                        _LLAMA_TOK, "--validation_freq=100", "--max_steps=100"],
+    "mathstral_7b.txt": ["--train_batch_size=1", "--val_batch_size=1", *_MISTRAL_OPT, "--vocab_size=32768",
+                         "--model_type=mistral", "--tokenizer=mistralai/mathstral-7B-v0.1",
+                         "--checkpoint_dir=./checkpoints/mathstral-7B",
+                         "--resume_from_checkpoint=./checkpoints/mathstral-7B", "--max_steps=200",
+                         "--checkpoint_freq=50", "--validation_freq=100"],
+    "mistral_8x7b.txt": ["--train_batch_size=4", "--val_batch_size=4", "--max_steps=200", "--bf16=1", *_MISTRAL_OPT,
+                         "--vocab_size=32000", "--model_type=mixtral", "--tokenizer=mistralai/Mixtral-8x7B-v0.1"],
+}
+# (preset, vocab, dim, layers, heads, kv heads, ffn, family, experts, top-k, RoPE base, seq_len)
+EXPECTED_ARCHITECTURE = {
+    "llama2_7b.txt": ("llama2_7b", 32000, 4096, 32, 32, 32, 11008, "llama", 0, 1e4, 4096),
+    "llama2_13b.txt": ("llama2_13b", 32000, 5120, 40, 40, 40, 13824, "llama", 0, 1e4, 4096),
+    "llama2_70b.txt": ("llama2_70b", 32000, 8192, 80, 64, 8, 28672, "llama", 0, 1e4, 4096),
+    "llama3_1_8b.txt": ("llama3_1_8b", 128256, 4096, 32, 32, 8, 14336, "llama", 0, 5e5, 8192),
+    "llama3_1_70b.txt": ("llama3_1_70b", 128256, 8192, 80, 64, 8, 28672, "llama", 0, 5e5, 8192),
+    # The reference's 1B and 3B files give 2 key/value heads (the published models have 8): flags win.
+    "llama3_2_1b.txt": ("llama3_2_1b", 128256, 2048, 16, 32, 2, 8192, "llama", 0, 5e5, 8192),
+    "llama3_2_3b.txt": ("llama3_2_3b", 128256, 3072, 28, 24, 2, 8192, "llama", 0, 5e5, 8192),
+    "mathstral_7b.txt": ("mathstral_7b", 32768, 4096, 32, 32, 8, 14336, "mistral", 0, 1e6, 32768),
+    "mistral_8x7b.txt": ("mixtral_8x7b", 32000, 4096, 32, 32, 8, 14336, "mixtral", 8, 1e6, 32768),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REFERENCE_MODEL_FILES))
+def test_each_reference_model_file_parses_to_its_published_architecture(name):
+    cfg, notices = parse_args(REFERENCE_MODEL_FILES[name])
+    m = cfg.model_config()
+    preset, vocab, dim, layers, heads, kv, ffn, family, experts, theta, seq = EXPECTED_ARCHITECTURE[name]
+    assert cfg.preset == preset
+    assert (m.vocab_size, m.dim, m.n_layers, m.n_heads, m.n_kv_heads, m.ffn_dim, m.family, m.n_experts,
+            m.rope_theta, cfg.seq_len()) == (vocab, dim, layers, heads, kv, ffn, family, experts, theta, seq)
+    if experts:
+        assert m.experts_per_token == 2
+    if preset.startswith("llama3"):
+        assert m.rope_scaling is not None   # Llama 3.1/3.2 frequency scaling, from the preset
+    # The flags the file gives win over the preset's recipe.
+    flags = dict(f.removeprefix("--").split("=", 1) for f in REFERENCE_MODEL_FILES[name])
+    if "lr" in flags:
+        assert cfg.optim.lr == float(flags["lr"]) and cfg.optim.min_lr == float(flags["min_lr"])
+    assert cfg.data.tokenizer == flags["tokenizer"]
+    assert cfg.optim.max_steps == int(flags.get("max_steps", 300))
+    assert any("offload_activations" in n for n in notices)
+
+
+def test_mixtral_model_type_alone_means_eight_experts_top_two():
+    cfg, _ = parse_args(["--model_type=mixtral", "--hidden_width=64", "--num_layers=2", "--num_heads=4",
+                         "--intermediate_size=96", "--num_key_value_heads=2"])
+    m = cfg.model_config()
+    assert (m.family, m.n_experts, m.experts_per_token) == ("mixtral", 8, 2)
+    cfg, _ = parse_args(["--model_type=mixtral", "--num_local_experts=4", "--num_experts_per_tok=1"])
+    assert (cfg.model_config().n_experts, cfg.model_config().experts_per_token) == (4, 1)
+
+
+def test_export_refuses_a_mixtral_family_model_without_experts():
+    from fsdpkit.train.hf import hf_config_dict
+    from fsdpkit.train.model_config import ModelConfig
+
+    dense = ModelConfig(vocab_size=258, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=96, max_seq_len=64,
+                        family="mixtral")
+    with pytest.raises(UserError, match="no experts"):
+        hf_config_dict(dense)
+
+
+def test_a_presets_recipe_lies_under_yaml_and_flags(tmp_path):
+    cfg, _ = parse_args(["--preset", "llama2_7b", "--max_steps", "20000"])
+    o = cfg.optim
+    # Llama 2 paper: peak 3e-4, 2000 warm-up steps, cosine to 10%, eps 1e-5, sequence 4096.
+    assert (o.lr, o.min_lr, o.warmup_steps, o.eps, cfg.data.seq_len) == (3e-4, 3e-5, 2000, 1e-5, 4096)
+    y = tmp_path / "run.yaml"
+    y.write_text("preset: llama2_7b\noptim:\n  lr: 1.0e-4\n")
+    cfg, _ = parse_args(["--config", str(y), "--min_lr_ratio", "0.5"])
+    assert (cfg.optim.lr, cfg.optim.min_lr) == (1e-4, 5e-5)   # the floor follows the lr it is given
+    cfg, _ = parse_args(["--config", str(y), "--min_lr", "1e-6", "--warmup_steps", "7", "--tokenizer", "bytes"])
+    assert (cfg.optim.min_lr, cfg.optim.warmup_steps, cfg.data.tokenizer) == (1e-6, 7, "bytes")
+
+
+def test_a_recipes_warmup_is_capped_for_a_short_run_but_a_given_one_is_not():
+    assert parse_args(["--preset", "llama2_7b", "--max_steps", "100"])[0].optim.warmup_steps == 20
+    assert parse_args(["--preset", "llama2_7b", "--max_steps", "1000", "--warmup", "0.1"])[0].optim.warmup_steps == 100
+    with pytest.raises(UserError, match="warmup_steps"):
+        parse_args(["--preset", "llama2_7b", "--max_steps", "100", "--warmup_steps", "2000"])
+
+
+def test_presets_list_their_recipes(cli):
+    import json
+
+    r = cli("presets", "--json")
+    data = {row["name"]: row["recipe"] for row in json.loads(r.stdout)["data"]}
+    assert data["llama3_1_8b"]["lr"] == 3e-4 and data["llama3_1_70b"]["lr"] == 1.5e-4
+    assert data["llama2_70b"]["lr"] == 1.5e-4 and data["mixtral_8x7b"]["weight_decay"] == 0.2
+    assert data["tiny"]["lr"] == 3e-3 and all(r["validation_share"] <= 0.02 for r in data.values())
+    assert not data["llama3_2_1b"]["tokenizer"].startswith("meta-llama/")
+    human = cli("presets")
+    assert "torchtitan llama3 configs" in human.stdout and "Llama 2 paper" in human.stdout
+
+
+def test_a_run_records_its_resolved_config(tmp_path, cli):
+    """config.yaml holds what ran (sequence, warm-up, floor, validation size), not nulls to re-derive."""
+    import yaml
+
+    r = cli("train", "--max_steps", "2", "--progress", "off", "--tensorboard", "0", "--run_dir", str(tmp_path / "r"))
+    assert r.returncode == 0, r.stderr
+    saved = yaml.safe_load((tmp_path / "r" / "config.yaml").read_text())
+    assert saved["data"]["seq_len"] == 256 and saved["optim"]["warmup_steps"] == 0
+    assert saved["optim"]["min_lr"] == 3e-4 and saved["log"]["validation_batches"] >= 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import sys
 import threading
 import time
 
@@ -185,6 +186,56 @@ def test_push_creates_the_repository_with_its_policies(moto):
     assert client(url, "ecr").get_lifecycle_policy(repositoryName="my-trainer")["lifecyclePolicyText"]
     if r.returncode != 0:  # no Docker engine on this machine: said in one line, the repository is ready
         assert "no Docker engine here" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+# A stand-in for the Docker CLI (no Docker engine runs here): `push` puts an image manifest into the
+# registry (moto's ECR), `inspect` answers with the repo digest the registry gave it, as Docker does.
+FAKE_DOCKER = """#!{python}
+import json, os, sys
+import boto3
+ecr = boto3.client("ecr", region_name="us-west-2", endpoint_url=os.environ["FSDPKIT_AWS_ENDPOINT_URL"])
+cmd = sys.argv[1]
+if cmd == "login":
+    sys.stdin.read()
+elif cmd in ("push", "inspect"):
+    uri = sys.argv[-1]
+    repo, tag = uri.split("/", 1)[1].rsplit(":", 1)
+    if cmd == "push":
+        ecr.put_image(repositoryName=repo, imageTag=tag, imageManifest=json.dumps({{"schemaVersion": 2,
+            "mediaType": "application/vnd.docker.distribution.manifest.v2+json", "config": {{"size": 1,
+            "mediaType": "application/vnd.docker.container.image.v1+json", "digest": "sha256:" + "1" * 64}},
+            "layers": []}}))
+    else:
+        image = ecr.describe_images(repositoryName=repo, imageIds=[{{"imageTag": tag}}])["imageDetails"][0]
+        print(uri.rsplit(":", 1)[0] + "@" + image["imageDigest"])
+"""
+
+
+def test_push_records_the_digest_and_a_submitted_job_runs_exactly_it(moto, tmp_path):
+    url, env = moto
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text(FAKE_DOCKER.format(python=sys.executable))
+    (bin_dir / "docker").chmod(0o755)
+    env = {**env, "PATH": f"{bin_dir}:/usr/bin:/bin", "FSDPKIT_HOME": str(tmp_path / "home")}
+    r = run_cli("image", "push", "my-trainer:v1", "--json", env=env)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)["data"]
+    ecr_digest = client(url, "ecr").describe_images(repositoryName="my-trainer")["imageDetails"][0]["imageDigest"]
+    assert out["digest"] == ecr_digest and out["pinned"] == out["image"].rsplit(":", 1)[0] + "@" + ecr_digest
+    spec = tmp_path / "job.yaml"
+    spec.write_text(f"name: j\nbackend: pytorchjob\nimage: {out['image']}\ntrain: {{preset: tiny}}\n")
+
+    def container(*extra):
+        r = run_cli("job", "render", str(spec), "--json", *extra, env=env)
+        assert r.returncode == 0, r.stderr
+        job = json.loads(r.stdout)["data"]["manifests"][-1]
+        return job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
+    pinned = container()
+    assert (pinned["image"], pinned["imagePullPolicy"]) == (out["pinned"], "IfNotPresent")
+    # An image given on the command line wins; a tag is mutable, so nodes must pull it every time.
+    given = container("--set", f"image={out['image']}")
+    assert (given["image"], given["imagePullPolicy"]) == (out["image"], "Always")
 
 
 def test_image_test_in_codebuild_runs_the_images_selftest(moto):

@@ -282,6 +282,23 @@ def test_network_check_reads_nccl_lines_from_the_logs(kube, tmp_path):
     assert r.returncode == 1 and "network check: fail: NCCL fell back to TCP sockets" in r.stderr
 
 
+@pytest.mark.parametrize("dry_run", [False, True], ids=["submit", "dry-run"])
+def test_a_gated_tokenizer_without_a_token_fails_at_submit(kube, tmp_path, dry_run):
+    gated = {"preset": "tiny", "tokenizer": "meta-llama/Llama-3.1-8B", "vocab_size": 128256}
+    spec = write_spec(tmp_path, hf_token_env=None, train=gated)
+    r = job_cli(kube, "submit", str(spec), *(["--dry-run"] if dry_run else []))
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [r.stderr.strip()]
+    assert "'meta-llama/Llama-3.1-8B' is gated on the Hugging Face hub" in r.stderr
+    assert "set hf_token_env: HF_TOKEN in the spec and export HF_TOKEN" in r.stderr
+    assert "hf-internal-testing/Llama-3.1-8B-Instruct" in r.stderr   # the ungated copy, suggested
+    assert writes(kube) == []
+    # With the token exported in the submitting shell, the job goes ahead.
+    spec = write_spec(tmp_path, train=gated)
+    assert job_cli(kube, "submit", str(spec), "--dry-run").returncode == 0
+    r = job_cli(kube, "submit", str(spec), "--dry-run", env={"MY_HF_TOKEN": ""})
+    assert r.returncode == 2 and "export MY_HF_TOKEN in this shell" in r.stderr
+
+
 def test_dry_run_and_a_missing_token_create_nothing(kube, tmp_path):
     spec = write_spec(tmp_path)
     r = job_cli(kube, "submit", str(spec), "--dry-run", "--json")

@@ -97,6 +97,79 @@ def test_every_manifest_validates_against_the_real_schemas(backend, nodes):
     assert checked == len(INSTANCES)
 
 
+def _first_pod(job):
+    return next(iter(job["spec"]["pytorchReplicaSpecs"].values()))["template"]["spec"]
+
+
+def test_the_8b_example_on_four_p5_nodes_carries_recipe_grace_pull_policy_and_efa():
+    """What a first real run on 4 x p5.48xlarge gets, field by field: the model's recipe (not one
+    global learning rate), time to write its 96 GB checkpoint after SIGTERM, a pull policy that
+    sees a re-pushed tag, and NCCL forced onto EFA."""
+    spec = load_spec(ROOT / "examples" / "jobs" / "eks-p5.yaml", [("nodes", 4)])
+    job = manifests.render(spec)[-1]
+    assert not list(crd_validator("kubeflow.org_pytorchjobs.yaml").iter_errors(job))
+    assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 3
+    pod = _first_pod(job)
+    container = pod["containers"][0]
+    validate_builtin(pod_of({"spec": pod}))
+    # The recipe is written into the command, and it is what the pods' trainer parses.
+    cmd = container["command"]
+    assert cmd[0] == "fsdpkit-torchrun" and "--nnodes=4" in cmd
+    from fsdpkit.train.config import parse_args
+
+    cfg, _ = parse_args(cmd[cmd.index("fsdpkit.train") + 1:])
+    o = cfg.optim
+    assert (o.lr, o.min_lr, o.warmup_steps, o.lr_decay_style, o.weight_decay, o.beta2, o.grad_clip) == \
+        (3e-4, 3e-6, 200, "cosine", 0.1, 0.95, 1.0)
+    assert (cfg.data.seq_len, cfg.data.train_batch_size, cfg.data.tokenizer) == (
+        8192, 1, "hf-internal-testing/Llama-3.1-8B-Instruct")   # ungated: no licence needed
+    assert cfg.validation_share() <= 0.02 and cfg.checkpoint.checkpoint_freq == 500
+    # Grace: a 96.4 GB checkpoint at the spec's 1,200 MB/s is 80 s of writing; far above Kubernetes' 30 s.
+    from fsdpkit.plan.grace import grace_period
+    from fsdpkit.plan.planner import plan_config
+
+    step_s = plan_config(cfg, "p5.48xlarge", 4).step_s
+    expected = grace_period(cfg.model_config(), 1200, step_s)
+    assert 96e9 < expected.checkpoint_bytes < 97e9
+    assert pod["terminationGracePeriodSeconds"] == expected.seconds >= 60 + 1.5 * 80
+    # A tag (:v1) can be pushed again: always pull.
+    assert container["imagePullPolicy"] == "Always"
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert {k: env.get(k) for k in ("FI_PROVIDER", "NCCL_NET", "FI_EFA_USE_DEVICE_RDMA", "NCCL_PROTO")} == {
+        "FI_PROVIDER": "efa", "NCCL_NET": "AWS Libfabric", "FI_EFA_USE_DEVICE_RDMA": "1", "NCCL_PROTO": None}
+    assert container["resources"]["limits"]["vpc.amazonaws.com/efa"] == 32
+    assert env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    assert env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == "/checkpoints/llama3-8b/flight-recorder/rank_"
+
+    # g5.12xlarge has one EFA interface but no GPUDirect RDMA; g5.2xlarge has no EFA at all.
+    def env_of(instance):
+        pod = _first_pod(manifests.render(load_spec(ROOT / "examples" / "jobs" / "eks-p5.yaml", [
+            ("nodes", 2), ("instance_type", instance), ("train.preset", "llama3_2_1b")]))[-1])
+        c = pod["containers"][0]
+        return {e["name"]: e.get("value") for e in c["env"]}, c["resources"]["limits"]
+    g5_env, g5_limits = env_of("g5.12xlarge")
+    assert (g5_env["FI_PROVIDER"], g5_env["NCCL_NET"], g5_env["FI_EFA_USE_DEVICE_RDMA"], g5_env["NCCL_PROTO"]) == (
+        "efa", "AWS Libfabric", "0", "simple")
+    assert g5_limits == {"nvidia.com/gpu": 4, "vpc.amazonaws.com/efa": 1}
+    plain_env, plain_limits = env_of("g5.2xlarge")
+    assert not {"FI_PROVIDER", "NCCL_NET", "FI_EFA_USE_DEVICE_RDMA", "NCCL_PROTO"} & set(plain_env)
+    assert plain_limits == {"nvidia.com/gpu": 1} and plain_env["PYTORCH_CUDA_ALLOC_CONF"]
+
+
+@pytest.mark.parametrize(("version", "env"), [
+    (None, {"NCCL_NET": "AWS Libfabric"}), ("1.9.1", {"NCCL_NET": "AWS Libfabric"}), ("1.14.0", {"NCCL_NET": "OFI"}),
+    ("1.17.1", {"NCCL_NET": "OFI", "NCCL_NET_PLUGIN": "ofi"})])
+def test_nccl_is_pointed_at_the_ofi_plugin_of_the_images_generation(version, env):
+    got = {e["name"]: e.get("value") for e in manifests.env_list(spec_for(nodes="2", ofi_nccl=version))}
+    assert {k: got.get(k) for k in ("NCCL_NET", "NCCL_NET_PLUGIN")} == {"NCCL_NET_PLUGIN": None, **env}
+
+
+def test_a_digest_pinned_image_is_not_pulled_again():
+    pinned = IMAGE.rsplit(":", 1)[0] + "@sha256:" + "a" * 64
+    assert _first_pod(manifests.pytorchjob_manifest(spec_for(image=pinned)))["containers"][0][
+        "imagePullPolicy"] == "IfNotPresent"
+
+
 def test_strict_validation_catches_a_wrong_type_and_an_unknown_field():
     validator = crd_validator("kubeflow.org_pytorchjobs.yaml")
     job = manifests.pytorchjob_manifest(spec_for())
@@ -133,12 +206,12 @@ def test_manifest_shape_follows_the_spec():
     cmd = elastic["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["command"]
     assert "--nnodes=2:4" in cmd and "--rdzv-endpoint=t1-worker-0:29500" in cmd
 
-    # EFA environment by platform: the RDMA flag only where the platform needs it; none without EFA.
+    # EFA environment by platform: GPUDirect RDMA where the hardware has it; none without EFA.
     def env(instance):
         spec = spec_for(instance=instance, nodes="1")
         return {e["name"]: e.get("value") for e in manifests.env_list(spec)}
     assert env("p4d.24xlarge")["FI_EFA_USE_DEVICE_RDMA"] == "1"
-    assert env("p5.48xlarge")["FI_PROVIDER"] == "efa" and "FI_EFA_USE_DEVICE_RDMA" not in env("p5.48xlarge")
+    assert env("p5.48xlarge")["FI_PROVIDER"] == "efa" and env("p5.48xlarge")["FI_EFA_USE_DEVICE_RDMA"] == "1"
     assert "FI_PROVIDER" not in env("g5.xlarge") and "NCCL_DEBUG" not in env("p5.48xlarge")
     diag = {e["name"]: e.get("value") for e in manifests.env_list(spec_for(diagnose_network=True))}
     assert diag["NCCL_DEBUG"] == "INFO"
@@ -211,8 +284,18 @@ def test_slurm_script_parses_and_carries_rendezvous_and_efa(instance):
     assert "--checkpoint_dir /fsx/t1/checkpoints" in text
     efa = INSTANCES[instance].efa
     assert ("export FI_PROVIDER=efa" in text) == bool(efa)
-    assert ("export FI_EFA_USE_DEVICE_RDMA=1" in text) == (instance == "p4d.24xlarge")
+    assert ("export FI_EFA_USE_DEVICE_RDMA=1" in text) == INSTANCES[instance].rdma
     assert 'export HF_TOKEN="${HF_TOKEN:?' in text  # read from the submitting shell, never written here
+    assert " fsdpkit-torchrun " in text   # torchrun under the supervisor: SIGTERM ends in a checkpoint, exit 143
+    assert "--signal=TERM@" not in text   # no time limit, nothing to warn ahead of
+
+
+def test_slurm_warns_ahead_of_the_time_limit_by_the_grace_period():
+    spec = spec_for("slurm", "2", "p5.48xlarge", slurm={"time": "2-00:00:00"}, storage={"shared_path": "/fsx"},
+                    train={"preset": "llama3_1_8b", "checkpoint_freq": 500})
+    from fsdpkit.jobs.command import grace_seconds
+
+    assert f"#SBATCH --signal=TERM@{grace_seconds(spec)}\n" in script(spec) and grace_seconds(spec) > 300
 
 
 @pytest.mark.slow

@@ -72,6 +72,40 @@ def test_memory_estimate_is_within_15_percent_of_a_real_run(runtime, case):
                                                   f"measured {measured / MIB:.1f} MiB")
 
 
+def measured_tensor_peak(tmp_path: Path, flags: list[str]) -> int:
+    """Peak bytes of live tensors in a real 2-step run, from torch.profiler's memory events."""
+    cmd = [sys.executable, str(ROOT / "tests" / "plan_memory_worker.py"), str(tmp_path), *flags, "--max_steps", "2",
+           "--validation_freq", "0", "--validation_batches", "1", "--tensorboard", "0", "--progress", "off",
+           "--prefetch", "0", "--run_dir", str(tmp_path / "run")]
+    r = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, cwd=ROOT,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads((tmp_path / "rank0.json").read_text())["peak_bytes"]
+
+
+# A vocabulary large enough that the loss and the validation pass weigh in the peak (a byte-level one
+# hides both). One process: its tensor peak is the same from run to run; with gloo ranks, buffers of
+# asynchronous collectives are freed at moments that vary by some 15% between identical runs.
+LARGE_VOCAB = ["--preset", "debug", "--vocab_size", "8192", "--seq_len", "256"]
+
+
+@pytest.mark.parametrize("flags", [
+    ["--train_batch_size", "2", "--activation_checkpointing", "none"],
+    ["--train_batch_size", "2", "--activation_checkpointing", "full"],
+    ["--train_batch_size", "2", "--activation_checkpointing", "none", "--mixed_precision", "bf16"],
+    # A small micro-batch with checkpointing and a larger validation batch: where validation, had it
+    # been modelled as one forward of the whole validation batch, would make the headline peak.
+    ["--train_batch_size", "1", "--val_batch_size", "16", "--activation_checkpointing", "full",
+     "--mixed_precision", "bf16"],
+], ids=["fp32", "fp32-ac", "bf16", "bf16-ac-batch1-val16"])
+def test_planned_peak_is_within_15_percent_of_the_measured_tensor_peak_at_a_large_vocabulary(tmp_path, flags):
+    measured = measured_tensor_peak(tmp_path, [*LARGE_VOCAB, *flags])
+    cfg, _ = parse_args([*LARGE_VOCAB, *flags])
+    planned = estimate(workload(cfg, 1, "cpu"))
+    assert 0.85 <= planned.peak / measured <= 1.15, (f"planned {planned.peak / MIB:.1f} MiB "
+                                                     f"({planned.peak_at}), measured {measured / MIB:.1f} MiB")
+
+
 def recorded_collectives(tmp_path: Path, steps: int, flags: list[str]) -> list:
     out = tmp_path / f"calls{steps}.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
@@ -166,3 +200,40 @@ def test_job_submit_warns_and_strict_refuses_a_job_that_cannot_fit(kube, tmp_pat
     assert r.stderr.startswith("warning: plan: does not fit")
     assert json.loads(r.stdout)["data"]["plan"]["fits"] is False
     assert [p for m, p, _ in kube.requests() if m == "POST" and p.endswith("/pytorchjobs")]
+
+
+def test_plan_shows_the_recipe_the_validation_share_and_the_grace_period_the_job_renders():
+    from fsdpkit.jobs import manifests
+    from fsdpkit.jobs.spec import load_spec
+
+    example = str(ROOT / "examples" / "jobs" / "eks-p5.yaml")
+    out = plan_json(example)
+    assert out["recipe"]["lr"] == 3e-4 and out["recipe"]["warmup_steps"] == 200 and out["recipe"]["min_lr"] == 3e-6
+    assert out["recipe"]["source"].startswith("torchtitan") and out["recipe"]["tokenizer"].startswith("hf-internal")
+    assert out["validation"]["share"] <= 0.02 and out["validation"]["every_steps"] == 500
+    job = manifests.render(load_spec(example))[-1]
+    rendered = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    assert out["grace"]["seconds"] == rendered and out["grace"]["write_mb_per_s"] == 1200
+    assert "to write the 96.4 GB checkpoint at 1200 MB/s" in out["grace"]["explanation"]
+    # A slower volume needs longer; the human report says the same in words.
+    slow = plan_json(example, "--write-mb-per-s", "200")["grace"]
+    assert slow["seconds"] > out["grace"]["seconds"] and slow["write_s"] == pytest.approx(96.4e9 / 200e6, rel=0.01)
+    r = run_cli("plan", example, "--tokens", "1e9", "--price-per-hour", "98")
+    assert r.returncode == 0, r.stderr
+    assert "recipe: lr 0.0003 -> 3e-06 (cosine), warm-up 200 steps" in r.stdout
+    assert "validation: 8 batch(es) of 1 every 500 steps and at the end: 0." in r.stdout
+    assert f"stopping: grace period {rendered} s = 60 s + 2 x " in r.stdout and " USD at your price" in r.stdout
+
+
+def test_validation_defaults_stay_within_two_percent_of_training_for_every_preset():
+    from fsdpkit.train.config import build
+    from fsdpkit.train.presets import PRESETS
+
+    for preset in PRESETS:
+        for steps in (50, 300, 10000):
+            cfg = build([{"preset": preset, "max_steps": steps}])
+            assert cfg.validation_share() <= 0.02 or cfg.log.validation_batches == 1, (preset, steps)
+    # An explicit size is the user's: kept, and plan reports what it costs.
+    cfg = build([{"preset": "llama3_1_8b", "validation_batches": 16, "val_batch_size": 16, "max_steps": 1000}])
+    # Passes at steps 500 and 1000 (the last is also the end), 16 x 16 sequences each, a third of a step.
+    assert cfg.log.validation_batches == 16 and cfg.validation_share() == pytest.approx(2 * 16 * 16 / (3 * 1000))

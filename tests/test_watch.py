@@ -58,8 +58,14 @@ def stamp(seconds_ago: float) -> str:
     return t.strftime("%Y-%m-%dT%H:%M:%S.%f") + "123Z"  # nanoseconds, as the kubelet writes them
 
 
+def log_reads(kube) -> list[str]:
+    """Paths (with queries) of the pod-log reads the API server saw, in order."""
+    return [p for m, p, _ in kube.requests() if p.split("?")[0].endswith("/log")]
+
+
 def watch(kube, *extra):
     r = job_cli(kube, "watch", "llama-tiny", "--once", "--json", *extra)
+    assert r.stdout, r.stderr[-3000:]
     return r.returncode, json.loads(r.stdout)["data"]
 
 
@@ -75,6 +81,8 @@ def test_healthy_job_shows_progress_and_no_findings(running_job):
     pod(kube, "llama-tiny-master-0", {"phase": "Running", "containerStatuses": [
         {"name": "pytorch", "restartCount": 0, "state": {"running": {}}}]})
     kube.route("get /api/v1/namespaces/default/pods/llama-tiny-master-0/log",
+               f"{stamp(71)} fsdpkit: network: efa (NCCL 2.21.5+cuda12.4, aws-ofi-nccl 1.14.0, provider efa, "
+               f"32 NICs)\n"
                f"{stamp(70)} fsdpkit: tiny (0.82M params), 16 x cuda\n"
                f"{stamp(40)} Batch 10 Loss: 4.10000, Speed: 1.0 samples/sec, lr: 0.0003, grad_norm: 1.0, "
                f"tokens/s: 81234, tokens/s/device: 5077\n"
@@ -85,8 +93,26 @@ def test_healthy_job_shows_progress_and_no_findings(running_job):
     assert snap["state"] == "Running" and snap["findings"] == []
     assert snap["progress"]["step"] == 20 and snap["progress"]["loss"] == 3.5
     assert snap["progress"]["tokens_per_s"] == 82000 and snap["progress"]["last_step_age_s"] < 30
-    reads = [p for m, p, _ in kube.requests() if p.split("?")[0].endswith("/log")]
-    assert "timestamps=True" in reads[-1] and "tailLines=500" in reads[-1]
+    assert "timestamps=True" in log_reads(kube)[-1] and "tailLines=500" in log_reads(kube)[-1]
+    # The network the trainer reported, found in the same read.
+    assert (snap["network"]["transport"], snap["network"]["nics"], snap["network"]["plugin"]) == ("efa", 32, "1.14.0")
+    human = run_cli("job", "watch", "llama-tiny", "--once", "--stall-after", "60", env=kube.env)
+    assert "| network efa (32 NICs, provider efa) |" in human.stdout
+
+
+def test_job_status_shows_the_network_verdict_from_the_start_of_rank0s_log(running_job):
+    kube = running_job
+    pod(kube, "llama-tiny-master-0", {"phase": "Running"})
+    kube.route("get /api/v1/namespaces/default/pods/llama-tiny-master-0/log",
+               b"fsdpkit: network: socket (NCCL 2.21.5+cuda12.4, 1 NICs, TCP sockets; net plugin libnccl-net.so "
+               b"not found)\nBatch 10 Loss: 4.1, Speed: 1.0 samples/sec, lr: 0.1, tokens/s: 9\n")
+    r = job_cli(kube, "status", "llama-tiny", "--json")
+    assert r.returncode == 0, r.stderr
+    net = json.loads(r.stdout)["data"]["details"]["network"]
+    assert net["transport"] == "socket" and "libnccl-net.so not found" in net["detail"]
+    assert "limitBytes=262144" in log_reads(kube)[-1]
+    human = job_cli(kube, "status", "llama-tiny")
+    assert "  network: socket (1 NICs, TCP sockets; net plugin libnccl-net.so not found)" in human.stdout
 
 
 def test_stall_and_nccl_timeout_are_found_in_the_log(running_job):

@@ -13,7 +13,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     from fsdpkit.jobs.deploy import deploy
     from fsdpkit.jobs.spec import load_spec, parse_overrides
 
-    spec = load_spec(args.spec, parse_overrides(args.set or []))
+    spec = load_spec(args.spec, parse_overrides(args.set or []), pin_image=True)
     backend = get_backend(spec.backend, context=args.context, kubeconfig=args.kubeconfig)
     say = progress(args)
     skip = {s.strip() for s in (args.skip or "").split(",") if s.strip()}

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from fsdpkit.cli.output import Parser, dispatch, emit_json
 from fsdpkit.errors import UserError
+from fsdpkit.image import pins
 
 
 def cmd_init(args: argparse.Namespace) -> int:
@@ -127,9 +128,10 @@ def cmd_push(args: argparse.Namespace) -> int:
                                   capture_output=True, text=True).stdout.strip().split("@")[-1]
     if local_digest and local_digest != digest:
         raise UserError(f"pushed digest {local_digest} differs from ECR's {digest}")
+    pinned = pins.record(uri, digest)  # `job submit` of this tag then runs exactly this image
     if args.json:
-        return emit_json({"image": uri, "digest": digest})
-    print(f"pushed {uri} ({digest})")
+        return emit_json({"image": uri, "digest": digest, "pinned": pinned})
+    print(f"pushed {uri} ({digest}); jobs submitted with this tag run {pinned}")
     return 0
 
 

@@ -11,6 +11,7 @@ import yaml
 from fsdpkit.cli.output import Parser, dispatch, emit_json
 from fsdpkit.errors import UserError
 from fsdpkit.jobs.backends import get_backend
+from fsdpkit.jobs.hub import check_hub_access
 from fsdpkit.jobs.spec import BACKENDS, JobSpec, load_spec, parse_overrides
 from fsdpkit.jobs.status import JobStatus
 
@@ -21,7 +22,7 @@ _SHORTCUTS = ("name", "image", "backend", "namespace", "nodes", "instance_type")
 def _spec(args: argparse.Namespace) -> JobSpec:
     overrides = parse_overrides(args.set or [])
     overrides += [(k, getattr(args, k)) for k in _SHORTCUTS if getattr(args, k, None) is not None]
-    return load_spec(args.spec, overrides)
+    return load_spec(args.spec, overrides, pin_image=True)
 
 
 def _backend(args: argparse.Namespace, spec: JobSpec | None = None) -> Any:
@@ -78,6 +79,7 @@ def _capacity(spec: Any, strict: bool) -> dict[str, Any] | None:
 
 def cmd_submit(args: argparse.Namespace) -> int:
     spec = _spec(args)
+    check_hub_access(spec)
     backend = _backend(args, spec)
     capacity = _capacity(spec, args.strict)
     result = backend.submit(spec, replace=args.replace, dry_run=args.dry_run)
@@ -106,11 +108,23 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    st = _backend(args).status(args.job, _ns(args))
+    backend = _backend(args)
+    st = backend.status(args.job, _ns(args))
+    st.details["network"] = backend.network(args.job, _ns(args))
     if args.json:
         return emit_json(st.to_dict())
     _print_status(st)
+    if st.details["network"]:
+        print(f"  network: {_network_text(st.details['network'])}")
     return 0
+
+
+def _network_text(v: dict) -> str:
+    """efa (32 NICs, provider efa), from the verdict the trainer reported."""
+    parts = (f"{v['nics']} NICs" if v.get("nics") is not None else "",
+             f"provider {v['provider']}" if v.get("provider") else "", v.get("detail") or "")
+    extra = ", ".join(x for x in parts if x)
+    return v["transport"] + (f" ({extra})" if extra else "")
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -169,7 +183,8 @@ def _print_snapshot(snap: dict) -> None:
                      (f" restarts {x['restarts']}" if x["restarts"] else "") +
                      (" GPU " + "/".join(f"{g['util_pct']}%" for g in x["gpus"]) if x.get("gpus") else "")
                      for x in snap["pods"])
-    print(f"{snap['name']}: {snap['state']}{prog} | {pods or 'no pods yet'}", flush=True)
+    net = f" | network {_network_text(snap['network'])}" if snap.get("network") else ""
+    print(f"{snap['name']}: {snap['state']}{prog}{net} | {pods or 'no pods yet'}", flush=True)
     for f in snap["findings"]:
         print(f"  ! {f['kind']} {f['pod']}: {f['detail']}" + (f"\n    fix: {f['fix']}" if f["fix"] else ""),
               flush=True)
@@ -255,7 +270,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--replica", help="worker-1, master-0, ... or all")
     p.add_argument("--previous", action="store_true", help="the previous (crashed) container's logs")
     p.add_argument("--check-network", action="store_true",
-                   help="after the logs, say whether NCCL used EFA (needs diagnose_network: true)")
+                   help="after the logs, say whether NCCL used EFA (the trainer's network line, or NCCL's own "
+                   "lines with diagnose_network: true)")
     common(p)
     p.set_defaults(func=cmd_logs)
 

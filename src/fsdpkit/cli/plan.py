@@ -7,6 +7,8 @@ import sys
 
 from fsdpkit.cli.output import Parser, emit_error, emit_json
 from fsdpkit.errors import UserError
+from fsdpkit.plan.grace import DEFAULT_WRITE_MB_S, grace_period
+from fsdpkit.train.presets import RECIPES, canonical
 
 GIB = 2**30
 
@@ -25,6 +27,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mfu", type=float, default=0.4, help="model FLOPs utilisation to assume (default 0.4)")
     p.add_argument("--tokens", type=float, help="token budget: report the time (and cost) to train on it")
     p.add_argument("--price-per-hour", type=float, help="your price per node-hour (no price list is built in)")
+    p.add_argument("--currency", default="USD", help="the unit of --price-per-hour (default USD)")
+    p.add_argument("--write-mb-per-s", type=float, help="checkpoint storage's write throughput, for the grace "
+                   f"period a stopping job needs (default: the job spec's storage.write_mb_per_s, or "
+                   f"{DEFAULT_WRITE_MB_S})")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="job spec override")
     p.add_argument("--json", action="store_true")
     return p
@@ -45,11 +51,18 @@ def main(argv: list[str] | None = None) -> int:
 def run(args: argparse.Namespace, train_flags: list[str]) -> int:
     from fsdpkit.plan.planner import advice, plan_config
 
-    cfg, instance_type, nodes, procs = _config(args, train_flags)
+    cfg, instance_type, nodes, procs, write_rate = _config(args, train_flags)
     if args.tokens is not None and args.tokens <= 0:
         raise UserError(f"tokens: {args.tokens} is out of range (> 0)")
+    if write_rate <= 0:
+        raise UserError(f"write_mb_per_s: {write_rate} is out of range (> 0)")
     p = plan_config(cfg, instance_type, nodes, args.mfu, procs)
+    grace = grace_period(cfg.model_config(), write_rate, p.step_s)
     out = {"model": cfg.preset, "verdict": advice(p), **p.summary(args.tokens, args.price_per_hour),
+           "currency": args.currency, "recipe": _recipe(cfg),
+           "validation": {"batches": cfg.log.validation_batches, "batch_size": cfg.val_batch_size(),
+                          "every_steps": cfg.log.validation_freq, "share": round(cfg.validation_share(), 4)},
+           "grace": grace.to_dict(),
            "alternatives": [a.summary(args.tokens, args.price_per_hour) for a in p.alternatives]}
     if args.json:
         return emit_json(out)
@@ -64,21 +77,29 @@ def _config(args: argparse.Namespace, train_flags: list[str]):
     if args.jobspec:
         if train_flags or args.preset or args.config:
             raise UserError("with a job spec, change its train options with --set train.KEY=VALUE")
-        from fsdpkit.jobs.spec import load_spec, train_config
+        from fsdpkit.jobs.spec import load_spec, parse_overrides, train_config
 
-        spec = load_spec(args.jobspec, [tuple(s.split("=", 1)) if "=" in s else (s, "") for s in args.set])
+        spec = load_spec(args.jobspec, parse_overrides(args.set))
         if spec.command is not None:
             raise UserError("jobspec: this job runs its own command, not fsdpkit's trainer; nothing to plan")
         return (train_config(spec), args.instance_type or spec.instance_type,
                 args.nodes if args.nodes is not None else spec.node_range[1],
-                spec.procs if spec.instance_type else None)
+                spec.procs if spec.instance_type else None, args.write_mb_per_s or spec.storage.write_mb_per_s)
     flags = (["--preset", args.preset] if args.preset else []) + (["--config", args.config] if args.config else [])
     try:
         cfg, _ = parse_args([*flags, *train_flags])
     except SystemExit:  # argparse inside the trainer's parser: a bad flag
         raise UserError(f"unknown or bad trainer option among: {' '.join(unknown)} (see fsdpkit train --help)") \
             from None
-    return cfg, args.instance_type, args.nodes if args.nodes is not None else 1, None
+    return (cfg, args.instance_type, args.nodes if args.nodes is not None else 1, None,
+            args.write_mb_per_s or DEFAULT_WRITE_MB_S)
+
+
+def _recipe(cfg) -> dict:
+    o = cfg.optim
+    return {"source": RECIPES[canonical(cfg.preset)].source, "lr": o.lr, "min_lr": o.min_lr,
+            "lr_decay_style": o.lr_decay_style, "warmup_steps": o.warmup_steps, "weight_decay": o.weight_decay,
+            "betas": [o.beta1, o.beta2], "grad_clip": o.grad_clip, "tokenizer": cfg.data.tokenizer}
 
 
 def _print(out: dict) -> None:
@@ -103,8 +124,15 @@ def _print(out: dict) -> None:
         print(f"step: compute {out['compute_s']:.3f} s at {out['mfu']:.0%} MFU, communication {out['comm_s']:.3f} s "
               f"-> {out['bound']}-bound, about {out['tokens_per_s']:,} tokens/s")
     if out.get("hours") is not None:
-        cost = f", {out['cost']:,.2f} at your price" if out.get("cost") is not None else ""
+        cost = f", {out['cost']:,.2f} {out['currency']} at your price" if out.get("cost") is not None else ""
         print(f"token budget: {out['hours']:,.1f} hours{cost}")
+    r, v = out["recipe"], out["validation"]
+    print(f"\nrecipe: lr {r['lr']:g} -> {r['min_lr']:g} ({r['lr_decay_style']}), warm-up {r['warmup_steps']} steps, "
+          f"weight decay {r['weight_decay']:g}, betas ({r['betas'][0]:g}, {r['betas'][1]:g}), clip "
+          f"{r['grad_clip']:g}, tokenizer {r['tokenizer']}  [{r['source']}]")
+    every = f"every {v['every_steps']} steps and at the end" if v["every_steps"] else "at the end"
+    print(f"validation: {v['batches']} batch(es) of {v['batch_size']} {every}: {v['share']:.1%} of training compute")
+    print(f"stopping: grace period {out['grace']['explanation']}")
     print(f"\n{out['verdict']}")
     for a in out["alternatives"]:
         print(f"  with {a['change']}: {'fits' if a['fits'] else 'does not fit'}, {a['peak_gib']:.1f} GiB per GPU, "

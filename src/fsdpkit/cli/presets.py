@@ -1,10 +1,23 @@
-"""`fsdpkit presets`: the model presets and their sizes."""
+"""`fsdpkit presets`: the model presets, their sizes and their training recipes."""
 
 from __future__ import annotations
 
 from fsdpkit.cli.output import Parser, dispatch, emit_json
+from fsdpkit.train.config import build
 from fsdpkit.train.model_config import count_params
-from fsdpkit.train.presets import PRESETS
+from fsdpkit.train.presets import PRESETS, RECIPES
+
+
+def recipe(name: str) -> dict:
+    """What a run of this preset trains with when nothing else is given (the resolved config)."""
+    cfg = build([{"preset": name}])
+    o, d = cfg.optim, cfg.data
+    return {"source": RECIPES[name].source, "lr": o.lr, "min_lr": o.min_lr, "lr_decay_style": o.lr_decay_style,
+            "warmup_steps": o.warmup_steps, "weight_decay": o.weight_decay, "betas": [o.beta1, o.beta2],
+            "eps": o.eps, "grad_clip": o.grad_clip, "tokenizer": d.tokenizer, "seq_len": d.seq_len,
+            "train_batch_size": d.train_batch_size, "activation_checkpointing": cfg.parallel.activation_checkpointing,
+            "validation_freq": cfg.log.validation_freq, "validation_batches": cfg.log.validation_batches,
+            "validation_share": round(cfg.validation_share(), 4), "max_steps": o.max_steps}
 
 
 def rows() -> list[dict]:
@@ -14,7 +27,7 @@ def rows() -> list[dict]:
             "name": name, "params": count_params(c), "active_params": count_params(c, active=True),
             "vocab_size": c.vocab_size, "dim": c.dim, "n_layers": c.n_layers, "n_heads": c.n_heads,
             "n_kv_heads": c.n_kv_heads, "ffn_dim": c.ffn_dim, "max_seq_len": c.max_seq_len,
-            "rope_theta": c.rope_theta, "n_experts": c.n_experts, "family": c.family,
+            "rope_theta": c.rope_theta, "n_experts": c.n_experts, "family": c.family, "recipe": recipe(name),
         })
     return out
 
@@ -24,7 +37,8 @@ def _human(n: int) -> str:
 
 
 def main(argv: list[str]) -> int:
-    parser = Parser(prog="fsdpkit presets", description="List the model presets.")
+    parser = Parser(prog="fsdpkit presets", description="List the model presets and the training recipe each "
+                    "carries (flags, YAML and job specs override any of it).")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.set_defaults(func=show)
     return dispatch(parser, argv)
@@ -40,4 +54,12 @@ def show(args) -> int:
         print(f"{r['name']:<14}{_human(r['params']):>9}{_human(r['active_params']):>9}{r['n_layers']:>7}"
               f"{r['dim']:>6}{r['n_heads']:>6}{r['n_kv_heads']:>4}{r['ffn_dim']:>7}{r['vocab_size']:>8}"
               f"{r['max_seq_len']:>9}")
+    print(f"\n{'recipe':<14}{'lr':>8}{'floor':>9}{'warmup':>7}{'wd':>5}{'clip':>5}{'seq':>6}{'batch':>6}"
+          f"{'val':>6}  tokenizer (source)")
+    for r in data:
+        c = r["recipe"]
+        print(f"{r['name']:<14}{c['lr']:>8.2g}{c['min_lr']:>9.2g}{c['warmup_steps']:>7}{c['weight_decay']:>5}"
+              f"{c['grad_clip']:>5}{c['seq_len']:>6}{c['train_batch_size']:>6}{c['validation_share']:>6.1%}  "
+              f"{c['tokenizer']} ({c['source']})")
+    print("\nwarm-up and validation shown for the default 300 steps; --max_steps scales them")
     return 0

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from fsdpkit.jobs.instances import Instance
+from fsdpkit.train import nccl_log
 
 _ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+(\w+)\s+(\w+)\s+(-?\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\S+)"
                   r"\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\S+)\s*$")
@@ -20,7 +21,9 @@ class NcclResult:
     rows: list[dict[str, float]] = field(default_factory=list)  # size, busbw (out-of-place), busbw_inplace
     avg_busbw: float | None = None
     hosts: int = 0
-    network: str = "unknown"       # efa | socket | unknown
+    network: str = "unknown"       # efa | socket | unknown (fsdpkit.train.nccl_log)
+    provider: str | None = None    # libfabric provider NCCL selected
+    nics: int | None = None        # network devices NCCL found
     wrong: int = 0                 # rows with data errors (#wrong > 0)
 
     @property
@@ -44,10 +47,9 @@ def parse_all_reduce(text: str) -> NcclResult:
         elif m := _RANKS.search(line):
             hosts.add(m.group(1))
     res.hosts = len(hosts)
-    if "NET/OFI" in text or "Using network AWS Libfabric" in text or "Using network Libfabric" in text:
-        res.network = "efa"
-    elif "NET/Socket" in text or "Using network Socket" in text:
-        res.network = "socket"
+    verdict = nccl_log.read(text)
+    res.network = verdict.transport if verdict.transport in ("efa", "socket") else "unknown"
+    res.provider, res.nics = verdict.provider, verdict.nics
     return res
 
 

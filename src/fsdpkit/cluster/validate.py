@@ -147,5 +147,5 @@ def validate_nccl(api_client: Any, nodes: int, instance_type: str, namespace: st
                 raise
     res = parse_all_reduce(log)
     status, why = verdict(res, lookup(instance_type), nodes)
-    return {"job": name, "status": status, "detail": why, "network": res.network,
-            "rows": res.rows, "avg_busbw": res.avg_busbw, "peak_busbw": res.peak_busbw}
+    return {"job": name, "status": status, "detail": why, "network": res.network, "provider": res.provider,
+            "nics": res.nics, "rows": res.rows, "avg_busbw": res.avg_busbw, "peak_busbw": res.peak_busbw}

@@ -1,2 +1,2 @@
-"""Container images: Dockerfile rendering and PyTorch / CUDA / EFA conflict analysis (builds, image
-tests, ECR and CodeBuild come with issue 6)."""
+"""Container images: the Dockerfile, PyTorch / CUDA / EFA conflict analysis, and the digests of
+pushed images that jobs are pinned to."""

@@ -1,16 +1,39 @@
-"""The command every node runs: torchrun with c10d rendezvous around `python -m fsdpkit.train`, or
-the user's own program. One place, so PyTorchJob, HyperPod and Slurm cannot drift apart."""
+"""What every node runs: the command (torchrun under fsdpkit's supervisor, with c10d rendezvous,
+around `python -m fsdpkit.train`, or the user's own program), its environment, and the time it is
+given to stop. One place, so PyTorchJob, HyperPod, Ray and Slurm cannot drift apart."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from fsdpkit.jobs.spec import JobSpec
+from fsdpkit.jobs.instances import network_env
+from fsdpkit.jobs.spec import JobSpec, train_config
+from fsdpkit.plan.grace import GracePeriod, grace_period
+from fsdpkit.plan.planner import plan_config
+
+# Set on every GPU node: the caching allocator grows segments instead of fragmenting (fewer
+# out-of-memory stops at long sequences), and NCCL's flight recorder keeps the last collectives of
+# each rank, dumped on a watchdog timeout, which is what a hang is diagnosed from.
+GPU_ENV = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+           "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
 
 
 def output_dirs(spec: JobSpec, root: str) -> dict[str, str]:
     """Checkpoints and run outputs of this job under `root` (the mounted storage)."""
     return {"checkpoint_dir": f"{root}/{spec.name}/checkpoints", "run_dir": f"{root}/{spec.name}/run"}
+
+
+def node_env(spec: JobSpec) -> dict[str, str]:
+    """The environment of every node's process (the spec's own `env` wins): network settings of the
+    instance type, and on GPUs the allocator and flight-recorder settings, the flight recorder
+    dumping to the job's shared storage (the container's /tmp is gone with the pod)."""
+    env = {"PYTHONUNBUFFERED": "1",
+           **network_env(spec.instance, spec.efa, spec.diagnose_network, spec.ofi_nccl)}
+    if spec.gpus and spec.accelerator_resource == "nvidia.com/gpu":
+        env.update(GPU_ENV)
+        if spec.storage.root:
+            env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] = f"{spec.storage.root}/{spec.name}/flight-recorder/rank_"
+    return {**env, **spec.env}
 
 
 def train_options(spec: JobSpec, root: str | None) -> dict[str, Any]:
@@ -19,7 +42,7 @@ def train_options(spec: JobSpec, root: str | None) -> dict[str, Any]:
     job and HyperPod's auto-resume all continue instead of starting over."""
     opts = dict(spec.train)
     if root is not None:
-        flat = _flatten(opts)
+        flat = flat_options(opts)
         dirs = output_dirs(spec, root)
         if "checkpoint_dir" not in flat:
             opts["checkpoint_dir"] = dirs["checkpoint_dir"]
@@ -30,7 +53,8 @@ def train_options(spec: JobSpec, root: str | None) -> dict[str, Any]:
     return opts
 
 
-def _flatten(doc: dict[str, Any]) -> dict[str, Any]:
+def flat_options(doc: dict[str, Any]) -> dict[str, Any]:
+    """Trainer options with their `section: {...}` blocks flattened."""
     from fsdpkit.train.config import SECTIONS
 
     out: dict[str, Any] = {}
@@ -39,11 +63,34 @@ def _flatten(doc: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def job_grace(spec: JobSpec) -> GracePeriod | None:
+    """The time the job's pods need after SIGTERM, where they run fsdpkit's trainer with
+    checkpoints on shared storage: from the checkpoint's size, the storage's write rate and the
+    planner's step time (fsdpkit.plan.grace)."""
+    if spec.command is not None or not spec.storage.root:
+        return None
+    cfg = train_config(spec)
+    step_s = None
+    if spec.instance is not None and spec.instance.resource == "nvidia.com/gpu":
+        step_s = plan_config(cfg, spec.instance_type, spec.node_range[1], procs_per_node=spec.procs).step_s
+    return grace_period(cfg.model_config(), spec.storage.write_mb_per_s, step_s)
+
+
+def grace_seconds(spec: JobSpec) -> int | None:
+    """terminationGracePeriodSeconds: the spec's, else the derived one; None keeps Kubernetes' 30 s."""
+    if spec.termination_grace_seconds is not None:
+        return spec.termination_grace_seconds
+    grace = job_grace(spec)
+    return grace.seconds if grace else None
+
+
 def torchrun_args(spec: JobSpec, rdzv_endpoint: str, rdzv_id: str, nnodes: str | None = None) -> list[str]:
-    """torchrun with c10d rendezvous only: no --master-addr (mixing the two is a classic hang)."""
+    """torchrun with c10d rendezvous only: no --master-addr (mixing the two is a classic hang), under
+    fsdpkit's supervisor (`fsdpkit-torchrun`, fsdpkit.train.supervisor): SIGTERM gives the workers
+    the whole grace period to checkpoint and ends in exit 143, and no worker outlives it."""
     lo, hi = spec.node_range
     return [
-        "torchrun",
+        "fsdpkit-torchrun",
         f"--nnodes={nnodes or (f'{lo}:{hi}' if spec.elastic else lo)}",
         f"--nproc-per-node={spec.procs}",
         "--rdzv-backend=c10d",
@@ -58,7 +105,15 @@ def node_command(spec: JobSpec, rdzv_endpoint: str, rdzv_id: str, root: str | No
     """argv of the program on each node."""
     if spec.command is not None:
         return list(spec.command)
-    from fsdpkit.train.config import to_flags
-
     return [*torchrun_args(spec, rdzv_endpoint, rdzv_id, nnodes), "-m", "fsdpkit.train",
-            *to_flags(train_options(spec, root))]
+            *trainer_flags(spec, root)]
+
+
+def trainer_flags(spec: JobSpec, root: str | None) -> list[str]:
+    """The trainer's flags: the preset's recipe as resolved for this job, then the spec's own options.
+    Written out, so the manifest says what the pods train with, whatever fsdpkit the image holds."""
+    from fsdpkit.train.config import build, recipe_values, to_flags
+
+    options = train_options(spec, root)
+    cfg = build([options])
+    return to_flags({"preset": cfg.preset, **recipe_values(cfg), **options})

@@ -15,13 +15,15 @@ from pathlib import Path
 from typing import Any
 
 from fsdpkit.errors import UserError
+from fsdpkit.home import home
+from fsdpkit.jobs.hub import check_hub_access
 from fsdpkit.jobs.spec import CLUSTER_BACKENDS, JobSpec
 
 STEPS = ("check", "storage", "secret", "submit", "watch")
 
 
 def state_path(spec: JobSpec) -> Path:
-    root = Path(os.environ.get("FSDPKIT_HOME") or Path.home() / ".fsdpkit")
+    root = home()
     return root / "deploy" / f"{spec.namespace}-{spec.name}.json"
 
 
@@ -57,6 +59,7 @@ def deploy(spec: JobSpec, backend: Any, skip: set[str], say: Callable[[str], Non
     if spec.hf_token_env and not token and "secret" not in skip:
         raise UserError(f"hf_token_env: ${spec.hf_token_env} is not set in this shell; export it (or --skip secret "
                         "if the Secret already exists)")
+    check_hub_access(spec)
     path = state_path(spec)
     state = DeployState() if fresh else DeployState.load(path)
     if state.done:

@@ -9,6 +9,8 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from fsdpkit.train import nccl_log
+
 # The trainer's progress line: "Batch 25 Loss: 2.91807, Speed: ..., tokens/s: 8918, ..."
 _STEP = re.compile(r"Batch (\d+) Loss: ([\d.]+).*?tokens/s: (\d+)")
 _NCCL_TIMEOUT = re.compile(r"Watchdog caught collective operation timeout|NCCL communicator was aborted|"
@@ -73,6 +75,13 @@ def log_progress(lines: list[str], pod: str, now: dt.datetime, stall_after: floa
                                     "the job may be hung (NCCL, data loading, storage): see the logs of every "
                                     "replica (--replica all); py-spy dump shows where it waits"))
     return progress, findings
+
+
+def network_verdict(lines: list[str]) -> dict[str, Any] | None:
+    """The network the trainer reported before its first step (`fsdpkit: network: efa (...)`:
+    transport, provider, NIC count, plugin and NCCL versions); None where the lines do not hold it."""
+    verdict = nccl_log.from_trainer_log("\n".join(lines))
+    return verdict.to_dict() if verdict else None
 
 
 def pod_findings(pods: list[dict[str, Any]]) -> list[Finding]:

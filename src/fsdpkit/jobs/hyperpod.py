@@ -9,7 +9,7 @@ import copy
 from typing import Any
 
 from fsdpkit.jobs import manifests as m
-from fsdpkit.jobs.command import train_options
+from fsdpkit.jobs.command import trainer_flags
 from fsdpkit.jobs.spec import JobSpec
 
 HEALTH = "sagemaker.amazonaws.com/node-health-status"
@@ -63,12 +63,10 @@ def hyperpod_job_command(spec: JobSpec, root: str | None) -> list[str]:
     (pip package hyperpod-elastic-agent), which takes torchrun's place and reports to the operator."""
     if spec.command is not None:
         return list(spec.command)
-    from fsdpkit.train.config import to_flags
-
     lo, hi = spec.node_range
     return ["hyperpodrun", f"--nnodes={f'{lo}:{hi}' if spec.elastic else lo}", f"--nproc-per-node={spec.procs}",
             "--server-host=0.0.0.0", "--server-port=8080", "--tee=3", "--log_dir=/tmp/hyperpod",
-            "-m", "fsdpkit.train", *to_flags(train_options(spec, root))]
+            "-m", "fsdpkit.train", *trainer_flags(spec, root)]
 
 
 def hyperpod_job_manifest(spec: JobSpec) -> dict[str, Any]:

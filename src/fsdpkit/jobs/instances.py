@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fsdpkit.errors import UserError
+from fsdpkit.train import nccl_log
 
 
 @dataclass(frozen=True)
@@ -61,12 +62,6 @@ INSTANCES: dict[str, Instance] = {i.name: i for i in [
     _row("trn1n.32xlarge", "Trainium", 16, 32, 128, 512, 16, True, 1600, "aws.amazon.com/neuron"),
 ]}
 
-# Platforms whose libfabric needs GPUDirect RDMA switched on by hand. With libfabric >= 1.18 and
-# aws-ofi-nccl >= 1.7, RDMA is detected on p5-class nodes; p4d/p4de images built on older EFA
-# installers still need the variable, and setting it there is harmless on new ones.
-_NEEDS_DEVICE_RDMA_FLAG = {"p4d", "p4de"}
-
-
 def lookup(instance_type: str) -> Instance:
     """The table row for `p5.48xlarge` or HyperPod's `ml.p5.48xlarge`; a UserError if unknown."""
     key = instance_type.removeprefix("ml.")
@@ -77,18 +72,41 @@ def lookup(instance_type: str) -> Instance:
     return INSTANCES[key]
 
 
-def network_env(inst: Instance | None, efa_devices: int, diagnose: bool = False) -> dict[str, str]:
-    """NCCL / libfabric variables for this instance, following current aws-ofi-nccl guidance: with a
-    recent plugin and libfabric most EFA variables are unnecessary (the plugin picks the provider,
-    fork safety comes from the kernel, NCCL_PROTO needs no override). We only pin the provider so
-    a broken EFA setup fails loudly instead of falling back to TCP sockets, and add the RDMA flag
-    where the platform needs it. `diagnose` adds NCCL's INFO log so `fsdpkit job logs --check-network`
-    can confirm that "NET/OFI" (EFA) was chosen."""
+def ofi_nccl_env(version: str | None) -> dict[str, str]:
+    """What makes NCCL take the aws-ofi-nccl plugin (and fail, not fall back to TCP sockets, when
+    it cannot), for the plugin generation in the image:
+    - before 1.13 the plugin is libnccl-net.so and calls itself "AWS Libfabric";
+    - 1.13-1.15 call it "Libfabric" and also answer to NCCL_NET=OFI (or "AWS Libfabric");
+    - from 1.16 the library is libnccl-net-ofi.so (libnccl-net.so only where the build made one, not
+      in NGC-style images), which NCCL loads with NCCL_NET_PLUGIN=ofi.
+    Unknown version: "AWS Libfabric", the one name every generation answers to, with the default
+    libnccl-net.so (what the EFA installer and the AWS Deep Learning Containers install)."""
+    if version is None:
+        return {"NCCL_NET": "AWS Libfabric"}
+    major, minor = (int(x) for x in version.split(".")[:2])
+    if (major, minor) < (1, 13):
+        return {"NCCL_NET": "AWS Libfabric"}
+    if (major, minor) < (1, 16):
+        return {"NCCL_NET": "OFI"}
+    return {"NCCL_NET": "OFI", "NCCL_NET_PLUGIN": "ofi"}
+
+
+def network_env(inst: Instance | None, efa_devices: int, diagnose: bool = False,
+                ofi_nccl: str | None = None) -> dict[str, str]:
+    """NCCL / libfabric variables for this instance. On EFA: the efa provider, NCCL forced onto the
+    OFI plugin (fsdpkit.train.network then proves it was used), and GPUDirect RDMA on where the
+    hardware has it (p4d, p4de, p5*); g5/g6/g6e with EFA have no GPUDirect RDMA, so libfabric must
+    not try it and NCCL's Simple protocol is the one that is safe over EFA without it.
+    `diagnose` adds NCCL's INFO log (INIT, NET) for `fsdpkit job logs --check-network`."""
     env: dict[str, str] = {}
     if efa_devices > 0:
         env["FI_PROVIDER"] = "efa"
-        if inst is not None and inst.family in _NEEDS_DEVICE_RDMA_FLAG:
+        if inst is None or inst.resource == "nvidia.com/gpu":   # Trainium's Neuron runtime is no NCCL
+            env.update(ofi_nccl_env(ofi_nccl))
+        if inst is not None and inst.rdma:
             env["FI_EFA_USE_DEVICE_RDMA"] = "1"
+        elif inst is not None:
+            env.update(FI_EFA_USE_DEVICE_RDMA="0", NCCL_PROTO="simple")
     if diagnose:
         env["NCCL_DEBUG"] = "INFO"
         env["NCCL_DEBUG_SUBSYS"] = "INIT,NET"
@@ -96,11 +114,16 @@ def network_env(inst: Instance | None, efa_devices: int, diagnose: bool = False)
 
 
 def check_network_log(text: str) -> tuple[str, str]:
-    """Read an NCCL_DEBUG=INFO log: ("pass", why) when NCCL used EFA through the OFI plugin,
-    ("fail", why) when it fell back to sockets, ("unknown", why) when the log does not say."""
-    if "NET/OFI" in text or "Using network AWS Libfabric" in text:
-        return "pass", "NCCL is using the aws-ofi-nccl plugin (NET/OFI): traffic goes over EFA"
-    if "NET/Socket" in text or "Using network Socket" in text:
-        return "fail", ("NCCL fell back to TCP sockets (NET/Socket): check that the image has aws-ofi-nccl "
-                        "and libfabric on LD_LIBRARY_PATH and that the pod requested vpc.amazonaws.com/efa")
-    return "unknown", "no NCCL network line found: run the job with diagnose_network: true (NCCL_DEBUG=INFO)"
+    """A job's log: ("pass", why) when NCCL used EFA, ("fail", why) when it fell back to sockets,
+    ("unknown", why) when the log does not say. The trainer's own verdict line wins; otherwise
+    NCCL's INFO lines (diagnose_network: true) are read."""
+    v = nccl_log.from_trainer_log(text) or nccl_log.read(text)
+    if v.transport == "efa":
+        return "pass", f"NCCL is using EFA through aws-ofi-nccl ({v.line().split(': ', 2)[-1]})"
+    if v.transport == "socket":
+        return "fail", (f"NCCL fell back to TCP sockets ({v.detail}): check that the image has aws-ofi-nccl and "
+                        "libfabric on LD_LIBRARY_PATH and that the pod requested vpc.amazonaws.com/efa")
+    if v.transport == "unknown":
+        return "unknown", "no network verdict in the log: it is printed before the first step of a multi-process "\
+                          "GPU run (or run with diagnose_network: true for NCCL's own lines)"
+    return "pass", f"NCCL is using {v.transport}"

@@ -8,8 +8,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from fsdpkit.jobs.command import node_command
-from fsdpkit.jobs.instances import network_env
+from fsdpkit.jobs.command import grace_seconds, node_command, node_env
 from fsdpkit.jobs.spec import JobSpec
 
 MANAGED_BY = {"app.kubernetes.io/managed-by": "fsdpkit"}
@@ -54,8 +53,7 @@ def pvc_manifest(spec: JobSpec) -> dict[str, Any]:
 
 
 def env_list(spec: JobSpec) -> list[dict[str, Any]]:
-    env = {"PYTHONUNBUFFERED": "1", **network_env(spec.instance, spec.efa, spec.diagnose_network), **spec.env}
-    out: list[dict[str, Any]] = [{"name": k, "value": str(v)} for k, v in env.items()]
+    out: list[dict[str, Any]] = [{"name": k, "value": str(v)} for k, v in node_env(spec).items()]
     if spec.hf_token_env:
         out.append({"name": "HF_TOKEN",
                     "valueFrom": {"secretKeyRef": {"name": spec.hf_secret_name, "key": HF_TOKEN_KEY}}})
@@ -89,7 +87,7 @@ def pod_template(spec: JobSpec, command: list[str] | None, container: str = CONT
         mounts.append({"name": "checkpoints", "mountPath": spec.storage.mount_path})
         volumes.append({"name": "checkpoints", "persistentVolumeClaim": {"claimName": spec.claim_name}})
     container_spec: dict[str, Any] = {
-        "name": container, "image": spec.image, "imagePullPolicy": "IfNotPresent",
+        "name": container, "image": spec.image, "imagePullPolicy": pull_policy(spec.image),
         "env": env_list(spec), "volumeMounts": mounts,
     }
     if command is not None:
@@ -98,6 +96,8 @@ def pod_template(spec: JobSpec, command: list[str] | None, container: str = CONT
     if res:
         container_spec["resources"] = res
     pod: dict[str, Any] = {"containers": [container_spec], "volumes": volumes}
+    if (grace := grace_seconds(spec)) is not None:
+        pod["terminationGracePeriodSeconds"] = grace
     node_selector = dict(spec.node_selector)
     if spec.instance_type:
         node_selector.setdefault("node.kubernetes.io/instance-type", spec.instance_type)
@@ -114,6 +114,12 @@ def pod_template(spec: JobSpec, command: list[str] | None, container: str = CONT
     if spec.priority_class:
         pod["priorityClassName"] = spec.priority_class
     return {"metadata": {"labels": labels(spec)}, "spec": pod}
+
+
+def pull_policy(image: str | None) -> str:
+    """A digest never changes: the node's copy is right. A tag can be pushed again (`:latest`, or a
+    retag), so the node must ask the registry each time, or keep running the old image."""
+    return "IfNotPresent" if image and "@sha256:" in image else "Always"
 
 
 def rdzv_endpoint(spec: JobSpec) -> str:

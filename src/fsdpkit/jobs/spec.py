@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from fsdpkit.errors import UserError
+from fsdpkit.image import pins
 from fsdpkit.jobs.instances import Instance, lookup
 from fsdpkit.yamlfile import load_mapping
 
@@ -44,6 +45,9 @@ class Storage:
     access_mode: str = "ReadWriteMany"
     mount_path: str = "/checkpoints"
     shared_path: str | None = None    # Slurm / local: a directory every node already mounts (/fsx)
+    # The volume's aggregate write throughput (FSx for Lustre: per-TiB tier x capacity); sizes the
+    # time a stopping job is given to finish its checkpoint (fsdpkit.plan.grace).
+    write_mb_per_s: int = 500
 
     @property
     def enabled(self) -> bool:
@@ -100,6 +104,7 @@ class JobSpec:
     gpus_per_node: int | None = None   # default: every GPU of the instance type
     procs_per_node: int | None = None  # processes per node; default: GPUs per node (or 1)
     efa_per_node: int | None = None    # default: every EFA interface of the instance type
+    ofi_nccl: str | None = None        # aws-ofi-nccl version in the image (1.14.0): picks how NCCL loads it
     cpu: str | None = None
     memory: str | None = None
     shm_size: str = "64Gi"
@@ -115,6 +120,8 @@ class JobSpec:
     max_restarts: int = 3            # torchrun restarts of a worker group (elasticPolicy.maxRestarts)
     backoff_limit: int = 3           # pod failures the operator tolerates (runPolicy.backoffLimit)
     ttl_after_finished: int | None = 7 * 24 * 3600
+    # Seconds between SIGTERM and SIGKILL; default: enough to write a checkpoint (see `fsdpkit plan`).
+    termination_grace_seconds: int | None = None
     resubmits: int = 0               # whole-job resubmissions (resume from checkpoint) after Failed
     diagnose_network: bool = False   # NCCL_DEBUG=INFO, for `fsdpkit job logs --check-network`
     rdzv_port: int = 29500
@@ -261,12 +268,17 @@ def parse_overrides(pairs: list[str]) -> list[tuple[str, Any]]:
     return out
 
 
-def load_spec(path: str | Path | None, overrides: list[tuple[str, Any]] = ()) -> JobSpec:
-    """Read a spec file (or start from the defaults), apply overrides, validate."""
+def load_spec(path: str | Path | None, overrides: list[tuple[str, Any]] = (), pin_image: bool = False) -> JobSpec:
+    """Read a spec file (or start from the defaults), apply overrides, validate. With `pin_image`,
+    an image this machine pushed (`fsdpkit image push`) runs as the digest it was pushed as, unless
+    the image was given as an override."""
     doc = load_mapping(path, "job spec", "fields (name, image, nodes, ...)") if path is not None else {}
     for key, value in overrides:
         _set_dotted(doc, key, value)
-    return load_spec_dict(doc)
+    spec = load_spec_dict(doc)
+    if pin_image and not any(key == "image" for key, _ in overrides) and (digest := pins.pinned(spec.image)):
+        spec = dataclasses.replace(spec, image=digest)
+    return spec
 
 
 def load_spec_dict(doc: dict[str, Any]) -> JobSpec:
@@ -347,7 +359,11 @@ def validate(spec: JobSpec) -> None:
         raise UserError("command: give either train (fsdpkit's trainer options) or command (another program)")
     if spec.command is not None and not spec.command:
         raise UserError("command: must not be empty")
-    for name in ("max_restarts", "backoff_limit", "resubmits", "ttl_after_finished"):
+    if spec.ofi_nccl is not None and not re.fullmatch(r"\d+\.\d+(\.\d+)?(-aws)?", spec.ofi_nccl):
+        raise UserError(f"ofi_nccl: {spec.ofi_nccl!r} is not an aws-ofi-nccl version (for example 1.14.0)")
+    if spec.storage.write_mb_per_s < 1:
+        raise UserError(f"storage.write_mb_per_s: {spec.storage.write_mb_per_s} is out of range; it must be >= 1")
+    for name in ("max_restarts", "backoff_limit", "resubmits", "ttl_after_finished", "termination_grace_seconds"):
         v = getattr(spec, name)
         if v is not None and v < 0:
             raise UserError(f"{name}: {v} is out of range; it must be >= 0")
@@ -367,26 +383,23 @@ def validate(spec: JobSpec) -> None:
 def train_config(spec: JobSpec) -> Any:
     """The TrainConfig the job's nodes will run (output directories on the job's storage)."""
     from fsdpkit.jobs.command import train_options
-    from fsdpkit.train.config import TrainConfig, apply_mapping
+    from fsdpkit.train.config import build
 
     root = "/local-job-dir" if spec.backend == "local" and not spec.storage.shared_path else spec.storage.root
-    cfg = TrainConfig()
-    apply_mapping(train_options(spec, root), cfg, [])
-    return cfg
+    return build([train_options(spec, root)])
 
 
 def _validate_train(spec: JobSpec) -> None:
     """The trainer's own rules, run here so a bad option fails before submission, not in a pod.
     Checked on the options the job will really pass (output directories on the job's storage)."""
-    from fsdpkit.train.config import validate as validate_train
+    from fsdpkit.jobs.command import flat_options
 
+    root = "/local-job-dir" if spec.backend == "local" and not spec.storage.shared_path else spec.storage.root
+    if flat_options(spec.train).get("checkpoint_freq") and root is None:
+        raise UserError("storage: train.checkpoint_freq is set but the job has no storage, so checkpoints "
+                        "would be written inside the container and lost; give storage.claim (an existing PVC "
+                        "such as FSx for Lustre) or storage.size and storage.storage_class")
     try:
-        cfg = train_config(spec)
-        if cfg.checkpoint.checkpoint_freq and not cfg.checkpoint.checkpoint_dir:
-            raise UserError("storage: train.checkpoint_freq is set but the job has no storage, so checkpoints "
-                            "would be written inside the container and lost; give storage.claim (an existing PVC "
-                            "such as FSx for Lustre) or storage.size and storage.storage_class")
-        validate_train(cfg)
+        train_config(spec)
     except UserError as e:
-        msg = str(e)
-        raise UserError(msg if msg.startswith("storage") else f"train.{msg}") from None
+        raise UserError(f"train.{e}") from None

@@ -16,7 +16,8 @@ fsdpkit.train.shard):
 - the backward working set of one block: the gradient flowing through the residual stream and
   the SwiGLU gradients.
 The peak is the largest of the start of backward (all activations, no gradients yet), its end
-(all gradients, no activations) and a validation forward (no gradients, maybe a larger batch).
+(all gradients, no activations) and a validation forward (no gradients; in slices of the training
+micro-batch, as the trainer runs it).
 torch.compile fuses elementwise work and saves less, so with compile on the estimate is an upper
 bound. On CPU the measured figures (tests/test_plan.py) also hold the runtime's own memory
 (interpreter, data pipeline), which is not the step's and is measured apart.
@@ -129,18 +130,21 @@ def block_activations(w: Workload) -> int:
     return norms + attn_in + qkv + attn_out + mlp
 
 
+def checkpointed_blocks(w: Workload) -> int:
+    L = w.model.n_layers
+    return {"none": 0, "full": L}.get(w.ac, math.ceil(L / w.ac_every))
+
+
+def recomputed_block(w: Workload) -> int:
+    """Bytes of the one checkpointed block whose activations backward recomputes at a time."""
+    return block_activations(w) if checkpointed_blocks(w) else 0
+
+
 def activations(w: Workload) -> int:
-    L, per_block = w.model.n_layers, block_activations(w)
+    """Bytes saved for backward by the whole forward, the recomputed block included."""
+    L, per_block, checkpointed = w.model.n_layers, block_activations(w), checkpointed_blocks(w)
     block_input = w.tokens * w.model.dim * DTYPE_BYTES[w.compute]
-    if w.ac == "none":
-        checkpointed = 0
-    elif w.ac == "full":
-        checkpointed = L
-    else:
-        checkpointed = math.ceil(L / w.ac_every)
-    acts = checkpointed * block_input + (L - checkpointed) * per_block
-    if checkpointed:
-        acts += per_block   # the block being recomputed in backward
+    acts = checkpointed * block_input + (L - checkpointed) * per_block + recomputed_block(w)
     # Final norm (fp32 input copy) and its output, which the head's chunks keep.
     return acts + w.tokens * w.model.dim * (4 + DTYPE_BYTES[w.compute])
 
@@ -155,17 +159,24 @@ def attention_working(w: Workload, tokens: int, backward: bool) -> int:
     return 4 * tokens * ((4 * d + 4 * kv) if backward else (2 * d + 2 * kv))
 
 
+def fp32_copy(w: Workload) -> int:
+    """Bytes per element of the loss's fp32 copy of the logits: `.float()` copies only bf16 ones."""
+    return 0 if w.compute == "fp32" else 4
+
+
 def loss_bytes(w: Workload) -> tuple[int, int]:
     """(kept for backward, transient at its peak) of the output head and cross-entropy."""
     V, cb = w.model.vocab_size, DTYPE_BYTES[w.compute]
     n = w.tokens
-    per_token = V * (cb + 4 + 4)   # logits, their fp32 copy, log-softmax
+    per_token = V * (cb + fp32_copy(w) + 4)   # logits, their fp32 copy (none in fp32), log-softmax
     if w.compiled and (w.loss_chunk == 0 or w.loss_chunk >= n):
         # Inductor fuses the fp32 log-softmax: the logits are kept in the compute dtype, and
         # backward adds their gradient and one fp32 working copy.
         return n * V * cb, n * V * (4 + cb)
     if w.loss_chunk == 0 or w.loss_chunk >= n:
-        return n * per_token, n * V * (4 + cb)      # all kept; backward adds their gradients
+        # Only the fp32 log-probabilities are saved (log-softmax keeps its output, not the logits);
+        # backward adds their gradient and the logits' fp32 gradient.
+        return n * V * 4, n * V * 8
     c = w.loss_chunk
     return 0, c * per_token + c * V * (4 + cb)      # one chunk recomputed, with its gradients
 
@@ -180,17 +191,24 @@ def estimate(w: Workload) -> MemoryEstimate:
         host, params, grads, optimizer = params + grads + optimizer, 0, 0, 0
     block = unit_elements(block_shapes(w.model), shard)
     root = unit_elements(root_shapes(w.model), shard)
+    accum = 0
     if w.fsdp:
         # Without resharding after forward every block stays gathered until its backward.
         gathered = root * cb + (w.model.n_layers if not w.reshard else 1 + w.prefetch) * block * cb
         # Backward: one block's unsharded gradients and the reduce-scatter input.
         fsdp_bwd = block * (cb + rb)
+        # The root unit is reduced last: the output head's unsharded gradient lives through the
+        # whole backward; the root's reduce-scatter (embeddings and head, its parameters already
+        # resharded, no block gathered any more) ends it.
+        root_grad = w.model.vocab_size * w.model.dim * cb
+        root_bwd = root * (cb + rb)
         if w.grad_accum > 1:   # without gradient sync, unsharded gradients of every unit stay
-            gathered += (block * w.model.n_layers + root) * cb
+            accum = (block * w.model.n_layers + root) * cb
     else:
         # One process: autocast keeps a compute-dtype copy of each weight it has cast.
         gathered = (block * w.model.n_layers + root) * cb if w.compute != "fp32" else 0
-        fsdp_bwd = 0
+        fsdp_bwd = root_grad = root_bwd = 0
+    gathered += accum
     acts = activations(w)
     kept, loss_peak = loss_bytes(w)
     m, s = w.model, w.tokens
@@ -200,14 +218,18 @@ def estimate(w: Workload) -> MemoryEstimate:
     working = s * (2 * m.dim + (0 if w.ac == "full" else 2 * m.ffn_dim)) * cb + 2 * s * m.dim * 4
     working += attention_working(w, s, backward=True)
     # Backward begins with the loss and head, then the last block: activations are all still alive.
-    start = params + optimizer + gathered + acts + kept + max(loss_peak, fsdp_bwd + working)
-    end = params + optimizer + grads + gathered + fsdp_bwd + working
+    # The loss's tensors are gone before the first block's backward (and its recomputation) starts.
+    recompute = recomputed_block(w)
+    start = params + optimizer + gathered + root_grad + acts - recompute + max(kept + loss_peak,
+                                                                              recompute + fsdp_bwd + working)
+    end = params + optimizer + grads + max(gathered + fsdp_bwd + working, accum + root_bwd)
     # Validation: no gradients kept, one block's forward working set (SwiGLU's ffn-wide tensors,
-    # the residual and its branch) and one chunk of logits at the validation batch size.
-    v = w.seq * w.val_batch
+    # the residual and its branch) and one chunk of logits. The trainer validates in slices of the
+    # training micro-batch, so a validation batch never holds more tokens than a training step.
+    v = w.seq * min(w.val_batch, w.micro_batch)
     val_chunk = v if w.loss_chunk == 0 else min(w.loss_chunk, v)
-    val = params + optimizer + gathered + v * (3 * m.ffn_dim + 3 * m.dim) * cb + val_chunk * m.vocab_size * (cb + 8) \
-        + attention_working(w, v, backward=False)
+    val = params + optimizer + gathered + v * (3 * m.ffn_dim + 3 * m.dim) * cb \
+        + val_chunk * m.vocab_size * (cb + fp32_copy(w) + 4) + attention_working(w, v, backward=False)
     peak, at = max((start, "start of backward"), (end, "end of backward"), (val, "validation"))
-    return MemoryEstimate(params, grads, optimizer, gathered + fsdp_bwd, acts + kept, loss_peak, working, peak, host,
-                          at)
+    return MemoryEstimate(params, grads, optimizer, gathered + max(fsdp_bwd, root_bwd), acts + kept, loss_peak,
+                          working, peak, host, at)

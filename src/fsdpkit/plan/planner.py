@@ -56,6 +56,11 @@ class Plan:
     change: str = ""                    # the flags that turn the asked-for plan into this one
     alternatives: list[Plan] = field(default_factory=list)
 
+    @property
+    def step_s(self) -> float | None:
+        """Seconds per optimizer step: compute and communication overlap; offload's copies add."""
+        return None if self.compute_s is None else max(self.compute_s, self.comm_s) + self.offload_s
+
     def summary(self, tokens: float | None = None, price: float | None = None) -> dict[str, Any]:
         w = self.workload
         out: dict[str, Any] = {
@@ -71,8 +76,7 @@ class Plan:
             "comm_bytes": self.comm.to_dict(),
             "compute_s": _round(self.compute_s), "comm_s": _round(self.comm_s), "bound": self.bound,
             "offload_s": _round(self.offload_s) if w.cpu_offload else None,
-            "step_s": _round(max(self.compute_s, self.comm_s) + self.offload_s) if self.compute_s is not None
-            else None,
+            "step_s": _round(self.step_s),
             "tokens_per_s": round(self.tokens_per_s) if self.tokens_per_s else None, "mfu": self.mfu,
         }
         if tokens and self.tokens_per_s:

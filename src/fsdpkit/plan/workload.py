@@ -22,7 +22,7 @@ def workload(cfg: TrainConfig, world: int, device: str, nodes: int = 1) -> Workl
     cpu_kernel = device == "cpu" and par.attention in ("auto", "blocks") and not m.sliding_window \
         and not cfg.data.document_masking
     return Workload(model=m, seq=cfg.seq_len(), micro_batch=cfg.data.train_batch_size,
-                    val_batch=cfg.data.val_batch_size,
+                    val_batch=cfg.val_batch_size(),
                     grad_accum=cfg.data.grad_accum_steps, world=world, shard=shard, compute=compute,
                     reduce=par.reduce_dtype, ac=par.activation_checkpointing, ac_every=par.ac_every,
                     cpu_offload=par.cpu_offload, prefetch=par.fsdp_prefetch, reshard=par.reshard_after_forward,

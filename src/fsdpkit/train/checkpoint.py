@@ -156,9 +156,11 @@ def resolve(spec: str) -> CheckpointInfo | None:
 
 def load(info: CheckpointInfo, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
          model_shape: dict[str, Any]) -> None:
-    if info.meta.get("model") != model_shape:
-        raise UserError(f"resume_from_checkpoint: {info.path} holds a model of another shape "
-                        f"({info.meta.get('model')}); this run's is {model_shape}")
+    theirs = info.meta.get("model") or {}
+    if theirs != model_shape:
+        diff = ", ".join(f"{k} {theirs.get(k)} (this run: {v})" for k, v in model_shape.items() if theirs.get(k) != v)
+        raise UserError(f"resume_from_checkpoint: {info.path} holds a model of another shape: {diff}; resume with "
+                        "the same model settings, or point --checkpoint_dir elsewhere")
     state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, optimizer)}
     try:
         dcp.load(state, checkpoint_id=str(info.path))

@@ -1,15 +1,19 @@
 """Typed training configuration: the one place defaults live.
 
-Values come from the dataclass defaults (which are the embedded default run of `make run`), then a
-YAML file, then `--key value` flags. Every field is a flag under its own name; the reference FSDP
-example's flag names are accepted as aliases so existing job manifests keep working. Each field
-carries its allowed range, and `validate` rejects a bad value up front with the field's name.
+Values come from the dataclass defaults (which are the embedded default run of `make run`), then
+the preset's recipe (fsdpkit.train.presets), then a YAML file or a job spec's `train:`, then
+`--key value` flags; `build` then resolves what no layer gave (sequence length, warm-up, the
+learning-rate floor, validation's size) into plain values, so a run's config.yaml says exactly what
+ran. Every field is a flag under its own name; the reference FSDP example's flag names are accepted
+as aliases so existing job manifests keep working. Each field carries its allowed range, and
+`validate` rejects a bad value up front with the field's name.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import types
 import typing
@@ -19,7 +23,7 @@ from typing import Any
 
 from fsdpkit.errors import UserError
 from fsdpkit.train.model_config import ModelConfig
-from fsdpkit.train.presets import get_preset
+from fsdpkit.train.presets import get_preset, get_recipe, match_preset
 from fsdpkit.yamlfile import load_mapping
 
 
@@ -42,10 +46,10 @@ class ModelOverrides:
     n_heads: int | None = opt(None, "attention heads", min=1, aliases=("num_heads",))
     n_kv_heads: int | None = opt(None, "key/value heads (GQA)", min=1, aliases=("num_key_value_heads",))
     ffn_dim: int | None = opt(None, "MLP intermediate size", min=1, aliases=("intermediate_size",))
-    rope_theta: float | None = opt(None, "RoPE base", min=1, aliases=("rotary_emb_base",))
+    rope_theta: float | None = opt(None, "RoPE base", min=1)
     sliding_window: int | None = opt(None, "Mistral sliding attention window (0: none)", min=0)
-    n_experts: int | None = opt(None, "MoE experts per layer (0: dense MLP)", min=0,
-                                aliases=("num_local_experts",))
+    n_experts: int | None = opt(None, "MoE experts per layer (0: dense MLP; model_type mixtral without it: 8)",
+                                min=0, aliases=("num_local_experts",))
     experts_per_token: int | None = opt(None, "experts each token is routed to", min=1,
                                         aliases=("num_experts_per_tok",))
     init_std: float | None = opt(None, "std of the weight initialisation", min=0,
@@ -70,10 +74,11 @@ class DataConfig:
     document_masking: bool = opt(False, "attend only within each document of a packed sequence "
                                  "(an explicit attention mask: slower than plain causal attention)")
     tokenizer: str = opt("bytes", "'bytes' (embedded), or a Hugging Face tokenizer: local dir/file or hub name")
-    seq_len: int | None = opt(None, "training sequence length (default: min(context, 2048))", min=2,
-                              aliases=("max_context_width",))
+    seq_len: int | None = opt(None, "training sequence length (default: the preset's recipe, else "
+                              "min(context, 2048))", min=2, aliases=("max_context_width",))
     train_batch_size: int = opt(16, "sequences per rank per micro-step", min=1)
-    val_batch_size: int = opt(16, "sequences per rank per validation batch", min=1)
+    val_batch_size: int | None = opt(None, "sequences per rank per validation batch (default: train_batch_size)",
+                                     min=1)
     grad_accum_steps: int = opt(1, "micro-steps per optimizer step", min=1)
     epochs: int | None = opt(None, "passes over the data at most (training stops at max_steps first)",
                              min=1)
@@ -83,10 +88,13 @@ class DataConfig:
 class OptimConfig:
     max_steps: int = opt(300, "optimizer steps to train (exact)", min=1, aliases=("max_training_steps",))
     lr: float = opt(3e-3, "peak learning rate", min=0)
-    min_lr: float | None = opt(None, "learning-rate floor the schedule decays to (default: lr / 10)", min=0)
+    min_lr: float | None = opt(None, "learning-rate floor the schedule decays to (default: lr x min_lr_ratio)",
+                               min=0)
+    min_lr_ratio: float = opt(0.1, "the floor as a fraction of lr, where min_lr is not given", min=0, max=1)
     lr_decay_style: str = opt("cosine", "schedule after warm-up", choices=("cosine", "linear", "constant"))
     lr_decay_iters: int | None = opt(None, "steps to decay over (default: max_steps)", min=1)
-    warmup_steps: int | None = opt(None, "linear warm-up steps (default: warmup x max_steps)", min=0)
+    warmup_steps: int | None = opt(None, "linear warm-up steps (default: the preset recipe's, at most a fifth of "
+                                   "max_steps; else warmup x max_steps)", min=0)
     warmup: float = opt(0.05, "warm-up as a fraction of max_steps", min=0, max=1)
     weight_decay: float = opt(0.1, "AdamW weight decay (not applied to norms and embeddings)", min=0)
     beta1: float = opt(0.9, "AdamW beta1", min=0, max=1)
@@ -128,13 +136,24 @@ class ParallelConfig:
     keep_host_memory: bool = opt(True, "reuse freed host memory instead of returning it to the OS each step "
                                  "(glibc mallopt: fewer page faults per step)")
     max_restarts: int = opt(0, "with --nproc: torchrun restarts the workers this often after a failure", min=0)
+    require_efa: str = opt("auto", "before the first step, read which network NCCL chose and stop if it fell back to "
+                           "TCP sockets where EFA was expected (auto: on for multi-node runs on EFA nodes)",
+                           choices=("auto", "on", "off"))
+
+
+# Validation's default size keeps its forward passes within this share of the training FLOPs.
+VALIDATION_SHARE = 0.02
+# A recipe's warm-up (written for its published run) takes at most this share of a shorter run.
+RECIPE_WARMUP_SHARE = 0.2
 
 
 @dataclass
 class LogConfig:
     logging_freq: int = opt(10, "steps between metric lines", min=1)
     validation_freq: int = opt(100, "steps between validation passes (0: only at the end)", min=0)
-    validation_batches: int = opt(8, "batches per rank per validation pass", min=1)
+    validation_batches: int | None = opt(
+        None, f"batches per rank per validation pass (default: as many as keep validation within "
+        f"{VALIDATION_SHARE:.0%} of training compute, 1 to 8)", min=1)
     tensorboard: bool = opt(True, "write TensorBoard events to RUN_DIR/tensorboard")
     tensorboard_dir: str | None = opt(None, "TensorBoard directory (default: RUN_DIR/tensorboard)")
     progress: str = opt("auto", "progress bar (auto: when attached to a terminal)",
@@ -168,7 +187,7 @@ class TrainConfig:
     log: LogConfig = field(default_factory=LogConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
-    # -- derived values (one rule each) -----------------------------------------------------------
+    # -- derived values (one rule each; `build` writes them into the fields) ----------------------
     def model_config(self) -> ModelConfig:
         if self.checkpoint.init_from_hf:
             from fsdpkit.train.hf import model_config_from_hf
@@ -179,6 +198,9 @@ class TrainConfig:
         changes = {k: v for k, v in dataclasses.asdict(self.model).items() if v is not None}
         if changes.get("sliding_window") == 0:
             changes["sliding_window"] = None
+        if changes.get("family") == "mixtral" and "n_experts" not in changes and not base.is_moe:
+            # The reference's `--model_type=mixtral` builds Mixtral's 8 experts, top-2.
+            changes.update(n_experts=8, experts_per_token=changes.get("experts_per_token", 2))
         return dataclasses.replace(base, **changes)
 
     def seq_len(self) -> int:
@@ -192,7 +214,31 @@ class TrainConfig:
         return round(self.optim.warmup * self.optim.max_steps)
 
     def min_lr(self) -> float:
-        return self.optim.lr / 10 if self.optim.min_lr is None else self.optim.min_lr
+        if self.optim.min_lr is not None:
+            return self.optim.min_lr
+        return float(f"{self.optim.lr * self.optim.min_lr_ratio:.12g}")  # 3e-5, not 2.9999999999999997e-05
+
+    def val_batch_size(self) -> int:
+        return self.data.val_batch_size or self.data.train_batch_size
+
+    def validation_passes(self) -> int:
+        """Validation passes in a whole run: every validation_freq steps, and once at the end."""
+        n, freq = self.optim.max_steps, self.log.validation_freq
+        return n // freq + (1 if n % freq else 0) if freq else 1
+
+    def validation_share(self, batches: int | None = None) -> float:
+        """Validation's FLOPs as a share of training's: a forward is a third of a training step's
+        work per token (2 of 6 FLOPs per parameter)."""
+        batches = batches or self.log.validation_batches or 1
+        val = self.validation_passes() * batches * self.val_batch_size()
+        train = 3 * self.optim.max_steps * self.data.train_batch_size * self.data.grad_accum_steps
+        return val / train
+
+    def validation_batches(self) -> int:
+        if self.log.validation_batches is not None:
+            return self.log.validation_batches
+        per_batch = self.validation_share(1)
+        return max(1, min(8, math.floor(VALIDATION_SHARE / per_batch + 1e-9)))
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -207,6 +253,8 @@ IGNORED_REFERENCE_FLAGS = {
     "attn_pdrop": "the model uses no dropout",
     "summary_first_pdrop": "the model uses no dropout",
     "rotary_pct": "RoPE covers the whole head (Llama family)",
+    "rotary_emb_base": "the reference passes it only to GPT-NeoX; Llama, Mistral and Mixtral keep their published "
+                       "RoPE base (change it with --rope_theta)",
     "offload_activations": "use --activation_checkpointing instead",
     "activation_loading_horizon": "FSDP1 option without an FSDP2 counterpart",
     "limit_all_gathers": "FSDP1 option; FSDP2 bounds all-gathers itself",
@@ -278,31 +326,90 @@ def convert(name: str, raw: Any, f: dataclasses.Field, tp: Any) -> Any:
         raise UserError(f"{name}: expected {kind}, got {raw!r}") from None
 
 
-def _set(cfg: TrainConfig, name: str, raw: Any, index: dict, notices: list[str]) -> None:
-    if name in IGNORED_REFERENCE_FLAGS:
-        notices.append(f"note: --{name} is accepted and ignored: {IGNORED_REFERENCE_FLAGS[name]}")
-        return
+def _set(cfg: TrainConfig, name: str, raw: Any, index: dict) -> str:
+    """Set one option; returns its field's name."""
     if name not in index:
         raise UserError(f"unknown option {name!r} (see `fsdpkit train --help`)")
     section, f, tp = index[name]
     target = cfg if section is None else getattr(cfg, section)
     setattr(target, f.name, convert(name, raw, f, tp))
+    return f.name
 
 
-def load_yaml(path: str | os.PathLike, cfg: TrainConfig, notices: list[str]) -> None:
-    """Apply a YAML file: flat `key: value` pairs or `section: {key: value}` blocks."""
-    apply_mapping(load_mapping(path, "config", "option names to values"), cfg, notices)
-
-
-def apply_mapping(doc: dict[str, Any], cfg: TrainConfig, notices: list[str]) -> None:
-    """Apply `key: value` pairs or `section: {key: value}` blocks (a YAML file, a job spec's `train:`)."""
-    index = field_index()
+def _items(doc: dict[str, Any]) -> list[tuple[str, Any]]:
+    """`key: value` pairs of a mapping whose `section: {key: value}` blocks are flattened."""
+    out: list[tuple[str, Any]] = []
     for key, value in doc.items():
         if key in SECTIONS and isinstance(value, dict):
-            for sub, v in value.items():
-                _set(cfg, str(sub), v, index, notices)
+            out += [(str(k), v) for k, v in value.items()]
         else:
-            _set(cfg, str(key), value, index, notices)
+            out.append((str(key), value))
+    return out
+
+
+def build(layers: list[dict[str, Any]], notices: list[str] | None = None) -> TrainConfig:
+    """The one way a TrainConfig is made from settings. Layers (a YAML file, a job spec's `train:`,
+    flags) apply in order over the preset's recipe, which lies over the field defaults. The preset is
+    the one a layer names; with none, a reference-style `--model_type` plus dimensions names the
+    preset of that shape (the reference example has no presets). Then `resolve` fills in what no
+    layer gave and `validate` checks the whole."""
+    notices = [] if notices is None else notices
+    index = field_index()
+    items = []
+    for key, value in (kv for layer in layers for kv in _items(layer)):
+        if key in IGNORED_REFERENCE_FLAGS:
+            notices.append(f"note: --{key} is accepted and ignored: {IGNORED_REFERENCE_FLAGS[key]}")
+        else:
+            items.append((key, value))
+    cfg = TrainConfig()
+    given = {_set(cfg, k, v, index) for k, v in items}
+    model_type = next((v for k, v in reversed(items) if k in ("model_type", "family")), None)
+    if "preset" not in given and model_type is not None:
+        shape = {k: getattr(cfg.model, k) for k in ("dim", "n_layers", "n_heads", "ffn_dim")}
+        cfg.preset = match_preset(str(model_type).strip().lower(), shape) or cfg.preset
+    preset = cfg.preset
+    cfg = TrainConfig(preset=preset)
+    for key, value in get_recipe(preset).options.items():
+        _set(cfg, key, value, index)
+    for key, value in items:
+        _set(cfg, key, value, index)
+    check_ranges(cfg)  # before resolving: the derived values divide by some of these
+    resolve(cfg, given)
+    validate(cfg)
+    return cfg
+
+
+def resolve(cfg: TrainConfig, given: set[str] = frozenset()) -> TrainConfig:
+    """Write every derived value into its field (sequence length, warm-up, learning-rate floor,
+    validation batch size and count), so the config holds what the run does. `given` names the
+    fields a layer set: a recipe's warm-up, not given, is capped for a short run."""
+    o = cfg.optim
+    if "warmup_steps" not in given and o.warmup_steps is not None:   # the recipe's
+        if "warmup" in given:
+            o.warmup_steps = None   # the user's fraction, not the recipe's steps
+        else:
+            o.warmup_steps = min(o.warmup_steps, round(RECIPE_WARMUP_SHARE * o.max_steps))
+    cfg.data.seq_len = cfg.seq_len()
+    o.warmup_steps = cfg.warmup_steps()
+    o.min_lr = cfg.min_lr()
+    cfg.data.val_batch_size = cfg.val_batch_size()
+    cfg.log.validation_batches = cfg.validation_batches()
+    return cfg
+
+
+def recipe_values(cfg: TrainConfig) -> dict[str, Any]:
+    """The options the preset's recipe sets, with the values this config resolved them to."""
+    index = field_index()
+    out = {}
+    for name in get_recipe(cfg.preset).options:
+        section, f, _ = index[name]
+        out[name] = getattr(cfg if section is None else getattr(cfg, section), f.name)
+    return out
+
+
+def load_yaml(path: str | os.PathLike) -> dict[str, Any]:
+    """A YAML file of `key: value` pairs or `section: {key: value}` blocks."""
+    return load_mapping(path, "config", "option names to values")
 
 
 def to_flags(doc: dict[str, Any]) -> list[str]:
@@ -343,7 +450,7 @@ def build_parser(prog: str = "fsdpkit train") -> argparse.ArgumentParser:
             extra = f" [{'|'.join(meta['choices'])}]" if meta["choices"] else ""
             default = f.default if f.default is not dataclasses.MISSING else None
             group.add_argument(*names, dest=f.name, default=argparse.SUPPRESS, metavar="V",
-                               help=f"{meta['help']}{extra} (default: {default})")
+                               help=f"{meta['help']}{extra} (default: {default})".replace("%", "%%"))
     ignored = parser.add_argument_group("accepted for compatibility with the reference, ignored")
     for name in IGNORED_REFERENCE_FLAGS:
         ignored.add_argument(f"--{name}", dest=f"ignored__{name}", default=argparse.SUPPRESS,
@@ -359,17 +466,12 @@ def parse_args(argv: list[str] | None, prog: str = "fsdpkit train") -> tuple[Tra
         raise UserError(f"unknown option {unknown[0]!r} (see `{prog} --help`)")
     values = dict(vars(ns))
     values.pop("json", None)
-    cfg, notices = TrainConfig(), []
     config_file = values.pop("config", None)
-    if config_file:
-        load_yaml(config_file, cfg, notices)
-    index = field_index()
+    layers = [load_yaml(config_file)] if config_file else []
     # The flag the user typed may be an alias; dest is the canonical field name.
-    for dest, raw in values.items():
-        name = dest.removeprefix("ignored__")
-        _set(cfg, name, raw, index, notices)
-    validate(cfg)
-    return cfg, notices
+    layers.append({dest.removeprefix("ignored__"): raw for dest, raw in values.items()})
+    notices: list[str] = []
+    return build(layers, notices), notices
 
 
 def _check_ranges(obj: Any) -> None:
@@ -385,11 +487,16 @@ def _check_ranges(obj: Any) -> None:
             raise UserError(f"{f.name}: {v} is out of range; it must be <= {m['max']}")
 
 
-def validate(cfg: TrainConfig) -> None:
-    """Reject a bad configuration before anything is written or launched."""
+def check_ranges(cfg: TrainConfig) -> None:
+    """Every field within its allowed range and choices."""
     _check_ranges(cfg)
     for s in SECTIONS:
         _check_ranges(getattr(cfg, s))
+
+
+def validate(cfg: TrainConfig) -> None:
+    """Reject a bad configuration before anything is written or launched."""
+    check_ranges(cfg)
     m = cfg.model_config()
     if m.dim % m.n_heads:
         raise UserError(f"n_heads: {m.n_heads} must divide dim ({m.dim}); pick a divisor of {m.dim}")

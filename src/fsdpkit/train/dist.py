@@ -144,4 +144,6 @@ class StopRequest:
         return bool(flag.item())
 
     def close(self) -> None:
-        signal.signal(signal.SIGTERM, self._previous)
+        # Under fsdpkit's supervisor a late SIGTERM (training over, the process leaving) is moot:
+        # dying of it would turn a finished run into a failed one.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN if os.environ.get("FSDPKIT_SUPERVISED") else self._previous)

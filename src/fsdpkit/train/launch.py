@@ -11,12 +11,20 @@ from fsdpkit.envelope import emit_error, emit_json
 from fsdpkit.errors import UserError
 from fsdpkit.train import dist
 from fsdpkit.train.config import TrainConfig, parse_args
+from fsdpkit.train.supervisor import (
+    EXIT_STOPPED,
+    Supervisor,
+    die_with_parent,
+    hand_over_error,
+    report_stopped,
+    supervised,
+)
 
 
-def torchrun_command(cfg: TrainConfig, argv: list[str], run_dir: str) -> list[str]:
-    """torchrun on this machine with the same flags; the run directory is fixed here so every
-    process agrees on it. `--nproc` is dropped: torchrun's own parser would take it for a prefix
-    of its `--nproc-per-node`, and the workers do not need it."""
+def torchrun_args(cfg: TrainConfig, argv: list[str], run_dir: str) -> list[str]:
+    """torchrun's arguments for this machine, then the worker's module and the same flags; the run
+    directory is fixed here so every process agrees on it. `--nproc` is dropped: torchrun's own
+    parser would take it for a prefix of its `--nproc-per-node`, and the workers do not need it."""
     rest, skip = [], False
     for arg in argv:
         if skip:
@@ -26,14 +34,14 @@ def torchrun_command(cfg: TrainConfig, argv: list[str], run_dir: str) -> list[st
         elif not arg.startswith("--nproc="):
             rest.append(arg)
     return [
-        sys.executable, "-m", "torch.distributed.run", "--standalone",
-        f"--nproc_per_node={cfg.parallel.nproc}", f"--max-restarts={cfg.parallel.max_restarts}",
+        "--standalone", f"--nproc_per_node={cfg.parallel.nproc}", f"--max-restarts={cfg.parallel.max_restarts}",
         "-m", "fsdpkit.train", *rest, "--run_dir", run_dir,
     ]
 
 
 def launch(cfg: TrainConfig, argv: list[str], notices: list[str]):
-    """Train; returns (exit code, TrainResult). With --nproc N this process becomes torchrun."""
+    """Train; returns (exit code, TrainResult or None). With --nproc N this process supervises
+    N workers under torchrun (fsdpkit.train.supervisor) and returns their outcome."""
     # Imported here so that `--help` and bad-input errors stay fast.
     from fsdpkit.train.trainer import preflight, train
 
@@ -43,16 +51,20 @@ def launch(cfg: TrainConfig, argv: list[str], notices: list[str]):
         if dist.resolve_device_type(cfg.parallel.device) == "cpu" and "OMP_NUM_THREADS" not in env:
             # torchrun would pin every process to one thread; share the cores out instead.
             env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // cfg.parallel.nproc))
-        # Become torchrun (no parent left behind), so SIGTERM from Kubernetes or a user reaches it
-        # and it forwards the signal to the workers, which save a checkpoint before exiting.
-        cmd = torchrun_command(cfg, argv, str(run_dir))
         sys.stdout.flush()
         sys.stderr.flush()
-        os.execve(cmd[0], cmd, env)
+        return Supervisor(torchrun_args(cfg, argv, str(run_dir)), env).run(), None
     result = train(cfg, notices)
+    if not result.stopped_by_signal:
+        return 0, result
+    if supervised():
+        # Exit 0 so torchrun neither restarts nor reports the workers; the supervisor exits 143.
+        # Every worker says so: each node's supervisor hears it from its own workers.
+        report_stopped()
+        return 0, result
     # 128 + SIGTERM, as if the signal had ended the process: an orchestrator must not take a
     # preempted run for a finished one.
-    return (143 if result.stopped_by_signal else 0), result
+    return EXIT_STOPPED, result
 
 
 def summary(result) -> dict:
@@ -68,15 +80,17 @@ def main(argv: list[str] | None = None, prog: str = "fsdpkit train") -> int:
     # (also under torchrun, where the flag travels to the workers with the others).
     as_json = "--json" in argv
     rank0 = int(os.environ.get("RANK", "0")) == 0
+    if dist.under_torchrun():
+        die_with_parent()  # a worker never outlives torchrun's agent
     try:
         cfg, notices = parse_args(argv, prog)
         with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():
             code, result = launch(cfg, argv, notices)
-        if as_json and rank0:
+        if as_json and rank0 and result is not None:
             emit_json(summary(result))
         return code
     except UserError as e:
-        if rank0:
+        if not (dist.under_torchrun() and hand_over_error(e)) and rank0:
             emit_error(e, as_json)
         return e.exit_code
     except KeyboardInterrupt:

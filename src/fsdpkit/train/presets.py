@@ -1,10 +1,15 @@
-"""Named model configurations with the dimensions of the published models.
+"""Named model configurations with the dimensions of the published models, and each one's
+training recipe.
 
 The large presets are the ones the reference FSDP example ships; `tiny` and `debug` are sized for
 CPU tests and for `make run` (byte-level vocabulary of the embedded tokenizer).
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from fsdpkit.errors import UserError
 from fsdpkit.train.model_config import ModelConfig, RopeScaling
@@ -66,8 +71,84 @@ PRESETS: dict[str, ModelConfig] = {
 ALIASES = {"mistral_8x7b": "mixtral_8x7b", "mashtral_7b": "mathstral_7b"}
 
 
+@dataclass(frozen=True)
+class Recipe:
+    """A preset's training recipe: trainer options (config field names) laid under every other
+    setting, so a YAML file, a job spec or a flag still wins. `source` names where the numbers are
+    published. A recipe's warm-up is the published run's; a shorter run takes at most a fifth of
+    its steps (see fsdpkit.train.config)."""
+
+    source: str
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+# Llama 2 paper (Touvron et al. 2023, section 2.2): AdamW (0.9, 0.95), eps 1e-5, weight decay 0.1,
+# clip 1.0, 2000 warm-up steps, cosine decay to 10% of the peak; peak 3e-4 (7B, 13B), 1.5e-4 (70B).
+_LLAMA2 = {"beta1": 0.9, "beta2": 0.95, "eps": 1e-5, "weight_decay": 0.1, "grad_clip": 1.0, "warmup_steps": 2000,
+           "lr_decay_style": "cosine", "min_lr_ratio": 0.1, "seq_len": 4096, "train_batch_size": 1,
+           "validation_freq": 500, "tokenizer": "hf-internal-testing/llama-tokenizer"}
+# Llama 3: peak lr, warm-up, eps, sequence and batch from torchtitan's Llama 3 configs
+# (torchtitan/models/llama3/train_configs/llama3_{1b,3b,8b,70b}.toml); cosine decay to 1% of the
+# peak as in the Llama 3 paper (Grattafiori et al. 2024, section 3.4.1); AdamW (0.9, 0.95), weight
+# decay 0.1 and clip 1.0 as Llama 2. Tokenizer: Hugging Face's ungated copy of the Llama 3.1 one
+# (same 128,256 tokens; documents end with <|end_of_text|>); meta-llama/* repositories are gated.
+_LLAMA3 = {"beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "weight_decay": 0.1, "grad_clip": 1.0, "warmup_steps": 200,
+           "lr_decay_style": "cosine", "min_lr_ratio": 0.01, "lr": 3e-4, "seq_len": 8192, "train_batch_size": 1,
+           "validation_freq": 500, "tokenizer": "hf-internal-testing/Llama-3.1-8B-Instruct"}
+# Mistral AI publishes no training hyperparameters; these are the reference FSDP example's
+# (awsome-distributed-training, 3.test_cases/pytorch/FSDP/models/{mathstral_7b,mistral_8x7b}.txt),
+# with the sequence cut from its 32k to 8192 so that one p5 node holds a step.
+_MISTRAL = {"lr": 1e-4, "min_lr_ratio": 0.1, "warmup": 0.0032, "lr_decay_style": "cosine", "weight_decay": 0.2,
+            "beta1": 0.9, "beta2": 0.95, "grad_clip": 1.0, "seq_len": 8192, "train_batch_size": 1,
+            "activation_checkpointing": "full", "validation_freq": 500}
+_LLAMA2_SRC = "Llama 2 paper, section 2.2"
+_LLAMA3_SRC = "torchtitan llama3 configs; Llama 3 paper, section 3.4.1"
+_REF_SRC = "reference FSDP example's model files (Mistral AI publishes none)"
+
+RECIPES: dict[str, Recipe] = {
+    "tiny": Recipe("fsdpkit's defaults, tuned on the embedded data on a CPU"),
+    "debug": Recipe("fsdpkit's defaults, tuned on the embedded data on a CPU"),
+    "llama2_7b": Recipe(_LLAMA2_SRC, {**_LLAMA2, "lr": 3e-4}),
+    "llama2_13b": Recipe(_LLAMA2_SRC, {**_LLAMA2, "lr": 3e-4}),
+    "llama2_70b": Recipe(_LLAMA2_SRC, {**_LLAMA2, "lr": 1.5e-4, "activation_checkpointing": "full"}),
+    "llama3_1_8b": Recipe(_LLAMA3_SRC, _LLAMA3),
+    "llama3_1_70b": Recipe(_LLAMA3_SRC, {**_LLAMA3, "lr": 1.5e-4, "activation_checkpointing": "full"}),
+    "llama3_2_1b": Recipe(_LLAMA3_SRC, {**_LLAMA3, "seq_len": 2048, "train_batch_size": 8}),
+    "llama3_2_3b": Recipe(_LLAMA3_SRC, _LLAMA3),
+    "mathstral_7b": Recipe(_REF_SRC, {**_MISTRAL, "tokenizer": "mistralai/mathstral-7B-v0.1"}),
+    "mixtral_8x7b": Recipe(_REF_SRC, {**_MISTRAL, "tokenizer": "mistralai/Mixtral-8x7B-v0.1"}),
+}
+
+# The reference example's --model_type values and the presets each may name.
+_GENERATIONS = {"llama_v2": ("llama2_",), "llama_v3": ("llama3_",), "llama": ("llama2_", "llama3_"),
+                "mistral": ("mathstral_",), "mixtral": ("mixtral_",)}
+_SHAPE = ("dim", "n_layers", "n_heads", "ffn_dim")
+
+
+def canonical(name: str) -> str:
+    return ALIASES.get(name, name)
+
+
 def get_preset(name: str) -> ModelConfig:
-    key = ALIASES.get(name, name)
+    key = canonical(name)
     if key not in PRESETS:
         raise UserError(f"preset: unknown preset {name!r}; choose one of: {', '.join(PRESETS)}")
     return PRESETS[key]
+
+
+def get_recipe(name: str) -> Recipe:
+    get_preset(name)  # the same error for an unknown name
+    return RECIPES[canonical(name)]
+
+
+def match_preset(model_type: str, shape: Mapping[str, Any]) -> str | None:
+    """The preset a reference-style flag set describes: `--model_type` plus the dimensions, with no
+    `--preset` (the reference example has none). Matched on hidden size, layers, heads and MLP
+    size; None for a shape no preset has."""
+    prefixes = _GENERATIONS.get(model_type)
+    if not prefixes:
+        return None
+    for name, cfg in PRESETS.items():
+        if name.startswith(prefixes) and all(shape.get(k) == getattr(cfg, k) for k in _SHAPE):
+            return name
+    return None

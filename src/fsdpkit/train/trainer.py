@@ -19,7 +19,7 @@ import torch
 import yaml
 
 from fsdpkit.errors import UserError
-from fsdpkit.train import checkpoint, dist
+from fsdpkit.train import checkpoint, dist, network
 from fsdpkit.train.config import TrainConfig
 from fsdpkit.train.data import BatchStream, Prefetcher, TokenShards, get_source, get_tokenizer
 from fsdpkit.train.faults import maybe_fail
@@ -112,12 +112,12 @@ class Validator:
 
     def __init__(self, cfg: TrainConfig, rt: dist.Runtime):
         source, tok = data_pipeline(cfg, cfg.data.val_split, verbose=rt.is_main)
-        self.stream = BatchStream(source, tok, cfg.seq_len(), cfg.data.val_batch_size, rt.rank,
+        self.stream = BatchStream(source, tok, cfg.seq_len(), cfg.val_batch_size(), rt.rank,
                                   rt.world_size, cfg.seed, shuffle_buffer=0, epochs=1)
         # Every rank must run the same number of forwards (FSDP collectives): count on each rank,
         # deterministically, how many whole global batches the held-out split holds.
-        available = self.stream.count_blocks() // (cfg.data.val_batch_size * rt.world_size)
-        self.batches = min(cfg.log.validation_batches, available)
+        available = self.stream.count_blocks() // (cfg.val_batch_size() * rt.world_size)
+        self.batches = min(cfg.validation_batches(), available)
         self.eos_id = None
         if cfg.data.document_masking:
             self.eos_id = source.meta["eos_id"] if tok is None else tok.eos_id
@@ -146,9 +146,15 @@ class Validator:
 
 def train(cfg: TrainConfig, notices: list[str] | None = None) -> TrainResult:
     run_dir = preflight(cfg)
+    notices = list(notices or [])
+    nccl = network.capture_nccl_log(run_dir, dist.resolve_device_type(cfg.parallel.device))
     rt = dist.setup(cfg.parallel.device)
     try:
-        return _train(cfg, rt, run_dir, notices or [])
+        # Before any step is spent: which network NCCL really chose (and a stop if not EFA where
+        # EFA was expected).
+        if verdict := network.check(rt, cfg.parallel.require_efa, nccl):
+            notices.append(verdict.line())
+        return _train(cfg, rt, run_dir, notices)
     finally:
         dist.teardown()
 
@@ -189,7 +195,7 @@ def _train(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path, notices: list[str]
     validate = Validator(cfg, rt)
     if validate.batches == 0:
         notices.append(f"warning: the {d.val_split!r} split holds less than one global validation batch "
-                       f"({d.val_batch_size} x {rt.world_size} blocks of {seq_len + 1} tokens); no validation")
+                       f"({cfg.val_batch_size()} x {rt.world_size} blocks of {seq_len + 1} tokens); no validation")
     dtype = compute_dtype(cfg.parallel, rt.device.type)
     flops_tok = flops_per_token(mcfg, seq_len)
     peak, peak_source = peak_flops(rt.device, dtype)
@@ -315,7 +321,9 @@ def _train(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path, notices: list[str]
             "world_size": rt.world_size,
         }
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        if result.losses:
+        if result.stopped_by_signal:
+            pass  # said above, with the checkpoint it saved
+        elif result.losses:
             writer.print(f"fsdpkit: done after {result.steps} steps; loss {summary['first_loss']:.4f} -> "
                          f"{summary['final_loss']:.4f}; metrics in {run_dir / 'metrics.jsonl'}")
         else:  # resumed at (or past) max_steps: a resubmitted job that had already finished

@@ -6,6 +6,9 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+# The trainer reports its network before the first step: within this many lines of a job's log.
+NETWORK_LINES = 2000
+
 
 def read_lines(path: Path, follow: bool, finished: Callable[[], bool], poll: float) -> Iterator[str]:
     with open(path, errors="replace") as f:

@@ -14,11 +14,14 @@ from typing import Any
 from fsdpkit.cluster.client import ClusterError, api_errors, api_message, connect, is_not_found
 from fsdpkit.errors import UserError
 from fsdpkit.jobs import hyperpod, manifests
+from fsdpkit.jobs.health import network_verdict
 from fsdpkit.jobs.manifests import ATTEMPT, JOB_LABEL, KF_JOB_NAME, KF_REPLICA_INDEX, KF_REPLICA_TYPE, MAX_RESUBMITS
 from fsdpkit.jobs.spec import JobSpec
 from fsdpkit.jobs.status import JobStatus, state_from_conditions
 
 # (group, version, plural) of the job kinds this backend manages.
+# The trainer reports its network before the first step: this much of rank 0's log holds it.
+NETWORK_HEAD = 256 * 1024
 KINDS = {
     "PyTorchJob": ("kubeflow.org", "v1", "pytorchjobs"),
     "HyperPodPyTorchJob": ("sagemaker.amazonaws.com", "v1", "hyperpodpytorchjobs"),
@@ -330,6 +333,23 @@ class KubeBackend:
         finally:
             resp.release_conn()
 
+    def network(self, name: str, namespace: str = "default") -> dict[str, Any] | None:
+        """The network NCCL chose, as the trainer reported it before its first step (the start of
+        rank 0's log); None before that line exists."""
+        pods = self.pods(name, namespace)
+        return self._network_of(self._pick(pods, None)[0].metadata.name, namespace) if pods else None
+
+    def _network_of(self, pod: str, namespace: str) -> dict[str, Any] | None:
+        try:
+            with api_errors(f"reading logs of {pod}", self.host):
+                head = self._core().read_namespaced_pod_log(pod, namespace, container=manifests.CONTAINER,
+                                                            limit_bytes=NETWORK_HEAD, _preload_content=False).data
+        except Exception as e:  # no container yet, or gone: no verdict yet
+            if is_not_found(e) or getattr(e, "status", None) == 400:
+                return None
+            raise
+        return network_verdict(head.decode(errors="replace").splitlines())
+
     # -- watch ---------------------------------------------------------------------------------------
     def gpu_utilisation(self, pod: str, namespace: str) -> list[dict[str, int]]:
         """nvidia-smi in the pod's container (exec), parsed; [] if it cannot be asked."""
@@ -362,6 +382,7 @@ class KubeBackend:
                 if _matches((p.get("metadata") or {}).get("labels"), {KF_JOB_NAME: name})]
         findings = pod_findings(pods)
         progress: dict[str, Any] = {}
+        network = None
         by_replica = {f"{(p['metadata'].get('labels') or {}).get(KF_REPLICA_TYPE, '').lower()}-"
                       f"{(p['metadata'].get('labels') or {}).get(KF_REPLICA_INDEX)}": p for p in pods}
         rank0 = by_replica.get("master-0") or by_replica.get("worker-0")
@@ -375,6 +396,7 @@ class KubeBackend:
                 progress, more = log_progress(log.splitlines(), pod, now or dt.datetime.now(dt.timezone.utc),
                                               stall_after)
                 findings += more
+                network = network_verdict(log.splitlines()) or self._network_of(pod, namespace)
             except Exception as e:  # a log that cannot be read yet is not a finding of its own
                 if not is_not_found(e) and getattr(e, "status", None) != 400:
                     raise
@@ -384,7 +406,7 @@ class KubeBackend:
                 if s["phase"] == "Running":
                     s["gpus"] = self.gpu_utilisation(s["name"], namespace)
         return {"name": name, "state": st.state, "attempt": st.attempt, "message": st.message,
-                "pods": summaries, "progress": progress,
+                "pods": summaries, "progress": progress, "network": network,
                 "findings": [f.to_dict() for f in findings]}
 
     # -- wait and resubmit ---------------------------------------------------------------------------

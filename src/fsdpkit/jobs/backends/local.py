@@ -5,6 +5,7 @@ started in the background like a cluster job. State lives in FSDPKIT_HOME/jobs/N
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import shlex
@@ -18,14 +19,16 @@ from pathlib import Path
 from typing import Any
 
 from fsdpkit.errors import UserError
-from fsdpkit.jobs.backends.files import read_lines
-from fsdpkit.jobs.command import train_options
+from fsdpkit.home import home as fsdpkit_home
+from fsdpkit.jobs.backends.files import NETWORK_LINES, read_lines
+from fsdpkit.jobs.command import trainer_flags
+from fsdpkit.jobs.health import network_verdict
 from fsdpkit.jobs.spec import JobSpec
 from fsdpkit.jobs.status import JobStatus
 
 
 def home() -> Path:
-    return Path(os.environ.get("FSDPKIT_HOME") or Path.home() / ".fsdpkit") / "jobs"
+    return fsdpkit_home() / "jobs"
 
 
 class LocalBackend:
@@ -37,12 +40,10 @@ class LocalBackend:
     def command(self, spec: JobSpec, job_dir: Path) -> list[str]:
         if spec.command is not None:
             return list(spec.command)
-        from fsdpkit.train.config import to_flags
-
         # Outputs in the job's own directory (FSDPKIT_HOME/jobs/NAME), or under a shared path if given.
         root = spec.storage.shared_path or str(job_dir.parent)
         return [sys.executable, "-m", "fsdpkit", "train", "--nproc", str(spec.procs),
-                "--max_restarts", str(spec.max_restarts), *to_flags(train_options(spec, root))]
+                "--max_restarts", str(spec.max_restarts), *trainer_flags(spec, root)]
 
     def render(self, spec: JobSpec) -> str:
         cmd = self.command(spec, self._dir(spec.name))
@@ -154,6 +155,10 @@ class LocalBackend:
             shutil.rmtree(job_dir, ignore_errors=True)
             return [f"{job_dir} (deleted)"]
         return [f"local/{name}"]
+
+    def network(self, name: str, namespace: str | None = None) -> dict[str, Any] | None:
+        """The network the trainer reported before its first step, from the start of the job's log."""
+        return network_verdict(list(itertools.islice(self.logs(name), NETWORK_LINES)))
 
     def logs(self, name: str, namespace: str | None = None, follow: bool = False, replica: str | None = None,
              previous: bool = False, wait: float = 600, poll: float = 0.5) -> Iterator[str]:

@@ -1,0 +1,52 @@
+"""How long a stopping job must be given: finish the step it is in, write a complete checkpoint to
+shared storage, and exit. Kubernetes gives a pod 30 s after SIGTERM unless told otherwise; a
+Llama 3.1 8B checkpoint with AdamW state is 96 GB, over three minutes at 500 MB/s.
+
+    grace = 60 s (stop, vote, start and close the writers) + 2 x step time + 1.5 x (checkpoint / write rate)
+
+rounded up to 10 s. The write rate is the volume's aggregate throughput (FSx for Lustre: its
+per-TiB tier times its capacity, e.g. 250 MB/s/TiB x 4.8 TiB = 1.2 GB/s); the default assumes a
+small, slow one.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from fsdpkit.train.model_config import ModelConfig, count_params
+
+DEFAULT_WRITE_MB_S = 500
+FIXED_S = 60
+WRITE_MARGIN = 1.5
+
+
+@dataclass(frozen=True)
+class GracePeriod:
+    seconds: int
+    checkpoint_bytes: int
+    write_mb_per_s: float
+    write_s: float
+    step_s: float | None
+
+    def explain(self) -> str:
+        step = f" + 2 x {self.step_s:.1f} s to finish the step" if self.step_s else ""
+        return (f"{self.seconds} s = {FIXED_S} s{step} + {WRITE_MARGIN} x {self.write_s:.0f} s to write the "
+                f"{self.checkpoint_bytes / 1e9:.1f} GB checkpoint at {self.write_mb_per_s:g} MB/s")
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "explanation": self.explain()}
+
+
+def checkpoint_bytes(model: ModelConfig) -> int:
+    """A complete checkpoint: fp32 parameters and AdamW's two fp32 moments, 12 bytes a parameter
+    (what DCP writes, summed over the ranks' shards)."""
+    return 12 * count_params(model)
+
+
+def grace_period(model: ModelConfig, write_mb_per_s: float = DEFAULT_WRITE_MB_S,
+                 step_s: float | None = None) -> GracePeriod:
+    size = checkpoint_bytes(model)
+    write_s = size / (write_mb_per_s * 1e6)
+    total = FIXED_S + 2 * (step_s or 0.0) + WRITE_MARGIN * write_s
+    return GracePeriod(int(math.ceil(total / 10) * 10), size, write_mb_per_s, write_s, step_s)
