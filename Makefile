@@ -11,8 +11,9 @@ BIN := $(VENV)/bin
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	# torch first and alone, so TORCH_SPEC (a CPU wheel in CI) decides which build we get.
-	$(BIN)/pip install -q "$(TORCH_SPEC)"
+	# torch first and alone, so TORCH_SPEC decides the version; tools/install-torch picks the build
+	# (CPU where there is no NVIDIA GPU).
+	tools/install-torch $(BIN)/pip "$(TORCH_SPEC)"
 	$(BIN)/pip install -q -e ".[test]"
 	touch $@
 

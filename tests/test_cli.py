@@ -27,3 +27,19 @@ def test_train_help_lists_reference_flags(cli):
 def test_unknown_verb_exits_nonzero(cli):
     r = cli("frobnicate")
     assert r.returncode != 0
+
+
+def test_help_shows_typed_values_one_default_each_and_next_steps(cli):
+    text = cli("train", "--help").stdout
+    assert "--lr FLOAT" in text and "--max_steps INT" in text and "--compile BOOL" in text
+    assert "--lr_decay_style {cosine,linear,constant}" in text and "--checkpoint_dir DIR" in text
+    assert " V " not in text and "(default: None)" not in text
+    assert text.count("(default:") == text.count("default:")   # never two defaults for one option
+    top = cli("--help").stdout
+    assert "next steps:" in top and "fsdpkit train --nproc 2" in top
+
+
+def test_a_near_miss_of_an_option_is_named(cli):
+    r = cli("train", "--max_step", "10")
+    assert r.returncode == 2 and r.stderr.strip() == (
+        "error: unknown option '--max_step'; did you mean --max_steps? (see `fsdpkit train --help`)")

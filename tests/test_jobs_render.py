@@ -164,6 +164,13 @@ def test_nccl_is_pointed_at_the_ofi_plugin_of_the_images_generation(version, env
     assert {k: got.get(k) for k in ("NCCL_NET", "NCCL_NET_PLUGIN")} == {"NCCL_NET_PLUGIN": None, **env}
 
 
+def test_rendered_yaml_has_no_anchors(cli):
+    """Two replicas share one pod template in memory; the YAML still spells each out."""
+    r = cli("job", "render", str(ROOT / "examples" / "jobs" / "eks-p5.yaml"))
+    assert r.returncode == 0, r.stderr
+    assert "&id" not in r.stdout and "*id" not in r.stdout and r.stdout.count("terminationGracePeriodSeconds") == 2
+
+
 def test_a_digest_pinned_image_is_not_pulled_again():
     pinned = IMAGE.rsplit(":", 1)[0] + "@sha256:" + "a" * 64
     assert _first_pod(manifests.pytorchjob_manifest(spec_for(image=pinned)))["containers"][0][

@@ -1,13 +1,12 @@
-"""The capacity planner against real training: peak memory of real CPU runs (1 process and 2 FSDP
-ranks, with and without activation checkpointing), the bytes of every FSDP2 collective of a real
-step, the 70B verdicts on p5 nodes, and `job submit` warning (or refusing with --strict).
+"""The capacity planner against real training: the tensor peak of real CPU runs (1 process and 2
+FSDP ranks, with and without activation checkpointing, fp32 and bf16, a byte-level and a
+large vocabulary), the bytes of every FSDP2 collective of a real step, the 70B verdicts on p5
+nodes, and `job submit` warning (or refusing with --strict).
 
-Measured memory on CPU (a documented proxy for allocator statistics, which CPU PyTorch lacks): the
-process's peak resident set during training less the resident set before it (the benchmark
-worker's figure), with glibc's mmap threshold fixed at 64 KiB so that freed tensors go back to the
-OS at once instead of being kept in malloc's heap. What the runtime itself holds (interpreter
-objects, the data pipeline: about 60 MiB here) is not the training step's, so it is measured once
-with a near-empty run and taken off both the measured and the estimated figures."""
+Measured memory is the peak of live tensor bytes, from torch.profiler's allocation and free events
+(tests/plan_memory_worker.py): what the planner models, and on a GPU what the CUDA allocator's
+peak counts. A process's resident set also holds what is not a tensor (the interpreter, libraries'
+own buffers such as oneDNN's), which is no part of the estimate."""
 
 from __future__ import annotations
 
@@ -15,7 +14,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -31,61 +29,38 @@ pytestmark = pytest.mark.slow
 MIB = 2**20
 
 
-def measured_peak(world: int, preset: str, seq: int, batch: int, dtype: str, *flags: str) -> float:
-    """Peak bytes of a 3-step training run (the highest rank), as the benchmark worker measures it."""
-    case = {"section": "plan", "impl": "fsdpkit", "preset": preset, "seq": seq, "batch": batch, "world": world,
-            "dtype": dtype, "flags": list(flags), "label": "plan", "steps": 2, "warmup": 1}
-    out = Path(tempfile.mkdtemp(prefix="plan-"))
-    worker = ["-m", "benchmarks.train_throughput", "--worker", json.dumps(case), "--worker-out", str(out),
-              "--device", "cpu"]
+def measured_tensor_peak(tmp_path: Path, flags: list[str], world: int = 1) -> int:
+    """Peak bytes of live tensors in a real 2-step run (the highest rank), from torch.profiler."""
     cmd = [sys.executable, *(["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}"]
-                             if world > 1 else []), *worker]
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": "1"}
-    r = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return max(json.loads(p.read_text())["peak_memory_bytes"] for p in out.glob("rank*.json"))
-
-
-def estimated_peak(world: int, preset: str, seq: int, batch: int, dtype: str, *flags: str) -> float:
-    cfg, _ = parse_args(["--preset", preset, "--seq_len", str(seq), "--train_batch_size", str(batch),
-                         "--mixed_precision", dtype, *flags])
-    return estimate(workload(cfg, world, "cpu")).peak
-
-
-RUNTIME = (1, "tiny", 16, 1, "fp32")
-
-
-@pytest.fixture(scope="module")
-def runtime():
-    return measured_peak(*RUNTIME), estimated_peak(*RUNTIME)
-
-
-@pytest.mark.parametrize("case", [
-    (1, "debug", 256, 8, "fp32", "--activation_checkpointing", "full"),
-    (2, "debug", 512, 4, "fp32"),
-    (2, "debug", 256, 8, "bf16", "--activation_checkpointing", "full"),
-], ids=["1proc-ac", "2ranks", "2ranks-bf16-ac"])
-def test_memory_estimate_is_within_15_percent_of_a_real_run(runtime, case):
-    measured = measured_peak(*case) - runtime[0]
-    estimated = estimated_peak(*case) - runtime[1]
-    assert 0.85 <= estimated / measured <= 1.15, (f"estimated {estimated / MIB:.1f} MiB, "
-                                                  f"measured {measured / MIB:.1f} MiB")
-
-
-def measured_tensor_peak(tmp_path: Path, flags: list[str]) -> int:
-    """Peak bytes of live tensors in a real 2-step run, from torch.profiler's memory events."""
-    cmd = [sys.executable, str(ROOT / "tests" / "plan_memory_worker.py"), str(tmp_path), *flags, "--max_steps", "2",
+                             if world > 1 else []),
+           str(ROOT / "tests" / "plan_memory_worker.py"), str(tmp_path), *flags, "--max_steps", "2",
            "--validation_freq", "0", "--validation_batches", "1", "--tensorboard", "0", "--progress", "off",
            "--prefetch", "0", "--run_dir", str(tmp_path / "run")]
     r = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, cwd=ROOT,
                        timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads((tmp_path / "rank0.json").read_text())["peak_bytes"]
+    return max(json.loads(p.read_text())["peak_bytes"] for p in tmp_path.glob("rank*.json"))
+
+
+def planned_peak(world: int, flags: list[str]) -> int:
+    cfg, _ = parse_args(flags)
+    return estimate(workload(cfg, world, "cpu")).peak
+
+
+@pytest.mark.parametrize(("world", "flags"), [
+    (1, ["--preset", "debug", "--seq_len", "256", "--train_batch_size", "8", "--activation_checkpointing", "full"]),
+    (2, ["--preset", "debug", "--seq_len", "512", "--train_batch_size", "4"]),
+    (2, ["--preset", "debug", "--seq_len", "256", "--train_batch_size", "8", "--mixed_precision", "bf16",
+         "--activation_checkpointing", "full"]),
+], ids=["1proc-ac", "2ranks", "2ranks-bf16-ac"])
+def test_memory_estimate_is_within_15_percent_of_a_real_run(tmp_path, world, flags):
+    measured, planned = measured_tensor_peak(tmp_path, flags, world), planned_peak(world, flags)
+    assert 0.85 <= planned / measured <= 1.15, f"planned {planned / MIB:.1f} MiB, measured {measured / MIB:.1f} MiB"
 
 
 # A vocabulary large enough that the loss and the validation pass weigh in the peak (a byte-level one
-# hides both). One process: its tensor peak is the same from run to run; with gloo ranks, buffers of
-# asynchronous collectives are freed at moments that vary by some 15% between identical runs.
+# hides both). One process: its tensor peak is the same from run to run; with gloo ranks at this
+# vocabulary, buffers of asynchronous collectives are freed at moments that vary by some 15%.
 LARGE_VOCAB = ["--preset", "debug", "--vocab_size", "8192", "--seq_len", "256"]
 
 
@@ -99,11 +74,8 @@ LARGE_VOCAB = ["--preset", "debug", "--vocab_size", "8192", "--seq_len", "256"]
      "--mixed_precision", "bf16"],
 ], ids=["fp32", "fp32-ac", "bf16", "bf16-ac-batch1-val16"])
 def test_planned_peak_is_within_15_percent_of_the_measured_tensor_peak_at_a_large_vocabulary(tmp_path, flags):
-    measured = measured_tensor_peak(tmp_path, [*LARGE_VOCAB, *flags])
-    cfg, _ = parse_args([*LARGE_VOCAB, *flags])
-    planned = estimate(workload(cfg, 1, "cpu"))
-    assert 0.85 <= planned.peak / measured <= 1.15, (f"planned {planned.peak / MIB:.1f} MiB "
-                                                     f"({planned.peak_at}), measured {measured / MIB:.1f} MiB")
+    measured, planned = measured_tensor_peak(tmp_path, [*LARGE_VOCAB, *flags]), planned_peak(1, [*LARGE_VOCAB, *flags])
+    assert 0.85 <= planned / measured <= 1.15, f"planned {planned / MIB:.1f} MiB, measured {measured / MIB:.1f} MiB"
 
 
 def recorded_collectives(tmp_path: Path, steps: int, flags: list[str]) -> list:

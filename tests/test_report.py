@@ -75,3 +75,23 @@ def test_report_on_a_directory_without_metrics_is_one_line(tmp_path):
     assert error["code"] == "bad_input" and "metrics.jsonl" in error["message"]
     r = run_cli("report", str(tmp_path))
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "metrics.jsonl" in r.stderr
+
+
+def test_report_marks_each_resume_rounds_its_figures_and_plots_no_impossible_mfu(tmp_path):
+    """A run stopped on SIGTERM and resumed repeats no step: its start markers still show the
+    restart. An MFU over 100% (a wrong denominator) is neither plotted nor summarised."""
+    rows = [{"kind": "start", "step": 0}]
+    rows += [{"kind": "train", "step": s, "loss": 4.123456789 - s / 10, "lr": 1e-3, "tokens_per_s": 100.0,
+              "mfu": 8.38, "peak_memory_gib": 0.5} for s in (2, 4)]
+    rows += [{"kind": "start", "step": 4}]
+    rows += [{"kind": "train", "step": s, "loss": 3.0 - s / 10, "lr": 1e-3, "tokens_per_s": 100.0, "mfu": 9.1,
+              "peak_memory_gib": 0.5} for s in (6, 8)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    r = run_cli("report", str(tmp_path), "--json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    data = json.loads(r.stdout)["data"]
+    assert data["runs"][0]["restarts"] == 1 and data["runs"][0]["median_mfu"] is None
+    assert "mfu" not in data["plots"]
+    human = run_cli("report", str(tmp_path))
+    assert f"{tmp_path.name}: 8 steps (running or stopped), loss 3.9235 -> 2.2000, restarted 1 time(s) (at step 4)" \
+        in human.stdout

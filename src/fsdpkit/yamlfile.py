@@ -1,4 +1,5 @@
-"""Reading a YAML file that must hold a mapping, with one-line errors that name the file."""
+"""YAML in and out: reading a file that must hold a mapping, with one-line errors that name the
+file, and writing documents a person or `kubectl apply` reads (no anchors, keys in order)."""
 
 from __future__ import annotations
 
@@ -24,3 +25,19 @@ def load_mapping(path: str | os.PathLike, label: str, holds: str) -> dict[str, A
     if not isinstance(doc, dict):
         raise UserError(f"{label}: {p} must hold a mapping of {holds}")
     return doc
+
+
+class _PlainDumper(yaml.SafeDumper):
+    """A dict used twice (two replicas' pod templates) is written twice, not as &id001 / *id001:
+    anchors are valid YAML but unreadable in a manifest, and some tools reject them."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def dump(doc: Any) -> str:
+    return yaml.dump(doc, Dumper=_PlainDumper, sort_keys=False)
+
+
+def dump_all(docs: list[Any]) -> str:
+    return yaml.dump_all(docs, Dumper=_PlainDumper, sort_keys=False)

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from fsdpkit import yamlfile
 from fsdpkit.aws.infra import LIFECYCLE, TAG_KEY, TAG_VALUE, Names
 from fsdpkit.aws.session import Aws, aws_errors
 from fsdpkit.errors import UserError
@@ -151,11 +152,10 @@ def codebuild(aws: Aws, context: Path | None, image_uri: str, selftest: str = "q
     env = [{"name": "IMAGE_URI", "value": image_uri, "type": "PLAINTEXT"},
            {"name": "SELFTEST_LEVEL", "value": selftest, "type": "PLAINTEXT"}]
     if test_only:
-        import yaml
 
         key = None
         kw = {"sourceTypeOverride": "NO_SOURCE",
-              "buildspecOverride": yaml.safe_dump(test_buildspec(image_uri, selftest), sort_keys=False)}
+              "buildspecOverride": yamlfile.dump(test_buildspec(image_uri, selftest))}
     else:
         data = zip_context(context)
         key = f"contexts/{hashlib.sha256(data).hexdigest()[:16]}.zip"

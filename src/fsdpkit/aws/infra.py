@@ -9,8 +9,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-import yaml
-
+from fsdpkit import yamlfile
 from fsdpkit.aws.session import Aws, aws_errors
 
 TAG_KEY, TAG_VALUE = "fsdpkit:managed", "true"
@@ -103,11 +102,15 @@ class Infra:
                 f"codebuild project {n.project}": project, f"ecr repository {n.repository}": n.repository in repos}
 
     # -- up ----------------------------------------------------------------------------------------
-    def up(self, say=print) -> list[str]:
-        """Create what is missing, in dependency order; returns what was created."""
+    def up(self, say=print, dry_run: bool = False) -> list[str]:
+        """Create what is missing, in dependency order; returns what was created (with `dry_run`,
+        what would be, creating nothing)."""
         have = self.status()
         plan = [k for k, v in have.items() if not v]
-        say("plan: " + ("create " + ", ".join(plan) if plan else "nothing to do (everything exists)"))
+        say(("dry run: " if dry_run else "") + "plan: " + ("create " + ", ".join(plan) if plan else
+                                                          "nothing to do (everything exists)"))
+        if dry_run:
+            return plan
         n, created = self.n, []
         tags_kv = [{"Key": TAG_KEY, "Value": TAG_VALUE}]
         if not have[f"s3 bucket {n.bucket}"]:
@@ -145,7 +148,7 @@ class Infra:
                 self.cb.create_project(
                     name=n.project, serviceRole=role_arn, tags=[{"key": TAG_KEY, "value": TAG_VALUE}],
                     source={"type": "S3", "location": f"{n.bucket}/context.zip",
-                            "buildspec": yaml.safe_dump(buildspec(), sort_keys=False)},
+                            "buildspec": yamlfile.dump(buildspec())},
                     artifacts={"type": "NO_ARTIFACTS"},
                     environment={"type": "LINUX_CONTAINER", "image": CODEBUILD_IMAGE,
                                  "computeType": "BUILD_GENERAL1_LARGE", "privilegedMode": True},
@@ -154,10 +157,18 @@ class Infra:
         return created
 
     # -- down --------------------------------------------------------------------------------------
-    def down(self, say=print, delete_images: bool = False) -> list[str]:
+    def down(self, say=print, delete_images: bool = False, dry_run: bool = False) -> list[str]:
         """Remove what `up` made (fsdpkit's names and tag), newest first; nothing else. A repository
-        that still holds images is kept unless `delete_images`: images are not ours to lose."""
+        that still holds images is kept unless `delete_images`: images are not ours to lose. With
+        `dry_run`, what would be removed, removing nothing."""
         have, n, removed = self.status(), self.n, []
+        if dry_run:
+            plan = [k for k, v in have.items() if v]
+            repo = f"ecr repository {n.repository}"
+            if repo in plan and not (self._repo_is_ours() and (delete_images or not self._images())):
+                plan.remove(repo)
+            say("dry run: would remove " + (", ".join(plan) or "nothing (none of fsdpkit's resources exist)"))
+            return plan
         if have[f"codebuild project {n.project}"]:
             with aws_errors("deleting the project", "codebuild"):
                 self.cb.delete_project(name=n.project)
@@ -169,8 +180,7 @@ class Infra:
                 self.iam.delete_role(RoleName=n.role)
             removed.append(f"iam role {n.role}")
         if have[f"ecr repository {n.repository}"] and self._repo_is_ours():
-            with aws_errors("listing the repository's images", "ecr"):
-                images = self.ecr.list_images(repositoryName=n.repository).get("imageIds", [])
+            images = self._images()
             if images and not delete_images:
                 say(f"kept ecr repository {n.repository}: it holds {len(images)} image(s) "
                     "(pass --delete-images to remove them too)")
@@ -191,6 +201,10 @@ class Infra:
             removed.append(f"s3 bucket {n.bucket}")
         say("removed: " + (", ".join(removed) or "nothing (none of fsdpkit's resources exist)"))
         return removed
+
+    def _images(self) -> list[dict[str, Any]]:
+        with aws_errors("listing the repository's images", "ecr"):
+            return self.ecr.list_images(repositoryName=self.n.repository).get("imageIds", [])
 
     def _repo_is_ours(self) -> bool:
         with aws_errors("reading repository tags", "ecr"):
@@ -236,7 +250,7 @@ def cloudformation(repository: str = "fsdpkit") -> dict[str, Any]:
                 "Name": PROJECT, "ServiceRole": {"Fn::GetAtt": ["BuildRole", "Arn"]}, "Tags": tags,
                 "Source": {"Type": "S3", "Location": {"Fn::Sub": "fsdpkit-build-${AWS::AccountId}-${AWS::Region}"
                                                                  "/context.zip"},
-                           "BuildSpec": yaml.safe_dump(buildspec(), sort_keys=False)},
+                           "BuildSpec": yamlfile.dump(buildspec())},
                 "Artifacts": {"Type": "NO_ARTIFACTS"},
                 "Environment": {"Type": "LINUX_CONTAINER", "Image": CODEBUILD_IMAGE,
                                 "ComputeType": "BUILD_GENERAL1_LARGE", "PrivilegedMode": True},

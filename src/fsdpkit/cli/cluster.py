@@ -7,6 +7,7 @@ import argparse
 import os
 import sys
 
+from fsdpkit import yamlfile
 from fsdpkit.cli.output import Parser, confirmed, dispatch, emit_json, progress
 from fsdpkit.errors import UserError
 
@@ -86,7 +87,6 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_config(args: argparse.Namespace) -> int:
-    import yaml
 
     from fsdpkit.aws.eksctl import ClusterPlan, render
 
@@ -99,7 +99,7 @@ def cmd_config(args: argparse.Namespace) -> int:
                        volume_size=args.volume_size, system_instance_type=args.system_instance_type,
                        system_nodes=args.system_nodes)
     config = render(plan)
-    text = yaml.safe_dump(config, sort_keys=False)
+    text = yamlfile.dump(config)
     if args.out:
         _write(args.out, text)
         progress(args)(f"wrote {args.out}; next: fsdpkit cluster create --config {args.out}")
@@ -174,11 +174,10 @@ def cmd_addons(args: argparse.Namespace) -> int:
     if args.dry_run:
         if args.json:
             return emit_json({"steps": steps})
-        import yaml
 
         for s in steps:
             if "object" in s:
-                print("---\n" + yaml.safe_dump(s["object"], sort_keys=False), end="")
+                print("---\n" + yamlfile.dump(s["object"]), end="")
             else:
                 print(f"# {s['component']}: {s['command']}")
         return 0

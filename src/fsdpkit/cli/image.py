@@ -12,26 +12,33 @@ from fsdpkit.image import pins
 
 
 def cmd_init(args: argparse.Namespace) -> int:
-    from fsdpkit.image.dockerfile import DOCKERIGNORE, render
+    from fsdpkit.image.dockerfile import DOCKERIGNORE, WHEEL_DIR, render
+    from fsdpkit.image.package import for_image
 
     out = Path(args.out)
-    reqs = None if args.no_requirements else args.requirements
+    reqs = None if args.no_requirements else args.requirements or "requirements.txt"
     if reqs and not (out / reqs).is_file():
-        raise UserError(f"--requirements: {out / reqs} not found (or pass --no-requirements)")
-    files = {out / "Dockerfile": render(args.base, reqs, hyperpod_agent=args.hyperpod), out / ".dockerignore":
-             DOCKERIGNORE}
+        if args.requirements:  # named, so meant
+            raise UserError(f"--requirements: {out / reqs} not found (or pass --no-requirements)")
+        reqs = None  # the default file is simply not there: nothing of the project's to install
+    files = {out / "Dockerfile": None, out / ".dockerignore": DOCKERIGNORE}
     existing = [str(p) for p in files if p.exists()]
     if existing and not args.force:
         raise UserError(f"{', '.join(existing)} already exists; pass --force to overwrite")
     try:
         out.mkdir(parents=True, exist_ok=True)  # a new project folder is fine
+        fsdpkit, how = for_image(args.fsdpkit, out, WHEEL_DIR)
+        files[out / "Dockerfile"] = render(args.base, reqs, fsdpkit, hyperpod_agent=args.hyperpod)
         for path, text in files.items():
             path.write_text(text)
     except OSError as e:
         raise UserError(f"--out: cannot write into {out}: {e.strerror}") from None
+    written = [str(p) for p in files] + ([str(out / fsdpkit)] if fsdpkit.endswith(".whl") else [])
     if args.json:
-        return emit_json({"written": [str(p) for p in files]})
-    print(f"wrote {', '.join(str(p) for p in files)}; check it with: fsdpkit image check {out / 'Dockerfile'}")
+        return emit_json({"written": written, "fsdpkit": fsdpkit, "requirements": reqs})
+    print(f"wrote {', '.join(written)}; fsdpkit in the image: {how}"
+          + ("" if reqs else "; no requirements file (add one and run again with --force)"))
+    print(f"check it with: fsdpkit image check {out / 'Dockerfile'}")
     return 0
 
 
@@ -160,8 +167,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="cmd", required=True, metavar="VERB", parser_class=Parser)
     p = sub.add_parser("init", help="write a Dockerfile and .dockerignore on a known-good base")
     p.add_argument("--base", default="dlc-2.6", help="dlc-2.6 (default), dlc-2.5, pytorch-2.6")
-    p.add_argument("--requirements", default="requirements.txt")
+    p.add_argument("--requirements", help="the project's requirements file (default: requirements.txt when present)")
     p.add_argument("--no-requirements", action="store_true")
+    p.add_argument("--fsdpkit", choices=("auto", "wheel", "release"), default="auto",
+                   help="fsdpkit in the image: a wheel built from this checkout (into .fsdpkit/), or the installed "
+                   "release from the package index (auto: a wheel when running from a checkout)")
     p.add_argument("--hyperpod", action="store_true", help="add hyperpod-elastic-agent (HyperPodPyTorchJob)")
     p.add_argument("--out", default=".")
     p.add_argument("--force", action="store_true")

@@ -5,19 +5,18 @@ from __future__ import annotations
 import argparse
 import sys
 
+from fsdpkit import yamlfile
 from fsdpkit.cli.output import Parser, dispatch, emit_json, progress
 
 
 def cmd(args: argparse.Namespace) -> int:
-    import yaml
-
     from fsdpkit.aws.infra import Infra, cloudformation
 
     if args.cmd == "template":
         template = cloudformation(args.repository)
         if args.json:
             return emit_json({"template": template})
-        print(yaml.safe_dump(template, sort_keys=False), end="")
+        print(yamlfile.dump(template), end="")
         return 0
     from fsdpkit.aws.session import connect
 
@@ -31,10 +30,11 @@ def cmd(args: argparse.Namespace) -> int:
         for k, v in have.items():
             print(f"{'present' if v else 'missing':8s} {k}")
         return 0
-    done = infra.up(say) if args.cmd == "up" else infra.down(say, args.delete_images)
+    done = infra.up(say, args.dry_run) if args.cmd == "up" else infra.down(say, args.delete_images, args.dry_run)
+    key = ("would_create" if args.dry_run else "created") if args.cmd == "up" else \
+        ("would_remove" if args.dry_run else "removed")
     if args.json:
-        return emit_json({"account": aws.account, "region": aws.region,
-                          "created" if args.cmd == "up" else "removed": done})
+        return emit_json({"account": aws.account, "region": aws.region, "dry_run": args.dry_run, key: done})
     return 0
 
 
@@ -54,6 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
         if verb == "down":
             p.add_argument("--delete-images", action="store_true", help="also remove an ECR repository that "
                            "still holds images")
+        if verb in ("up", "down"):
+            p.add_argument("--dry-run", action="store_true", help="print the plan; create or remove nothing")
         p.set_defaults(func=cmd)
     return parser
 

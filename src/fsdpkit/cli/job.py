@@ -6,8 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-import yaml
-
+from fsdpkit import yamlfile
 from fsdpkit.cli.output import Parser, dispatch, emit_json
 from fsdpkit.errors import UserError
 from fsdpkit.jobs.backends import get_backend
@@ -55,7 +54,7 @@ def cmd_render(args: argparse.Namespace) -> int:
         key = "manifests" if isinstance(rendered, list) else "script" if spec.backend == "slurm" else "command"
         return emit_json({"name": spec.name, "backend": spec.backend, key: rendered})
     if isinstance(rendered, list):
-        print(yaml.safe_dump_all(rendered, sort_keys=False), end="")
+        print(yamlfile.dump_all(rendered), end="")
     else:
         print(rendered, end="")
     return 0

@@ -12,7 +12,7 @@ from fsdpkit import __version__
 VERBS = {
     "train": ("fsdpkit.train.launch", "train a model (embedded default with no flags; --nproc N for N processes)"),
     "plan": ("fsdpkit.cli.plan", "will a training config fit on an instance type, how fast, what to change"),
-    "presets": ("fsdpkit.cli.presets", "list the model presets with their parameter counts"),
+    "presets": ("fsdpkit.cli.presets", "list the model presets with their sizes and training recipes"),
     "ckpt": ("fsdpkit.cli.ckpt", "list and inspect checkpoints (ckpt list DIR, ckpt show CKPT)"),
     "export": ("fsdpkit.cli.export", "write a checkpoint as Hugging Face safetensors (export SRC --to hf OUT)"),
     "data": ("fsdpkit.cli.data", "tokenise a dataset into token shards (data prepare)"),
@@ -31,9 +31,22 @@ VERBS = {
 }
 
 
+NEXT_STEPS = """\
+next steps:
+  fsdpkit train                                  train the default job here (CPU or GPU, no network)
+  fsdpkit train --nproc 2 --max_steps 100        the same as 2 FSDP2 processes
+  fsdpkit presets                                models and the training recipe each carries
+  fsdpkit plan --preset llama3_1_8b --instance-type p5.48xlarge --nodes 4
+                                                 will it fit, how fast, what to change
+  fsdpkit job render SPEC.yaml                   the manifests or script a job spec becomes
+  fsdpkit COMMAND --help                         each command's options; --json on every command
+"""
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(prog="fsdpkit", description="FSDP2 training from laptop to cluster.")
+    parser = argparse.ArgumentParser(prog="fsdpkit", description="FSDP2 training from laptop to cluster.",
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=NEXT_STEPS)
     parser.add_argument("--version", action="version", version=f"fsdpkit {__version__}")
     sub = parser.add_subparsers(dest="verb", metavar="COMMAND")
     for verb, (_module, help_text) in VERBS.items():

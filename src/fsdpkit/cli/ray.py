@@ -6,6 +6,7 @@ import argparse
 import shlex
 import sys
 
+from fsdpkit import yamlfile
 from fsdpkit.cli.output import Parser, dispatch, emit_json
 from fsdpkit.errors import UserError
 
@@ -31,12 +32,11 @@ def cmd_up(args: argparse.Namespace) -> int:
 
     spec = _spec(args)
     if args.dry_run:
-        import yaml
 
         manifest = raycluster_manifest(spec)
         if args.json:
             return emit_json({"manifest": manifest})
-        print(yaml.safe_dump(manifest, sort_keys=False), end="")
+        print(yamlfile.dump(manifest), end="")
         return 0
     ray, _ = _client(args)
     out = ray.up(spec, wait=args.wait, poll=args.poll)

@@ -17,10 +17,12 @@ def run(args) -> int:
     result = write_report(runs, out)
     if args.json:
         return emit_json(result)
-    for s in result["runs"]:
+    for s, run in zip(result["runs"], runs, strict=True):
         state = "finished" if s["finished"] else "running or stopped"
-        print(f"{s['name']}: {s['steps']} steps ({state}), loss {s['first_loss']} -> {s['final_loss']}, "
-              f"{s['restarts']} restart(s)")
+        loss = f"loss {s['first_loss']:.4f} -> {s['final_loss']:.4f}" if s["first_loss"] is not None else "no loss yet"
+        restarts = f", restarted {len(run.restarts)} time(s) (at step {', '.join(map(str, run.restarts))})" \
+            if run.restarts else ""
+        print(f"{s['name']}: {s['steps']} steps ({state}), {loss}{restarts}")
     print(f"report: {result['html']} ({len(result['plots'])} plots)")
     return 0
 

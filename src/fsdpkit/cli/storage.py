@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from fsdpkit import yamlfile
 from fsdpkit.cli.output import Parser, confirmed, dispatch, emit_json, progress
 from fsdpkit.errors import UserError
 
@@ -43,7 +44,6 @@ def _network(args: argparse.Namespace, aws=None) -> tuple[str, list[str]]:
 
 
 def cmd_create(args: argparse.Namespace) -> int:
-    import yaml
 
     from fsdpkit.aws import fsx
     from fsdpkit.cluster.apply import describe, ensure
@@ -58,7 +58,7 @@ def cmd_create(args: argparse.Namespace) -> int:
         out = {"create_file_system": plan.request(subnet, groups), "kubernetes": [] if args.no_k8s else volume}
         if args.json:
             return emit_json(out)
-        print(yaml.safe_dump(out, sort_keys=False), end="")
+        print(yamlfile.dump(out), end="")
         return 0
     aws = _aws(args)
     subnet, groups = _network(args, aws)
@@ -131,7 +131,6 @@ def cmd_delete(args: argparse.Namespace) -> int:
 
 
 def cmd_storage_class(args: argparse.Namespace) -> int:
-    import yaml
 
     from fsdpkit.cluster.apply import ensure
     from fsdpkit.cluster.storage import storage_class
@@ -148,7 +147,7 @@ def cmd_storage_class(args: argparse.Namespace) -> int:
     if args.dry_run:
         if args.json:
             return emit_json({"object": obj})
-        print(yaml.safe_dump(obj, sort_keys=False), end="")
+        print(yamlfile.dump(obj), end="")
         return 0
     action = ensure(_kube(args), obj)
     progress(args)(f"StorageClass/{plan.name}: {action}; claims with storageClassName: {plan.name} get their own FSx")

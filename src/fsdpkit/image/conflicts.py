@@ -6,7 +6,10 @@ Conflict classes:
 - cuda-wheel: a torch wheel (index URL or +cuXYZ local version) for another CUDA than the base;
 - torch-replacer: an unpinned install of a package that pulls its own torch (vllm, xformers, ...)
   without the constraints file that holds torch in place;
-- efa: a base image without EFA / aws-ofi-nccl, where multi-node NCCL would fall back to TCP.
+- efa: a base image without EFA / aws-ofi-nccl, where multi-node NCCL would fall back to TCP;
+- torch-pin: a requirement (or a constraints file it names) pinning another torch than the base's,
+  which the image's constraints file holds: the build fails;
+- cuda-lib-pin: a pin of NCCL or Triton other than the version the base's torch release requires.
 """
 
 from __future__ import annotations
@@ -20,6 +23,22 @@ from fsdpkit.image.dockerfile import BASES, DEFAULT_BASE
 # torch 2.N pairs with torchvision 0.(N+15) and torchaudio 2.N.
 REPLACERS = ("vllm", "xformers", "deepspeed", "flash-attn", "flash_attn", "torchao", "bitsandbytes")
 _PIN = re.compile(r"^\s*(torch|torchvision|torchaudio)\s*==\s*([0-9][0-9a-z.+]*)", re.I)
+_ANY_PIN = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9_.-]*)\s*==\s*([0-9][0-9A-Za-z.+!]*)")
+_CONSTRAINT = re.compile(r"^\s*(?:-c|--constraint)[\s=]+(\S+)")
+# What the torch wheel of each release requires of the NCCL and Triton pip installs beside it (its
+# Requires-Dist on PyPI, Linux x86-64): pinning other versions replaces what torch was built with.
+TORCH_COMPANIONS: dict[str, dict[str, str]] = {
+    "2.4": {"nvidia-nccl-cu12": "2.20.5", "triton": "3.0.0"},
+    "2.5": {"nvidia-nccl-cu12": "2.21.5", "triton": "3.1.0"},
+    "2.6": {"nvidia-nccl-cu12": "2.21.5", "triton": "3.2.0"},
+    "2.7": {"nvidia-nccl-cu12": "2.26.2"},
+    "2.8": {"nvidia-nccl-cu12": "2.27.3", "triton": "3.4.0"},
+    "2.9": {"nvidia-nccl-cu12": "2.27.5", "triton": "3.5.0"},
+    "2.10": {"nvidia-nccl-cu12": "2.27.5", "triton": "3.6.0"},
+    "2.11": {"nvidia-nccl-cu13": "2.28.9", "triton": "3.6.0"},
+    "2.13": {"nvidia-nccl-cu13": "2.29.7", "triton": "3.7.1"},
+    "2.14": {"nvidia-nccl-cu13": "2.30.7"},
+}
 _CUDA_TAG = re.compile(r"(?:cu|cuda)(\d{2})(\d)")
 _CUDA_DOTTED = re.compile(r"cuda(\d{2})\.(\d)")
 
@@ -74,6 +93,42 @@ def _cuda_of(text: str) -> str | None:
     return f"{m.group(1)}.{m.group(2)}" if m else None
 
 
+def _with_constraints(requirements: list[Path]) -> list[Path]:
+    """The requirements files and the constraints files they name (`-c FILE`), each once."""
+    out: list[Path] = []
+    todo = list(requirements)
+    while todo:
+        req = todo.pop(0)
+        if req in out or not req.is_file():
+            continue
+        out.append(req)
+        todo += [req.parent / m.group(1) for ln in req.read_text().splitlines() if (m := _CONSTRAINT.match(ln))]
+    return out
+
+
+def _pin_conflicts(sources: list[tuple[str, int, str]], dockerfile: Path, base_torch: str | None) -> list[Conflict]:
+    """Pins in the requirements (and constraints) that cannot hold on the base: another torch than
+    the one the image's constraints file keeps; another NCCL or Triton than that torch requires."""
+    if not base_torch:
+        return []
+    companions = TORCH_COMPANIONS.get(".".join(re.findall(r"\d+", base_torch)[:2]), {})
+    out = []
+    for file, no, ln in sources:
+        if file == str(dockerfile) or not (m := _ANY_PIN.match(ln)):
+            continue
+        name, version = m.group(1).lower().replace("_", "-"), m.group(2)
+        if name == "torch" and version.split("+")[0] != base_torch:
+            out.append(Conflict("torch-pin", file, no, f"torch=={version}, but the base's torch is {base_torch} "
+                                "and the image's constraints file holds it there: the build fails",
+                                f"remove the pin (the image keeps torch {base_torch}), or choose a base with "
+                                f"torch {version.split('+')[0]}"))
+        elif name in companions and version != companions[name]:
+            out.append(Conflict("cuda-lib-pin", file, no, f"{name}=={version}, but the base's torch {base_torch} "
+                                f"is built for {name}=={companions[name]}",
+                                f"remove the pin: torch {base_torch} brings {name} {companions[name]}"))
+    return out
+
+
 def check(dockerfile: Path, requirements: list[Path] = ()) -> list[Conflict]:
     lines = dockerfile.read_text().splitlines()
     found: list[Conflict] = []
@@ -82,7 +137,7 @@ def check(dockerfile: Path, requirements: list[Path] = ()) -> list[Conflict]:
     has_constraints = any("PIP_CONSTRAINT" in ln or "-c /etc/pip-constraints.txt" in ln for ln in lines)
     pins: dict[str, tuple[str, str, int]] = {}
     sources = [(str(dockerfile), i + 1, ln) for i, ln in enumerate(lines)]
-    for req in requirements:
+    for req in _with_constraints(requirements):
         sources += [(str(req), i + 1, ln) for i, ln in enumerate(req.read_text().splitlines())]
     for file, no, ln in sources:
         words = re.split(r"[\s\"']+", ln)
@@ -103,6 +158,7 @@ def check(dockerfile: Path, requirements: list[Path] = ()) -> list[Conflict]:
                                           "replace the base image's", "install it with -c /etc/pip-constraints.txt "
                                           "(a file pinning torch to the base's version), or pin a release built "
                                           "for that torch"))
+    found += _pin_conflicts(sources, dockerfile, base_torch)
     torch_v = pins.get("torch", (base_torch, None, 0))[0]
     if torch_v:
         for pkg, want in expected_pair(torch_v).items():
@@ -132,7 +188,7 @@ def fix(dockerfile: Path, requirements: list[Path] = ()) -> list[str]:
 def _fix_pass(dockerfile: Path, requirements: list[Path]) -> list[str]:
     conflicts = check(dockerfile, requirements)
     changed: set[str] = set()
-    text = {p: p.read_text() for p in [dockerfile, *requirements]}
+    text = {p: p.read_text() for p in [dockerfile, *_with_constraints(requirements)]}
     lines = text[dockerfile].splitlines()
     image = next((ln.split()[1] for ln in lines if ln.strip().upper().startswith("FROM ")), "")
     for c in conflicts:
@@ -158,6 +214,8 @@ def _fix_pass(dockerfile: Path, requirements: list[Path]) -> list[str]:
             text[dockerfile] = "\n".join(rows_df) + "\n"
             changed.add(str(dockerfile))
             continue
+        elif c.kind in ("torch-pin", "cuda-lib-pin"):
+            row = f"# {row}  # removed by `fsdpkit image check --fix`: {c.detail.split(', but ')[1].split(':')[0]}"
         elif c.kind == "efa":
             row = re.sub(r"^(\s*FROM\s+)\S+", lambda m: m.group(1) + BASES[DEFAULT_BASE].image, row, flags=re.I)
         rows[c.line - 1] = row

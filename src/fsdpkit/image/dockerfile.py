@@ -1,6 +1,7 @@
-"""`fsdpkit image init`: a Dockerfile on a known-good PyTorch + CUDA + EFA base, fsdpkit's trainer
-and the user's requirements installed under a constraints file that pins the base's torch, so no
-requirement can quietly replace it."""
+"""`fsdpkit image init`: a Dockerfile for the user's project on a known-good PyTorch + CUDA + EFA
+base. fsdpkit goes in as a package (a wheel `image init` builds from the fsdpkit that runs it, or
+the released version from the package index), the project's requirements go in under a constraints
+file that pins the base's torch (no requirement can quietly replace it), then the project itself."""
 
 from __future__ import annotations
 
@@ -31,6 +32,10 @@ BASES: dict[str, Base] = {b.key: b for b in [
 ]}
 DEFAULT_BASE = "dlc-2.6"
 
+# In the project: the fsdpkit wheel `image init` built, copied into the image.
+WHEEL_DIR = ".fsdpkit"
+HYPERPOD_AGENT = "hyperpod-elastic-agent==1.1.3"   # HyperPodPyTorchJob starts workers through its hyperpodrun
+
 DOCKERIGNORE = """\
 .git
 .venv
@@ -43,8 +48,11 @@ checkpoints
 """
 
 
-def render(base_key: str = DEFAULT_BASE, requirements: str | None = "requirements.txt", install_self: bool = True,
-           hyperpod_agent: bool = False) -> str:
+def render(base_key: str = DEFAULT_BASE, requirements: str | None = "requirements.txt",
+           fsdpkit: str = "fsdpkit", hyperpod_agent: bool = False) -> str:
+    """The Dockerfile. `fsdpkit` is what pip installs for fsdpkit: a wheel in the project
+    (`.fsdpkit/fsdpkit-X-py3-none-any.whl`) or a requirement (`fsdpkit==X`); `requirements` the
+    project's requirements file, or None."""
     if base_key not in BASES:
         raise UserError(f"--base: {base_key!r} is not known; choose one of: {', '.join(BASES)}")
     b = BASES[base_key]
@@ -60,15 +68,21 @@ def render(base_key: str = DEFAULT_BASE, requirements: str | None = "requirement
         "RUN python -c \"import torch; print('torch==' + torch.__version__.split('+')[0])\" "
         "> /etc/pip-constraints.txt && cat /etc/pip-constraints.txt",
         "ENV PIP_CONSTRAINT=/etc/pip-constraints.txt",
+        "",
+        "# fsdpkit's trainer (fsdpkit-torchrun, python -m fsdpkit.train), as a package"
+        + (", and HyperPod's elastic agent (hyperpodrun starts HyperPodPyTorchJob workers)." if hyperpod_agent
+           else "."),
     ]
+    agent = f" {HYPERPOD_AGENT}" if hyperpod_agent else ""
+    if fsdpkit.endswith(".whl"):
+        wheel = fsdpkit.rsplit("/", 1)[-1]
+        lines += [f"COPY {fsdpkit} /tmp/{wheel}",
+                  f"RUN pip install --no-cache-dir /tmp/{wheel}{agent} && rm /tmp/{wheel}"]
+    else:
+        lines.append(f"RUN pip install --no-cache-dir {fsdpkit}{agent}")
     if requirements:
-        lines += ["", f"COPY {requirements} /tmp/requirements.txt",
-                  "RUN pip install -r /tmp/requirements.txt -c /etc/pip-constraints.txt"]
-    if hyperpod_agent:
-        lines += ["", "# HyperPodPyTorchJob starts workers through hyperpodrun.",
-                  "RUN pip install hyperpod-elastic-agent -c /etc/pip-constraints.txt"]
-    if install_self:
-        lines += ["", "COPY . /opt/fsdpkit",
-                  "RUN pip install /opt/fsdpkit -c /etc/pip-constraints.txt && fsdpkit selftest --level standard"]
-    lines += ["", 'CMD ["fsdpkit", "selftest", "--level", "quick"]', ""]
+        lines += ["", "# The project's requirements.", f"COPY {requirements} /tmp/requirements.txt",
+                  "RUN pip install --no-cache-dir -r /tmp/requirements.txt"]
+    lines += ["", "# The project itself, and a check that this image can train.", "COPY . /workspace",
+              "RUN fsdpkit selftest --level standard", "", 'CMD ["fsdpkit", "selftest", "--level", "quick"]', ""]
     return "\n".join(lines)

@@ -19,8 +19,8 @@ The peak is the largest of the start of backward (all activations, no gradients 
 (all gradients, no activations) and a validation forward (no gradients; in slices of the training
 micro-batch, as the trainer runs it).
 torch.compile fuses elementwise work and saves less, so with compile on the estimate is an upper
-bound. On CPU the measured figures (tests/test_plan.py) also hold the runtime's own memory
-(interpreter, data pipeline), which is not the step's and is measured apart.
+bound. The figure is of tensors (what the CUDA allocator's peak counts); tests/test_plan.py checks
+it against the tensor peak of real runs, from torch.profiler's allocation events.
 """
 
 from __future__ import annotations
@@ -149,16 +149,6 @@ def activations(w: Workload) -> int:
     return acts + w.tokens * w.model.dim * (4 + DTYPE_BYTES[w.compute])
 
 
-def attention_working(w: Workload, tokens: int, backward: bool) -> int:
-    """Temporaries of fsdpkit's CPU attention kernels, which compute in fp32: in a bf16 run their
-    fp32 copies of q, k, v and the output (forward), and of q, k, v, the output, its gradient
-    and the fp32 dq, dk, dv (backward). SDPA on GPUs keeps no such copies."""
-    if w.expanded_kv or w.compute == "fp32":
-        return 0
-    d, kv = w.model.dim, w.model.n_kv_heads * w.model.head_dim
-    return 4 * tokens * ((4 * d + 4 * kv) if backward else (2 * d + 2 * kv))
-
-
 def fp32_copy(w: Workload) -> int:
     """Bytes per element of the loss's fp32 copy of the logits: `.float()` copies only bf16 ones."""
     return 0 if w.compute == "fp32" else 4
@@ -216,7 +206,6 @@ def estimate(w: Workload) -> MemoryEstimate:
     # ffn-wide SwiGLU gradients (a recomputed block frees its SwiGLU tensors as fast as their
     # gradients appear).
     working = s * (2 * m.dim + (0 if w.ac == "full" else 2 * m.ffn_dim)) * cb + 2 * s * m.dim * 4
-    working += attention_working(w, s, backward=True)
     # Backward begins with the loss and head, then the last block: activations are all still alive.
     # The loss's tensors are gone before the first block's backward (and its recomputation) starts.
     recompute = recomputed_block(w)
@@ -229,7 +218,7 @@ def estimate(w: Workload) -> MemoryEstimate:
     v = w.seq * min(w.val_batch, w.micro_batch)
     val_chunk = v if w.loss_chunk == 0 else min(w.loss_chunk, v)
     val = params + optimizer + gathered + v * (3 * m.ffn_dim + 3 * m.dim) * cb \
-        + val_chunk * m.vocab_size * (cb + fp32_copy(w) + 4) + attention_working(w, v, backward=False)
+        + val_chunk * m.vocab_size * (cb + fp32_copy(w) + 4)
     peak, at = max((start, "start of backward"), (end, "end of backward"), (val, "validation"))
     return MemoryEstimate(params, grads, optimizer, gathered + max(fsdp_bwd, root_bwd), acts + kept, loss_peak,
                           working, peak, host, at)

@@ -8,7 +8,7 @@ from datetime import datetime
 from pathlib import Path
 
 from fsdpkit.errors import UserError
-from fsdpkit.report.runs import Run
+from fsdpkit.report.runs import Run, plottable
 
 WIDTH, HEIGHT, DPI = 800, 450, 100
 
@@ -43,7 +43,7 @@ def plot(runs: list[Run], stem: str, out: Path) -> Path | None:
     for i, run in enumerate(runs):
         color = f"C{i % 10}"
         for kind, key, suffix in series:
-            rows = [r for r in (run.train if kind == "train" else run.val) if r.get(key) is not None]
+            rows = [r for r in (run.train if kind == "train" else run.val) if plottable(r, key)]
             if not rows:
                 continue
             style = "-" if kind == "train" else "--"

@@ -16,14 +16,14 @@ class Run:
     path: Path
     train: list[dict] = field(default_factory=list)  # metric lines of kind "train", in file order
     val: list[dict] = field(default_factory=list)
-    restarts: list[int] = field(default_factory=list)  # steps at which a resumed attempt logged again
+    restarts: list[int] = field(default_factory=list)  # steps at which a later attempt of the run began
     finished: bool = False  # summary.json exists: the run ended (a live or killed run has none)
 
     def summary(self) -> dict:
         t = self.train
 
         def median(key: str) -> float | None:
-            values = [r[key] for r in t if r.get(key) is not None]
+            values = [r[key] for r in t if plottable(r, key)]
             return statistics.median(values) if values else None
 
         return {
@@ -37,6 +37,12 @@ class Run:
         }
 
 
+def plottable(row: dict, key: str) -> bool:
+    """A value to plot and summarise: present, and for MFU not above 100% (a wrong denominator)."""
+    value = row.get(key)
+    return value is not None and not (key == "mfu" and value > 1)
+
+
 def load_run(path: Path) -> Run:
     """A run from RUN_DIR/metrics.jsonl. A line that is not (yet) whole JSON is skipped: the trainer
     may be writing it right now."""
@@ -44,14 +50,18 @@ def load_run(path: Path) -> Run:
     if not metrics.is_file():
         raise UserError(f"{path}: no metrics.jsonl here; pass a run directory (what `fsdpkit train` wrote)")
     run = Run(name=path.resolve().name, path=path, finished=(path / "summary.json").is_file())
-    last_step = 0
+    last_step, started = 0, False
     for line in metrics.read_text().splitlines():
         try:
             row = json.loads(line)
         except json.JSONDecodeError:
             continue
-        if row.get("kind") == "train":
-            if row["step"] <= last_step:  # steps went back: a new attempt resumed from a checkpoint
+        if row.get("kind") == "start":   # each attempt marks its start (and the step it resumed at)
+            if started:
+                run.restarts.append(row["step"])
+            started, last_step = True, row["step"]
+        elif row.get("kind") == "train":
+            if row["step"] <= last_step:  # steps went back: a new attempt resumed (files without markers)
                 run.restarts.append(row["step"])
             last_step = row["step"]
             run.train.append(row)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import math
 import os
 import types
@@ -158,6 +159,8 @@ class LogConfig:
     tensorboard_dir: str | None = opt(None, "TensorBoard directory (default: RUN_DIR/tensorboard)")
     progress: str = opt("auto", "progress bar (auto: when attached to a terminal)",
                         choices=("auto", "on", "off"))
+    peak_tflops: float | None = opt(None, "the MFU denominator, TFLOP/s per device (default: the GPU's datasheet "
+                                    "figure, or this CPU's matmul rate measured at start-up)", min=1e-9)
     log_samples: bool = opt(False, "record the global index of every sample each rank trains on "
                             "(RUN_DIR/samples-rank*.jsonl), to audit data order")
 
@@ -165,7 +168,7 @@ class LogConfig:
 @dataclass
 class CheckpointConfig:
     checkpoint_dir: str | None = opt(None, "where sharded checkpoints go")
-    checkpoint_freq: int = opt(0, "steps between checkpoints (0: none)", min=0)
+    checkpoint_freq: int = opt(0, "steps between checkpoints (0: only the last step, with a checkpoint_dir)", min=0)
     resume_from_checkpoint: str | None = opt(
         None, "a checkpoint, a directory whose newest complete checkpoint to resume from, or 'auto' "
         "(the newest in checkpoint_dir; also what a run restarted by torchrun does)", aliases=("resume",))
@@ -242,6 +245,16 @@ class TrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def record(self, run_dir: Path) -> dict[str, Any]:
+        """Every value the run uses, the model's shape and run directory included: what config.yaml
+        holds, so `fsdpkit train --config RUN_DIR/config.yaml` runs the same again."""
+        out = self.to_dict()
+        out["run_dir"] = str(run_dir)
+        m = self.model_config()
+        out["model"] = {k: getattr(m, k) for k in out["model"]}
+        out["model"]["sliding_window"] = m.sliding_window or 0
+        return out
 
 
 SECTIONS = ("model", "data", "optim", "parallel", "log", "checkpoint")
@@ -326,10 +339,17 @@ def convert(name: str, raw: Any, f: dataclasses.Field, tp: Any) -> Any:
         raise UserError(f"{name}: expected {kind}, got {raw!r}") from None
 
 
+def _did_you_mean(name: str) -> str:
+    """`; did you mean --max_steps?` for a near miss of an option name, else nothing."""
+    bare = name.split("=", 1)[0].lstrip("-").replace("-", "_")
+    close = difflib.get_close_matches(bare, [*field_index(), *IGNORED_REFERENCE_FLAGS, "config"], n=1, cutoff=0.75)
+    return f"; did you mean --{close[0]}?" if close else ""
+
+
 def _set(cfg: TrainConfig, name: str, raw: Any, index: dict) -> str:
     """Set one option; returns its field's name."""
     if name not in index:
-        raise UserError(f"unknown option {name!r} (see `fsdpkit train --help`)")
+        raise UserError(f"unknown option {name!r}{_did_you_mean(name)} (see `fsdpkit train --help`)")
     section, f, tp = index[name]
     target = cfg if section is None else getattr(cfg, section)
     setattr(target, f.name, convert(name, raw, f, tp))
@@ -429,6 +449,24 @@ class _Parser(argparse.ArgumentParser):
         raise UserError(f"{message} (see `{self.prog} --help`)")
 
 
+def _metavar(f: dataclasses.Field, tp: Any) -> str:
+    """What a flag takes, by type: {a,b} for choices, INT, FLOAT, BOOL, DIR, or STR."""
+    if f.metadata["choices"]:
+        return "{" + ",".join(f.metadata["choices"]) + "}"
+    base, _ = _base_type(tp)
+    if base is str and (f.name.endswith("_dir") or f.name in ("init_from_hf", "resume_from_checkpoint")):
+        return "DIR"
+    return {int: "INT", float: "FLOAT", bool: "BOOL"}.get(base, "STR")
+
+
+def _help(f: dataclasses.Field) -> str:
+    """The field's help with its default once: stated in the text where the default is a rule."""
+    text = f.metadata["help"]
+    if "default:" in text or f.default is None:
+        return text
+    return f"{text} (default: {str(f.default).lower() if isinstance(f.default, bool) else f.default})"
+
+
 def build_parser(prog: str = "fsdpkit train") -> argparse.ArgumentParser:
     """The training flags, generated from the dataclasses (so help and defaults cannot drift)."""
     parser = _Parser(
@@ -441,16 +479,13 @@ def build_parser(prog: str = "fsdpkit train") -> argparse.ArgumentParser:
                         help="print one JSON envelope with the run's summary on stdout; progress goes to stderr")
     for section, cls in _section_classes().items():
         group = parser.add_argument_group(section or "run")
-        for f, _tp in _fields(cls):
+        for f, tp in _fields(cls):
             names = [f"--{f.name}"]
             if "_" in f.name:
                 names.append(f"--{f.name.replace('_', '-')}")
             names += [f"--{a}" for a in f.metadata["aliases"]]
-            meta = f.metadata
-            extra = f" [{'|'.join(meta['choices'])}]" if meta["choices"] else ""
-            default = f.default if f.default is not dataclasses.MISSING else None
-            group.add_argument(*names, dest=f.name, default=argparse.SUPPRESS, metavar="V",
-                               help=f"{meta['help']}{extra} (default: {default})".replace("%", "%%"))
+            group.add_argument(*names, dest=f.name, default=argparse.SUPPRESS, metavar=_metavar(f, tp),
+                               help=_help(f).replace("%", "%%"))
     ignored = parser.add_argument_group("accepted for compatibility with the reference, ignored")
     for name in IGNORED_REFERENCE_FLAGS:
         ignored.add_argument(f"--{name}", dest=f"ignored__{name}", default=argparse.SUPPRESS,
@@ -463,7 +498,7 @@ def parse_args(argv: list[str] | None, prog: str = "fsdpkit train") -> tuple[Tra
     parser = build_parser(prog)
     ns, unknown = parser.parse_known_args(argv)
     if unknown:
-        raise UserError(f"unknown option {unknown[0]!r} (see `{prog} --help`)")
+        raise UserError(f"unknown option {unknown[0]!r}{_did_you_mean(unknown[0])} (see `{prog} --help`)")
     values = dict(vars(ns))
     values.pop("json", None)
     config_file = values.pop("config", None)

@@ -7,10 +7,13 @@ joins a process group: nccl on GPUs, gloo on CPUs.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import signal
+import sys
 from dataclasses import dataclass
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -108,6 +111,22 @@ def teardown() -> None:
         with contextlib.suppress(Exception):  # a peer already failed: nothing left to wait for
             dist.barrier()
         dist.destroy_process_group()
+
+
+def leave(code: int) -> NoReturn:
+    """End a worker process with `code`, running its exit handlers but not interpreter finalization.
+
+    gloo's worker threads outlive destroy_process_group (FSDP's DTensor specs keep the group
+    alive), and the thread that drops its last reference to a collective's tensor takes the GIL
+    to release the Python object. If it is still waiting for the GIL when Python starts
+    finalizing, CPython ends it with pthread_exit inside a noexcept C++ destructor and the whole
+    process aborts ("terminate called without an active exception", SIGABRT) after a run that
+    finished. Exit handlers run while the interpreter is whole; then the process leaves at once.
+    """
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def all_reduce_mean(t: torch.Tensor, rt: Runtime) -> torch.Tensor:

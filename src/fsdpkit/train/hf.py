@@ -8,6 +8,7 @@ which transformers v4 reads as is and v5 converts on load.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -96,6 +97,16 @@ def to_hub_tensors(name: str, t: torch.Tensor, cfg: ModelConfig) -> dict[str, to
     return out
 
 
+def _as_umask_allows(directory: Path) -> None:
+    """safetensors writes its files owner-only (0600); an export is meant to be shared like any other
+    file the user writes: the modes the umask allows."""
+    mask = os.umask(0)
+    os.umask(mask)
+    directory.chmod(0o777 & ~mask)
+    for f in directory.iterdir():
+        f.chmod(0o666 & ~mask)
+
+
 def save_hf(state: dict[str, torch.Tensor], cfg: ModelConfig, out_dir: Path, dtype: torch.dtype) -> list[Path]:
     """Write config.json and safetensors (sharded with an index past SHARD_BYTES). Written to a
     temporary directory first and renamed, so `out_dir` never holds a half export."""
@@ -136,6 +147,7 @@ def save_hf(state: dict[str, torch.Tensor], cfg: ModelConfig, out_dir: Path, dty
     config = hf_config_dict(cfg)
     config["torch_dtype"] = {torch.bfloat16: "bfloat16", torch.float32: "float32"}[dtype]
     (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    _as_umask_allows(tmp)
     if out_dir.exists():
         out_dir.rmdir()
     tmp.rename(out_dir)

@@ -25,26 +25,35 @@ def gpu_peak_flops(device: torch.device, dtype: torch.dtype) -> float | None:
     return None
 
 
-def measure_cpu_peak_flops(dtype: torch.dtype = torch.float32, seconds: float = 0.3) -> float:
-    """This process's matmul FLOP/s on the CPU with its current thread count (the MFU denominator)."""
-    n = 512
-    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-    for _ in range(3):
-        a @ b
+def _gemm_rate(a: torch.Tensor, b: torch.Tensor, seconds: float) -> float:
     iters, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
         a @ b
         iters += 1
-    return 2 * n**3 * iters / (time.perf_counter() - start)
+    return 2 * a.shape[0] ** 3 * iters / (time.perf_counter() - start)
+
+
+def measure_cpu_peak_flops(dtype: torch.dtype = torch.float32, seconds: float = 0.3, runs: int = 5) -> float:
+    """This process's matmul FLOP/s on the CPU with its current thread count (the MFU denominator):
+    the best of several short runs, since other work on the machine slows some runs, not the best."""
+    n = 512
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    for _ in range(3):
+        a @ b
+    return max(_gemm_rate(a, b, seconds / runs) for _ in range(runs))
 
 
 def cpu_bf16_gemm_ratio(bf16_rate: float, seconds: float = 0.3) -> float:
     """A bf16 matmul rate measured on this CPU over its fp32 one. Having AVX512-BF16 is no promise:
     measured 3.1x on a 2-core AMD EPYC, 0.55x on a 2-core Intel Xeon VM whose AMX is hidden."""
-    return bf16_rate / max(measure_cpu_peak_flops(torch.float32, seconds) for _ in range(2))
+    return bf16_rate / measure_cpu_peak_flops(torch.float32, seconds)
 
 
-def peak_flops(device: torch.device, dtype: torch.dtype) -> tuple[float | None, str]:
+def peak_flops(device: torch.device, dtype: torch.dtype, given_tflops: float | None = None) -> tuple[float | None, str]:
+    """The MFU denominator per device and where it comes from: given, a GPU's datasheet, or this CPU
+    measured."""
+    if given_tflops is not None:
+        return given_tflops * 1e12, "given"
     if device.type == "cuda":
         return gpu_peak_flops(device, dtype), "datasheet"
     return measure_cpu_peak_flops(dtype), "measured-gemm"
@@ -121,6 +130,7 @@ def derive(s: StepStats, flops_tok: float, peak: float | None, mem: int) -> dict
     tok_s = s.tokens / s.elapsed
     per_dev = tok_s / s.world_size
     tflops = flops_tok * per_dev / 1e12
+    mfu = tflops * 1e12 / peak if peak else None
     return {
         "step": s.step,
         "loss": s.loss,
@@ -131,7 +141,10 @@ def derive(s: StepStats, flops_tok: float, peak: float | None, mem: int) -> dict
         "tokens_per_s": tok_s,
         "tokens_per_s_per_device": per_dev,
         "tflops_per_device": tflops,
-        "mfu": (tflops * 1e12 / peak) if peak else None,
+        # More than the peak is impossible: the denominator is wrong (a CPU peak measured while the
+        # machine was busy), so no figure is recorded rather than one over 100%.
+        "mfu": mfu if mfu is None or mfu <= 1 else None,
+        "mfu_above_peak": mfu is not None and mfu > 1,
         "peak_memory_gib": mem / 2**30,
         "host_page_faults_per_step": s.page_faults / s.steps,
         "skipped_steps": s.skipped,
@@ -140,7 +153,8 @@ def derive(s: StepStats, flops_tok: float, peak: float | None, mem: int) -> dict
 
 def human_line(m: dict[str, Any]) -> str:
     """The reference's line (`Batch N Loss: ..., Speed: ... samples/sec, lr: ...`) plus new fields."""
-    mfu = f"{100 * m['mfu']:.2f}%" if m.get("mfu") is not None else "n/a"
+    mfu = f"{100 * m['mfu']:.2f}%" if m.get("mfu") is not None else \
+        "n/a (above the peak: see --peak_tflops)" if m.get("mfu_above_peak") else "n/a"
     return (
         f"Batch {m['step']} Loss: {m['loss']:.5f}, Speed: {m['samples_per_s']:.2f} samples/sec, "
         f"lr: {m['lr']:.6f}, grad_norm: {m['grad_norm']:.3f}, tokens/s: {m['tokens_per_s']:.0f}, "

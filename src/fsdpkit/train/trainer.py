@@ -16,8 +16,8 @@ from datetime import datetime
 from pathlib import Path
 
 import torch
-import yaml
 
+from fsdpkit import yamlfile
 from fsdpkit.errors import UserError
 from fsdpkit.train import checkpoint, dist, network
 from fsdpkit.train.config import TrainConfig
@@ -32,6 +32,7 @@ from fsdpkit.train.metrics import (
     derive,
     flops_per_token,
     human_line,
+    measure_cpu_peak_flops,
     minor_page_faults,
     peak_flops,
     peak_memory_bytes,
@@ -198,9 +199,9 @@ def _train(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path, notices: list[str]
                        f"({cfg.val_batch_size()} x {rt.world_size} blocks of {seq_len + 1} tokens); no validation")
     dtype = compute_dtype(cfg.parallel, rt.device.type)
     flops_tok = flops_per_token(mcfg, seq_len)
-    peak, peak_source = peak_flops(rt.device, dtype)
-    # Only rank 0 prints notices, so only rank 0 spends the 0.6 s measuring fp32 for this one.
-    bf16_on_cpu = rt.is_main and rt.device.type == "cpu" and dtype == torch.bfloat16
+    peak, peak_source = peak_flops(rt.device, dtype, lg.peak_tflops)
+    # Only rank 0 prints notices, so only rank 0 spends the 0.3 s measuring fp32 for this one.
+    bf16_on_cpu = rt.is_main and peak_source == "measured-gemm" and dtype == torch.bfloat16
     if bf16_on_cpu and (ratio := cpu_bf16_gemm_ratio(peak)) < 1:
         notices.append(f"warning: on this CPU bf16 matrix products run at {ratio:.2f}x the fp32 rate (measured); "
                        "--mixed_precision fp32 is faster here")
@@ -208,10 +209,15 @@ def _train(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path, notices: list[str]
     writer = None
     if rt.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+        (run_dir / "config.yaml").write_text(yamlfile.dump(cfg.record(run_dir)))
         tb_dir = Path(lg.tensorboard_dir) if lg.tensorboard_dir else run_dir / "tensorboard"
         show_bar = lg.progress == "on" or (lg.progress == "auto" and sys.stderr.isatty())
         writer = MetricsWriter(run_dir, tb_dir if lg.tensorboard else None, show_bar, o.max_steps)
+        # Each start of the run is marked, so readers can tell its attempts apart (a resume that
+        # repeats no step included).
+        writer.record("start", {"step": start_step, "world_size": rt.world_size,
+                                "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+                                "resubmission": int(os.environ.get("FSDPKIT_ATTEMPT", "0"))})
         for note in notices:
             writer.print(note)
         writer.print(
@@ -231,10 +237,20 @@ def _train(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path, notices: list[str]
     window_start, window_steps, window_faults = time.perf_counter(), 0, minor_page_faults()
     model.train()
     stop = dist.StopRequest(rt)
-    checkpointer = None
+    checkpointer, saved_at = None, None
     if cfg.checkpoint.checkpoint_dir:
         checkpointer = checkpoint.Checkpointer(Path(cfg.checkpoint.checkpoint_dir), rt, cfg.checkpoint.keep_last,
                                                cfg.checkpoint.async_checkpoint)
+
+    def save(n: int) -> None:
+        nonlocal saved_at
+        meta = {"samples": samples_done, "model": model_shape, "preset": cfg.preset,
+                "loss": result.losses[-1][1] if result.losses else None, "config": cfg.record(run_dir)}
+        path = checkpointer.save(n, model, optimizer, meta)
+        saved_at = n
+        if writer:
+            how = "writing in the background" if cfg.checkpoint.async_checkpoint else "saved"
+            writer.print(f"fsdpkit: checkpoint {path} {how}")
     for step in range(start_step, o.max_steps):
         lr = lr_at(step, cfg)
         set_lr(optimizer, lr)
@@ -254,6 +270,8 @@ def _train(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path, notices: list[str]
         except StopIteration:
             if writer:
                 writer.print(f"fsdpkit: the data ran out after {d.epochs} epoch(s) at step {step}; stopping")
+            if checkpointer and saved_at != result.steps and result.steps > start_step:
+                save(result.steps)   # the run's last step, as at max_steps
             break
         grad_norm = clipped_step(optimizer, o.grad_clip)
         skipped += ~grad_norm.isfinite()
@@ -272,6 +290,12 @@ def _train(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path, notices: list[str]
             result.losses.append((n, loss))
             if writer:
                 m = derive(stats, flops_tok, peak, peak_memory_bytes(rt.device))
+                if m["mfu_above_peak"] and peak_source == "measured-gemm":
+                    # Faster than the CPU's measured peak: other work slowed that measurement.
+                    peak = max(peak, measure_cpu_peak_flops(dtype))
+                    writer.print(f"fsdpkit: MFU denominator re-measured: {peak / 1e12:.3f} TFLOP/s (the start-up "
+                                 "measurement was slowed by other work on this machine)")
+                    m = derive(stats, flops_tok, peak, peak_memory_bytes(rt.device))
                 writer.record("train", m, human_line(m))
                 writer.advance(window_steps, loss)
             loss_sum.zero_()
@@ -287,14 +311,10 @@ def _train(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path, notices: list[str]
             window_start, window_faults = time.perf_counter(), minor_page_faults()
         ck = cfg.checkpoint
         stopping = stop.agreed()
-        due = ck.checkpoint_freq and (n % ck.checkpoint_freq == 0 or n == o.max_steps)
+        # With a checkpoint directory the last step is always saved, on checkpoint_freq or not.
+        due = (ck.checkpoint_freq and n % ck.checkpoint_freq == 0) or n == o.max_steps
         if checkpointer and (due or stopping):
-            meta = {"samples": samples_done, "model": model_shape, "preset": cfg.preset,
-                    "loss": result.losses[-1][1] if result.losses else None, "config": cfg.to_dict()}
-            path = checkpointer.save(n, model, optimizer, meta)
-            if writer:
-                how = "writing in the background" if ck.async_checkpoint else "saved"
-                writer.print(f"fsdpkit: checkpoint {path} {how}")
+            save(n)
             window_start, window_faults = time.perf_counter(), minor_page_faults()
         if stopping:
             if checkpointer:
