@@ -29,6 +29,19 @@ def read_metrics(run_dir: Path, kind: str = "train") -> list[dict]:
     return [r for r in map(json.loads, lines) if r["kind"] == kind]
 
 
+def processes_naming(path: Path) -> list[str]:
+    """Command lines of live processes that name `path` (every rank of a run gets its --run_dir)."""
+    out = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            cmd = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if str(path) in cmd:
+            out.append(cmd)
+    return out
+
+
 def losses(run_dir: Path) -> list[float]:
     return [r["loss"] for r in read_metrics(run_dir)]
 

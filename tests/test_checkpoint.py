@@ -8,13 +8,13 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
+from fsdpkit.report.runs import load_run
 from fsdpkit.train.checkpoint import list_checkpoints, resolve
 
-from conftest import FAST, ROOT, losses, read_metrics, run_cli
+from conftest import FAST, ROOT, losses, processes_naming, read_metrics, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -39,7 +39,7 @@ def effective(records: list[dict], key: str = "step") -> dict[int, dict]:
 def samples_by_step(run_dir) -> dict[int, list[int]]:
     out: dict[int, list[int]] = {}
     for f in sorted(run_dir.glob("samples-rank*.jsonl")):
-        per_rank = effective([json.loads(line) for line in f.read_text().splitlines()])
+        per_rank = effective([r for r in map(json.loads, f.read_text().splitlines()) if r.get("kind") != "start"])
         for step, rec in per_rank.items():
             out.setdefault(step, []).extend(rec["blocks"])
     return out
@@ -65,6 +65,20 @@ def test_sigkilled_rank_restarts_and_continues_exactly(two_rank_run, tmp_path, f
     assert sorted(flat) == list(range(6 * 8))
     assert seen == samples_by_step(two_rank_run / "run")
     assert [c.step for c in list_checkpoints(ckpt)] == [3, 6]
+    # One record per run: each row says its attempt, each sample log marks where attempt 1 began,
+    # and the readers show each step once, from the attempt that survived.
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["attempt"], r["step"]) for r in rows if r["kind"] == "start"] == [(0, 0), (1, 3)]
+    assert {r["attempt"] for r in rows if r["kind"] == "train" and r["step"] > 3} == {0, 1}
+    for f in run_dir.glob("samples-rank*.jsonl"):
+        starts = [r for r in map(json.loads, f.read_text().splitlines()) if r.get("kind") == "start"]
+        assert [(r["attempt"], r["step"]) for r in starts] == [(0, 0), (1, 3)]
+    run = load_run(run_dir)
+    assert [(r["step"], r["loss"]) for r in run.train] == [(r["step"], r["loss"]) for r in
+                                                            read_metrics(two_rank_run / "run")]
+    assert run.restarts == [3]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["first_loss"] == losses(two_rank_run / "run")[0] and summary["attempts"] == 2
 
 
 def test_checkpoints_are_complete_and_described(two_rank_run):
@@ -95,18 +109,15 @@ def test_resume_continues_exactly(two_rank_run, tmp_path, nproc, batch):
 
 @pytest.mark.parametrize("nproc", ["1", "2"])
 def test_resume_refuses_another_model_shape(two_rank_run, tmp_path, nproc):
-    # Under --nproc 2 the error is raised in both torchrun workers; it still reaches the user once,
-    # as one line with exit code 2 (torchrun's ChildFailedError report goes to RUN_DIR/launcher.log).
+    # Checked before any process starts (the checkpoint's fsdpkit.json names its shape), so under
+    # --nproc 2 too nothing is launched or written.
     r = run_cli("train", *FAST, "--max_steps", "6", "--train_batch_size", "8", "--n_layers", "3", "--nproc", nproc,
                 "--run_dir", str(tmp_path / "run"), "--resume_from_checkpoint", str(two_rank_run / "ckpt"))
     assert r.returncode == 2, r.stderr[-3000:]
     assert r.stderr.strip().splitlines() == [r.stderr.strip()]
     assert r.stderr.startswith("error: resume_from_checkpoint")
     assert "another shape: n_layers 4 (this run: 3)" in r.stderr
-    if nproc == "1":
-        assert not (tmp_path / "run").exists()
-    else:
-        assert "ChildFailedError" not in r.stderr and "exitcode  : 2" in (tmp_path / "run" / "launcher.log").read_text()
+    assert not (tmp_path / "run").exists()
     assert json.loads((two_rank_run / "ckpt" / "step-00000006" / "fsdpkit.json").read_text())["step"] == 6
 
 
@@ -145,22 +156,9 @@ def test_killing_the_launcher_leaves_no_rank_running(tmp_path):
     proc, _ = _train_until(tmp_path, "2", signal.SIGKILL)
     assert proc.returncode == -signal.SIGKILL
     deadline = time.monotonic() + 10
-    while _fsdpkit_processes(tmp_path / "run") and time.monotonic() < deadline:
+    while processes_naming(tmp_path / "run") and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not _fsdpkit_processes(tmp_path / "run")
-
-
-def _fsdpkit_processes(run_dir: Path) -> list[str]:
-    """Command lines of live processes that were started for this run (by its run directory)."""
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            cmd = stat.read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if str(run_dir) in cmd:
-            out.append(cmd)
-    return out
+    assert not processes_naming(tmp_path / "run")
 
 
 @pytest.mark.parametrize("nproc", ["1", "2"])
@@ -169,7 +167,7 @@ def test_sigterm_saves_a_complete_checkpoint_within_grace_period(tmp_path, nproc
     assert took < 30, "Kubernetes' default grace period is 30 s"
     # 128 + SIGTERM, also under torchrun: an interrupted run must not look finished, nor failed.
     assert proc.returncode == 143
-    assert not _fsdpkit_processes(tmp_path / "run")   # the workers and torchrun's agent are gone too
+    assert not processes_naming(tmp_path / "run")   # the workers and torchrun's agent are gone too
     (latest,) = list_checkpoints(tmp_path / "ckpt")
     assert latest.step >= 3 and latest.meta["world_size"] == int(nproc)
     steps_logged = [m["step"] for m in read_metrics(tmp_path / "run")]
@@ -260,7 +258,8 @@ def test_partial_or_damaged_checkpoint_is_a_clear_error(two_rank_run, tmp_path):
     shard = next(damaged.glob("*.distcp"))
     shard.write_bytes(shard.read_bytes()[:100])  # truncated, as by a full disk
     (tmp_path / "reference" / "llama_v3-100steps").mkdir(parents=True)
-    cases = ((partial, "not a complete fsdpkit checkpoint"), (tmp_path / "ckpt", "is damaged"),
+    # Named directly, a damaged checkpoint is an error; in a root it is set aside (test below).
+    cases = ((partial, "not a complete fsdpkit checkpoint"), (damaged, "is damaged"),
              (tmp_path / "reference", "reference example"))
     for spec, text in cases:
         r = run_cli("train", *FAST, "--max_steps", "6", "--train_batch_size", "8", "--run_dir",
@@ -269,3 +268,36 @@ def test_partial_or_damaged_checkpoint_is_a_clear_error(two_rank_run, tmp_path):
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1 and text in lines[0], r.stderr[-2000:]
         assert not (tmp_path / "run").exists()
+
+
+def test_a_damaged_newest_checkpoint_is_set_aside_and_the_older_one_resumed(two_rank_run, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(two_rank_run / "ckpt", ckpt, ignore=shutil.ignore_patterns(".*.tmp"))
+    shard = ckpt / "step-00000006" / "__1_0.distcp"
+    shard.write_bytes(shard.read_bytes()[:100])  # what a disk that filled up mid-copy leaves
+    stale = ckpt / ".step-00000009.tmp"  # a save a killed attempt never finished
+    stale.mkdir()
+    (stale / "__0_0.distcp").write_bytes(b"partial")
+    r = run_cli("train", *BASE, "--train_batch_size", "4", "--nproc", "2", "--run_dir", str(tmp_path / "run"),
+                "--checkpoint_dir", str(ckpt), "--resume_from_checkpoint", "auto")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "warning: checkpoint" in r.stdout and "__1_0.distcp is truncated (100 of" in r.stdout
+    assert "set aside as step-00000006.damaged" in r.stdout and "resumed from" in r.stdout
+    assert "step-00000003" in r.stdout.split("resumed from", 1)[1].splitlines()[0]
+    # Kept for a person to look at, byte for byte; the run then wrote a whole step 6 again.
+    assert (ckpt / "step-00000006.damaged" / "__1_0.distcp").stat().st_size == 100
+    assert [c.step for c in list_checkpoints(ckpt)] == [3, 6]
+    assert not stale.exists()
+    assert losses(tmp_path / "run") == pytest.approx(losses(two_rank_run / "run")[3:], abs=1e-5)
+
+
+def test_a_damaged_checkpoint_named_directly_is_one_line_and_left_in_place(two_rank_run, tmp_path):
+    ckpt = tmp_path / "step-00000006"
+    shutil.copytree(two_rank_run / "ckpt" / "step-00000006", ckpt)
+    (ckpt / "__0_0.distcp").unlink()
+    r = run_cli("train", *FAST, "--max_steps", "6", "--train_batch_size", "8", "--run_dir", str(tmp_path / "run"),
+                "--resume_from_checkpoint", str(ckpt))
+    assert r.returncode == 2
+    assert r.stderr.strip() == f"error: resume_from_checkpoint: {ckpt} is damaged and cannot be read " \
+                               "(__0_0.distcp is missing)"
+    assert ckpt.is_dir()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import shutil
 
 import pytest
 import torch
@@ -91,11 +93,104 @@ def test_export_refuses_non_empty_target_and_missing_checkpoint(tmp_path, cli):
     assert (tmp_path / "taken" / "keep.txt").read_text() == "mine"
 
 
-def test_init_from_hf_shape_mismatch_is_clear(tmp_path, cli):
+@pytest.mark.parametrize("nproc", ["1", "2"])
+def test_init_from_hf_shape_mismatch_is_clear(tmp_path, cli, nproc):
+    """Found while loading weights, so under --nproc 2 in both torchrun workers: it still reaches
+    the user once, as one line with exit code 2; torchrun's ChildFailedError report goes to
+    RUN_DIR/launcher.log, not the terminal."""
     hf_dir = tmp_path / "hf"
     make_hf_checkpoint("mistral", hf_dir)
     r = cli("train", *FAST, "--init_from_hf", str(hf_dir), "--n_layers", "3", "--max_steps", "1",
-            "--run_dir", str(tmp_path / "run"))
+            "--nproc", nproc, "--run_dir", str(tmp_path / "run"))
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [r.stderr.strip()] and "init_from_hf" in r.stderr
+    if nproc == "1":
+        assert not (tmp_path / "run").exists()
+    else:
+        assert "ChildFailedError" not in r.stderr and "exitcode  : 2" in (tmp_path / "run" / "launcher.log").read_text()
+
+
+REFUSED = {
+    "attention_bias": ({"attention_bias": True}, "uses attention_bias"),
+    "mlp_bias": ({"mlp_bias": True}, "uses mlp_bias"),
+    "rope_yarn": ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope scaling 'yarn' is not supported"),
+    "rope_dynamic": ({"rope_scaling": {"type": "dynamic", "factor": 2.0}}, "rope scaling 'dynamic' is not supported"),
+    "architecture": ({"architectures": ["LlamaForSequenceClassification"]},
+                     "architecture LlamaForSequenceClassification is not supported"),
+    "hidden_act": ({"hidden_act": "gelu"}, "hidden_act 'gelu' is not supported"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_init_from_hf_refuses_what_the_model_cannot_represent(case, tmp_path, cli):
+    """Loading such a checkpoint would drop part of it (biases) or change its function (RoPE,
+    activation) and still train: one line and exit 2 instead, before anything is written."""
+    hf_dir = tmp_path / "hf"
+    make_hf_checkpoint("llama", hf_dir)
+    change, message = REFUSED[case]
+    config = json.loads((hf_dir / "config.json").read_text())
+    (hf_dir / "config.json").write_text(json.dumps({**config, **change}))
+    r = cli("train", *FAST, "--init_from_hf", str(hf_dir), "--max_steps", "1", "--run_dir", str(tmp_path / "run"))
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert r.stderr.strip().splitlines() == [r.stderr.strip()] and message in r.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_linear_rope_scaling_matches_transformers(tmp_path):
+    from fsdpkit.train.hf import load_hf_into, model_config_from_hf
+    from fsdpkit.train.model import Transformer
+
+    config = transformers.LlamaConfig(**COMMON, rope_theta=10000.0,
+                                      rope_scaling={"rope_type": "linear", "factor": 4.0})
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).save_pretrained(tmp_path / "hf")
+    cfg = model_config_from_hf(tmp_path / "hf")
+    assert cfg.rope_scaling.rope_type == "linear" and cfg.rope_scaling.factor == 4.0
+    ours = Transformer(cfg, rope_len=64)
+    ours.init_buffers()
+    load_hf_into(ours, tmp_path / "hf", cfg)
+    theirs = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "hf", attn_implementation="eager").eval()
+    tokens = torch.randint(0, 300, (2, 48), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(ours.eval()(tokens), theirs(tokens).logits, rtol=0, atol=1e-5)
+        # Dropping the scaling (what the import did before) changes the logits: the test sees it.
+        plain = Transformer(dataclasses.replace(cfg, rope_scaling=None), rope_len=64)
+        plain.init_buffers()
+        load_hf_into(plain, tmp_path / "hf", cfg)
+        assert not torch.allclose(plain.eval()(tokens), theirs(tokens).logits, atol=1e-3)
+
+
+def test_export_carries_the_runs_tokenizer_and_its_token_ids(tmp_path, cli):
+    texts = [f"the quick brown fox {i} jumps over the lazy dog" for i in range(200)]
+    (tmp_path / "docs.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    assert cli("tokenizer", "train", "--dataset", str(tmp_path / "docs.jsonl"), "--vocab_size", "300",
+               "--out", str(tmp_path / "tok")).returncode == 0
+    runs = {"bpe": ["--tokenizer", str(tmp_path / "tok"), "--vocab_size", "300", "--dataset",
+                    str(tmp_path / "docs.jsonl")], "bytes": []}
+    for name, flags in runs.items():
+        r = cli("train", *FAST, *flags, "--max_steps", "1", "--train_batch_size", "2", "--tensorboard", "0",
+                "--run_dir", str(tmp_path / f"{name}-run"), "--checkpoint_dir", str(tmp_path / f"{name}-ckpt"))
+        assert r.returncode == 0, r.stderr[-2000:]
+        r = cli("export", str(tmp_path / f"{name}-ckpt"), str(tmp_path / f"{name}-hf"))
+        assert r.returncode == 0, r.stderr[-2000:]
+    config = json.loads((tmp_path / "bytes-hf" / "config.json").read_text())
+    assert (config["bos_token_id"], config["eos_token_id"]) == (256, 257)
+    assert not (tmp_path / "bytes-hf" / "tokenizer.json").exists()
+
+    out = tmp_path / "bpe-hf"
+    assert {"tokenizer.json", "tokenizer_config.json"} <= {p.name for p in out.iterdir()}
+    theirs = transformers.AutoTokenizer.from_pretrained(out)
+    from fsdpkit.train.data.tokenizers import HFTokenizer
+
+    ours = HFTokenizer(str(tmp_path / "tok"))
+    assert theirs.encode(texts[3], add_special_tokens=False) == ours.encode(texts[3]).tolist()
+    assert json.loads((out / "config.json").read_text())["eos_token_id"] == ours.eos_id == theirs.eos_token_id
+
+    # The tokenizer gone (a hub one not cached on an offline machine): the weights are still
+    # exported, and the missing tokenizer is said, not silently left out.
+    shutil.rmtree(tmp_path / "tok")
+    r = cli("export", str(tmp_path / "bpe-ckpt"), str(tmp_path / "no-tok"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "warning: export: the run's tokenizer is not in the export: tokenizer:" in r.stderr
+    assert (tmp_path / "no-tok" / "model.safetensors").is_file()
+    assert not (tmp_path / "no-tok" / "tokenizer.json").exists()

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 import re
+import time
 
 import pytest
 import yaml
 
-from conftest import losses, run_cli
+from conftest import losses, processes_naming, run_cli
 
 pytestmark = pytest.mark.slow
 TOKEN = "hf_local_s3cr3t_never_written"
@@ -75,3 +76,24 @@ def test_local_failed_job_is_resubmitted_and_resumes(tmp_path):
              (tmp_path / "home" / "jobs" / "flaky" / "run" / "metrics.jsonl").read_text().splitlines()
              if json.loads(line)["kind"] == "train"]
     assert steps[-1] == 30
+
+
+def test_deleting_a_running_local_job_stops_every_rank(tmp_path):
+    env = {"FSDPKIT_HOME": str(tmp_path / "home")}
+    spec = local_spec(tmp_path, name="to-cancel", train={"max_steps": 100000, "seq_len": 64, "validation_freq": 0,
+                                                           "progress": "off", "logging_freq": 1})
+    assert run_cli("job", "submit", str(spec), env=env).returncode == 0
+    job_dir = tmp_path / "home" / "jobs" / "to-cancel"
+    deadline = time.monotonic() + 120
+    while "Loss" not in (job_dir / "log").read_text() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert len(processes_naming(job_dir)) >= 3  # launcher, torchrun's agent, two ranks
+    r = run_cli("job", "delete", "to-cancel", env=env)  # the job API's cancel verb
+    assert r.returncode == 0, r.stderr
+    deadline = time.monotonic() + 30
+    while processes_naming(job_dir) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not processes_naming(job_dir)
+    r = run_cli("job", "status", "to-cancel", "--json", env=env)
+    assert json.loads(r.stdout)["data"]["state"] == "Cancelled"
+

@@ -344,7 +344,7 @@ BAD = [
     ({"storage": None, "train": {"checkpoint_freq": 10}}, "storage: train.checkpoint_freq is set but the job has no "
                                                           "storage"),
     ({"train": {"lr": -1}}, "train.lr: -1.0 is out of range"),
-    ({"hf_token_env": "hf_abcdef-123"}, "hf_token_env: 'hf_abcdef-123' must be the NAME of an environment variable"),
+    ({"hf_token_env": "hf_abcdef-123"}, "hf_token_env: must be the NAME of an environment variable"),
     ({"memory": "lots"}, "memory: 'lots' is not a Kubernetes quantity"),
     ({"colour": "red"}, "colour: unknown field"),
 ]

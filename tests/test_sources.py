@@ -21,7 +21,7 @@ from fsdpkit.train.data import (
 )
 from fsdpkit.train.data.prepare import prepare
 
-from conftest import DOCS, write_fixture
+from conftest import DOCS, read_metrics, run_cli, write_fixture
 
 SEQ = 32
 def one_pass(source, tokenizer, rank=0, world=1, batch=2):
@@ -74,7 +74,7 @@ def test_bad_records_are_counted_or_fatal(tmp_path, capsys):
     skip = LocalFiles(str(f), "train", 0)
     skip.hold_out = False
     assert list(skip.documents(0)) == ["fine", "also fine"]
-    assert skip.skipped == 2
+    assert skip.bad_records == 2
     assert "skipped 2 bad record(s)" in capsys.readouterr().err
     fail = LocalFiles(str(f), "train", 0, on_bad_record="fail")
     fail.hold_out = False
@@ -165,3 +165,36 @@ def test_hub_tokenizer_refused_when_offline(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(UserError, match="HF_HUB_OFFLINE=1"):
         HFTokenizer("hf-internal-testing/llama-tokenizer")
+
+
+def test_a_bad_record_is_counted_once_in_the_log_metrics_and_summary(tmp_path):
+    """One broken line, read by the training split every epoch and by validation at every check:
+    one bad record, in the warning, in each metrics record and in summary.json."""
+    docs = [json.dumps({"text": f"document number {i} " * 8}) for i in range(300)]
+    docs.insert(7, "{this line is broken")
+    (tmp_path / "d.jsonl").write_text("\n".join(docs) + "\n")
+    r = run_cli("train", "--dataset", str(tmp_path / "d.jsonl"), "--seq_len", "32", "--train_batch_size", "2",
+                "--max_steps", "6", "--logging_freq", "2", "--validation_freq", "2", "--validation_batches", "1",
+                "--val_batch_size", "1", "--epochs", "1000", "--progress", "off", "--tensorboard", "0",
+                "--run_dir", str(tmp_path / "run"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "skipped 1 bad record(s); latest" in r.stderr and "skipped 2" not in r.stderr
+    assert [m["bad_records"] for m in read_metrics(tmp_path / "run")] == [1, 1, 1]
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["bad_records"] == 1
+
+
+def test_a_dataset_too_small_to_hold_out_validation_trains_without_it(tmp_path):
+    """A three-document folder has an empty held-out split: that is a warning naming validation,
+    not "fewer than N tokens; lower seq_len" (which would send the user after the wrong cause)."""
+    (tmp_path / "ds").mkdir()
+    (tmp_path / "ds" / "a.jsonl").write_text("".join(json.dumps({"text": f"doc {i} " * 30}) + "\n" for i in range(3)))
+    r = run_cli("train", "--dataset", str(tmp_path / "ds"), "--seq_len", "16", "--train_batch_size", "1",
+                "--max_steps", "2", "--progress", "off", "--tensorboard", "0", "--run_dir", str(tmp_path / "run"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "'validation' split holds less than one global validation batch" in r.stdout + r.stderr
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "a.jsonl").write_text("not json\n")
+    r = run_cli("train", "--dataset", str(tmp_path / "empty"), "--max_steps", "2", "--progress", "off")
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines()[-1] == (f"error: dataset: {tmp_path / 'empty'} has no documents in its "
+                                                 "'train' split (1 bad records skipped)")

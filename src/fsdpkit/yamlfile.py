@@ -21,10 +21,18 @@ def load_mapping(path: str | os.PathLike, label: str, holds: str) -> dict[str, A
     try:
         doc = yaml.safe_load(p.read_text()) or {}
     except yaml.YAMLError as e:
-        raise UserError(f"{label}: {p} is not valid YAML: {str(e).splitlines()[0]}") from None
+        raise UserError(f"{label}: {p} is not valid YAML: {describe_yaml_error(e)}") from None
     if not isinstance(doc, dict):
         raise UserError(f"{label}: {p} must hold a mapping of {holds}")
     return doc
+
+
+def describe_yaml_error(e: yaml.YAMLError) -> str:
+    """`line L, column C: what` (1-based, where the parser noticed), so the error points into the file."""
+    mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+    what = " ".join(x for x in (getattr(e, "context", None), getattr(e, "problem", None)) if x)
+    what = what or str(e).splitlines()[0]
+    return f"line {mark.line + 1}, column {mark.column + 1}: {what}" if mark else what
 
 
 class _PlainDumper(yaml.SafeDumper):

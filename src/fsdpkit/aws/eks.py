@@ -9,6 +9,7 @@ import datetime as dt
 import tempfile
 from typing import Any
 
+from fsdpkit.aws.session import AwsError, aws_errors
 from fsdpkit.errors import UserError
 
 TOKEN_PREFIX = "k8s-aws-v1."
@@ -49,8 +50,11 @@ def api_client(cluster: str, region: str, session: Any = None, endpoint_url: str
     session = session or boto3.Session(region_name=region)
     eks = session.client("eks", region_name=region, endpoint_url=endpoint_url)
     try:
-        info = eks.describe_cluster(name=cluster)["cluster"]
-    except eks.exceptions.ResourceNotFoundException:
+        with aws_errors(f"reading EKS cluster {cluster}", "eks"):
+            info = eks.describe_cluster(name=cluster)["cluster"]
+    except AwsError as e:
+        if e.code != "not_found":
+            raise
         raise UserError(f"--eks-cluster: no EKS cluster {cluster!r} in {region} (aws eks list-clusters "
                         f"--region {region})") from None
     cfg = client.Configuration()

@@ -26,6 +26,7 @@ from typing import Any
 from fsdpkit.aws.session import AwsError
 from fsdpkit.errors import UserError
 from fsdpkit.jobs.instances import INSTANCES, Instance, lookup
+from fsdpkit.yamlfile import describe_yaml_error
 
 API_VERSION = "eksctl.io/v1alpha5"
 DEFAULT_K8S = "1.33"
@@ -167,7 +168,7 @@ def load_config(path: str) -> dict[str, Any]:
     except OSError as e:
         raise UserError(f"--config: cannot read {path}: {e.strerror}") from None
     except yaml.YAMLError as e:
-        raise UserError(f"--config: {path} is not YAML ({str(e).splitlines()[0]})") from None
+        raise UserError(f"--config: {path} is not YAML ({describe_yaml_error(e)})") from None
     if not isinstance(config, dict) or config.get("kind") != "ClusterConfig" or \
             not (config.get("metadata") or {}).get("name") or not (config.get("metadata") or {}).get("region"):
         raise UserError(f"--config: {path} is not an eksctl ClusterConfig with metadata.name and metadata.region "

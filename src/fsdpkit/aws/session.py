@@ -14,7 +14,13 @@ from fsdpkit.errors import UserError
 
 
 class AwsError(UserError):
+    """AWS refused or could not be reached: exit code 3; `code` names the kind for --json."""
+
     exit_code = 3
+
+    def __init__(self, message: str, code: str = "aws_error"):
+        super().__init__(message)
+        self.code = code
 
 
 @dataclass
@@ -52,30 +58,55 @@ def connect(region: str | None = None, profile: str | None = None, endpoint_url:
     return aws
 
 
-@contextlib.contextmanager
-def aws_errors(what: str, service: str = "sts") -> Iterator[None]:
-    """`service` is the IAM prefix (s3, iam, ecr, codebuild, logs) used to name a denied action."""
+NOT_FOUND = ("ResourceNotFoundException", "NoSuchEntity", "NoSuchBucket", "NotFound", "NotFoundException",
+             "RepositoryNotFoundException", "ImageNotFoundException", "FileSystemNotFound", "ValidationError")
+THROTTLED = ("Throttling", "ThrottlingException", "TooManyRequestsException", "RequestLimitExceeded", "SlowDown")
+EXPIRED = ("ExpiredToken", "ExpiredTokenException", "InvalidClientTokenId", "UnrecognizedClientException")
+DENIED = ("AccessDenied", "AccessDeniedException", "UnauthorizedOperation", "403")
+
+
+def translate(e: BaseException, what: str, service: str = "sts") -> AwsError | None:
+    """The one-line AwsError for a botocore failure (None for anything else): no credentials,
+    expired credentials, access denied, throttling, not found, unreachable. `service` is the IAM
+    prefix (s3, iam, ecr, codebuild, logs) used to name a denied action."""
     import botocore.exceptions as bx
 
+    if isinstance(e, (bx.NoCredentialsError, bx.PartialCredentialsError)):
+        return AwsError(f"{what}: no AWS credentials found: run `aws configure` or `aws sso login`, or set "
+                        "AWS_PROFILE / AWS_ACCESS_KEY_ID", "aws_credentials")
+    if isinstance(e, bx.ClientError):
+        err = e.response.get("Error", {})
+        code, msg = err.get("Code", "?"), (err.get("Message") or "").strip()
+        op, first = e.operation_name, msg.splitlines()[0] if msg else code
+        if code in DENIED:
+            return AwsError(f"{what}: access denied for {service}:{op}; your role needs that IAM permission ({first})",
+                            "access_denied")
+        if code in THROTTLED:
+            return AwsError(f"{what}: AWS kept throttling {op} after retries with backoff; try again in a minute, "
+                            "or ask for a higher API rate limit", "throttled")
+        if code in EXPIRED:
+            return AwsError(f"{what}: your AWS credentials are expired or invalid ({code}); refresh them "
+                            "(aws sso login)", "aws_credentials")
+        if code in NOT_FOUND or e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 404:
+            return AwsError(f"{what}: not found ({op}: {first}); check the name and the region", "not_found")
+        return AwsError(f"{what}: {op} failed: {code}: {first}", "aws_error")
+    if isinstance(e, (bx.EndpointConnectionError, bx.ConnectionClosedError, bx.ConnectTimeoutError,
+                      bx.ReadTimeoutError, bx.ProxyConnectionError)):
+        return AwsError(f"{what}: cannot reach AWS ({str(e).splitlines()[0]}); check the region and your network",
+                        "unreachable")
+    if isinstance(e, bx.NoRegionError):
+        return AwsError(f"{what}: no AWS region: pass --region or set AWS_REGION", "bad_input")
+    if isinstance(e, bx.BotoCoreError):
+        return AwsError(f"{what}: {str(e).splitlines()[0]}", "aws_error")
+    return None
+
+
+@contextlib.contextmanager
+def aws_errors(what: str, service: str = "sts") -> Iterator[None]:
+    """Run AWS calls with their failures translated (see `translate`); other errors pass through."""
     try:
         yield
-    except (bx.NoCredentialsError, bx.PartialCredentialsError):
-        raise AwsError(f"{what}: no AWS credentials found: run `aws configure` or `aws sso login`, or set "
-                       "AWS_PROFILE / AWS_ACCESS_KEY_ID") from None
-    except bx.ClientError as e:
-        err = e.response.get("Error", {})
-        code, msg = err.get("Code", "?"), err.get("Message", "")
-        op = e.operation_name
-        if code in ("AccessDenied", "AccessDeniedException", "UnauthorizedOperation", "403"):
-            raise AwsError(f"{what}: access denied for {service}:{op}; your role needs that IAM permission "
-                           f"({msg.splitlines()[0] if msg else code})") from None
-        if code in ("Throttling", "ThrottlingException", "TooManyRequestsException", "RequestLimitExceeded",
-                    "SlowDown"):
-            raise AwsError(f"{what}: AWS kept throttling {op} after retries with backoff; try again in a minute, "
-                           "or ask for a higher API rate limit") from None
-        if code in ("ExpiredToken", "ExpiredTokenException", "InvalidClientTokenId", "UnrecognizedClientException"):
-            raise AwsError(f"{what}: your AWS credentials are expired or invalid ({code}); refresh them "
-                           "(aws sso login)") from None
-        raise AwsError(f"{what}: {op} failed: {code}: {msg}") from None
-    except bx.EndpointConnectionError as e:
-        raise AwsError(f"{what}: cannot reach AWS ({e}); check the region and your network") from None
+    except Exception as e:
+        if (err := translate(e, what, service)) is None:
+            raise
+        raise err from None

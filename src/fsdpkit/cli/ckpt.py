@@ -97,7 +97,8 @@ def cmd_list(args: argparse.Namespace) -> int:
     print(f"{'name':<28}{'step':>8}  {'kind':<10}{'complete':<10}{'size':>12}  loss")
     for r in rows:
         loss = f"{r['loss']:.4f}" if r.get("loss") is not None else "-"
-        print(f"{r['name']:<28}{r['step']:>8}  {r['kind']:<10}{'yes' if r['complete'] else 'NO':<10}"
+        state = "damaged" if r.get("damaged") else "yes" if r["complete"] else "NO"
+        print(f"{r['name']:<28}{r['step']:>8}  {r['kind']:<10}{state:<10}"
               f"{_gib(r['bytes']):>12}  {loss}")
     return 0
 

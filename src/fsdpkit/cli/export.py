@@ -26,6 +26,9 @@ def run(args: argparse.Namespace) -> int:
     result = export_hf(Path(args.source), Path(args.out), args.dtype)
     if args.json:
         return emit_json(result)
+    tok = (f"tokenizer {result['tokenizer']} ({', '.join(result['tokenizer_files'])})" if result["tokenizer_files"]
+           else f"the embedded byte tokenizer (no files; eos id {result['eos_token_id']})"
+           if "eos_token_id" in result else "no tokenizer")
     print(f"exported step {result['step']} of {result['checkpoint']} to {result['out']} "
-          f"({len(result['files'])} safetensors file(s), {args.dtype})")
+          f"({len(result['files'])} safetensors file(s), {args.dtype}; {tok})")
     return 0

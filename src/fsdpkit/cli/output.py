@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from fsdpkit.aws import session as aws_session
+from fsdpkit.cluster import client as cluster_client
 from fsdpkit.envelope import Parser, emit_error, emit_json
 from fsdpkit.errors import UserError
 
@@ -30,6 +32,16 @@ def confirmed(args: argparse.Namespace, what: str, question: str) -> bool:
     return False
 
 
+def cloud_error(e: BaseException, what: str) -> UserError | None:
+    """An AWS or Kubernetes client failure as its one-line error, else None (a bug: let it show)."""
+    package = type(e).__module__.split(".")[0]
+    if package == "botocore":
+        return aws_session.translate(e, what)
+    if package in ("kubernetes", "urllib3"):
+        return cluster_client.translate(e, what)
+    return None
+
+
 def dispatch(parser: argparse.ArgumentParser, argv: list[str]) -> int:
     """Parse, run the chosen `func(args) -> int`, and turn a UserError into the error contract."""
     args = None
@@ -37,7 +49,14 @@ def dispatch(parser: argparse.ArgumentParser, argv: list[str]) -> int:
         args = parser.parse_args(argv)
         return args.func(args)
     except UserError as e:
-        return emit_error(e, getattr(args, "json", "--json" in argv))
+        return emit_error(e, getattr(args, "json", "--json" in argv), getattr(e, "code", "bad_input"))
+    except Exception as e:
+        # The one error path for AWS and Kubernetes: whatever no narrower handler caught (a
+        # credential lookup inside a token refresh, an endpoint that is down) is still one line.
+        err = cloud_error(e, parser.prog)
+        if err is None:
+            raise
+        return emit_error(err, getattr(args, "json", "--json" in argv), err.code)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -8,13 +8,20 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
+from fsdpkit.aws import session as aws_session
+from fsdpkit.aws.eks import api_client
 from fsdpkit.errors import UserError
 
 
 class ClusterError(UserError):
-    """The cluster refused or could not be reached: not a bad flag, but still the user's to fix."""
+    """The cluster refused or could not be reached: not a bad flag, but still the user's to fix
+    (exit code 3); `code` names the kind for --json."""
 
     exit_code = 3
+
+    def __init__(self, message: str, code: str = "cluster_error"):
+        super().__init__(message)
+        self.code = code
 
 
 def _kubernetes():
@@ -31,11 +38,10 @@ def connect(context: str | None = None, kubeconfig: str | None = None, eks_clust
     kubeconfig needed), or the pod's service account."""
     k8s = _kubernetes()
     if eks_cluster:
-        from fsdpkit.aws.eks import api_client
-
         if not region:
             raise UserError("--eks-cluster needs --region (for example --region us-west-2)")
-        return api_client(eks_cluster, region)
+        aws = aws_session.connect(region)  # credentials checked here, in one line, before any cluster call
+        return api_client(eks_cluster, region, aws.session, aws.endpoint_url)
     path = kubeconfig or os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
     first = path.split(os.pathsep)[0]
     if not os.path.exists(first) and "KUBERNETES_SERVICE_HOST" in os.environ and not context:
@@ -61,25 +67,43 @@ def api_message(e: Any) -> str:
         return str(getattr(e, "reason", e))
 
 
-@contextlib.contextmanager
-def api_errors(what: str, host: str | None = None) -> Iterator[None]:
-    """Turn client failures into ClusterErrors naming the operation; 404s pass through to callers."""
+def translate(e: BaseException, what: str, host: str | None = None, not_found: bool = True) -> ClusterError | None:
+    """The one-line ClusterError for a Kubernetes client failure (None for anything else):
+    refused (401/403), not found, other API errors, unreachable."""
     k8s = _kubernetes()
     import urllib3
 
+    if isinstance(e, k8s.client.ApiException):
+        if e.status == 404:
+            if not not_found:
+                return None  # the caller decides what a missing object means
+            return ClusterError(f"{what}: not found ({api_message(e)}); check the name and the namespace",
+                                "not_found")
+        if e.status in (401, 403):
+            return ClusterError(f"{what}: the cluster refused ({e.status} {e.reason}): {api_message(e)}; check "
+                                "your kubeconfig credentials and RBAC permissions", "access_denied")
+        if e.status == 429:
+            return ClusterError(f"{what}: the API server kept throttling (429); try again in a minute", "throttled")
+        return ClusterError(f"{what}: {e.status} {api_message(e)}", "cluster_error")
+    if isinstance(e, urllib3.exceptions.HTTPError):
+        where = f" at {host}" if host else ""
+        return ClusterError(f"{what}: cannot reach the Kubernetes API{where} ({type(e).__name__}); check the "
+                            "kubeconfig context and your network or VPN", "unreachable")
+    if isinstance(e, k8s.config.ConfigException):
+        return ClusterError(f"{what}: kubeconfig: {str(e).splitlines()[0]}", "bad_input")
+    return None
+
+
+@contextlib.contextmanager
+def api_errors(what: str, host: str | None = None) -> Iterator[None]:
+    """Run API calls with their failures translated (see `translate`); 404s pass through to callers,
+    which decide what a missing object means."""
     try:
         yield
-    except k8s.client.ApiException as e:
-        if e.status == 404:
+    except Exception as e:
+        if (err := translate(e, what, host, not_found=False)) is None:
             raise
-        if e.status in (401, 403):
-            raise ClusterError(f"{what}: the cluster refused ({e.status} {e.reason}): {api_message(e)}; check "
-                               "your kubeconfig credentials and RBAC permissions") from None
-        raise ClusterError(f"{what}: {e.status} {api_message(e)}") from None
-    except urllib3.exceptions.HTTPError as e:
-        where = f" at {host}" if host else ""
-        raise ClusterError(f"{what}: cannot reach the Kubernetes API{where} ({type(e).__name__}); check the "
-                           "kubeconfig context and your network or VPN") from None
+        raise err from None
 
 
 def is_not_found(e: BaseException) -> bool:

@@ -21,7 +21,7 @@ import yaml
 from fsdpkit.errors import UserError
 from fsdpkit.image import pins
 from fsdpkit.jobs.instances import Instance, lookup
-from fsdpkit.yamlfile import load_mapping
+from fsdpkit.yamlfile import describe_yaml_error, load_mapping
 
 BACKENDS = ("local", "pytorchjob", "hyperpod", "slurm")
 CLUSTER_BACKENDS = ("pytorchjob", "hyperpod")
@@ -31,6 +31,9 @@ CLUSTER_BACKENDS = ("pytorchjob", "hyperpod")
 _NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _NAME_MAX = 50  # leaves room for "-worker-NNN" within the 63-character limit
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|Pi|Ei|M|G|T|P|E)?$")
+# Credential formats: Hugging Face, AWS access keys, GitHub, OpenAI-style, Slack.
+_TOKEN_SHAPED = re.compile(r"^(hf_[A-Za-z0-9]{20,}|(AKIA|ASIA)[A-Z0-9]{16}|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_"
+                           r"|sk-|xox[abp]-)")
 # Environment names that carry credentials: their values must come from a Secret reference.
 _SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|API_KEY|ACCESS_KEY|PRIVATE_KEY)", re.I)
 
@@ -264,7 +267,11 @@ def parse_overrides(pairs: list[str]) -> list[tuple[str, Any]]:
         key, sep, raw = pair.partition("=")
         if not sep or not key:
             raise UserError(f"--set {pair!r}: expected KEY=VALUE (for example nodes=4 or train.max_steps=100)")
-        out.append((key.strip(), yaml.safe_load(raw) if raw.strip() else ""))
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError as e:
+            raise UserError(f"--set {key.strip()}: the value is not valid YAML: {describe_yaml_error(e)}") from None
+        out.append((key.strip(), value))
     return out
 
 
@@ -292,6 +299,18 @@ def load_spec_dict(doc: dict[str, Any]) -> JobSpec:
 
 
 # -- validation -----------------------------------------------------------------------------------------
+def check_variable_name(field_name: str, name: str) -> None:
+    """Refuse anything but an environment variable's NAME where one is expected, and never echo a
+    value that looks like a credential: it would land in logs, errors and manifests."""
+    if _TOKEN_SHAPED.search(name) or (len(name) >= 20 and re.search(r"[a-z]", name) and re.search(r"[A-Z]", name)
+                                      and re.search(r"\d", name)):
+        raise UserError(f"{field_name}: looks like a token, not the NAME of an environment variable; give the "
+                        "variable's name (for example HF_TOKEN) and keep its value in your shell")
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+        raise UserError(f"{field_name}: must be the NAME of an environment variable (letters, digits, _), not "
+                        "its value")
+
+
 def _check_quantity(name: str, value: str | None) -> None:
     if value is not None and not _QUANTITY.match(value):
         raise UserError(f"{name}: {value!r} is not a Kubernetes quantity (for example 500m, 16, 64Gi)")
@@ -348,13 +367,15 @@ def validate(spec: JobSpec) -> None:
             raise UserError(f"env.{key}: looks like a secret and must not be written into the spec; reference a "
                             f"Kubernetes Secret instead (secrets: [{{env: {key}, secret: NAME, key: KEY}}]) or "
                             "use hf_token_env for the Hugging Face token")
+    for key in spec.env:
+        check_variable_name(f"env.{key}", key)
     for i, ref in enumerate(spec.secrets):
         for f in ("env", "secret", "key"):
             if not getattr(ref, f):
                 raise UserError(f"secrets[{i}].{f}: required")
-    if spec.hf_token_env and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", spec.hf_token_env):
-        raise UserError(f"hf_token_env: {spec.hf_token_env!r} must be the NAME of an environment variable, "
-                        "not the token itself")
+        check_variable_name(f"secrets[{i}].env", ref.env)
+    if spec.hf_token_env:
+        check_variable_name("hf_token_env", spec.hf_token_env)
     if spec.command is not None and spec.train:
         raise UserError("command: give either train (fsdpkit's trainer options) or command (another program)")
     if spec.command is not None and not spec.command:

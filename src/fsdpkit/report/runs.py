@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from fsdpkit.errors import UserError
+from fsdpkit.train.records import read_rows, surviving
 
 
 @dataclass
@@ -50,23 +50,20 @@ def load_run(path: Path) -> Run:
     if not metrics.is_file():
         raise UserError(f"{path}: no metrics.jsonl here; pass a run directory (what `fsdpkit train` wrote)")
     run = Run(name=path.resolve().name, path=path, finished=(path / "summary.json").is_file())
+    rows = read_rows(metrics)
     last_step, started = 0, False
-    for line in metrics.read_text().splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if row.get("kind") == "start":   # each attempt marks its start (and the step it resumed at)
+    for row in rows:  # where later attempts began: at their start rows, or where steps went back
+        if row.get("kind") == "start":
             if started:
                 run.restarts.append(row["step"])
             started, last_step = True, row["step"]
         elif row.get("kind") == "train":
-            if row["step"] <= last_step:  # steps went back: a new attempt resumed (files without markers)
+            if row["step"] <= last_step:
                 run.restarts.append(row["step"])
             last_step = row["step"]
-            run.train.append(row)
-        elif row.get("kind") == "val":
-            run.val.append(row)
+    kept = surviving(rows)  # one row per step: the attempt that survived
+    run.train = [r for r in kept if r.get("kind") == "train"]
+    run.val = [r for r in kept if r.get("kind") == "val"]
     return run
 
 

@@ -21,6 +21,7 @@ import torch
 import torch.distributed as tdist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_optimizer_state_dict,
@@ -36,6 +37,9 @@ NAME = re.compile(r"^step-(\d+)$")
 # The reference FSDP example names its checkpoints `{model_type}-{step}steps`.
 REFERENCE_NAME = re.compile(r"^(?P<model>[A-Za-z0-9_.]+)-(?P<step>\d+)steps$")
 TMP_NAME = re.compile(r"^\.step-(\d+)\.tmp$")
+# A checkpoint found damaged at resume is set aside under this name (never deleted: it may hold
+# the only copy of a long run, and a person should decide).
+DAMAGED_NAME = re.compile(r"^step-(\d+)\.damaged(\.\d+)?$")
 META = "fsdpkit.json"
 
 
@@ -79,6 +83,12 @@ class Checkpointer:
 
     def __init__(self, directory: Path, rt: Runtime, keep_last: int = 0, async_mode: bool = False):
         self.directory, self.rt, self.keep_last, self.async_mode = directory, rt, keep_last, async_mode
+        if rt.is_main and directory.is_dir():
+            # Saves a killed attempt left half-written: nothing can complete them any more.
+            for stale in directory.iterdir():
+                if TMP_NAME.match(stale.name):
+                    shutil.rmtree(stale, ignore_errors=True)
+        _barrier(rt)
         self.group = tdist.new_group(backend="gloo") if async_mode and rt.distributed else None
         self._pending: tuple | None = None
         self.blocked_s = 0.0  # time training waited on checkpointing (what async shortens)
@@ -154,19 +164,97 @@ def resolve(spec: str) -> CheckpointInfo | None:
     return found[-1] if found else None
 
 
-def load(info: CheckpointInfo, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-         model_shape: dict[str, Any]) -> None:
-    theirs = info.meta.get("model") or {}
+def verify(path: Path) -> str | None:
+    """What is wrong with a checkpoint that carries the complete name, or None. Reads only
+    metadata and file sizes: DCP's index must load, every file it indexes (one or more per rank)
+    must be there and long enough for every entry, and fsdpkit.json must name the same step."""
+    step = int(NAME.match(path.name).group(1)) if NAME.match(path.name) else None
+    try:
+        meta = json.loads((path / META).read_text())
+    except (OSError, ValueError) as e:
+        return f"{META} cannot be read ({type(e).__name__})"
+    if meta.get("step") != step:
+        return f"{META} names step {meta.get('step')}, the directory step {step}"
+    try:
+        index = FileSystemReader(str(path)).read_metadata()
+    except Exception as e:  # a missing or truncated pickle: any of several errors
+        return f"its index (.metadata) cannot be read ({type(e).__name__})"
+    needed: dict[str, int] = {}
+    for item in (index.storage_data or {}).values():
+        needed[item.relative_path] = max(needed.get(item.relative_path, 0), item.offset + item.length)
+    for name, size in sorted(needed.items()):
+        f = path / name
+        if not f.is_file():
+            return f"{name} is missing"
+        if (have := f.stat().st_size) < size:
+            return f"{name} is truncated ({have} of {size} bytes)"
+    return None
+
+
+def set_aside(path: Path, rt: Runtime) -> Path:
+    """Rename a damaged checkpoint out of resume's way (rank 0; every rank gets the new name)."""
+    n, target = 0, path.with_name(f"{path.name}.damaged")
+    while target.exists():
+        n += 1
+        target = path.with_name(f"{path.name}.damaged.{n}")
+    _barrier(rt)  # every rank has finished looking at it
+    if rt.is_main:
+        path.rename(target)
+    _barrier(rt)
+    return target
+
+
+class DamagedCheckpoint(UserError):
+    def __init__(self, path: Path, reason: str):
+        super().__init__(f"resume_from_checkpoint: {path} is damaged and cannot be read ({reason})")
+        self.reason = reason
+
+
+def resume(spec: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, model_shape: dict[str, Any],
+           rt: Runtime, notices: list[str]) -> CheckpointInfo | None:
+    """Load the newest checkpoint that is whole. Given a checkpoint root, a damaged newest one is
+    reported, set aside and the next older one tried; a checkpoint named directly must load."""
+    newest = resolve(spec)  # a one-line error for an incomplete or foreign checkpoint named directly
+    if newest is None:
+        return None
+    if newest.path == Path(spec):
+        if problem := verify(newest.path):
+            raise DamagedCheckpoint(newest.path, problem)
+        load(newest, model, optimizer, model_shape)
+        return newest
+    for info in reversed(list_checkpoints(Path(spec))):
+        problem = verify(info.path)
+        if problem is None:
+            try:
+                load(info, model, optimizer, model_shape)
+                return info
+            except DamagedCheckpoint as e:
+                problem = e.reason
+        moved = set_aside(info.path, rt)
+        notices.append(f"warning: checkpoint {info.path} is damaged ({problem}); set aside as {moved.name}, "
+                       "trying the next older one")
+    return None
+
+
+def check_shape(info: CheckpointInfo, model_shape: dict[str, Any]) -> None:
+    """The checkpoint holds a model of this shape (read from its fsdpkit.json alone)."""
+    theirs = dict(info.meta.get("model") or {})
+    if isinstance(theirs.get("rope_scaling"), dict):  # written before rope types other than llama3 existed
+        theirs["rope_scaling"] = {"rope_type": "llama3", **theirs["rope_scaling"]}
     if theirs != model_shape:
         diff = ", ".join(f"{k} {theirs.get(k)} (this run: {v})" for k, v in model_shape.items() if theirs.get(k) != v)
         raise UserError(f"resume_from_checkpoint: {info.path} holds a model of another shape: {diff}; resume with "
                         "the same model settings, or point --checkpoint_dir elsewhere")
+
+
+def load(info: CheckpointInfo, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+         model_shape: dict[str, Any]) -> None:
+    check_shape(info, model_shape)
     state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, optimizer)}
     try:
         dcp.load(state, checkpoint_id=str(info.path))
     except (Exception, CheckpointException) as e:  # DCP's own error is a BaseException
-        raise UserError(f"resume_from_checkpoint: {info.path} is damaged and cannot be read "
-                        f"({describe_error(e)})") from None
+        raise DamagedCheckpoint(info.path, describe_error(e)) from None
     set_model_state_dict(model, state["model"])
     set_optimizer_state_dict(model, optimizer, state["optim"])
 
@@ -195,6 +283,9 @@ def describe(path: Path) -> dict[str, Any] | None:
     if (m := NAME.match(name) or TMP_NAME.match(name)):
         return {"name": name, "path": str(path), "kind": "fsdpkit", "step": int(m.group(1)),
                 "complete": False, "bytes": _size(path)}
+    if m := DAMAGED_NAME.match(name):
+        return {"name": name, "path": str(path), "kind": "fsdpkit", "step": int(m.group(1)),
+                "complete": False, "damaged": True, "bytes": _size(path)}
     if m := REFERENCE_NAME.match(name):
         return {"name": name, "path": str(path), "kind": "reference", "step": int(m.group("step")),
                 "complete": (path / ".metadata").is_file(), "model_type": m.group("model"),

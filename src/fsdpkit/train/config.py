@@ -327,12 +327,17 @@ def convert(name: str, raw: Any, f: dataclasses.Field, tp: Any) -> Any:
             if key in ("0", "false", "no", "off"):
                 return False
             raise ValueError
+        if base in (int, float) and isinstance(raw, bool):
+            raise ValueError  # YAML's `true` is not the number 1
         if base is int:
             if isinstance(raw, float) and not raw.is_integer():
                 raise ValueError
             return int(raw) if not isinstance(raw, str) else int(raw.strip())
         if base is float:
-            return float(raw)
+            value = float(raw)
+            if not math.isfinite(value):
+                raise UserError(f"{name}: expected a finite number, got {raw!r}")
+            return value
         return str(raw)
     except (TypeError, ValueError):
         kind = {bool: "true or false", int: "an integer", float: "a number"}.get(base, "a string")

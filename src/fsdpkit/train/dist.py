@@ -129,6 +129,15 @@ def leave(code: int) -> NoReturn:
     os._exit(code)
 
 
+def broadcast_int(value: int, rt: Runtime) -> int:
+    """Rank 0's `value` on every rank."""
+    if not rt.distributed:
+        return value
+    t = torch.tensor([value], dtype=torch.int64, device=rt.device)
+    dist.broadcast(t, src=0)
+    return int(t.item())
+
+
 def all_reduce_mean(t: torch.Tensor, rt: Runtime) -> torch.Tensor:
     if rt.distributed and rt.world_size > 1:
         t = t.clone()

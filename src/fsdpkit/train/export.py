@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +14,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from fsdpkit.errors import UserError
 from fsdpkit.train import checkpoint
+from fsdpkit.train.data.tokenizers import ByteTokenizer, get_tokenizer
 from fsdpkit.train.hf import save_hf
 from fsdpkit.train.model import Transformer
 from fsdpkit.train.model_config import ModelConfig, RopeScaling
@@ -51,9 +54,44 @@ def load_full_model(info: checkpoint.CheckpointInfo) -> Transformer:
     return model
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+def tokenizer_of(info: checkpoint.CheckpointInfo) -> tuple[str, dict[str, int], dict[str, bytes]]:
+    """The run's tokenizer as an export carries it: (its name, config.json's token ids, its files).
+    The embedded byte tokenizer has ids but no files; a Hugging Face one is written as tokenizer.json
+    with its configuration, so the export loads with AutoTokenizer."""
+    name = ((info.meta.get("config") or {}).get("data") or {}).get("tokenizer", "bytes")
+    tok = get_tokenizer(name)  # a hub tokenizer comes from the local cache when this machine trained
+    ids = {"eos_token_id": int(tok.eos_id)}
+    if (bos := getattr(tok, "bos_id", None)) is not None:
+        ids["bos_token_id"] = int(bos)
+    if isinstance(tok, ByteTokenizer):
+        return name, ids, {}
+    files = {"tokenizer.json": tok.tok.to_str().encode()}
+    folder = Path(name)
+    for extra in TOKENIZER_FILES[1:]:
+        if folder.is_dir() and (folder / extra).is_file():
+            files[extra] = (folder / extra).read_bytes()
+    if "tokenizer_config.json" not in files:
+        eos = tok.tok.id_to_token(tok.eos_id)
+        files["tokenizer_config.json"] = json.dumps({"eos_token": eos, "tokenizer_class": "PreTrainedTokenizerFast"},
+                                                    indent=2).encode()
+    return name, ids, files
+
+
 def export_hf(src: Path, out: Path, dtype: str = "fp32") -> dict[str, Any]:
     info = find_checkpoint(src)
+    try:
+        tokenizer, ids, tok_files = tokenizer_of(info)
+    except UserError as e:
+        # The weights are still worth having (say, offline and the hub tokenizer not cached): export
+        # them and say loudly what is missing.
+        tokenizer, ids, tok_files = f"not written ({e})", {}, {}
+        print(f"warning: export: the run's tokenizer is not in the export: {e}", file=sys.stderr)
     model = load_full_model(info)
-    files = save_hf(model.state_dict(), model.cfg, out, {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype])
+    files = save_hf(model.state_dict(), model.cfg, out, {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype],
+                    ids, tok_files)
     return {"checkpoint": str(info.path), "step": info.step, "out": str(out), "files": [str(f) for f in files],
+            "tokenizer": tokenizer, "tokenizer_files": sorted(tok_files), **ids,
             "dtype": dtype, "architecture": model.cfg.family}

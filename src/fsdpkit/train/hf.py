@@ -53,11 +53,10 @@ def hf_config_dict(cfg: ModelConfig) -> dict[str, Any]:
     }
     if cfg.rope_scaling is not None:
         s = cfg.rope_scaling
-        out["rope_scaling"] = {
-            "rope_type": "llama3", "factor": s.factor, "low_freq_factor": s.low_freq_factor,
-            "high_freq_factor": s.high_freq_factor,
-            "original_max_position_embeddings": s.original_max_position_embeddings,
-        }
+        out["rope_scaling"] = {"rope_type": s.rope_type, "factor": s.factor}
+        if s.rope_type == "llama3":
+            out["rope_scaling"].update(low_freq_factor=s.low_freq_factor, high_freq_factor=s.high_freq_factor,
+                                       original_max_position_embeddings=s.original_max_position_embeddings)
     if family in ("mistral", "mixtral"):
         out["sliding_window"] = cfg.sliding_window
     if family == "mixtral":
@@ -107,9 +106,11 @@ def _as_umask_allows(directory: Path) -> None:
         f.chmod(0o666 & ~mask)
 
 
-def save_hf(state: dict[str, torch.Tensor], cfg: ModelConfig, out_dir: Path, dtype: torch.dtype) -> list[Path]:
-    """Write config.json and safetensors (sharded with an index past SHARD_BYTES). Written to a
-    temporary directory first and renamed, so `out_dir` never holds a half export."""
+def save_hf(state: dict[str, torch.Tensor], cfg: ModelConfig, out_dir: Path, dtype: torch.dtype,
+            config_extra: dict[str, Any] | None = None, files_extra: dict[str, bytes] | None = None) -> list[Path]:
+    """Write config.json (plus `config_extra`: token ids), safetensors (sharded with an index past
+    SHARD_BYTES) and `files_extra` (the tokenizer's files). Written to a temporary directory first
+    and renamed, so `out_dir` never holds a half export."""
     if out_dir.exists() and any(out_dir.iterdir()):
         raise UserError(f"export: {out_dir} exists and is not empty; choose a new directory")
     tmp = out_dir.with_name(f".{out_dir.name}.tmp")
@@ -146,12 +147,39 @@ def save_hf(state: dict[str, torch.Tensor], cfg: ModelConfig, out_dir: Path, dty
         (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
     config = hf_config_dict(cfg)
     config["torch_dtype"] = {torch.bfloat16: "bfloat16", torch.float32: "float32"}[dtype]
+    config.update(config_extra or {})
     (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    for name, data in (files_extra or {}).items():
+        (tmp / name).write_bytes(data)
     _as_umask_allows(tmp)
     if out_dir.exists():
         out_dir.rmdir()
     tmp.rename(out_dir)
     return [out_dir / f.name for f in files]
+
+
+ROPE_TYPES = ("default", "llama3", "linear")
+
+
+def refuse_unrepresentable(c: dict[str, Any], family: str) -> None:
+    """A config field our model would silently drop is an error: training would start from
+    different weights or a different function than the checkpoint's, with nothing said."""
+    if c.get("attention_bias") or c.get("mlp_bias"):
+        which = " and ".join(k for k in ("attention_bias", "mlp_bias") if c.get(k))
+        raise UserError(f"init_from_hf: the checkpoint uses {which}, which fsdpkit's model has no place for; its "
+                        "biases would be dropped (pick a checkpoint without biases)")
+    rope = c.get("rope_scaling") or c.get("rope_parameters") or {}
+    kind = rope.get("rope_type", rope.get("type")) or "default"
+    if kind not in ROPE_TYPES:
+        raise UserError(f"init_from_hf: rope scaling {kind!r} is not supported (supported: {', '.join(ROPE_TYPES)}); "
+                        "positions would be encoded differently from the checkpoint's")
+    arch = [a for a in c.get("architectures") or [] if a != ARCHITECTURES[family]]
+    if arch:
+        raise UserError(f"init_from_hf: architecture {arch[0]} is not supported (supported: "
+                        f"{', '.join(ARCHITECTURES.values())})")
+    if c.get("hidden_act", "silu") != "silu":
+        raise UserError(f"init_from_hf: hidden_act {c['hidden_act']!r} is not supported (fsdpkit's MLP is "
+                        "SwiGLU: silu)")
 
 
 def model_config_from_hf(path: Path) -> ModelConfig:
@@ -163,12 +191,16 @@ def model_config_from_hf(path: Path) -> ModelConfig:
     family = c.get("model_type")
     if family not in ARCHITECTURES:
         raise UserError(f"init_from_hf: model_type {family!r} is not one of {', '.join(ARCHITECTURES)}")
+    refuse_unrepresentable(c, family)
     rope = c.get("rope_scaling") or c.get("rope_parameters") or {}
     theta = c.get("rope_theta") or rope.get("rope_theta") or 10000.0
     scaling = None
-    if rope.get("rope_type", rope.get("type")) == "llama3":
+    kind = rope.get("rope_type", rope.get("type")) or "default"
+    if kind == "llama3":
         scaling = RopeScaling(rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"],
                               rope["original_max_position_embeddings"])
+    elif kind == "linear":
+        scaling = RopeScaling(float(rope["factor"]), rope_type="linear")
     heads = c["num_attention_heads"]
     if c.get("head_dim") not in (None, c["hidden_size"] // heads):
         raise UserError(f"init_from_hf: head_dim {c['head_dim']} != hidden_size / heads is not supported")

@@ -167,7 +167,9 @@ def human_line(m: dict[str, Any]) -> str:
 class MetricsWriter:
     """Rank 0's sinks: metrics.jsonl, TensorBoard events, stdout lines and a progress bar."""
 
-    def __init__(self, run_dir: Path, tensorboard_dir: Path | None, progress: bool, total_steps: int):
+    def __init__(self, run_dir: Path, tensorboard_dir: Path | None, progress: bool, total_steps: int,
+                 attempt: int = 0):
+        self.attempt = attempt  # on every row, so each attempt of a resumed run is told apart
         self.jsonl = (run_dir / "metrics.jsonl").open("a", buffering=1)
         self.tb = None
         if tensorboard_dir is not None:
@@ -187,7 +189,7 @@ class MetricsWriter:
             print(line, flush=True)
 
     def record(self, kind: str, metrics: dict[str, Any], line: str | None = None) -> None:
-        self.jsonl.write(json.dumps({"kind": kind, "time": time.time(), **metrics}) + "\n")
+        self.jsonl.write(json.dumps({"kind": kind, "time": time.time(), "attempt": self.attempt, **metrics}) + "\n")
         if self.tb is not None:
             for key, value in metrics.items():
                 if key != "step" and isinstance(value, (int, float)):

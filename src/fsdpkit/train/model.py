@@ -21,12 +21,14 @@ from fsdpkit.train.model_config import ModelConfig, loss_chunk_size
 
 
 def rope_frequencies(cfg: ModelConfig) -> torch.Tensor:
-    """Inverse frequencies per rotary pair, with Llama 3.1 scaling when configured (fp32, on CPU)."""
+    """Inverse frequencies per rotary pair, scaled as configured (llama3 or linear; fp32, on CPU)."""
     hd = cfg.head_dim
     inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
     s = cfg.rope_scaling
     if s is None:
         return inv_freq
+    if s.rope_type == "linear":
+        return inv_freq / s.factor
     low_wavelen = s.original_max_position_embeddings / s.low_freq_factor
     high_wavelen = s.original_max_position_embeddings / s.high_freq_factor
     wavelen = 2 * math.pi / inv_freq

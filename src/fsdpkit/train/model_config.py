@@ -8,12 +8,15 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class RopeScaling:
-    """Llama 3.1 frequency scaling (`rope_type: llama3` in Hugging Face configs)."""
+    """RoPE frequency scaling as Hugging Face configs name it: `llama3` (Llama 3.1's smooth
+    per-band scaling; the fields below) or `linear` (position interpolation: every frequency
+    divided by `factor`)."""
 
     factor: float = 8.0
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+    rope_type: str = "llama3"
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -41,6 +42,7 @@ from fsdpkit.train.metrics import (
 from fsdpkit.train.model import Transformer
 from fsdpkit.train.model_config import count_params
 from fsdpkit.train.optim import build_optimizer, clipped_step, lr_at, set_lr
+from fsdpkit.train.records import attempts, read_rows, surviving
 from fsdpkit.train.shard import autocast, build_model, compute_dtype, describe_mesh
 
 
@@ -84,9 +86,20 @@ def preflight(cfg: TrainConfig) -> Path:
     if tok_vocab > vocab:
         raise UserError(f"vocab_size: the model's {vocab} is smaller than tokenizer {tok_name!r}'s {tok_vocab}; "
                         "pass --vocab_size or another tokenizer")
+    BatchStream(source, tok, cfg.seq_len(), 1, epochs=1, shuffle_buffer=0).check_not_empty()
     if not dist.under_torchrun():
         dist.check_nproc(cfg.parallel.nproc, cfg.parallel.device)
+        # A checkpoint that cannot be resumed is refused before any process starts or file is written.
+        if (spec := resume_spec(cfg)) and (found := checkpoint.resolve(spec)):
+            checkpoint.check_shape(found, model_shape_of(cfg))
+            if found.path == Path(spec) and (problem := checkpoint.verify(found.path)):
+                raise checkpoint.DamagedCheckpoint(found.path, problem)
     return run_dir
+
+
+def model_shape_of(cfg: TrainConfig) -> dict[str, Any]:
+    """The model's shape as a checkpoint records it (plain JSON values)."""
+    return json.loads(json.dumps(dataclasses.asdict(cfg.model_config())))
 
 
 def data_pipeline(cfg: TrainConfig, split: str, verbose: bool):
@@ -113,6 +126,7 @@ class Validator:
 
     def __init__(self, cfg: TrainConfig, rt: dist.Runtime):
         source, tok = data_pipeline(cfg, cfg.data.val_split, verbose=rt.is_main)
+        self.source = source
         self.stream = BatchStream(source, tok, cfg.seq_len(), cfg.val_batch_size(), rt.rank,
                                   rt.world_size, cfg.seed, shuffle_buffer=0, epochs=1)
         # Every rank must run the same number of forwards (FSDP collectives): count on each rank,
@@ -172,15 +186,14 @@ def _train(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path, notices: list[str]
         load_hf_into(model, Path(cfg.checkpoint.init_from_hf), mcfg)
         notices.append(f"fsdpkit: initialised from Hugging Face weights in {cfg.checkpoint.init_from_hf}")
     optimizer = build_optimizer(model, cfg)
-    model_shape = json.loads(json.dumps(dataclasses.asdict(mcfg)))
+    model_shape = model_shape_of(cfg)
     start_step, samples_done = 0, 0
     resume_from = resume_spec(cfg)
     if resume_from:
-        found = checkpoint.resolve(resume_from)
+        found = checkpoint.resume(resume_from, model, optimizer, model_shape, rt, notices)
         if found is None:
             notices.append(f"fsdpkit: no complete checkpoint in {resume_from}; starting from step 0")
         else:
-            checkpoint.load(found, model, optimizer, model_shape)
             start_step, samples_done = found.step, found.meta["samples"]
             notices.append(f"fsdpkit: resumed from {found.path} at step {start_step}")
     source, tok = data_pipeline(cfg, d.train_split, verbose=rt.is_main)
@@ -189,11 +202,19 @@ def _train(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path, notices: list[str]
     pin = rt.device.type == "cuda"
     stream = Prefetcher(batches, d.prefetch, pin_memory=pin) if d.prefetch else iter(batches)
     eos_id = (source.meta["eos_id"] if tok is None else tok.eos_id) if d.document_masking else None
+    # This start of the run is attempt N: N earlier starts are on record (restarts, resubmissions,
+    # a rerun with --resume). Rank 0's count, so every rank's sample log agrees.
+    attempt = dist.broadcast_int(attempts(read_rows(run_dir / "metrics.jsonl")) if rt.is_main else 0, rt)
     sample_log = None
     if lg.log_samples:
         run_dir.mkdir(parents=True, exist_ok=True)
         sample_log = (run_dir / f"samples-rank{rt.rank}.jsonl").open("a", buffering=1)
+        sample_log.write(json.dumps({"kind": "start", "step": start_step, "attempt": attempt}) + "\n")
     validate = Validator(cfg, rt)
+
+    def bad_records() -> int:
+        """Records skipped as bad so far, each once (sources without such records count 0)."""
+        return sum(getattr(src, "bad_records", 0) for src in (source, validate.source))
     if validate.batches == 0:
         notices.append(f"warning: the {d.val_split!r} split holds less than one global validation batch "
                        f"({cfg.val_batch_size()} x {rt.world_size} blocks of {seq_len + 1} tokens); no validation")
@@ -212,7 +233,7 @@ def _train(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path, notices: list[str]
         (run_dir / "config.yaml").write_text(yamlfile.dump(cfg.record(run_dir)))
         tb_dir = Path(lg.tensorboard_dir) if lg.tensorboard_dir else run_dir / "tensorboard"
         show_bar = lg.progress == "on" or (lg.progress == "auto" and sys.stderr.isatty())
-        writer = MetricsWriter(run_dir, tb_dir if lg.tensorboard else None, show_bar, o.max_steps)
+        writer = MetricsWriter(run_dir, tb_dir if lg.tensorboard else None, show_bar, o.max_steps, attempt)
         # Each start of the run is marked, so readers can tell its attempts apart (a resume that
         # repeats no step included).
         writer.record("start", {"step": start_step, "world_size": rt.world_size,
@@ -258,7 +279,8 @@ def _train(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path, notices: list[str]
             for micro in range(d.grad_accum_steps):
                 x, y, indices = next(stream)
                 if sample_log:
-                    sample_log.write(json.dumps({"step": step + 1, "micro": micro, "blocks": indices}) + "\n")
+                    sample_log.write(json.dumps({"step": step + 1, "micro": micro, "blocks": indices,
+                                                 "attempt": attempt}) + "\n")
                 x, y = x.to(rt.device, non_blocking=True), y.to(rt.device, non_blocking=True)
                 if rt.distributed and d.grad_accum_steps > 1:
                     # Reduce-scatter gradients once per optimizer step, not once per micro-step.
@@ -296,6 +318,7 @@ def _train(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path, notices: list[str]
                     writer.print(f"fsdpkit: MFU denominator re-measured: {peak / 1e12:.3f} TFLOP/s (the start-up "
                                  "measurement was slowed by other work on this machine)")
                     m = derive(stats, flops_tok, peak, peak_memory_bytes(rt.device))
+                m["bad_records"] = bad_records()
                 writer.record("train", m, human_line(m))
                 writer.advance(window_steps, loss)
             loss_sum.zero_()
@@ -333,12 +356,20 @@ def _train(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path, notices: list[str]
     if sample_log:
         sample_log.close()
     if writer:
+        writer.jsonl.flush()
+        # The whole run's history, earlier attempts included (what survived of them), not this attempt's.
+        rows = read_rows(run_dir / "metrics.jsonl")
+        kept = surviving(rows)
+        train_rows = [r for r in kept if r.get("kind") == "train"]
+        val_rows = [r for r in kept if r.get("kind") == "val"]
         summary = {
             "steps": result.steps,
-            "final_loss": result.losses[-1][1] if result.losses else None,
-            "first_loss": result.losses[0][1] if result.losses else None,
-            "final_val_loss": result.val_losses[-1][1] if result.val_losses else None,
+            "final_loss": train_rows[-1]["loss"] if train_rows else None,
+            "first_loss": train_rows[0]["loss"] if train_rows else None,
+            "final_val_loss": val_rows[-1]["val_loss"] if val_rows else None,
+            "attempts": attempts(rows),
             "world_size": rt.world_size,
+            "bad_records": bad_records(),
         }
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         if result.stopped_by_signal:

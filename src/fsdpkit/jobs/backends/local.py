@@ -81,8 +81,10 @@ class LocalBackend:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **spec.env, "FSDPKIT_ATTEMPT": str(attempt)}
         if spec.hf_token_env and os.environ.get(spec.hf_token_env):
             env["HF_TOKEN"] = os.environ[spec.hf_token_env]
-        # A shell stays behind as the parent to record the exit code once the job ends.
-        wrapper = f'{shlex.join(cmd)}; echo $? > {shlex.quote(str(job_dir / "rc"))}'
+        # A shell stays behind as the parent to record the exit code once the job ends. Its no-op
+        # trap keeps a cancel's SIGTERM (sent to the whole group) from ending it before the job has
+        # stopped; a trap, unlike an ignored signal, is not inherited by the job.
+        wrapper = f'trap : TERM INT; {shlex.join(cmd)}; echo $? > {shlex.quote(str(job_dir / "rc"))}'
         with open(job_dir / "log", "ab") as log:
             proc = subprocess.Popen(["/bin/sh", "-c", wrapper], stdout=log, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, env=env, start_new_session=True)

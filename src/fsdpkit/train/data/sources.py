@@ -131,7 +131,15 @@ class LocalFiles:
             self.files, self.base = [root], root.parent
         if not self.files:
             raise UserError(f"dataset: no .jsonl/.json/.parquet/.txt files (or .gz/.zst of them) in {path}")
-        self.skipped = 0
+        self._bad_seen: set[str] = set()
+        # With a held-out split both splits read every line: the training split alone counts a bad
+        # one, so a record is counted once however many splits and passes read it.
+        self._counts_bad = not self.hold_out or split == "train"
+
+    @property
+    def bad_records(self) -> int:
+        """Distinct records skipped as bad so far (each counted once, however often it is re-read)."""
+        return len(self._bad_seen)
 
     def documents(self, epoch: int) -> Iterator[str]:
         order = _shuffled(self.files, self.seed, epoch) if self.split == "train" else self.files
@@ -145,10 +153,12 @@ class LocalFiles:
     def _bad(self, where: str, why: str) -> None:
         if self.on_bad_record == "fail":
             raise UserError(f"dataset: {where}: {why} (use --on_bad_record skip to skip such records)")
-        self.skipped += 1
-        if self.verbose and (self.skipped & (self.skipped - 1)) == 0:  # 1, 2, 4, 8, ... so logs stay short
-            print(f"warning: dataset: skipped {self.skipped} bad record(s); latest {where}: {why}",
-                  file=sys.stderr, flush=True)
+        if not self._counts_bad or where in self._bad_seen:
+            return
+        self._bad_seen.add(where)
+        n = len(self._bad_seen)
+        if self.verbose and (n & (n - 1)) == 0:  # 1, 2, 4, 8, ... so logs stay short
+            print(f"warning: dataset: skipped {n} bad record(s); latest {where}: {why}", file=sys.stderr, flush=True)
 
     def _text_of(self, record: object, where: str) -> str | None:
         if not isinstance(record, dict) or not isinstance(record.get(self.text_field), str):

@@ -49,14 +49,16 @@ class BatchStream:
     epochs: int | None = None  # None: repeat the source forever
     skip_blocks: int = 0  # global blocks already consumed (resume): the stream continues after them
 
-    def blocks(self) -> Iterator[np.ndarray]:
-        """The global stream of seq_len+1-token blocks of a document source, documents separated by EOS."""
+    def blocks(self, allow_empty: bool = False) -> Iterator[np.ndarray]:
+        """The global stream of seq_len+1-token blocks of a document source, documents separated by EOS.
+        A pass that yields no block is an error naming its cause, unless `allow_empty` (counting)."""
         n = self.seq_len + 1
         epoch = 0
         while self.epochs is None or epoch < self.epochs:
             buf = np.empty(0, dtype=np.int64)
-            produced = 0
+            produced = documents = 0
             for doc in self.source.documents(epoch):
+                documents += 1
                 ids = self.tokenizer.encode(doc)
                 buf = np.concatenate([buf, ids.astype(np.int64), [self.tokenizer.eos_id]])
                 full = len(buf) // n
@@ -65,7 +67,16 @@ class BatchStream:
                     buf = buf[full * n :]
                     produced += full
             if produced == 0:
-                raise UserError(f"dataset: {self.source.name} holds fewer than {n} tokens; lower seq_len")
+                if allow_empty:
+                    return
+                split = getattr(self.source, "split", None)
+                if documents == 0:
+                    raise UserError(f"dataset: {self.source.name} has no documents"
+                                    + (f" in its {split!r} split" if split else "")
+                                    + (f" ({self.source.bad_records} bad records skipped)"
+                                       if getattr(self.source, "bad_records", 0) else ""))
+                raise UserError(f"dataset: {self.source.name} holds fewer than {n} tokens ({documents} "
+                                f"document(s), {len(buf)} tokens); lower seq_len")
             epoch += 1
 
     def shuffled(self) -> Iterator[np.ndarray]:
@@ -101,12 +112,17 @@ class BatchStream:
     def _global(self) -> Iterator[np.ndarray | Callable[[], np.ndarray]]:
         return self._indexed() if isinstance(self.source, TokenShards) else self.shuffled()
 
+    def check_not_empty(self) -> None:
+        """The one-line error of a source that holds no whole block, raised before any work (the
+        first block is read, nothing more)."""
+        next(self._indexed() if isinstance(self.source, TokenShards) else self.blocks(), None)
+
     def count_blocks(self) -> int:
         """Blocks in one pass over the source (the validation split's size)."""
         if isinstance(self.source, TokenShards):
             return self.source.num_blocks(self.seq_len + 1)
         single = BatchStream(self.source, self.tokenizer, self.seq_len, 1, epochs=1, shuffle_buffer=0)
-        return sum(1 for _ in single.blocks())
+        return sum(1 for _ in single.blocks(allow_empty=True))
 
     def rank_blocks(self) -> Iterator[tuple[int, np.ndarray]]:
         """This rank's (global index, block): slot `rank` of every group of world x batch blocks.

@@ -80,6 +80,9 @@ class HFTokenizer:
         if not ids:
             raise UserError(f"tokenizer: {spec!r} has no end-of-text token (looked for {', '.join(candidates)})")
         self.eos_id = ids[0]
+        bos = config.get("bos_token")
+        bos = bos.get("content") if isinstance(bos, dict) else bos
+        self.bos_id = self.tok.token_to_id(bos) if bos else None
         self.dtype = np.uint16 if self.vocab_size <= 2**16 else np.uint32
 
     def encode(self, text: str | bytes) -> np.ndarray:

@@ -1,0 +1,227 @@
+"""Bad input, as an adversarial user gives it: every case is one line on stderr, no traceback, the
+documented exit code (2: the input; 3: AWS or the cluster refused or could not be reached), and
+nothing written or applied: no file appears or changes, no object reaches the cluster."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import FAST, KubeMock, run_cli
+
+pytestmark = pytest.mark.slow
+
+TOKEN = "hf_AbCdEfGhIjKlMnOpQrStUvWxYz012345"
+SPEC = {"name": "bad", "backend": "pytorchjob", "image": "example.com/fsdpkit:v1", "instance_type": "p5.48xlarge",
+        "nodes": 2, "train": {"preset": "tiny", "max_steps": 10}}
+UNREACHABLE_KUBECONFIG = ("apiVersion: v1\nkind: Config\ncurrent-context: gone\n"
+                          "clusters: [{name: gone, cluster: {server: 'http://127.0.0.1:9'}}]\n"
+                          "contexts: [{name: gone, context: {cluster: gone, user: u}}]\n"
+                          "users: [{name: u, user: {token: t}}]\n")
+
+
+def spec(path: Path, **change) -> str:
+    doc = {**SPEC, **change}
+    path.write_text(json.dumps(doc))  # JSON is YAML
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory) -> Path:
+    """The files the cases point at, made once: a real checkpoint, datasets, specs, configs."""
+    d = tmp_path_factory.mktemp("inputs")
+    r = run_cli("train", *FAST, "--max_steps", "1", "--train_batch_size", "2", "--tensorboard", "0",
+                "--run_dir", str(d / "run"), "--checkpoint_dir", str(d / "ckpt"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    step = d / "ckpt" / "step-00000001"
+    shutil.copytree(step, d / "truncated" / "step-00000001")
+    shard = d / "truncated" / "step-00000001" / "__0_0.distcp"
+    shard.write_bytes(shard.read_bytes()[:64])
+    shutil.copytree(step, d / "partial" / ".step-00000002.tmp")
+    (d / "partial" / ".step-00000002.tmp" / "fsdpkit.json").unlink()
+    (d / "bad-syntax.yaml").write_text("optim:\n  lr: [1, 2\n  max_steps: 3\n")
+    (d / "lr-true.yaml").write_text("optim:\n  lr: true\n")
+    (d / "steps-true.yaml").write_text("max_steps: true\n")
+    (d / "empty-folder").mkdir()
+    (d / "no-documents").mkdir()
+    (d / "no-documents" / "a.jsonl").write_text("\n\n")
+    (d / "small.jsonl").write_text(json.dumps({"text": "a few words"}) + "\n")
+    (d / "broken.jsonl").write_text(json.dumps({"text": "fine " * 50}) + "\nnot json\n")
+    (d / "hf-bias").mkdir()
+    (d / "hf-bias" / "config.json").write_text(json.dumps({
+        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "attention_bias": True, "vocab_size": 300,
+        "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 8}))
+    (d / "hf-empty").mkdir()
+    (d / "export-taken").mkdir()
+    (d / "export-taken" / "keep.txt").write_text("mine")
+    (d / "unreachable.kubeconfig").write_text(UNREACHABLE_KUBECONFIG)
+    spec(d / "unknown-field.yaml", colour="blue")
+    spec(d / "token-name.yaml", hf_token_env=TOKEN)
+    spec(d / "secret-env.yaml", env={"WANDB_API_KEY": "abc123"})
+    spec(d / "lr-true-spec.yaml", train={"preset": "tiny", "lr": True})
+    spec(d / "bad-train.yaml", train={"preset": "tiny", "n_heads": 3})
+    spec(d / "bad-instance.yaml", instance_type="p9.huge")
+    spec(d / "secret-ref-token.yaml", secrets=[{"env": TOKEN, "secret": "s", "key": "k"}])
+    return d
+
+
+# id -> (argv with {in} for the inputs folder, exit code, what the one line says)
+CASES = {
+    # train: values and flags
+    "lr-nan": (["train", "--lr", "nan"], 2, "lr: expected a finite number, got 'nan'"),
+    "lr-inf-nproc": (["train", "--nproc", "2", "--lr", "inf"], 2, "lr: expected a finite number"),
+    "lr-negative": (["train", "--lr", "-1"], 2, "lr: -1.0 is out of range; it must be >= 0"),
+    "steps-zero": (["train", "--max_steps", "0"], 2, "max_steps: 0 is out of range"),
+    "steps-fraction": (["train", "--max_steps", "1.5"], 2, "max_steps: expected an integer"),
+    "yaml-syntax": (["train", "--config", "{in}/bad-syntax.yaml"], 2, "is not valid YAML: line 3, column"),
+    "yaml-lr-bool": (["train", "--config", "{in}/lr-true.yaml"], 2, "lr: expected a number, got True"),
+    "yaml-steps-bool": (["train", "--config", "{in}/steps-true.yaml"], 2, "max_steps: expected an integer, got True"),
+    "heads-divide": (["train", "--n_heads", "3"], 2, "n_heads: 3 must divide dim"),
+    "precision-choice": (["train", "--mixed_precision", "fp16"], 2, "mixed_precision"),
+    "near-miss-flag": (["train", "--max_stpes", "5"], 2, "did you mean --max_steps"),
+    "resume-auto-no-dir": (["train", "--resume_from_checkpoint", "auto"], 2, "needs --checkpoint_dir"),
+    "float8-cpu": (["train", "--float8", "1", "--device", "cpu"], 2, "float8: needs an NVIDIA GPU"),
+    "warmup-past-end": (["train", "--max_steps", "10", "--warmup_steps", "50"], 2, "warmup_steps: 50 must be <="),
+    "config-missing": (["train", "--config", "{in}/none.yaml"], 2, "file not found"),
+    # data
+    "dataset-missing": (["train", "--dataset", "{in}/none.jsonl"], 2, "none.jsonl not found"),
+    "dataset-no-files": (["train", "--dataset", "{in}/empty-folder"], 2, "no .jsonl/.json/.parquet/.txt files"),
+    "dataset-no-documents": (["train", "--dataset", "{in}/no-documents"], 2, "has no documents in its 'train' split"),
+    "dataset-too-small": (["train", "--dataset", "{in}/small.jsonl", "--seq_len", "512"], 2,
+                          "holds fewer than 513 tokens (1 document(s), 12 tokens); lower seq_len"),
+    "bad-record-fail": (["train", "--dataset", "{in}/broken.jsonl", "--on_bad_record", "fail", "--seq_len", "16",
+                         "--max_steps", "1"], 2, "broken.jsonl:2: not JSON (use --on_bad_record skip"),
+    "tokenizer-missing": (["train", "--tokenizer", "./no-such-tokenizer"], 2,
+                          "tokenizer: ./no-such-tokenizer not found"),
+    "prepare-missing": (["data", "prepare", "--dataset", "{in}/none.jsonl", "--out", "shards"], 2, "not found"),
+    "tokenizer-vocab-zero": (["tokenizer", "train", "--dataset", "{in}/small.jsonl", "--vocab_size", "0",
+                              "--out", "tok"], 2, "vocab_size"),
+    # checkpoints and Hugging Face weights
+    "resume-truncated": (["train", *FAST, "--resume_from_checkpoint", "{in}/truncated/step-00000001"], 2,
+                         "__0_0.distcp is truncated (64 of"),
+    "resume-partial": (["train", *FAST, "--resume_from_checkpoint", "{in}/partial/.step-00000002.tmp"], 2,
+                       "is not a complete fsdpkit checkpoint"),
+    "resume-other-shape": (["train", *FAST, "--n_layers", "3", "--resume_from_checkpoint", "{in}/ckpt"], 2,
+                           "holds a model of another shape: n_layers 4 (this run: 3)"),
+    "resume-other-shape-nproc": (["train", *FAST, "--nproc", "2", "--n_layers", "3", "--resume_from_checkpoint",
+                                  "{in}/ckpt", "--run_dir", "run"], 2, "another shape"),
+    "ckpt-show-missing": (["ckpt", "show", "{in}/none"], 2, "none"),
+    "export-missing": (["export", "{in}/none", "out"], 2, "no complete checkpoint"),
+    "export-taken": (["export", "{in}/ckpt", "{in}/export-taken"], 2, "exists and is not empty"),
+    "hf-bias": (["train", "--init_from_hf", "{in}/hf-bias"], 2, "uses attention_bias"),
+    "hf-no-config": (["train", "--init_from_hf", "{in}/hf-empty"], 2, "no config.json"),
+    # job specs
+    "spec-unknown-field": (["job", "render", "{in}/unknown-field.yaml"], 2, "colour: unknown field"),
+    "spec-nodes-zero": (["job", "render", "{in}/unknown-field.yaml", "--set", "colour=", "--set", "nodes=0"], 2, ""),
+    "spec-token-as-name": (["job", "render", "{in}/token-name.yaml"], 2, "hf_token_env: looks like a token"),
+    "spec-secret-ref-token": (["job", "render", "{in}/secret-ref-token.yaml"], 2, "secrets[0].env: looks like a token"),
+    "spec-secret-in-env": (["job", "render", "{in}/secret-env.yaml"], 2, "env.WANDB_API_KEY: looks like a secret"),
+    "spec-train-lr-bool": (["job", "render", "{in}/lr-true-spec.yaml"], 2, "train.lr: expected a number, got True"),
+    "spec-set-bad-yaml": (["job", "render", "{in}/lr-true-spec.yaml", "--set", "image=["], 2,
+                          "--set image: the value is not valid YAML: line 1"),
+    "spec-instance": (["job", "render", "{in}/bad-instance.yaml"], 2, "p9.huge"),
+    "spec-missing": (["job", "render", "{in}/none.yaml"], 2, "file not found"),
+    "spec-submit-bad-train": (["job", "submit", "{in}/bad-train.yaml"], 2, "train.n_heads: 3 must divide dim"),
+    # cluster (Kubernetes)
+    "kube-no-kubeconfig": (["cluster", "check", "--kubeconfig", "{in}/none"], 3, "no kubeconfig at"),
+    "kube-unreachable": (["cluster", "check", "--kubeconfig", "{in}/unreachable.kubeconfig"], 3,
+                         "cannot reach the Kubernetes API"),
+    "kube-unreachable-submit": (["job", "submit", "{in}/lr-true-spec.yaml", "--set", "train.lr=0.1",
+                                 "--kubeconfig", "{in}/unreachable.kubeconfig"], 3, "cannot reach the Kubernetes API"),
+    "kube-context": (["cluster", "check", "--kubeconfig", "{in}/unreachable.kubeconfig", "--context", "nope"], 3,
+                     "nope"),
+    "eks-no-region": (["cluster", "check", "--eks-cluster", "x"], 2, "--eks-cluster needs --region"),
+    # AWS
+    "aws-no-credentials-check": (["cluster", "check", "--eks-cluster", "x", "--region", "us-west-2"], 3,
+                                 "no AWS credentials found"),
+    "aws-no-credentials-validate": (["cluster", "validate", "gpu", "--eks-cluster", "x", "--region",
+                                     "us-west-2"], 3, "no AWS credentials found"),
+    "aws-no-credentials-addons": (["cluster", "addons", "install", "--eks-cluster", "x", "--region", "us-west-2"],
+                                  3, "no AWS credentials found"),
+    "aws-no-credentials-infra": (["infra", "status", "--region", "us-west-2"], 3, "no AWS credentials found"),
+    "fsx-too-small": (["storage", "fsx", "create", "ckpt", "--size", "3000"], 2, "size"),
+}
+# Cases that reach an endpoint that is down: AWS credentials are given, the endpoint refuses.
+UNREACHABLE_AWS = {
+    "aws-unreachable-check": (["cluster", "check", "--eks-cluster", "x", "--region", "us-west-2"], 3,
+                              "cannot reach AWS"),
+    "aws-unreachable-infra": (["infra", "status", "--region", "us-west-2"], 3, "cannot reach AWS"),
+}
+
+
+def _tree(*roots: Path) -> dict[str, tuple[int, int]]:
+    return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for root in roots for p in root.rglob("*")}
+
+
+def _run(argv: list[str], inputs: Path, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "KUBECONFIG", "FSDPKIT_"))}
+    clean.update({"PYTHONUNBUFFERED": "1", "FSDPKIT_HOME": str(cwd / "home"), "HOME": str(cwd),
+                  "AWS_CONFIG_FILE": str(cwd / "no-aws-config"), "AWS_SHARED_CREDENTIALS_FILE": str(cwd / "none"),
+                  "AWS_EC2_METADATA_DISABLED": "true", "AWS_MAX_ATTEMPTS": "1", "KUBECONFIG": str(cwd / "none"),
+                  **env})
+    args = [a.replace("{in}", str(inputs)) for a in argv]
+    return subprocess.run([sys.executable, "-m", "fsdpkit", *args], capture_output=True, text=True, cwd=cwd,
+                          env=clean, timeout=180)
+
+
+def _check(r: subprocess.CompletedProcess, code: int, says: str, before: dict, after: dict) -> None:
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == code, (r.returncode, r.stderr[-3000:])
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr[-3000:]
+    assert says in lines[0], lines[0]
+    assert "Traceback" not in r.stdout + r.stderr
+    assert TOKEN not in r.stdout + r.stderr  # a value that looked like a token is never echoed
+    assert after == before, sorted(set(after.items()) ^ set(before.items()))[:5]
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bad_input_is_one_line_with_its_exit_code_and_writes_nothing(case, inputs, tmp_path):
+    argv, code, says = CASES[case]
+    before = _tree(inputs, tmp_path)
+    r = _run(argv, inputs, tmp_path, {})
+    _check(r, code, says, before, _tree(inputs, tmp_path))
+
+
+@pytest.mark.parametrize("case", sorted(UNREACHABLE_AWS))
+def test_an_aws_endpoint_that_is_down_is_one_line(case, inputs, tmp_path):
+    argv, code, says = UNREACHABLE_AWS[case]
+    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+           "FSDPKIT_AWS_ENDPOINT_URL": "http://127.0.0.1:9"}
+    before = _tree(inputs, tmp_path)
+    _check(_run(argv, inputs, tmp_path, env), code, says, before, _tree(inputs, tmp_path))
+    r = _run([*argv, "--json"], inputs, tmp_path, env)
+    assert r.returncode == code
+    error = json.loads(r.stdout)["error"]
+    assert error["code"] == "unreachable" and says in error["message"]
+
+
+def test_nothing_reaches_the_cluster_from_a_bad_spec(inputs, tmp_path):
+    """A spec the trainer would refuse is refused before submission: the API server sees no write."""
+    kube = KubeMock(tmp_path)
+    try:
+        r = _run(["job", "submit", "{in}/bad-train.yaml", "--json"], inputs, tmp_path, kube.env)
+        assert r.returncode == 2 and json.loads(r.stdout)["error"]["message"].startswith("train.n_heads")
+        assert [m for m, _p, _b in kube.requests() if m in ("POST", "PUT", "PATCH", "DELETE")] == []
+        r = _run(["job", "status", "nope", "--backend", "pytorchjob", "--json"], inputs, tmp_path, kube.env)
+        assert r.returncode != 0 and json.loads(r.stdout)["ok"] is False
+    finally:
+        kube.close()
+
+
+def test_no_credentials_under_json_is_an_envelope(inputs, tmp_path):
+    r = _run(["cluster", "check", "--eks-cluster", "x", "--region", "us-west-2", "--json"], inputs, tmp_path, {})
+    assert r.returncode == 3 and r.stderr == ""
+    error = json.loads(r.stdout)["error"]
+    assert error["code"] == "aws_credentials" and "no AWS credentials found" in error["message"]
+
+
+def test_the_table_is_wide():
+    assert len(CASES) + len(UNREACHABLE_AWS) >= 40
+    assert {argv[0] for argv, _, _ in CASES.values()} >= {"train", "data", "tokenizer", "ckpt", "export", "job",
+                                                           "cluster", "infra", "storage"}
