@@ -114,8 +114,6 @@ def gpu_plan(n_gpus: int) -> list[dict]:
 ABLATIONS: list[tuple[tuple[str, ...], str]] = [
     ((), "defaults"),
     (("--fused_optimizer", "0"), "foreach AdamW (fused off)"),
-    (("--attention", "blocks"), "attention: SDPA in 256-token blocks (own CPU kernel off)"),
-    (("--attention", "sdpa"), "attention: SDPA (both CPU kernels off)"),
     (("--compile", "1"), "torch.compile per block"),
     (("--activation_checkpointing", "full"), "activation checkpointing: full"),
     (("--activation_checkpointing", "selective"), "activation checkpointing: every 2nd block"),

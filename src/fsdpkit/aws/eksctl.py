@@ -25,7 +25,7 @@ from typing import Any
 
 from fsdpkit.aws.session import AwsError
 from fsdpkit.errors import UserError
-from fsdpkit.jobs.instances import INSTANCES, Instance, lookup
+from fsdpkit.hardware.instances import INSTANCES, Instance, lookup
 from fsdpkit.yamlfile import describe_yaml_error
 
 API_VERSION = "eksctl.io/v1alpha5"

@@ -10,6 +10,7 @@ from fsdpkit import yamlfile
 from fsdpkit.cli.output import Parser, dispatch, emit_json
 from fsdpkit.errors import UserError
 from fsdpkit.jobs.backends import get_backend
+from fsdpkit.jobs.capacity import capacity as check_capacity
 from fsdpkit.jobs.hub import check_hub_access
 from fsdpkit.jobs.spec import BACKENDS, JobSpec, load_spec, parse_overrides
 from fsdpkit.jobs.status import JobStatus
@@ -60,27 +61,11 @@ def cmd_render(args: argparse.Namespace) -> int:
     return 0
 
 
-def _capacity(spec: Any, strict: bool) -> dict[str, Any] | None:
-    """The capacity planner's verdict on a GPU job: a warning on stderr when it will not fit, an
-    error (nothing submitted) with --strict. None when there is nothing to plan."""
-    from fsdpkit.plan.planner import check_job
-
-    checked = check_job(spec)
-    if checked is None:
-        return None
-    p, verdict = checked
-    if p.fits is False:
-        if strict:
-            raise UserError(f"plan: {verdict}; not submitted (--strict); see `fsdpkit plan JOBSPEC`")
-        print(f"warning: plan: {verdict}; see `fsdpkit plan JOBSPEC` (--strict refuses such jobs)", file=sys.stderr)
-    return {"fits": p.fits, "peak_gib": round(p.memory.peak / 2**30, 2), "verdict": verdict}
-
-
 def cmd_submit(args: argparse.Namespace) -> int:
     spec = _spec(args)
     check_hub_access(spec)
     backend = _backend(args, spec)
-    capacity = _capacity(spec, args.strict)
+    capacity = check_capacity(spec, args.strict, lambda line: print(f"warning: {line}", file=sys.stderr))
     result = backend.submit(spec, replace=args.replace, dry_run=args.dry_run)
     if capacity is not None:
         result["plan"] = capacity
@@ -158,7 +143,7 @@ def cmd_delete(args: argparse.Namespace) -> int:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    from fsdpkit.jobs.instances import check_network_log
+    from fsdpkit.jobs.health import check_network_log
 
     lines = []
     for line in _backend(args).logs(args.job, _ns(args), follow=args.follow, replica=args.replica,

@@ -16,7 +16,7 @@ from typing import Any
 
 from fsdpkit.cluster import checks
 from fsdpkit.cluster.apply import describe, ensure
-from fsdpkit.jobs.instances import INSTANCES
+from fsdpkit.hardware.instances import INSTANCES
 
 NVIDIA_PLUGIN_IMAGE = "nvcr.io/nvidia/k8s-device-plugin:v0.17.0"
 EFA_PLUGIN_IMAGE = "public.ecr.aws/eks/aws-efa-k8s-device-plugin:v0.5.6"

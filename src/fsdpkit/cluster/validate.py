@@ -13,7 +13,7 @@ from fsdpkit.cluster.checks import GPU, ClusterReader, node_infos
 from fsdpkit.cluster.client import ClusterError, api_errors, is_not_found
 from fsdpkit.cluster.nccl import parse_all_reduce, verdict
 from fsdpkit.cluster.pods import run_pods
-from fsdpkit.jobs.instances import lookup, network_env
+from fsdpkit.hardware.instances import lookup, network_env
 
 CUDA_IMAGE = "nvidia/cuda:12.6.3-base-ubuntu22.04"
 NCCL_TESTS_IMAGE = "public.ecr.aws/hpc-cloud/nccl-tests:latest"

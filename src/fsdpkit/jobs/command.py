@@ -4,23 +4,17 @@ given to stop. One place, so PyTorchJob, HyperPod, Ray and Slurm cannot drift ap
 
 from __future__ import annotations
 
-from typing import Any
-
-from fsdpkit.jobs.instances import network_env
-from fsdpkit.jobs.spec import JobSpec, train_config
+from fsdpkit.hardware.instances import network_env
+from fsdpkit.jobs.spec import JobSpec, train_config, train_options
 from fsdpkit.plan.grace import GracePeriod, grace_period
 from fsdpkit.plan.planner import plan_config
+from fsdpkit.train.config import build, recipe_values, to_flags
 
 # Set on every GPU node: the caching allocator grows segments instead of fragmenting (fewer
 # out-of-memory stops at long sequences), and NCCL's flight recorder keeps the last collectives of
 # each rank, dumped on a watchdog timeout, which is what a hang is diagnosed from.
 GPU_ENV = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
            "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
-
-
-def output_dirs(spec: JobSpec, root: str) -> dict[str, str]:
-    """Checkpoints and run outputs of this job under `root` (the mounted storage)."""
-    return {"checkpoint_dir": f"{root}/{spec.name}/checkpoints", "run_dir": f"{root}/{spec.name}/run"}
 
 
 def node_env(spec: JobSpec) -> dict[str, str]:
@@ -34,33 +28,6 @@ def node_env(spec: JobSpec) -> dict[str, str]:
         if spec.storage.root:
             env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] = f"{spec.storage.root}/{spec.name}/flight-recorder/rank_"
     return {**env, **spec.env}
-
-
-def train_options(spec: JobSpec, root: str | None) -> dict[str, Any]:
-    """The trainer's options for this job. With storage, checkpoints and metrics go to the shared
-    volume and every start resumes from the newest checkpoint there: a restarted pod, a resubmitted
-    job and HyperPod's auto-resume all continue instead of starting over."""
-    opts = dict(spec.train)
-    if root is not None:
-        flat = flat_options(opts)
-        dirs = output_dirs(spec, root)
-        if "checkpoint_dir" not in flat:
-            opts["checkpoint_dir"] = dirs["checkpoint_dir"]
-        if "run_dir" not in flat:
-            opts["run_dir"] = dirs["run_dir"]
-        if "resume_from_checkpoint" not in flat and "resume" not in flat:
-            opts["resume_from_checkpoint"] = "auto"
-    return opts
-
-
-def flat_options(doc: dict[str, Any]) -> dict[str, Any]:
-    """Trainer options with their `section: {...}` blocks flattened."""
-    from fsdpkit.train.config import SECTIONS
-
-    out: dict[str, Any] = {}
-    for k, v in doc.items():
-        out.update(v if k in SECTIONS and isinstance(v, dict) else {k: v})
-    return out
 
 
 def job_grace(spec: JobSpec) -> GracePeriod | None:
@@ -112,8 +79,6 @@ def node_command(spec: JobSpec, rdzv_endpoint: str, rdzv_id: str, root: str | No
 def trainer_flags(spec: JobSpec, root: str | None) -> list[str]:
     """The trainer's flags: the preset's recipe as resolved for this job, then the spec's own options.
     Written out, so the manifest says what the pods train with, whatever fsdpkit the image holds."""
-    from fsdpkit.train.config import build, recipe_values, to_flags
-
     options = train_options(spec, root)
     cfg = build([options])
     return to_flags({"preset": cfg.preset, **recipe_values(cfg), **options})

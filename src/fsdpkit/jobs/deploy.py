@@ -14,8 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fsdpkit.cluster.checks import run_checks
 from fsdpkit.errors import UserError
 from fsdpkit.home import home
+from fsdpkit.jobs.capacity import DoesNotFit, capacity
 from fsdpkit.jobs.hub import check_hub_access
 from fsdpkit.jobs.spec import CLUSTER_BACKENDS, JobSpec
 
@@ -77,8 +79,6 @@ def deploy(spec: JobSpec, backend: Any, skip: set[str], say: Callable[[str], Non
         say(f"[{step}]")
         try:
             if step == "check":
-                from fsdpkit.cluster.checks import run_checks
-
                 report = run_checks(backend.client)
                 failed = [c for c in report.checks if c.status == "fail"]
                 for c in failed:
@@ -86,13 +86,10 @@ def deploy(spec: JobSpec, backend: Any, skip: set[str], say: Callable[[str], Non
                 if failed:
                     raise StepFailed(f"cluster check failed ({len(failed)} problem(s) above); fix them, or "
                                      "--skip check")
-                from fsdpkit.plan.planner import check_job
-
-                checked = check_job(spec)
-                if checked and checked[0].fits is False:
-                    if strict:
-                        raise StepFailed(f"plan: {checked[1]} (--strict; see `fsdpkit plan SPEC`)")
-                    say(f"  WARN plan: {checked[1]}")
+                try:
+                    capacity(spec, strict, lambda line: say(f"  WARN {line}"))
+                except DoesNotFit as e:
+                    raise StepFailed(str(e)) from None
                 results[step] = "passed"
             elif step in ("storage", "secret", "submit"):
                 kind = {"storage": "PersistentVolumeClaim", "secret": "Secret", "submit": None}[step]

@@ -132,3 +132,19 @@ def pod_summary(pod: dict[str, Any]) -> dict[str, Any]:
                status.get("containerStatuses") or []]
     return {"name": (pod.get("metadata") or {}).get("name"), "phase": status.get("phase"), "restarts": restarts,
             "reason": next((r for r in reasons if r), None)}
+
+
+def check_network_log(text: str) -> tuple[str, str]:
+    """A job's log: ("pass", why) when NCCL used EFA, ("fail", why) when it fell back to sockets,
+    ("unknown", why) when the log does not say. The trainer's own verdict line wins; otherwise
+    NCCL's INFO lines (diagnose_network: true) are read."""
+    v = nccl_log.from_trainer_log(text) or nccl_log.read(text)
+    if v.transport == "efa":
+        return "pass", f"NCCL is using EFA through aws-ofi-nccl ({v.line().split(': ', 2)[-1]})"
+    if v.transport == "socket":
+        return "fail", (f"NCCL fell back to TCP sockets ({v.detail}): check that the image has aws-ofi-nccl and "
+                        "libfabric on LD_LIBRARY_PATH and that the pod requested vpc.amazonaws.com/efa")
+    if v.transport == "unknown":
+        return "unknown", "no network verdict in the log: it is printed before the first step of a multi-process "\
+                          "GPU run (or run with diagnose_network: true for NCCL's own lines)"
+    return "pass", f"NCCL is using {v.transport}"

@@ -7,8 +7,7 @@ import os
 from collections.abc import Mapping
 
 from fsdpkit.errors import UserError
-from fsdpkit.jobs.command import flat_options
-from fsdpkit.jobs.spec import JobSpec
+from fsdpkit.jobs.spec import JobSpec, flat_options
 from fsdpkit.train.presets import RECIPES
 
 # Organisations whose model repositories are gated on the hub (Meta's Llama, Mistral AI's models,

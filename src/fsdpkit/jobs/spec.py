@@ -19,8 +19,9 @@ from typing import Any
 import yaml
 
 from fsdpkit.errors import UserError
+from fsdpkit.hardware.instances import Instance, lookup
 from fsdpkit.image import pins
-from fsdpkit.jobs.instances import Instance, lookup
+from fsdpkit.train.config import SECTIONS, build
 from fsdpkit.yamlfile import describe_yaml_error, load_mapping
 
 BACKENDS = ("local", "pytorchjob", "hyperpod", "slurm")
@@ -317,6 +318,17 @@ def _check_quantity(name: str, value: str | None) -> None:
 
 
 def validate(spec: JobSpec) -> None:
+    """Every rule of a spec, section by section; the first one broken is a one-line UserError."""
+    _validate_identity(spec)
+    _validate_nodes(spec)
+    _validate_storage(spec)
+    _validate_environment(spec)
+    _validate_policies(spec)
+    if spec.train:
+        _validate_train(spec)
+
+
+def _validate_identity(spec: JobSpec) -> None:
     if not spec.name:
         raise UserError("name: a job name is required (lowercase letters, digits and '-')")
     if len(spec.name) > _NAME_MAX or not _NAME.match(spec.name):
@@ -327,6 +339,10 @@ def validate(spec: JobSpec) -> None:
     if spec.backend in CLUSTER_BACKENDS and not spec.image:
         raise UserError(f"image: the {spec.backend} backend runs a container image; give image: "
                         "(for example ACCOUNT.dkr.ecr.REGION.amazonaws.com/fsdpkit:TAG)")
+
+
+def _validate_nodes(spec: JobSpec) -> None:
+    """Node count, and what each node gets of its instance type."""
     if not re.fullmatch(r"\d+(:\d+)?", spec.nodes):
         raise UserError(f"nodes: {spec.nodes!r} must be a count (2) or an elastic range (MIN:MAX, such as 2:4)")
     lo, hi = spec.node_range
@@ -350,6 +366,9 @@ def validate(spec: JobSpec) -> None:
                             "EFA instance type (p4d, p5, p5e, p5en, g5.12xlarge and up, trn1.32xlarge)")
         if spec.efa > inst.efa:
             raise UserError(f"efa_per_node: {spec.efa} is more than {inst.name} has ({inst.efa})")
+
+
+def _validate_storage(spec: JobSpec) -> None:
     for name in ("cpu", "memory", "shm_size"):
         _check_quantity(name, getattr(spec, name))
     _check_quantity("storage.size", spec.storage.size)
@@ -362,6 +381,12 @@ def validate(spec: JobSpec) -> None:
         raise UserError("storage.storage_class: a new PVC needs a storage class (for example fsx-sc or efs-sc)")
     if not spec.storage.mount_path.startswith("/"):
         raise UserError(f"storage.mount_path: {spec.storage.mount_path!r} must be an absolute path")
+    if spec.storage.write_mb_per_s < 1:
+        raise UserError(f"storage.write_mb_per_s: {spec.storage.write_mb_per_s} is out of range; it must be >= 1")
+
+
+def _validate_environment(spec: JobSpec) -> None:
+    """Variables, secrets and the command: no secret value or token is ever written into the spec."""
     for key, value in spec.env.items():
         if _SECRET_NAME.search(key) and value:
             raise UserError(f"env.{key}: looks like a secret and must not be written into the spec; reference a "
@@ -382,8 +407,10 @@ def validate(spec: JobSpec) -> None:
         raise UserError("command: must not be empty")
     if spec.ofi_nccl is not None and not re.fullmatch(r"\d+\.\d+(\.\d+)?(-aws)?", spec.ofi_nccl):
         raise UserError(f"ofi_nccl: {spec.ofi_nccl!r} is not an aws-ofi-nccl version (for example 1.14.0)")
-    if spec.storage.write_mb_per_s < 1:
-        raise UserError(f"storage.write_mb_per_s: {spec.storage.write_mb_per_s} is out of range; it must be >= 1")
+
+
+def _validate_policies(spec: JobSpec) -> None:
+    """Restart, retention and rendezvous settings, and HyperPod's own."""
     for name in ("max_restarts", "backoff_limit", "resubmits", "ttl_after_finished", "termination_grace_seconds"):
         v = getattr(spec, name)
         if v is not None and v < 0:
@@ -397,15 +424,10 @@ def validate(spec: JobSpec) -> None:
         raise UserError(f"hyperpod.kind: {hp.kind!r}; choose PyTorchJob or HyperPodPyTorchJob")
     if hp.max_retry < 0:
         raise UserError(f"hyperpod.max_retry: {hp.max_retry} is out of range; it must be >= 0")
-    if spec.train:
-        _validate_train(spec)
 
 
 def train_config(spec: JobSpec) -> Any:
     """The TrainConfig the job's nodes will run (output directories on the job's storage)."""
-    from fsdpkit.jobs.command import train_options
-    from fsdpkit.train.config import build
-
     root = "/local-job-dir" if spec.backend == "local" and not spec.storage.shared_path else spec.storage.root
     return build([train_options(spec, root)])
 
@@ -413,8 +435,6 @@ def train_config(spec: JobSpec) -> Any:
 def _validate_train(spec: JobSpec) -> None:
     """The trainer's own rules, run here so a bad option fails before submission, not in a pod.
     Checked on the options the job will really pass (output directories on the job's storage)."""
-    from fsdpkit.jobs.command import flat_options
-
     root = "/local-job-dir" if spec.backend == "local" and not spec.storage.shared_path else spec.storage.root
     if flat_options(spec.train).get("checkpoint_freq") and root is None:
         raise UserError("storage: train.checkpoint_freq is set but the job has no storage, so checkpoints "
@@ -424,3 +444,33 @@ def _validate_train(spec: JobSpec) -> None:
         train_config(spec)
     except UserError as e:
         raise UserError(f"train.{e}") from None
+
+
+def output_dirs(spec: JobSpec, root: str) -> dict[str, str]:
+    """Checkpoints and run outputs of this job under `root` (the mounted storage)."""
+    return {"checkpoint_dir": f"{root}/{spec.name}/checkpoints", "run_dir": f"{root}/{spec.name}/run"}
+
+
+def train_options(spec: JobSpec, root: str | None) -> dict[str, Any]:
+    """The trainer's options for this job. With storage, checkpoints and metrics go to the shared
+    volume and every start resumes from the newest checkpoint there: a restarted pod, a resubmitted
+    job and HyperPod's auto-resume all continue instead of starting over."""
+    opts = dict(spec.train)
+    if root is not None:
+        flat = flat_options(opts)
+        dirs = output_dirs(spec, root)
+        if "checkpoint_dir" not in flat:
+            opts["checkpoint_dir"] = dirs["checkpoint_dir"]
+        if "run_dir" not in flat:
+            opts["run_dir"] = dirs["run_dir"]
+        if "resume_from_checkpoint" not in flat and "resume" not in flat:
+            opts["resume_from_checkpoint"] = "auto"
+    return opts
+
+
+def flat_options(doc: dict[str, Any]) -> dict[str, Any]:
+    """Trainer options with their `section: {...}` blocks flattened."""
+    out: dict[str, Any] = {}
+    for k, v in doc.items():
+        out.update(v if k in SECTIONS and isinstance(v, dict) else {k: v})
+    return out

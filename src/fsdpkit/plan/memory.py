@@ -19,7 +19,7 @@ The peak is the largest of the start of backward (all activations, no gradients 
 (all gradients, no activations) and a validation forward (no gradients; in slices of the training
 micro-batch, as the trainer runs it).
 torch.compile fuses elementwise work and saves less, so with compile on the estimate is an upper
-bound. The figure is of tensors (what the CUDA allocator's peak counts); tests/test_plan.py checks
+bound. The figure is of tensors (what the CUDA allocator's peak counts); tests/plan/test_plan.py checks
 it against the tensor peak of real runs, from torch.profiler's allocation events.
 """
 
@@ -52,7 +52,6 @@ class Workload:
     prefetch: int               # blocks gathered ahead
     reshard: bool               # reshard_after_forward: gather again in backward
     loss_chunk: int             # tokens per cross-entropy chunk (0: no chunking)
-    expanded_kv: bool           # SDPA on repeated K/V heads (GPU), or the CPU kernel sharing them
     compiled: bool = False      # torch.compile: the unchunked loss is one fused kernel
 
     @property
@@ -117,10 +116,10 @@ def sharded_elements(w: Workload) -> int:
 def block_activations(w: Workload) -> int:
     """Bytes one decoder block saves for backward (no checkpointing)."""
     m, s, cb = w.model, w.tokens, DTYPE_BYTES[w.compute]
-    d, kv = m.dim, m.n_kv_heads * m.head_dim
+    d = m.dim
     norms = 2 * (2 * s * d * 4 + s * 4)        # each RMSNorm keeps its fp32 input, the normalised x and rstd
     attn_in = s * d * cb                        # q/k/v projections share their input
-    qkv = s * d * cb + 2 * s * (d if w.expanded_kv else kv) * cb
+    qkv = 3 * s * d * cb                        # q, and K/V repeated to every query head for SDPA
     attn_out = 2 * s * d * cb + s * m.n_heads * 4   # kernel output, o_proj's (reshaped) input; lse
     if m.is_moe:
         routed = s * m.experts_per_token

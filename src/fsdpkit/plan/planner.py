@@ -21,10 +21,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fsdpkit.errors import UserError
-from fsdpkit.jobs.instances import Instance
+from fsdpkit.hardware.accelerators import GPU_PEAK_TFLOPS
+from fsdpkit.hardware.instances import Instance, lookup
 from fsdpkit.plan.comm import StepComm, step_comm
 from fsdpkit.plan.memory import MemoryEstimate, Workload, estimate
-from fsdpkit.train.flops import GPU_PEAK_TFLOPS
+from fsdpkit.plan.workload import workload
+from fsdpkit.train.flops import flops_per_token
 
 GIB = 2**30
 # Per-GPU one-direction NVLink bandwidth (bytes/s); other GPUs talk over PCIe.
@@ -192,10 +194,6 @@ def advice(p: Plan) -> str:
 def plan_config(cfg: Any, instance_type: str | None, nodes: int, mfu: float = 0.4,
                 procs_per_node: int | None = None) -> Plan:
     """The plan for a TrainConfig on `nodes` x `instance_type` (one rank per GPU by default)."""
-    from fsdpkit.jobs.instances import lookup
-    from fsdpkit.plan.workload import workload
-    from fsdpkit.train.flops import flops_per_token
-
     if nodes < 1:
         raise UserError(f"nodes: {nodes} is out of range (at least 1)")
     inst = lookup(instance_type) if instance_type else None
@@ -204,14 +202,3 @@ def plan_config(cfg: Any, instance_type: str | None, nodes: int, mfu: float = 0.
     per_node = procs_per_node or (inst.accelerators if inst else cfg.parallel.nproc)
     w = workload(cfg, nodes * per_node, "cuda" if inst else "cpu", nodes)
     return plan(w, inst, nodes, mfu, flops_per_token(cfg.model_config(), cfg.seq_len()))
-
-
-def check_job(spec: Any) -> tuple[Plan, str] | None:
-    """The plan for a job spec's training on its GPUs and the one-line verdict; None when there is
-    nothing to plan (its own command, no instance type, not NVIDIA GPUs)."""
-    if spec.command is not None or not spec.instance_type or spec.instance.resource != "nvidia.com/gpu":
-        return None
-    from fsdpkit.jobs.spec import train_config
-
-    p = plan_config(train_config(spec), spec.instance_type, spec.node_range[1], procs_per_node=spec.procs)
-    return p, advice(p)

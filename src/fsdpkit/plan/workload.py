@@ -19,12 +19,10 @@ def workload(cfg: TrainConfig, world: int, device: str, nodes: int = 1) -> Workl
         if world % replicas:
             raise UserError(f"dp_replicate: {replicas} must divide the world size ({world})")
         shard = world // replicas
-    cpu_kernel = device == "cpu" and par.attention in ("auto", "blocks") and not m.sliding_window \
-        and not cfg.data.document_masking
     return Workload(model=m, seq=cfg.seq_len(), micro_batch=cfg.data.train_batch_size,
                     val_batch=cfg.val_batch_size(),
                     grad_accum=cfg.data.grad_accum_steps, world=world, shard=shard, compute=compute,
                     reduce=par.reduce_dtype, ac=par.activation_checkpointing, ac_every=par.ac_every,
                     cpu_offload=par.cpu_offload, prefetch=par.fsdp_prefetch, reshard=par.reshard_after_forward,
                     loss_chunk=loss_chunk_size(m.vocab_size, par.loss_chunk_tokens, par.compile),
-                    expanded_kv=not cpu_kernel, compiled=par.compile)
+                    compiled=par.compile)

@@ -124,9 +124,6 @@ class ParallelConfig:
         alias_values={"1": "full", "0": "none", "true": "full", "false": "none"})
     ac_every: int = opt(2, "selective activation checkpointing: every Nth block", min=1)
     compile: bool = opt(False, "torch.compile each decoder block")
-    attention: str = opt("auto", "causal attention kernel: auto (on the CPU fsdpkit's own tiled kernel, built at "
-                         "first use, else 256-token SDPA blocks; SDPA elsewhere), blocks (the SDPA blocks on the "
-                         "CPU) or sdpa", choices=("auto", "blocks", "sdpa"))
     compile_cache_dir: str | None = opt(None, "keep torch.compile's caches here (e.g. on shared storage) so a "
                                         "restarted or resubmitted job starts warm")
     loss_chunk_tokens: int | None = opt(None, "tokens per cross-entropy chunk, so full fp32 logits never exist "
@@ -261,6 +258,8 @@ SECTIONS = ("model", "data", "optim", "parallel", "log", "checkpoint")
 
 # Reference flags that have no counterpart here: accepted so old manifests run, with a notice.
 IGNORED_REFERENCE_FLAGS = {
+    # fsdpkit's own earlier option (config.yaml files of older runs carry it): attention is SDPA everywhere.
+    "attention": "attention is PyTorch's scaled_dot_product_attention on every device",
     "resid_pdrop": "the model uses no dropout",
     "embd_pdrop": "the model uses no dropout",
     "attn_pdrop": "the model uses no dropout",

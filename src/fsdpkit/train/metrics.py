@@ -13,7 +13,8 @@ from typing import Any
 
 import torch
 
-from fsdpkit.train.flops import GPU_PEAK_TFLOPS, flops_per_token  # noqa: F401  (re-exported)
+from fsdpkit.hardware.accelerators import GPU_PEAK_TFLOPS
+from fsdpkit.train.flops import flops_per_token  # noqa: F401  (re-exported)
 
 
 def gpu_peak_flops(device: torch.device, dtype: torch.dtype) -> float | None:
@@ -45,7 +46,7 @@ def measure_cpu_peak_flops(dtype: torch.dtype = torch.float32, seconds: float = 
 
 def cpu_bf16_gemm_ratio(bf16_rate: float, seconds: float = 0.3) -> float:
     """A bf16 matmul rate measured on this CPU over its fp32 one. Having AVX512-BF16 is no promise:
-    measured 3.1x on a 2-core AMD EPYC, 0.55x on a 2-core Intel Xeon VM whose AMX is hidden."""
+    some VMs hide the units that make bf16 fast (benchmarks/RESULTS.md has both kinds)."""
     return bf16_rate / measure_cpu_peak_flops(torch.float32, seconds)
 
 

@@ -64,8 +64,8 @@ def loss_chunk_size(vocab_size: int, setting: int | None, compiled: bool = False
     one chunk's fp32 logits within 256 MiB (about 520 tokens at a 128k vocabulary; a byte-level
     vocabulary never chunks at usual batch sizes). With torch.compile the default is no chunking:
     the compiled loss fuses the fp32 log-softmax into one kernel and keeps only the logits in the
-    compute dtype, which on an H100 was both faster and smaller than compiled chunks (llama3_2_1b,
-    seq 2048 x 4: 137 ms and 29.9 GB against 152 ms and 35.9 GB; benchmarks/RESULTS.md)."""
+    compute dtype, which on an H100 was both faster and smaller than compiled chunks (figures in
+    benchmarks/RESULTS.md)."""
     if setting is not None:
         return setting
     if compiled:

@@ -27,7 +27,7 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 
 def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
     o = cfg.optim
-    # Fused: one kernel over all parameters (5x faster than foreach on the CPU, measured).
+    # Fused: one kernel over all parameters (far fewer launches than foreach).
     impl = {"fused": True} if o.fused_optimizer else {"foreach": True}
     return torch.optim.AdamW(param_groups(model, o.weight_decay), lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps,
                              **impl)

@@ -108,8 +108,6 @@ def build_model(cfg: TrainConfig, rt: Runtime) -> Transformer:
     with torch.device("meta"):
         model = Transformer(cfg.model_config(), rope_len=cfg.seq_len())
     model.loss_chunk_tokens = loss_chunk_size(model.cfg.vocab_size, par.loss_chunk_tokens, par.compile)
-    for layer in model.model.layers:
-        layer.self_attn.kernel = par.attention
     if par.float8:
         apply_float8(model, rt.device)
     apply_activation_checkpointing(model, par.activation_checkpointing, par.ac_every)

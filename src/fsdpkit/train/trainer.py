@@ -6,6 +6,7 @@ the device and read back once per logging window.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -22,7 +23,7 @@ from fsdpkit import yamlfile
 from fsdpkit.errors import UserError
 from fsdpkit.train import checkpoint, dist, network
 from fsdpkit.train.config import TrainConfig
-from fsdpkit.train.data import BatchStream, Prefetcher, TokenShards, get_source, get_tokenizer
+from fsdpkit.train.data import BatchStream, Prefetcher
 from fsdpkit.train.faults import maybe_fail
 from fsdpkit.train.hf import load_hf_into
 from fsdpkit.train.host_memory import keep_freed_memory
@@ -42,8 +43,10 @@ from fsdpkit.train.metrics import (
 from fsdpkit.train.model import Transformer
 from fsdpkit.train.model_config import count_params
 from fsdpkit.train.optim import build_optimizer, clipped_step, lr_at, set_lr
+from fsdpkit.train.pipeline import data_pipeline
 from fsdpkit.train.records import attempts, read_rows, surviving
 from fsdpkit.train.shard import autocast, build_model, compute_dtype, describe_mesh
+from fsdpkit.train.validation import Validator
 
 
 @dataclass
@@ -102,13 +105,6 @@ def model_shape_of(cfg: TrainConfig) -> dict[str, Any]:
     return json.loads(json.dumps(dataclasses.asdict(cfg.model_config())))
 
 
-def data_pipeline(cfg: TrainConfig, split: str, verbose: bool):
-    """The source of a split and its tokenizer (None for token shards, which are tokenised already)."""
-    d = cfg.data
-    source = get_source(d.dataset, split, cfg.seed, d.text_field, d.dataset_config_name, d.on_bad_record, verbose)
-    return source, None if isinstance(source, TokenShards) else get_tokenizer(d.tokenizer)
-
-
 def resume_spec(cfg: TrainConfig) -> str | None:
     """Where to resume from: the flag, with 'auto' meaning checkpoint_dir. A worker that torchrun
     restarted after a failure resumes from checkpoint_dir even when no flag says so."""
@@ -121,42 +117,75 @@ def resume_spec(cfg: TrainConfig) -> str | None:
     return ck.checkpoint_dir if restarted and ck.checkpoint_dir else None
 
 
-class Validator:
-    """Mean loss over the first N held-out batches, the same batches every time, averaged over ranks."""
+@dataclass
+class TrainState:
+    """What the loop advances: the model and optimizer, and where the run stands."""
 
-    def __init__(self, cfg: TrainConfig, rt: dist.Runtime):
-        source, tok = data_pipeline(cfg, cfg.data.val_split, verbose=rt.is_main)
-        self.source = source
-        self.stream = BatchStream(source, tok, cfg.seq_len(), cfg.val_batch_size(), rt.rank,
-                                  rt.world_size, cfg.seed, shuffle_buffer=0, epochs=1)
-        # Every rank must run the same number of forwards (FSDP collectives): count on each rank,
-        # deterministically, how many whole global batches the held-out split holds.
-        available = self.stream.count_blocks() // (cfg.val_batch_size() * rt.world_size)
-        self.batches = min(cfg.validation_batches(), available)
-        self.eos_id = None
-        if cfg.data.document_masking:
-            self.eos_id = source.meta["eos_id"] if tok is None else tok.eos_id
-        self.cfg, self.rt = cfg, rt
+    model: Transformer
+    optimizer: torch.optim.Optimizer
+    step: int = 0          # optimizer steps done
+    samples: int = 0       # global samples consumed: the data position a checkpoint records
+    attempt: int = 0       # this start of the run (fsdpkit.train.records)
 
-    @torch.no_grad()
-    def __call__(self, model: Transformer) -> float | None:
-        if self.batches == 0:
-            return None
-        model.eval()
-        total = torch.zeros((), device=self.rt.device)
-        # In slices of the training micro-batch: validation then never needs more memory than a
-        # training step (a 16-sequence batch of 8192 tokens has 34 GB of bf16 logits at a 128k
-        # vocabulary, where the compiled loss is not chunked). Blocks are full, so the batch's mean
-        # is the slices' means weighted by their sizes.
-        rows = self.cfg.data.train_batch_size
-        for _, (x, y, _idx) in zip(range(self.batches), self.stream, strict=False):
-            for start in range(0, x.shape[0], rows):
-                part = slice(start, start + rows)
-                with autocast(self.cfg, self.rt):
-                    ce, _ = model.loss(x[part].to(self.rt.device), y[part].to(self.rt.device), self.eos_id)
-                total += ce.float() * (x[part].shape[0] / x.shape[0])
-        model.train()
-        return dist.all_reduce_mean(total / self.batches, self.rt).item()
+
+@dataclass
+class Window:
+    """The steps since the last log line: loss and skipped steps summed on the device (read back
+    once per window), wall time and page faults."""
+
+    loss_sum: torch.Tensor
+    skipped: torch.Tensor  # steps with inf/nan gradients
+    start: float = 0.0
+    faults: int = 0
+    steps: int = 0
+
+    @classmethod
+    def on(cls, device: torch.device) -> Window:
+        w = cls(torch.zeros((), device=device), torch.zeros((), dtype=torch.int64, device=device))
+        w.restart_clock()
+        return w
+
+    def restart_clock(self) -> None:
+        """Time and page faults from now (validation's and checkpointing's are not training's)."""
+        self.start, self.faults = time.perf_counter(), minor_page_faults()
+
+    def reset(self) -> None:
+        self.loss_sum.zero_()
+        self.skipped.zero_()
+        self.steps = 0
+        self.restart_clock()
+
+
+@dataclass
+class Run:
+    """One start of a training run: its config, its processes and the sinks rank 0 writes to."""
+
+    cfg: TrainConfig
+    rt: dist.Runtime
+    run_dir: Path
+    result: TrainResult
+    stream: Any
+    eos_id: int | None
+    validate: Validator
+    sources: tuple
+    dtype: torch.dtype
+    flops_per_token: float
+    peak: float | None
+    peak_source: str
+    writer: MetricsWriter | None = None
+    sample_log: Any = None
+    checkpointer: checkpoint.Checkpointer | None = None
+    stop: dist.StopRequest | None = None
+    saved_at: int | None = None
+    start_step: int = 0  # where this start of the run began (resumed at)
+
+    def say(self, line: str) -> None:
+        if self.writer:
+            self.writer.print(line)
+
+    def bad_records(self) -> int:
+        """Records skipped as bad so far, each once (sources without such records count 0)."""
+        return sum(getattr(src, "bad_records", 0) for src in self.sources)
 
 
 def train(cfg: TrainConfig, notices: list[str] | None = None) -> TrainResult:
@@ -169,215 +198,246 @@ def train(cfg: TrainConfig, notices: list[str] | None = None) -> TrainResult:
         # EFA was expected).
         if verdict := network.check(rt, cfg.parallel.require_efa, nccl):
             notices.append(verdict.line())
-        return _train(cfg, rt, run_dir, notices)
+        return _run(cfg, rt, run_dir, notices)
     finally:
         dist.teardown()
 
 
-def _train(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path, notices: list[str]) -> TrainResult:
+def _run(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path, notices: list[str]) -> TrainResult:
+    """Set up, loop, finish; the stream, sample log, signal handler and writer are closed on every path."""
     torch.manual_seed(cfg.seed)
     if cfg.parallel.keep_host_memory:
         keep_freed_memory()
     reset_peak_memory(rt.device)  # the memory figure is this run's, not the imports'
-    mcfg, seq_len = cfg.model_config(), cfg.seq_len()
-    d, o, lg = cfg.data, cfg.optim, cfg.log
+    state = _start_state(cfg, rt, notices)
+    with contextlib.ExitStack() as stack:
+        run = _open_run(cfg, rt, run_dir, state, notices, stack)
+        window = Window.on(rt.device)
+        state.model.train()
+        for step in range(state.step, cfg.optim.max_steps):
+            lr = lr_at(step, cfg)
+            set_lr(state.optimizer, lr)
+            grad_norm = _train_step(run, state, window)
+            if grad_norm is None:  # the data ran out (--epochs)
+                run.say(f"fsdpkit: the data ran out after {cfg.data.epochs} epoch(s) at step {step}; stopping")
+                if run.checkpointer and run.saved_at != state.step and state.step > run.start_step:
+                    _save(run, state)   # the run's last step, as at max_steps
+                break
+            if _after_step(run, state, window, lr, grad_norm):
+                break
+        run.result.steps = max(run.result.steps, state.step)
+        if run.checkpointer:
+            run.checkpointer.wait()
+        _finish(run, state)
+    return run.result
+
+
+def _start_state(cfg: TrainConfig, rt: dist.Runtime, notices: list[str]) -> TrainState:
+    """The model (from Hugging Face weights if asked), its optimizer, and the newest checkpoint's
+    state when resuming."""
     model = build_model(cfg, rt)
     if cfg.checkpoint.init_from_hf:
-        load_hf_into(model, Path(cfg.checkpoint.init_from_hf), mcfg)
+        load_hf_into(model, Path(cfg.checkpoint.init_from_hf), cfg.model_config())
         notices.append(f"fsdpkit: initialised from Hugging Face weights in {cfg.checkpoint.init_from_hf}")
-    optimizer = build_optimizer(model, cfg)
-    model_shape = model_shape_of(cfg)
-    start_step, samples_done = 0, 0
-    resume_from = resume_spec(cfg)
-    if resume_from:
-        found = checkpoint.resume(resume_from, model, optimizer, model_shape, rt, notices)
+    state = TrainState(model, build_optimizer(model, cfg))
+    if resume_from := resume_spec(cfg):
+        found = checkpoint.resume(resume_from, model, state.optimizer, model_shape_of(cfg), rt, notices)
         if found is None:
             notices.append(f"fsdpkit: no complete checkpoint in {resume_from}; starting from step 0")
         else:
-            start_step, samples_done = found.step, found.meta["samples"]
-            notices.append(f"fsdpkit: resumed from {found.path} at step {start_step}")
-    source, tok = data_pipeline(cfg, d.train_split, verbose=rt.is_main)
-    batches = BatchStream(source, tok, seq_len, d.train_batch_size, rt.rank, rt.world_size, cfg.seed,
-                          epochs=d.epochs, skip_blocks=samples_done)
-    pin = rt.device.type == "cuda"
-    stream = Prefetcher(batches, d.prefetch, pin_memory=pin) if d.prefetch else iter(batches)
-    eos_id = (source.meta["eos_id"] if tok is None else tok.eos_id) if d.document_masking else None
-    # This start of the run is attempt N: N earlier starts are on record (restarts, resubmissions,
-    # a rerun with --resume). Rank 0's count, so every rank's sample log agrees.
-    attempt = dist.broadcast_int(attempts(read_rows(run_dir / "metrics.jsonl")) if rt.is_main else 0, rt)
-    sample_log = None
-    if lg.log_samples:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        sample_log = (run_dir / f"samples-rank{rt.rank}.jsonl").open("a", buffering=1)
-        sample_log.write(json.dumps({"kind": "start", "step": start_step, "attempt": attempt}) + "\n")
-    validate = Validator(cfg, rt)
+            state.step, state.samples = found.step, found.meta["samples"]
+            notices.append(f"fsdpkit: resumed from {found.path} at step {state.step}")
+    return state
 
-    def bad_records() -> int:
-        """Records skipped as bad so far, each once (sources without such records count 0)."""
-        return sum(getattr(src, "bad_records", 0) for src in (source, validate.source))
+
+def _open_run(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path, state: TrainState, notices: list[str],
+              stack: contextlib.ExitStack) -> Run:
+    """Data, validation, performance figures, sinks and the checkpointer of this start of the run."""
+    d = cfg.data
+    source, tok = data_pipeline(cfg, d.train_split, verbose=rt.is_main)
+    batches = BatchStream(source, tok, cfg.seq_len(), d.train_batch_size, rt.rank, rt.world_size, cfg.seed,
+                          epochs=d.epochs, skip_blocks=state.samples)
+    stream = Prefetcher(batches, d.prefetch, pin_memory=rt.device.type == "cuda") if d.prefetch else iter(batches)
+    if isinstance(stream, Prefetcher):
+        stack.callback(stream.close)
+    eos_id = (source.meta["eos_id"] if tok is None else tok.eos_id) if d.document_masking else None
+    validate = Validator(cfg, rt)
     if validate.batches == 0:
         notices.append(f"warning: the {d.val_split!r} split holds less than one global validation batch "
-                       f"({cfg.val_batch_size()} x {rt.world_size} blocks of {seq_len + 1} tokens); no validation")
+                       f"({cfg.val_batch_size()} x {rt.world_size} blocks of {cfg.seq_len() + 1} tokens); "
+                       "no validation")
     dtype = compute_dtype(cfg.parallel, rt.device.type)
-    flops_tok = flops_per_token(mcfg, seq_len)
-    peak, peak_source = peak_flops(rt.device, dtype, lg.peak_tflops)
+    peak, peak_source = peak_flops(rt.device, dtype, cfg.log.peak_tflops)
     # Only rank 0 prints notices, so only rank 0 spends the 0.3 s measuring fp32 for this one.
     bf16_on_cpu = rt.is_main and peak_source == "measured-gemm" and dtype == torch.bfloat16
     if bf16_on_cpu and (ratio := cpu_bf16_gemm_ratio(peak)) < 1:
         notices.append(f"warning: on this CPU bf16 matrix products run at {ratio:.2f}x the fp32 rate (measured); "
                        "--mixed_precision fp32 is faster here")
+    run = Run(cfg, rt, run_dir, TrainResult(run_dir=run_dir, steps=state.step), stream, eos_id, validate,
+              (source, validate.source), dtype, flops_per_token(cfg.model_config(), cfg.seq_len()), peak,
+              peak_source, start_step=state.step)
+    # This start of the run is attempt N: N earlier starts are on record (restarts, resubmissions,
+    # a rerun with --resume). Rank 0's count, so every rank's sample log agrees.
+    state.attempt = dist.broadcast_int(attempts(read_rows(run_dir / "metrics.jsonl")) if rt.is_main else 0, rt)
+    _open_sinks(run, state, notices, stack)
+    run.stop = dist.StopRequest(rt)
+    stack.callback(run.stop.close)
+    if cfg.checkpoint.checkpoint_dir:
+        ck = cfg.checkpoint
+        run.checkpointer = checkpoint.Checkpointer(Path(ck.checkpoint_dir), rt, ck.keep_last, ck.async_checkpoint)
+    return run
 
-    writer = None
-    if rt.is_main:
+
+def _open_sinks(run: Run, state: TrainState, notices: list[str], stack: contextlib.ExitStack) -> None:
+    """Each rank's sample log (--log_samples) and rank 0's metrics writer, config.yaml and start lines."""
+    cfg, rt, run_dir, lg = run.cfg, run.rt, run.run_dir, run.cfg.log
+    if lg.log_samples:
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(yamlfile.dump(cfg.record(run_dir)))
-        tb_dir = Path(lg.tensorboard_dir) if lg.tensorboard_dir else run_dir / "tensorboard"
-        show_bar = lg.progress == "on" or (lg.progress == "auto" and sys.stderr.isatty())
-        writer = MetricsWriter(run_dir, tb_dir if lg.tensorboard else None, show_bar, o.max_steps, attempt)
-        # Each start of the run is marked, so readers can tell its attempts apart (a resume that
-        # repeats no step included).
-        writer.record("start", {"step": start_step, "world_size": rt.world_size,
+        run.sample_log = stack.enter_context((run_dir / f"samples-rank{rt.rank}.jsonl").open("a", buffering=1))
+        run.sample_log.write(json.dumps({"kind": "start", "step": state.step, "attempt": state.attempt}) + "\n")
+    if not rt.is_main:
+        return
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(yamlfile.dump(cfg.record(run_dir)))
+    tb_dir = Path(lg.tensorboard_dir) if lg.tensorboard_dir else run_dir / "tensorboard"
+    show_bar = lg.progress == "on" or (lg.progress == "auto" and sys.stderr.isatty())
+    run.writer = MetricsWriter(run_dir, tb_dir if lg.tensorboard else None, show_bar, cfg.optim.max_steps,
+                               state.attempt)
+    stack.callback(run.writer.close)
+    # Each start of the run is marked, so readers can tell its attempts apart (a resume that repeats
+    # no step included).
+    run.writer.record("start", {"step": state.step, "world_size": rt.world_size,
                                 "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
                                 "resubmission": int(os.environ.get("FSDPKIT_ATTEMPT", "0"))})
-        for note in notices:
-            writer.print(note)
-        writer.print(
-            f"fsdpkit: {cfg.preset} ({count_params(mcfg) / 1e6:.2f}M params), {rt.world_size} x "
-            f"{rt.device.type}, {str(dtype).removeprefix('torch.')}, seq {seq_len}, global batch "
-            f"{d.train_batch_size * rt.world_size * d.grad_accum_steps}, {o.max_steps} steps -> {run_dir}"
-        )
-        peak_txt = f"{peak / 1e12:.3f} TFLOP/s ({peak_source})" if peak else "unknown for this device"
-        writer.print(f"fsdpkit: MFU denominator {peak_txt}; mesh {describe_mesh(model)}; activation "
-                     f"checkpointing {cfg.parallel.activation_checkpointing}; compile {cfg.parallel.compile}")
+    for note in notices:
+        run.say(note)
+    d, mcfg = cfg.data, cfg.model_config()
+    run.say(f"fsdpkit: {cfg.preset} ({count_params(mcfg) / 1e6:.2f}M params), {rt.world_size} x "
+            f"{rt.device.type}, {str(run.dtype).removeprefix('torch.')}, seq {cfg.seq_len()}, global batch "
+            f"{d.train_batch_size * rt.world_size * d.grad_accum_steps}, {cfg.optim.max_steps} steps -> {run_dir}")
+    peak_txt = f"{run.peak / 1e12:.3f} TFLOP/s ({run.peak_source})" if run.peak else "unknown for this device"
+    run.say(f"fsdpkit: MFU denominator {peak_txt}; mesh {describe_mesh(state.model)}; activation "
+            f"checkpointing {cfg.parallel.activation_checkpointing}; compile {cfg.parallel.compile}")
 
-    result = TrainResult(run_dir=run_dir, steps=start_step)
-    tokens_per_step = d.train_batch_size * seq_len * rt.world_size * d.grad_accum_steps
-    samples_per_step = d.train_batch_size * rt.world_size * d.grad_accum_steps
-    loss_sum = torch.zeros((), device=rt.device)
-    skipped = torch.zeros((), dtype=torch.int64, device=rt.device)  # steps with inf/nan gradients
-    window_start, window_steps, window_faults = time.perf_counter(), 0, minor_page_faults()
-    model.train()
-    stop = dist.StopRequest(rt)
-    checkpointer, saved_at = None, None
-    if cfg.checkpoint.checkpoint_dir:
-        checkpointer = checkpoint.Checkpointer(Path(cfg.checkpoint.checkpoint_dir), rt, cfg.checkpoint.keep_last,
-                                               cfg.checkpoint.async_checkpoint)
 
-    def save(n: int) -> None:
-        nonlocal saved_at
-        meta = {"samples": samples_done, "model": model_shape, "preset": cfg.preset,
-                "loss": result.losses[-1][1] if result.losses else None, "config": cfg.record(run_dir)}
-        path = checkpointer.save(n, model, optimizer, meta)
-        saved_at = n
-        if writer:
-            how = "writing in the background" if cfg.checkpoint.async_checkpoint else "saved"
-            writer.print(f"fsdpkit: checkpoint {path} {how}")
-    for step in range(start_step, o.max_steps):
-        lr = lr_at(step, cfg)
-        set_lr(optimizer, lr)
+def _train_step(run: Run, state: TrainState, window: Window) -> torch.Tensor | None:
+    """One optimizer step over grad_accum_steps micro-batches; the gradient norm, or None when the
+    data ran out before the step could start."""
+    cfg, rt, model = run.cfg, run.rt, state.model
+    accum = cfg.data.grad_accum_steps
+    for micro in range(accum):
         try:
-            for micro in range(d.grad_accum_steps):
-                x, y, indices = next(stream)
-                if sample_log:
-                    sample_log.write(json.dumps({"step": step + 1, "micro": micro, "blocks": indices,
-                                                 "attempt": attempt}) + "\n")
-                x, y = x.to(rt.device, non_blocking=True), y.to(rt.device, non_blocking=True)
-                if rt.distributed and d.grad_accum_steps > 1:
-                    # Reduce-scatter gradients once per optimizer step, not once per micro-step.
-                    model.set_requires_gradient_sync(micro == d.grad_accum_steps - 1)
-                with autocast(cfg, rt):
-                    ce, total = model.loss(x, y, eos_id)
-                (total / d.grad_accum_steps).backward()
-                loss_sum += ce.detach().float() / d.grad_accum_steps
+            x, y, indices = next(run.stream)
         except StopIteration:
-            if writer:
-                writer.print(f"fsdpkit: the data ran out after {d.epochs} epoch(s) at step {step}; stopping")
-            if checkpointer and saved_at != result.steps and result.steps > start_step:
-                save(result.steps)   # the run's last step, as at max_steps
-            break
-        grad_norm = clipped_step(optimizer, o.grad_clip)
-        skipped += ~grad_norm.isfinite()
-        optimizer.zero_grad(set_to_none=True)
-        maybe_fail("step", step + 1, rt.rank)
-        window_steps += 1
-        samples_done += samples_per_step
-        result.steps = step + 1
-        n = step + 1
-        if n % lg.logging_freq == 0 or n == o.max_steps:
-            loss = dist.all_reduce_mean(loss_sum / window_steps, rt).item()
-            elapsed = time.perf_counter() - window_start
-            stats = StepStats(n, loss, lr, float(grad_norm), elapsed, window_steps,
-                              samples_per_step * window_steps, tokens_per_step * window_steps,
-                              rt.world_size, minor_page_faults() - window_faults, int(skipped))
-            result.losses.append((n, loss))
-            if writer:
-                m = derive(stats, flops_tok, peak, peak_memory_bytes(rt.device))
-                if m["mfu_above_peak"] and peak_source == "measured-gemm":
-                    # Faster than the CPU's measured peak: other work slowed that measurement.
-                    peak = max(peak, measure_cpu_peak_flops(dtype))
-                    writer.print(f"fsdpkit: MFU denominator re-measured: {peak / 1e12:.3f} TFLOP/s (the start-up "
-                                 "measurement was slowed by other work on this machine)")
-                    m = derive(stats, flops_tok, peak, peak_memory_bytes(rt.device))
-                m["bad_records"] = bad_records()
-                writer.record("train", m, human_line(m))
-                writer.advance(window_steps, loss)
-            loss_sum.zero_()
-            skipped.zero_()
-            window_start, window_steps, window_faults = time.perf_counter(), 0, minor_page_faults()
-        if (lg.validation_freq and n % lg.validation_freq == 0) or n == o.max_steps:
-            val = validate(model)
-            if val is not None:
-                result.val_losses.append((n, val))
-                if writer:
-                    writer.record("val", {"step": n, "val_loss": val}, f"Batch {n} Validation loss: {val:.5f}")
-            # Validation's time and page faults are not training's.
-            window_start, window_faults = time.perf_counter(), minor_page_faults()
-        ck = cfg.checkpoint
-        stopping = stop.agreed()
-        # With a checkpoint directory the last step is always saved, on checkpoint_freq or not.
-        due = (ck.checkpoint_freq and n % ck.checkpoint_freq == 0) or n == o.max_steps
-        if checkpointer and (due or stopping):
-            save(n)
-            window_start, window_faults = time.perf_counter(), minor_page_faults()
-        if stopping:
-            if checkpointer:
-                checkpointer.wait()
-            result.stopped_by_signal = True
-            if writer:
-                saved = "checkpoint saved" if ck.checkpoint_dir else "no --checkpoint_dir, nothing saved"
-                writer.print(f"fsdpkit: stopping at step {n} on SIGTERM ({saved})")
-            break
+            return None
+        if run.sample_log:
+            run.sample_log.write(json.dumps({"step": state.step + 1, "micro": micro, "blocks": indices,
+                                             "attempt": state.attempt}) + "\n")
+        x, y = x.to(rt.device, non_blocking=True), y.to(rt.device, non_blocking=True)
+        if rt.distributed and accum > 1:
+            # Reduce-scatter gradients once per optimizer step, not once per micro-step.
+            model.set_requires_gradient_sync(micro == accum - 1)
+        with autocast(cfg, rt):
+            ce, total = model.loss(x, y, run.eos_id)
+        (total / accum).backward()
+        window.loss_sum += ce.detach().float() / accum
+    grad_norm = clipped_step(state.optimizer, cfg.optim.grad_clip)
+    window.skipped += ~grad_norm.isfinite()
+    state.optimizer.zero_grad(set_to_none=True)
+    maybe_fail("step", state.step + 1, rt.rank)
+    window.steps += 1
+    state.step += 1
+    state.samples += cfg.data.train_batch_size * rt.world_size * accum
+    return grad_norm
 
-    stop.close()
-    if checkpointer:
-        checkpointer.wait()
-    if isinstance(stream, Prefetcher):
-        stream.close()
-    if sample_log:
-        sample_log.close()
-    if writer:
-        writer.jsonl.flush()
-        # The whole run's history, earlier attempts included (what survived of them), not this attempt's.
-        rows = read_rows(run_dir / "metrics.jsonl")
-        kept = surviving(rows)
-        train_rows = [r for r in kept if r.get("kind") == "train"]
-        val_rows = [r for r in kept if r.get("kind") == "val"]
-        summary = {
-            "steps": result.steps,
-            "final_loss": train_rows[-1]["loss"] if train_rows else None,
-            "first_loss": train_rows[0]["loss"] if train_rows else None,
-            "final_val_loss": val_rows[-1]["val_loss"] if val_rows else None,
-            "attempts": attempts(rows),
-            "world_size": rt.world_size,
-            "bad_records": bad_records(),
-        }
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        if result.stopped_by_signal:
-            pass  # said above, with the checkpoint it saved
-        elif result.losses:
-            writer.print(f"fsdpkit: done after {result.steps} steps; loss {summary['first_loss']:.4f} -> "
-                         f"{summary['final_loss']:.4f}; metrics in {run_dir / 'metrics.jsonl'}")
-        else:  # resumed at (or past) max_steps: a resubmitted job that had already finished
-            writer.print(f"fsdpkit: nothing to do: already at step {result.steps} of {cfg.optim.max_steps}")
-        writer.close()
-    return result
+
+def _after_step(run: Run, state: TrainState, window: Window, lr: float, grad_norm: torch.Tensor) -> bool:
+    """Logging, validation and checkpointing due after this step; True when the run stops here (SIGTERM)."""
+    cfg, n = run.cfg, state.step
+    lg, ck, last = cfg.log, cfg.checkpoint, n == cfg.optim.max_steps
+    run.result.steps = n
+    if n % lg.logging_freq == 0 or last:
+        _log_window(run, window, lr, grad_norm, n)
+    if (lg.validation_freq and n % lg.validation_freq == 0) or last:
+        val = run.validate(state.model)
+        if val is not None:
+            run.result.val_losses.append((n, val))
+            if run.writer:
+                run.writer.record("val", {"step": n, "val_loss": val}, f"Batch {n} Validation loss: {val:.5f}")
+        window.restart_clock()
+    stopping = run.stop.agreed()
+    # With a checkpoint directory the last step is always saved, on checkpoint_freq or not.
+    due = (ck.checkpoint_freq and n % ck.checkpoint_freq == 0) or last
+    if run.checkpointer and (due or stopping):
+        _save(run, state)
+        window.restart_clock()
+    if stopping:
+        if run.checkpointer:
+            run.checkpointer.wait()
+        run.result.stopped_by_signal = True
+        saved = "checkpoint saved" if ck.checkpoint_dir else "no --checkpoint_dir, nothing saved"
+        run.say(f"fsdpkit: stopping at step {n} on SIGTERM ({saved})")
+    return stopping
+
+
+def _log_window(run: Run, window: Window, lr: float, grad_norm: torch.Tensor, n: int) -> None:
+    """The window's mean loss over ranks (the one host sync), and on rank 0 its metrics row."""
+    cfg, rt = run.cfg, run.rt
+    d = cfg.data
+    loss = dist.all_reduce_mean(window.loss_sum / window.steps, rt).item()
+    per_step = d.train_batch_size * rt.world_size * d.grad_accum_steps
+    stats = StepStats(n, loss, lr, float(grad_norm), time.perf_counter() - window.start, window.steps,
+                      per_step * window.steps, per_step * cfg.seq_len() * window.steps, rt.world_size,
+                      minor_page_faults() - window.faults, int(window.skipped))
+    run.result.losses.append((n, loss))
+    if run.writer:
+        m = derive(stats, run.flops_per_token, run.peak, peak_memory_bytes(rt.device))
+        if m["mfu_above_peak"] and run.peak_source == "measured-gemm":
+            # Faster than the CPU's measured peak: other work slowed that measurement.
+            run.peak = max(run.peak, measure_cpu_peak_flops(run.dtype))
+            run.say(f"fsdpkit: MFU denominator re-measured: {run.peak / 1e12:.3f} TFLOP/s (the start-up "
+                    "measurement was slowed by other work on this machine)")
+            m = derive(stats, run.flops_per_token, run.peak, peak_memory_bytes(rt.device))
+        m["bad_records"] = run.bad_records()
+        run.writer.record("train", m, human_line(m))
+        run.writer.advance(window.steps, loss)
+    window.reset()
+
+
+def _save(run: Run, state: TrainState) -> None:
+    cfg = run.cfg
+    meta = {"samples": state.samples, "model": model_shape_of(cfg), "preset": cfg.preset,
+            "loss": run.result.losses[-1][1] if run.result.losses else None, "config": cfg.record(run.run_dir)}
+    path = run.checkpointer.save(state.step, state.model, state.optimizer, meta)
+    run.saved_at = state.step
+    how = "writing in the background" if cfg.checkpoint.async_checkpoint else "saved"
+    run.say(f"fsdpkit: checkpoint {path} {how}")
+
+
+def _finish(run: Run, state: TrainState) -> None:
+    """summary.json from the whole run's record (earlier attempts included, what survived of them)
+    and the closing line."""
+    if not run.writer:
+        return
+    run.writer.jsonl.flush()
+    rows = read_rows(run.run_dir / "metrics.jsonl")
+    kept = surviving(rows)
+    train_rows = [r for r in kept if r.get("kind") == "train"]
+    val_rows = [r for r in kept if r.get("kind") == "val"]
+    summary = {
+        "steps": run.result.steps,
+        "final_loss": train_rows[-1]["loss"] if train_rows else None,
+        "first_loss": train_rows[0]["loss"] if train_rows else None,
+        "final_val_loss": val_rows[-1]["val_loss"] if val_rows else None,
+        "attempts": attempts(rows),
+        "world_size": run.rt.world_size,
+        "bad_records": run.bad_records(),
+    }
+    (run.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    if run.result.stopped_by_signal:
+        return  # said when it stopped, with the checkpoint it saved
+    if run.result.losses:
+        run.say(f"fsdpkit: done after {run.result.steps} steps; loss {summary['first_loss']:.4f} -> "
+                f"{summary['final_loss']:.4f}; metrics in {run.run_dir / 'metrics.jsonl'}")
+    else:  # resumed at (or past) max_steps: a resubmitted job that had already finished
+        run.say(f"fsdpkit: nothing to do: already at step {run.result.steps} of {run.cfg.optim.max_steps}")

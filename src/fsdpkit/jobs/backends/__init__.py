@@ -5,21 +5,18 @@ from __future__ import annotations
 from typing import Any
 
 from fsdpkit.errors import UserError
+from fsdpkit.jobs.backends.kube import HyperPodBackend, KubeBackend
+from fsdpkit.jobs.backends.local import LocalBackend
+from fsdpkit.jobs.backends.slurm import SlurmBackend
 from fsdpkit.jobs.spec import BACKENDS
 
 
 def get_backend(name: str, context: str | None = None, kubeconfig: str | None = None) -> Any:
     if name == "local":
-        from fsdpkit.jobs.backends.local import LocalBackend
-
         return LocalBackend()
     if name == "slurm":
-        from fsdpkit.jobs.backends.slurm import SlurmBackend
-
         return SlurmBackend()
     if name in ("pytorchjob", "hyperpod"):
-        from fsdpkit.jobs.backends.kube import HyperPodBackend, KubeBackend
-
         cls = HyperPodBackend if name == "hyperpod" else KubeBackend
         return cls(context=context, kubeconfig=kubeconfig)
     raise UserError(f"backend: {name!r} is not a backend; choose one of: {', '.join(BACKENDS)}")

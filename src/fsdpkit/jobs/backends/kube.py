@@ -14,7 +14,7 @@ from typing import Any
 from fsdpkit.cluster.client import ClusterError, api_errors, api_message, connect, is_not_found
 from fsdpkit.errors import UserError
 from fsdpkit.jobs import hyperpod, manifests
-from fsdpkit.jobs.health import network_verdict
+from fsdpkit.jobs.health import GPU_QUERY, log_progress, network_verdict, parse_gpu_util, pod_findings, pod_summary
 from fsdpkit.jobs.manifests import ATTEMPT, JOB_LABEL, KF_JOB_NAME, KF_REPLICA_INDEX, KF_REPLICA_TYPE, MAX_RESUBMITS
 from fsdpkit.jobs.spec import JobSpec
 from fsdpkit.jobs.status import JobStatus, state_from_conditions
@@ -355,8 +355,6 @@ class KubeBackend:
         """nvidia-smi in the pod's container (exec), parsed; [] if it cannot be asked."""
         from kubernetes.stream import stream
 
-        from fsdpkit.jobs.health import GPU_QUERY, parse_gpu_util
-
         try:
             out = stream(self._core().connect_get_namespaced_pod_exec, pod, namespace, container=manifests.CONTAINER,
                          command=GPU_QUERY, stdout=True, stderr=False, stdin=False, tty=False)
@@ -371,8 +369,6 @@ class KubeBackend:
         reason, NCCL timeout)."""
         import datetime as dt
         import json
-
-        from fsdpkit.jobs.health import log_progress, pod_findings, pod_summary
 
         st = self.status(name, namespace)
         with api_errors(f"listing pods of {name}", self.host):

@@ -23,7 +23,7 @@ from fsdpkit.home import home as fsdpkit_home
 from fsdpkit.jobs.backends.files import NETWORK_LINES, read_lines
 from fsdpkit.jobs.command import trainer_flags
 from fsdpkit.jobs.health import network_verdict
-from fsdpkit.jobs.spec import JobSpec
+from fsdpkit.jobs.spec import JobSpec, load_spec_dict
 from fsdpkit.jobs.status import JobStatus
 
 
@@ -98,8 +98,6 @@ class LocalBackend:
         attempt = int((job_dir / "attempt").read_text() or 0) if (job_dir / "attempt").exists() else 0
         if st.state != "Failed" or attempt >= int(spec_doc.get("resubmits", 0)):
             return False
-        from fsdpkit.jobs.spec import load_spec_dict
-
         spec = load_spec_dict(spec_doc)
         print(f"job {st.name} failed ({st.message}); resubmitting, attempt {attempt + 1} of {spec.resubmits}",
               file=sys.stderr)

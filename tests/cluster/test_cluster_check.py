@@ -12,6 +12,7 @@ from fsdpkit.cluster.quantity import parse
 from fsdpkit.errors import UserError
 
 from conftest import run_cli
+from kube_objects import daemonset, healthy_eks, node
 
 pytest.importorskip("kmock")
 
@@ -32,64 +33,16 @@ def test_bad_quantity_is_refused():
             parse(bad)
 
 
-def node(name, itype, gpus=0, efa=0, cpu="191450m", memory="2097152000Ki", ready=True, labels=None):
-    alloc = {"cpu": cpu, "memory": memory, "pods": "110"}
-    if gpus:
-        alloc["nvidia.com/gpu"] = str(gpus)
-    if efa:
-        alloc["vpc.amazonaws.com/efa"] = str(efa)
-    return {"apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": name, "labels": {"node.kubernetes.io/instance-type": itype, **(labels or {})}},
-            "status": {"allocatable": alloc, "capacity": alloc,
-                       "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
 
 
-def pod(name, node_name, requests, phase="Running", limits=None):
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
-            "spec": {"nodeName": node_name, "containers": [{"name": "c", "image": "x", "resources": {
-                "requests": requests, **({"limits": limits} if limits else {})}}]},
-            "status": {"phase": phase}}
 
 
-def daemonset(name, ns, labels, ready=2, desired=2):
-    return {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": name, "namespace": ns, "labels": labels},
-            "status": {"desiredNumberScheduled": desired, "numberReady": ready}}
 
 
-def deployment(name, ns, labels, available=1):
-    return {"apiVersion": "apps/v1", "kind": "Deployment",
-            "metadata": {"name": name, "namespace": ns, "labels": labels}, "status": {"availableReplicas": available}}
 
 
-def crd(name):
-    return {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition", "metadata": {"name": name}}
 
 
-def healthy_eks(kube, *, operator=True, gpu_plugin=True, gpu_plugin_labels=None, hyperpod_labels=None):
-    """Two p5 nodes and a system node; plugins installed by Helm; the training operator; FSx CSI."""
-    labels = hyperpod_labels or [{}, {}]
-    kube.create("/api/v1/nodes", node("gpu-a", "p5.48xlarge", 8, 32, labels=labels[0]))
-    kube.create("/api/v1/nodes", node("gpu-b", "p5.48xlarge", 8, 32, labels=labels[1]))
-    kube.create("/api/v1/nodes", node("sys", "m5.xlarge", cpu="3920m", memory="15Gi"))
-    kube.create("/api/v1/namespaces/default/pods",
-                pod("train-0", "gpu-a", {"cpu": "500m", "memory": "1Gi"},
-                    limits={"nvidia.com/gpu": "8", "vpc.amazonaws.com/efa": "32"}))
-    kube.create("/api/v1/namespaces/default/pods", pod("done", "gpu-b", {"nvidia.com/gpu": "8"}, phase="Succeeded"))
-    if gpu_plugin:
-        kube.create("/apis/apps/v1/namespaces/kube-system/daemonsets",
-                    daemonset("nvidia-device-plugin", "kube-system",
-                              gpu_plugin_labels or {"app.kubernetes.io/name": "nvidia-device-plugin"}))
-    kube.create("/apis/apps/v1/namespaces/kube-system/daemonsets",
-                daemonset("aws-efa-k8s-device-plugin", "kube-system", {"name": "aws-efa-k8s-device-plugin"}))
-    if operator:
-        kube.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd("pytorchjobs.kubeflow.org"))
-        kube.create("/apis/apps/v1/namespaces/kubeflow/deployments",
-                    deployment("training-operator", "kubeflow", {"control-plane": "kubeflow-training-operator"}))
-    kube.create("/apis/storage.k8s.io/v1/csidrivers",
-                {"apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver", "metadata": {"name": "fsx.csi.aws.com"}})
-    kube.create("/apis/storage.k8s.io/v1/storageclasses",
-                {"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": "fsx-sc"},
-                 "provisioner": "fsx.csi.aws.com"})
 
 
 def check(kube):

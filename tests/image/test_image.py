@@ -16,7 +16,7 @@ from fsdpkit.image.dockerfile import BASES, render
 
 from conftest import ROOT, run_cli
 
-DATA = Path(__file__).parent / "data" / "images"
+DATA = ROOT / "tests" / "data" / "images"
 CASES = [("Dockerfile.family", [], {"torch-family"}), ("Dockerfile.cuda", [], {"cuda-wheel"}),
          ("Dockerfile.noefa", [], {"efa"}),
          ("Dockerfile.replacer", ["requirements.replacer.txt"], {"torch-replacer"})]

@@ -9,17 +9,16 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from fsdpkit.cluster.nccl import parse_all_reduce, verdict
-from fsdpkit.jobs.instances import INSTANCES
+from fsdpkit.hardware.instances import INSTANCES
 
 from conftest import ROOT, run_cli
-from test_jobs_kube import job_cli, set_conditions, write_spec
+from job_specs import job_cli, set_conditions, write_spec
 
-DATA = Path(__file__).parent / "data" / "nccl"
+DATA = ROOT / "tests" / "data" / "nccl"
 
 
 def test_nccl_efa_run_parses_and_passes():

@@ -9,7 +9,7 @@ import os
 import pytest
 
 from fsdpkit.errors import UserError
-from fsdpkit.jobs.instances import check_network_log
+from fsdpkit.jobs.health import check_network_log
 from fsdpkit.train import nccl_log
 from fsdpkit.train.network import decide, efa_expected
 

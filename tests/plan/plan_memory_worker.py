@@ -1,7 +1,7 @@
 """Run by test_plan.py (alone or under torchrun): a real fsdpkit training run under torch.profiler
 with memory profiling, and the peak of the bytes its tensors held, from the profiler's allocation
 and free events in the order they happened. Each rank writes OUT/rank<N>.json.
-Usage: [torchrun --nproc-per-node 2] tests/plan_memory_worker.py OUT_DIR [trainer flags]"""
+Usage: [torchrun --nproc-per-node 2] tests/plan/plan_memory_worker.py OUT_DIR [trainer flags]"""
 
 from __future__ import annotations
 

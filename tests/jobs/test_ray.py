@@ -14,7 +14,7 @@ from fsdpkit.jobs.ray import raycluster_manifest, rayjob_manifest
 from fsdpkit.jobs.spec import load_spec
 
 from conftest import run_cli
-from test_jobs_render import IMAGE, crd_validator, pod_of, validate_builtin
+from manifest_schemas import IMAGE, crd_validator, pod_of, validate_builtin
 
 pytest.importorskip("kmock")
 

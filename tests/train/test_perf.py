@@ -7,47 +7,29 @@ import torch
 import torch.nn.functional as F
 
 from fsdpkit.errors import UserError
-from fsdpkit.train.attention import causal_attention, expand_kv
+from fsdpkit.train.attention import causal_attention
 from fsdpkit.train.config import parse_args
 from fsdpkit.train.metrics import peak_memory_bytes, reset_peak_memory
 from fsdpkit.train.model import chunked_cross_entropy, loss_chunk_size
 from fsdpkit.train.optim import build_optimizer
 
 
-@pytest.mark.parametrize("seq,kv_heads", [(200, 4), (512, 4), (700, 2), (1024, 1)])
-def test_cpu_blocked_attention_equals_sdpa_with_gradients(seq, kv_heads):
+@pytest.mark.parametrize("seq,kv_heads", [(200, 4), (512, 2), (700, 1)])
+def test_grouped_causal_attention_equals_the_explicit_softmax_with_gradients(seq, kv_heads):
+    """Each K/V head serves its group of query heads; compared with the textbook formula in fp64."""
     torch.manual_seed(0)
     q = torch.randn(2, 4, seq, 16, requires_grad=True)
     k, v = (torch.randn(2, kv_heads, seq, 16, requires_grad=True) for _ in range(2))
     grad = torch.randn(2, 4, seq, 16)
-    out = causal_attention(q, k, v, "blocks")
-    ek, ev = expand_kv(k, v, 4)
-    ref = F.scaled_dot_product_attention(q, ek, ev, is_causal=True)
-    torch.testing.assert_close(out, ref, atol=2e-6, rtol=1e-5)
-    for ours, theirs in zip(torch.autograd.grad(out, (q, k, v), grad), torch.autograd.grad(ref, (q, k, v), grad),
-                            strict=True):
-        torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
-
-
-def test_blocked_attention_ops_pass_torch_library_checks():
-    """Fake kernels match the real ones (shapes, strides, dtypes), so torch.compile traces them."""
-    from fsdpkit.train.attention import cpu_causal_blocks
-
-    q = torch.randn(1, 300, 4, 8).transpose(1, 2)  # (B, H, T, d) strided as (B, T, H, d), as in the model
-    k, v = (torch.randn(1, 2, 300, 8, requires_grad=True) for _ in range(2))
-    for dtype in (torch.float32, torch.bfloat16):
-        args = (q.detach().to(dtype).requires_grad_(), k.detach().to(dtype).requires_grad_(),
-                v.detach().to(dtype).requires_grad_(), 128)
-        torch.library.opcheck(cpu_causal_blocks, args)
-
-
-def test_blocked_attention_in_bf16_stays_close_to_fp32():
-    torch.manual_seed(0)
-    q, k, v = (torch.randn(1, 2, 600, 32) for _ in range(3))
-    ref = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    out = causal_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), "blocks")
-    assert out.dtype == torch.bfloat16
-    assert (out.float() - ref).abs().max() < 0.03  # bf16 inputs and output, fp32 inside
+    out = causal_attention(q, k, v)
+    ek, ev = (t.double().repeat_interleave(4 // kv_heads, dim=1) for t in (k, v))
+    scores = (q.double() @ ek.transpose(-1, -2)) / 16 ** 0.5
+    scores = scores.masked_fill(torch.ones(seq, seq, dtype=torch.bool).triu(1), float("-inf"))
+    ref = scores.softmax(-1) @ ev
+    torch.testing.assert_close(out.double(), ref, atol=2e-6, rtol=1e-5)
+    for ours, theirs in zip(torch.autograd.grad(out, (q, k, v), grad),
+                            torch.autograd.grad(ref, (q, k, v), grad.double()), strict=True):
+        torch.testing.assert_close(ours.double(), theirs.double(), atol=1e-5, rtol=1e-5)
 
 
 def _head_and_data(vocab: int, n: int = 96, dim: int = 32):
@@ -113,7 +95,7 @@ def test_planner_counts_the_compiled_unchunked_loss_in_the_compute_dtype():
     logits = 2048 * 4 * 128256
     assert kept("--compile", "1") == 2 * logits                         # bf16 logits, kept for backward
     # Eager: only log-softmax's fp32 output is saved for backward; the bf16 logits and their fp32
-    # copy are freed in forward (measured: tests/test_plan.py, tensor peaks at an 8192 vocabulary).
+    # copy are freed in forward (measured: tests/plan/test_plan.py, tensor peaks at an 8192 vocabulary).
     assert kept("--compile", "0", "--loss_chunk_tokens", "0") == 4 * logits
     assert kept("--compile", "0") == 0                                  # chunks, recomputed in backward
 
@@ -208,31 +190,12 @@ def test_glibc_settings_from_the_environment_are_left_alone(monkeypatch):
     assert keep_freed_memory() is False
 
 
-def test_compiled_cpu_attention_in_bf16_matches_fp32_sdpa_with_gradients():
-    """Under torch.compile with bf16 inputs the CPU path is bf16 GEMMs over 64-token query blocks
-    (a partial last block here), GQA by views: same function and gradients as fp32 SDPA."""
-    torch.manual_seed(0)
-    q, k, v = (torch.randn(2, h, 160, 16) for h in (4, 2, 2))
-    grad = torch.randn(2, 4, 160, 16)
-    ref_in = [t.clone().requires_grad_() for t in (q, k, v)]
-    kx, vx = expand_kv(ref_in[1], ref_in[2], 4)
-    ref = F.scaled_dot_product_attention(ref_in[0], kx, vx, is_causal=True)
-    ref.backward(grad)
-    got_in = [t.bfloat16().requires_grad_() for t in (q, k, v)]
-    torch._dynamo.reset()
-    out = torch.compile(causal_attention, fullgraph=True)(*got_in)
-    out.backward(grad.bfloat16())
-    for got, want in [(out, ref), *((g.grad, r.grad) for g, r in zip(got_in, ref_in, strict=True))]:
-        assert got.dtype == torch.bfloat16
-        assert ((got.float() - want).norm() / want.norm()).item() < 1e-2
-
-
 def test_validation_runs_in_slices_of_the_training_batch_with_the_same_loss():
     """A validation batch larger than the training micro-batch is cut into slices of it, so
     validation never needs more memory than a training step, and the loss does not change."""
     from fsdpkit.train import dist
     from fsdpkit.train.model import Transformer
-    from fsdpkit.train.trainer import Validator
+    from fsdpkit.train.validation import Validator
 
     rt = dist.setup("cpu")
     losses, seen = {}, {}

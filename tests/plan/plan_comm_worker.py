@@ -1,6 +1,6 @@
 """Run by test_plan.py under torchrun: a real fsdpkit training run with every c10d collective it
 issues recorded (op, output and input bytes) through a TorchDispatchMode, written by rank 0 as JSON.
-Usage: torchrun --nproc-per-node 2 tests/plan_comm_worker.py OUT.json [trainer flags]"""
+Usage: torchrun --nproc-per-node 2 tests/plan/plan_comm_worker.py OUT.json [trainer flags]"""
 
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from conftest import aws_client, run_cli
-from test_jobs_render import SCHEMAS, validate_builtin
+from manifest_schemas import SCHEMAS, validate_builtin
 
 CR = "cr-0123456789abcdef0"
 EFA_INTERFACES = {"p4d.24xlarge": 4, "p5.48xlarge": 32, "p5en.48xlarge": 16, "g5.8xlarge": 1, "g6e.12xlarge": 1}

@@ -6,18 +6,17 @@ from __future__ import annotations
 import json
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
 from fsdpkit.cluster.validate import nccl_mpijob
 
-from conftest import run_cli
-from test_cluster_check import healthy_eks
-from test_jobs_render import validate_builtin
+from conftest import ROOT, run_cli
+from kube_objects import healthy_eks
+from manifest_schemas import validate_builtin
 
 pytest.importorskip("kmock")
-NCCL = Path(__file__).parent / "data" / "nccl"
+NCCL = ROOT / "tests" / "data" / "nccl"
 
 
 def play(kube, path_suffix, react, count=1):

@@ -13,8 +13,8 @@ import time
 import pytest
 
 from conftest import ROOT
-from test_cluster_check import healthy_eks
-from test_jobs_kube import TOKEN, set_conditions, write_spec, writes
+from job_specs import TOKEN, set_conditions, write_spec, writes
+from kube_objects import healthy_eks
 
 pytest.importorskip("kmock")
 

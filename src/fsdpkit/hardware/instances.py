@@ -1,5 +1,6 @@
 """What fsdpkit knows about EC2 / SageMaker HyperPod instance types, as data, and the defaults
-derived from it (GPUs per node, EFA devices, NCCL / libfabric environment).
+derived from it (GPUs per node, EFA devices, NCCL / libfabric environment). A leaf: every stage
+(planner, jobs, cluster checks, eksctl) reads it and it imports none of them.
 
 Figures are from the EC2 accelerated-computing instance pages. `efa` is the number of EFA
 interfaces a pod can request (`vpc.amazonaws.com/efa`); `rdma` is GPUDirect RDMA over EFA;
@@ -11,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fsdpkit.errors import UserError
-from fsdpkit.train import nccl_log
 
 
 @dataclass(frozen=True)
@@ -111,19 +111,3 @@ def network_env(inst: Instance | None, efa_devices: int, diagnose: bool = False,
         env["NCCL_DEBUG"] = "INFO"
         env["NCCL_DEBUG_SUBSYS"] = "INIT,NET"
     return env
-
-
-def check_network_log(text: str) -> tuple[str, str]:
-    """A job's log: ("pass", why) when NCCL used EFA, ("fail", why) when it fell back to sockets,
-    ("unknown", why) when the log does not say. The trainer's own verdict line wins; otherwise
-    NCCL's INFO lines (diagnose_network: true) are read."""
-    v = nccl_log.from_trainer_log(text) or nccl_log.read(text)
-    if v.transport == "efa":
-        return "pass", f"NCCL is using EFA through aws-ofi-nccl ({v.line().split(': ', 2)[-1]})"
-    if v.transport == "socket":
-        return "fail", (f"NCCL fell back to TCP sockets ({v.detail}): check that the image has aws-ofi-nccl and "
-                        "libfabric on LD_LIBRARY_PATH and that the pod requested vpc.amazonaws.com/efa")
-    if v.transport == "unknown":
-        return "unknown", "no network verdict in the log: it is printed before the first step of a multi-process "\
-                          "GPU run (or run with diagnose_network: true for NCCL's own lines)"
-    return "pass", f"NCCL is using {v.transport}"

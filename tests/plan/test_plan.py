@@ -4,7 +4,7 @@ large vocabulary), the bytes of every FSDP2 collective of a real step, the 70B v
 nodes, and `job submit` warning (or refusing with --strict).
 
 Measured memory is the peak of live tensor bytes, from torch.profiler's allocation and free events
-(tests/plan_memory_worker.py): what the planner models, and on a GPU what the CUDA allocator's
+(tests/plan/plan_memory_worker.py): what the planner models, and on a GPU what the CUDA allocator's
 peak counts. A process's resident set also holds what is not a tensor (the interpreter, libraries'
 own buffers such as oneDNN's), which is no part of the estimate."""
 
@@ -33,7 +33,7 @@ def measured_tensor_peak(tmp_path: Path, flags: list[str], world: int = 1) -> in
     """Peak bytes of live tensors in a real 2-step run (the highest rank), from torch.profiler."""
     cmd = [sys.executable, *(["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}"]
                              if world > 1 else []),
-           str(ROOT / "tests" / "plan_memory_worker.py"), str(tmp_path), *flags, "--max_steps", "2",
+           str(ROOT / "tests" / "plan" / "plan_memory_worker.py"), str(tmp_path), *flags, "--max_steps", "2",
            "--validation_freq", "0", "--validation_batches", "1", "--tensorboard", "0", "--progress", "off",
            "--prefetch", "0", "--run_dir", str(tmp_path / "run")]
     r = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, cwd=ROOT,
@@ -81,7 +81,7 @@ def test_planned_peak_is_within_15_percent_of_the_measured_tensor_peak_at_a_larg
 def recorded_collectives(tmp_path: Path, steps: int, flags: list[str]) -> list:
     out = tmp_path / f"calls{steps}.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           str(ROOT / "tests" / "plan_comm_worker.py"), str(out), *flags, "--max_steps", str(steps),
+           str(ROOT / "tests" / "plan" / "plan_comm_worker.py"), str(out), *flags, "--max_steps", str(steps),
            "--validation_freq", "0", "--validation_batches", "1", "--tensorboard", "0", "--progress", "off",
            "--run_dir", str(tmp_path / f"run{steps}")]
     r = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, cwd=ROOT,
@@ -159,7 +159,7 @@ def test_bad_plan_input_is_one_line(args, message):
 
 
 def test_job_submit_warns_and_strict_refuses_a_job_that_cannot_fit(kube, tmp_path):
-    from test_jobs_kube import job_cli, write_spec
+    from job_specs import job_cli, write_spec
 
     spec = write_spec(tmp_path, instance_type="p5.48xlarge", nodes=1,
                       train={"preset": "llama3_1_70b", "seq_len": 4096, "train_batch_size": 1})

@@ -15,15 +15,13 @@ import pytest
 import yaml
 
 from fsdpkit.errors import UserError
+from fsdpkit.hardware.instances import INSTANCES
 from fsdpkit.jobs import hyperpod, manifests
 from fsdpkit.jobs.backends.slurm import script
-from fsdpkit.jobs.instances import INSTANCES
 from fsdpkit.jobs.spec import load_spec
 
 from conftest import ROOT, losses, run_cli
-
-SCHEMAS = ROOT.parent / "shared" / "schemas"
-IMAGE = "123456789012.dkr.ecr.us-west-2.amazonaws.com/fsdpkit:1"
+from manifest_schemas import IMAGE, crd_validator, pod_of, validate_builtin
 
 
 def spec_for(backend="pytorchjob", nodes="2", instance="p5.48xlarge", **extra):
@@ -37,39 +35,12 @@ def spec_for(backend="pytorchjob", nodes="2", instance="p5.48xlarge", **extra):
     return load_spec(None, list(doc.items()))
 
 
-def _strict(schema):
-    """The API server's strict field validation: an unknown field is an error, not silently pruned."""
-    if isinstance(schema, dict):
-        if schema.get("type") == "object" and "properties" in schema and "additionalProperties" not in schema \
-                and not schema.get("x-kubernetes-preserve-unknown-fields"):
-            schema["additionalProperties"] = False
-        for v in schema.values():
-            _strict(v)
-    elif isinstance(schema, list):
-        for v in schema:
-            _strict(v)
-    return schema
 
 
-def crd_validator(filename):
-    import jsonschema
-
-    if not (SCHEMAS / filename).is_file():
-        pytest.skip(f"{SCHEMAS} is absent (a fresh clone outside the project's workspace); CI has it")
-    crd = yaml.safe_load((SCHEMAS / filename).read_text())
-    version = next(v for v in crd["spec"]["versions"] if v.get("storage", v.get("served")))
-    return jsonschema.Draft4Validator(_strict(copy.deepcopy(version["schema"]["openAPIV3Schema"])))
 
 
-def validate_builtin(obj):
-    import kubernetes_validate
-
-    kubernetes_validate.validate(obj, "1.33.0", strict=True)  # raises ValidationError
 
 
-def pod_of(template, name="p"):
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, **template.get("metadata", {})},
-            "spec": template["spec"]}
 
 
 LAYOUTS = [("1", "single-node"), ("4", "multi-node"), ("2:4", "elastic")]

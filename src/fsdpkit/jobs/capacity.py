@@ -1,0 +1,37 @@
+"""Will a job's training fit its GPUs: the capacity planner's verdict on a spec, and the one rule
+for a job that will not fit (a warning; with --strict an error before anything is submitted)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from fsdpkit.errors import UserError
+from fsdpkit.jobs.spec import JobSpec, train_config
+from fsdpkit.plan.planner import Plan, advice, plan_config
+
+
+class DoesNotFit(UserError):
+    """--strict and the planner says the job will not fit."""
+
+
+def check_job(spec: JobSpec) -> tuple[Plan, str] | None:
+    """The plan for a job spec's training on its GPUs and the one-line verdict; None when there is
+    nothing to plan (its own command, no instance type, not NVIDIA GPUs)."""
+    if spec.command is not None or not spec.instance_type or spec.instance.resource != "nvidia.com/gpu":
+        return None
+    p = plan_config(train_config(spec), spec.instance_type, spec.node_range[1], procs_per_node=spec.procs)
+    return p, advice(p)
+
+
+def capacity(spec: JobSpec, strict: bool, warn: Callable[[str], None]) -> dict[str, Any] | None:
+    """The verdict as data; a job that will not fit is `warn`ed about, or with `strict` refused."""
+    checked = check_job(spec)
+    if checked is None:
+        return None
+    p, verdict = checked
+    if p.fits is False:
+        if strict:
+            raise DoesNotFit(f"plan: {verdict}; not submitted (--strict); see `fsdpkit plan SPEC`")
+        warn(f"plan: {verdict}; see `fsdpkit plan SPEC` (--strict refuses such jobs)")
+    return {"fits": p.fits, "peak_gib": round(p.memory.peak / 2**30, 2), "verdict": verdict}

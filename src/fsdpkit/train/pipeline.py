@@ -1,0 +1,14 @@
+"""The data a run's split comes from, as the config names it: shared by training, validation and
+the preflight check."""
+
+from __future__ import annotations
+
+from fsdpkit.train.config import TrainConfig
+from fsdpkit.train.data import TokenShards, get_source, get_tokenizer
+
+
+def data_pipeline(cfg: TrainConfig, split: str, verbose: bool):
+    """The source of a split and its tokenizer (None for token shards, which are tokenised already)."""
+    d = cfg.data
+    source = get_source(d.dataset, split, cfg.seed, d.text_field, d.dataset_config_name, d.on_bad_record, verbose)
+    return source, None if isinstance(source, TokenShards) else get_tokenizer(d.tokenizer)
