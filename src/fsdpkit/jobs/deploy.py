@@ -51,6 +51,37 @@ class StepFailed(UserError):
 
 def deploy(spec: JobSpec, backend: Any, skip: set[str], say: Callable[[str], None], stall_after: float = 900,
            poll: float = 15.0, fresh: bool = False, strict: bool = False) -> dict[str, Any]:
+    token = _preconditions(spec, skip)
+    path = state_path(spec)
+    state = DeployState() if fresh else DeployState.load(path)
+    if state.done:
+        say(f"resuming: already done: {', '.join(state.done)}")
+    objs = {o["kind"]: o for o in backend.render(spec)}
+    results: dict[str, Any] = {}
+    for step in STEPS:
+        if step in skip or step in state.done:
+            results[step] = "skipped" if step in skip else "done before"
+            continue
+        say(f"[{step}]")
+        try:
+            if step == "check":
+                results[step] = _check(spec, backend, strict, say)
+            elif step == "watch":
+                results[step] = _watch(spec, backend, poll, say)
+            else:
+                results[step] = _apply(step, spec, backend, objs, token, state, say)
+        except UserError as e:
+            state.save(path)
+            raise type(e)(f"deploy step {step}: {e}; left in the cluster: {', '.join(state.created) or 'nothing'}; "
+                          f"run deploy again to continue from {step}") from None
+        state.done.append(step)
+        state.save(path)
+    path.unlink(missing_ok=True)  # finished: the next deploy of this spec starts from the beginning
+    return {"name": spec.name, "namespace": spec.namespace, "steps": results, "created": state.created}
+
+
+def _preconditions(spec: JobSpec, skip: set[str]) -> str | None:
+    """What must hold before any step runs; the HF token from the shell, if the spec names one."""
     if spec.backend not in CLUSTER_BACKENDS:
         raise UserError(f"backend: deploy runs Kubernetes jobs (pytorchjob, hyperpod), not {spec.backend}; "
                         "use `fsdpkit job submit` for local and Slurm jobs")
@@ -62,62 +93,46 @@ def deploy(spec: JobSpec, backend: Any, skip: set[str], say: Callable[[str], Non
         raise UserError(f"hf_token_env: ${spec.hf_token_env} is not set in this shell; export it (or --skip secret "
                         "if the Secret already exists)")
     check_hub_access(spec)
-    path = state_path(spec)
-    state = DeployState() if fresh else DeployState.load(path)
-    if state.done:
-        say(f"resuming: already done: {', '.join(state.done)}")
-    objs = {o["kind"]: o for o in backend.render(spec)}
-    results: dict[str, Any] = {}
+    return token
 
-    def remaining() -> str:
-        return ", ".join(state.created) or "nothing"
 
-    for step in STEPS:
-        if step in skip or step in state.done:
-            results[step] = "skipped" if step in skip else "done before"
-            continue
-        say(f"[{step}]")
-        try:
-            if step == "check":
-                report = run_checks(backend.client)
-                failed = [c for c in report.checks if c.status == "fail"]
-                for c in failed:
-                    say(f"  FAIL {c.name}: {c.detail}" + (f" (fix: {c.fix})" if c.fix else ""))
-                if failed:
-                    raise StepFailed(f"cluster check failed ({len(failed)} problem(s) above); fix them, or "
-                                     "--skip check")
-                try:
-                    capacity(spec, strict, lambda line: say(f"  WARN {line}"))
-                except DoesNotFit as e:
-                    raise StepFailed(str(e)) from None
-                results[step] = "passed"
-            elif step in ("storage", "secret", "submit"):
-                kind = {"storage": "PersistentVolumeClaim", "secret": "Secret", "submit": None}[step]
-                if kind is None:
-                    kind = next(k for k in objs if k not in ("PersistentVolumeClaim", "Secret"))
-                    if backend._get_job(spec.name, spec.namespace) is not None:
-                        raise UserError(f"job {spec.name!r} already exists in {spec.namespace}; `fsdpkit job delete "
-                                        f"{spec.name}` first, or watch it with `fsdpkit job watch {spec.name}`")
-                if kind not in objs:
-                    results[step] = "not needed"
-                else:
-                    created, reused = backend.apply(spec, [objs[kind]], token)
-                    state.created += created
-                    results[step] = {"created": created, "reused": reused}
-                    for r in created + reused:
-                        say(f"  {'created' if r in created else 'reusing'} {r}")
-            elif step == "watch":
-                final = backend.wait(spec.name, spec.namespace, poll=poll, on_change=lambda st: say(
-                    f"  {st.name}: {st.state}" + (f" ({st.message})" if st.message else "")))
-                results[step] = final.state
-                if final.state != "Succeeded":
-                    raise StepFailed(f"job {spec.name} ended {final.state}: {final.message or 'see its logs'} "
-                                     f"(fsdpkit job logs {spec.name} --previous)")
-        except UserError as e:
-            state.save(path)
-            raise type(e)(f"deploy step {step}: {e}; left in the cluster: {remaining()}; "
-                          f"run deploy again to continue from {step}") from None
-        state.done.append(step)
-        state.save(path)
-    path.unlink(missing_ok=True)  # finished: the next deploy of this spec starts from the beginning
-    return {"name": spec.name, "namespace": spec.namespace, "steps": results, "created": state.created}
+def _check(spec: JobSpec, backend: Any, strict: bool, say: Callable[[str], None]) -> str:
+    """The cluster is ready (no failed check) and the job fits its GPUs (or only a warning)."""
+    report = run_checks(backend.client)
+    failed = [c for c in report.checks if c.status == "fail"]
+    for c in failed:
+        say(f"  FAIL {c.name}: {c.detail}" + (f" (fix: {c.fix})" if c.fix else ""))
+    if failed:
+        raise StepFailed(f"cluster check failed ({len(failed)} problem(s) above); fix them, or --skip check")
+    try:
+        capacity(spec, strict, lambda line: say(f"  WARN {line}"))
+    except DoesNotFit as e:
+        raise StepFailed(str(e)) from None
+    return "passed"
+
+
+def _apply(step: str, spec: JobSpec, backend: Any, objs: dict[str, dict], token: str | None, state: DeployState,
+           say: Callable[[str], None]) -> Any:
+    """storage, secret or submit: create the step's object unless it is there already."""
+    kind = {"storage": "PersistentVolumeClaim", "secret": "Secret", "submit": None}[step]
+    if kind is None:
+        kind = next(k for k in objs if k not in ("PersistentVolumeClaim", "Secret"))
+        if backend._get_job(spec.name, spec.namespace) is not None:
+            raise UserError(f"job {spec.name!r} already exists in {spec.namespace}; `fsdpkit job delete "
+                            f"{spec.name}` first, or watch it with `fsdpkit job watch {spec.name}`")
+    if kind not in objs:
+        return "not needed"
+    created, reused = backend.apply(spec, [objs[kind]], token)
+    state.created += created
+    for r in created + reused:
+        say(f"  {'created' if r in created else 'reusing'} {r}")
+    return {"created": created, "reused": reused}
+
+
+def _watch(spec: JobSpec, backend: Any, poll: float, say: Callable[[str], None]) -> str:
+    final = backend.wait(spec.name, spec.namespace, poll=poll, on_change=lambda st: say(
+        f"  {st.name}: {st.state}" + (f" ({st.message})" if st.message else "")))
+    if final.state != "Succeeded":
+        raise StepFailed(f"job {spec.name} ended {final.state}: {final.message or 'see its logs'} "
+                         f"(fsdpkit job logs {spec.name} --previous)")
+    return final.state

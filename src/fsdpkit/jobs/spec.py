@@ -208,6 +208,10 @@ def _convert(path: str, raw: Any, tp: Any) -> Any:
         if args and args[1] is str:
             return {str(k): _scalar_str(f"{path}.{k}", v) for k, v in raw.items()}
         return dict(raw)
+    return _convert_scalar(path, raw, tp)
+
+
+def _convert_scalar(path: str, raw: Any, tp: Any) -> Any:
     if tp is bool:
         if isinstance(raw, bool):
             return raw
