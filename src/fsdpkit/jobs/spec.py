@@ -396,7 +396,6 @@ def _validate_environment(spec: JobSpec) -> None:
             raise UserError(f"env.{key}: looks like a secret and must not be written into the spec; reference a "
                             f"Kubernetes Secret instead (secrets: [{{env: {key}, secret: NAME, key: KEY}}]) or "
                             "use hf_token_env for the Hugging Face token")
-    for key in spec.env:
         check_variable_name(f"env.{key}", key)
     for i, ref in enumerate(spec.secrets):
         for f in ("env", "secret", "key"):

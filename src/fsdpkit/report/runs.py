@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fsdpkit.errors import UserError
-from fsdpkit.train.records import read_rows, surviving
+from fsdpkit.train.records import read_rows, restarts, surviving
 
 
 @dataclass
@@ -51,16 +51,7 @@ def load_run(path: Path) -> Run:
         raise UserError(f"{path}: no metrics.jsonl here; pass a run directory (what `fsdpkit train` wrote)")
     run = Run(name=path.resolve().name, path=path, finished=(path / "summary.json").is_file())
     rows = read_rows(metrics)
-    last_step, started = 0, False
-    for row in rows:  # where later attempts began: at their start rows, or where steps went back
-        if row.get("kind") == "start":
-            if started:
-                run.restarts.append(row["step"])
-            started, last_step = True, row["step"]
-        elif row.get("kind") == "train":
-            if row["step"] <= last_step:
-                run.restarts.append(row["step"])
-            last_step = row["step"]
+    run.restarts = restarts(rows)
     kept = surviving(rows)  # one row per step: the attempt that survived
     run.train = [r for r in kept if r.get("kind") == "train"]
     run.val = [r for r in kept if r.get("kind") == "val"]

@@ -210,16 +210,27 @@ class DamagedCheckpoint(UserError):
         self.reason = reason
 
 
+def check_resumable(spec: str, model_shape: dict[str, Any]) -> CheckpointInfo | None:
+    """What resuming from `spec` starts with, checked from metadata alone: None (nothing to resume),
+    or the newest checkpoint, of this model's shape. A checkpoint named directly must also be whole;
+    in a checkpoint root a damaged one is set aside at load instead (`resume`)."""
+    newest = resolve(spec)  # a one-line error for an incomplete or foreign checkpoint named directly
+    if newest is None:
+        return None
+    check_shape(newest, model_shape)
+    if newest.path == Path(spec) and (problem := verify(newest.path)):
+        raise DamagedCheckpoint(newest.path, problem)
+    return newest
+
+
 def resume(spec: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, model_shape: dict[str, Any],
            rt: Runtime, notices: list[str]) -> CheckpointInfo | None:
     """Load the newest checkpoint that is whole. Given a checkpoint root, a damaged newest one is
     reported, set aside and the next older one tried; a checkpoint named directly must load."""
-    newest = resolve(spec)  # a one-line error for an incomplete or foreign checkpoint named directly
+    newest = check_resumable(spec, model_shape)
     if newest is None:
         return None
     if newest.path == Path(spec):
-        if problem := verify(newest.path):
-            raise DamagedCheckpoint(newest.path, problem)
         load(newest, model, optimizer, model_shape)
         return newest
     for info in reversed(list_checkpoints(Path(spec))):

@@ -6,25 +6,43 @@ at; rows past that step from earlier attempts were rolled back. Readers keep wha
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 
-def surviving(rows: Iterable[dict]) -> list[dict]:
-    """The rows the run's final history holds, in order: a start row at step S drops every earlier
-    row past S. Files written without start rows roll back when a `train` step goes back."""
-    out: list[dict] = []
+def _resumptions(rows: list[dict]) -> Iterator[tuple[int, int, bool]]:
+    """(row index, first step done again, is a start row) wherever an attempt began: at each start
+    row (it resumed at step S, so S+1 comes again), and in files written without start rows where
+    a `train` step goes back."""
     last = 0
-    for row in rows:
+    for i, row in enumerate(rows):
         kind, step = row.get("kind"), row.get("step", 0)
         if kind == "start":
-            out = [r for r in out if r.get("kind") == "start" or r.get("step", 0) <= step]
+            yield i, step + 1, True
         elif kind == "train" and step <= last:
-            out = [r for r in out if r.get("kind") == "start" or r.get("step", 0) < step]
+            yield i, step, False
         if kind in ("start", "train"):
             last = step
+
+
+def surviving(rows: Iterable[dict]) -> list[dict]:
+    """The rows the run's final history holds, in order: where an attempt began, every earlier row
+    of a step it does again was rolled back."""
+    rows = list(rows)
+    redo_from = {i: first for i, first, _ in _resumptions(rows)}
+    out: list[dict] = []
+    for i, row in enumerate(rows):
+        if i in redo_from:
+            out = [r for r in out if r.get("kind") == "start" or r.get("step", 0) < redo_from[i]]
         out.append(row)
     return out
+
+
+def restarts(rows: Iterable[dict]) -> list[int]:
+    """The steps at which later attempts of the run began (the first start row is the run's own)."""
+    marks = list(_resumptions(list(rows)))
+    first_start = next((i for i, _, is_start in marks if is_start), None)
+    return [first - 1 if is_start else first for i, first, is_start in marks if i != first_start]
 
 
 def read_rows(path: Path) -> list[dict]:

@@ -93,10 +93,8 @@ def preflight(cfg: TrainConfig) -> Path:
     if not dist.under_torchrun():
         dist.check_nproc(cfg.parallel.nproc, cfg.parallel.device)
         # A checkpoint that cannot be resumed is refused before any process starts or file is written.
-        if (spec := resume_spec(cfg)) and (found := checkpoint.resolve(spec)):
-            checkpoint.check_shape(found, model_shape_of(cfg))
-            if found.path == Path(spec) and (problem := checkpoint.verify(found.path)):
-                raise checkpoint.DamagedCheckpoint(found.path, problem)
+        if spec := resume_spec(cfg):
+            checkpoint.check_resumable(spec, model_shape_of(cfg))
     return run_dir
 
 
@@ -225,7 +223,7 @@ def _run(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path, notices: list[str]) 
                 break
             if _after_step(run, state, window, lr, grad_norm):
                 break
-        run.result.steps = max(run.result.steps, state.step)
+        run.result.steps = state.step
         if run.checkpointer:
             run.checkpointer.wait()
         _finish(run, state)
@@ -355,7 +353,6 @@ def _after_step(run: Run, state: TrainState, window: Window, lr: float, grad_nor
     """Logging, validation and checkpointing due after this step; True when the run stops here (SIGTERM)."""
     cfg, n = run.cfg, state.step
     lg, ck, last = cfg.log, cfg.checkpoint, n == cfg.optim.max_steps
-    run.result.steps = n
     if n % lg.logging_freq == 0 or last:
         _log_window(run, window, lr, grad_norm, n)
     if (lg.validation_freq and n % lg.validation_freq == 0) or last:
