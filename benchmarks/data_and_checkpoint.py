@@ -73,7 +73,7 @@ def checkpoint_bench(tmp: Path, smoke: bool) -> dict:
     cfg, _ = parse_args(["--preset", "debug"] + (["--dim", "64", "--n_layers", "2"] if smoke
                                                   else ["--dim", "768", "--n_layers", "12"]))
     rt = Runtime(0, 1, 0, 1, torch.device("cpu"))
-    model = Transformer(cfg.model_config(), rope_len=64)
+    model = Transformer(cfg.shape, rope_len=64)
     model.init_weights(seed=0)
     opt = build_optimizer(model, cfg)
     for p in model.parameters():

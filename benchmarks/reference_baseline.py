@@ -18,13 +18,13 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from fsdpkit.train.config import TrainConfig
 from fsdpkit.train.data import BatchStream, get_source, get_tokenizer
 from fsdpkit.train.dist import Runtime
-from fsdpkit.train.hf import hf_config_dict
+from fsdpkit.train.hf_config import hf_config_dict
 
 
 def build(cfg: TrainConfig, rt: Runtime, dtype: torch.dtype) -> torch.nn.Module:
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    d = hf_config_dict(cfg.model_config())
+    d = hf_config_dict(cfg.shape)
     d.pop("architectures")
     hf_cfg = AutoConfig.for_model(d.pop("model_type"), **d)
     torch.manual_seed(cfg.seed)
@@ -46,7 +46,7 @@ def train_steps(cfg: TrainConfig, rt: Runtime, dtype: torch.dtype, steps: int) -
                                   weight_decay=o.weight_decay)
     d = cfg.data
     source, tok = get_source(d.dataset, d.train_split, cfg.seed), get_tokenizer(d.tokenizer)
-    stream = iter(BatchStream(source, tok, cfg.seq_len(), d.train_batch_size, rt.rank, rt.world_size, cfg.seed))
+    stream = iter(BatchStream(source, tok, cfg.data.seq_len, d.train_batch_size, rt.rank, rt.world_size, cfg.seed))
     model.train()
     times = []
     for _ in range(steps):

@@ -217,7 +217,7 @@ def add_mfu(row: dict, peak: float | None) -> None:
     for f in overrides:
         i = row["flags"].index(f)
         flags += row["flags"][i:i + 2]
-    mcfg = parse_args(flags)[0].model_config()
+    mcfg = parse_args(flags)[0].shape
     row["flops_per_token"] = flops_per_token(mcfg, row["seq"])
     # Per device on a GPU; on a CPU the ranks share one machine, whose GEMM rate is the denominator.
     per = row["world"] if row.get("device") == "cuda" else 1

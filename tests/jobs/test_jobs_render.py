@@ -100,7 +100,7 @@ def test_the_8b_example_on_four_p5_nodes_carries_recipe_grace_pull_policy_and_ef
     from fsdpkit.plan.planner import plan_config
 
     step_s = plan_config(cfg, "p5.48xlarge", 4).step_s
-    expected = grace_period(cfg.model_config(), 1200, step_s)
+    expected = grace_period(cfg.shape, 1200, step_s)
     assert 96e9 < expected.checkpoint_bytes < 97e9
     assert pod["terminationGracePeriodSeconds"] == expected.seconds >= 60 + 1.5 * 80
     # A tag (:v1) can be pushed again: always pull.

@@ -21,9 +21,9 @@ REFERENCE_FLAGS = [
 
 def test_reference_flags_map_to_fields():
     cfg, notices = parse_args(REFERENCE_FLAGS)
-    m = cfg.model_config()
+    m = cfg.shape
     assert (m.dim, m.n_layers, m.n_heads, m.n_kv_heads, m.ffn_dim, m.family) == (64, 2, 4, 2, 96, "llama")
-    assert cfg.seq_len() == 128
+    assert cfg.data.seq_len == 128
     assert cfg.optim.max_steps == 7 and cfg.optim.lr == 1e-4 and cfg.seed == 9
     assert cfg.data.train_batch_size == 2 and cfg.data.val_batch_size == 1
     assert cfg.parallel.activation_checkpointing == "full"
@@ -44,7 +44,7 @@ def test_yaml_then_flags(tmp_path: Path):
     y.write_text("preset: debug\noptim:\n  max_steps: 11\n  lr: 0.01\nnum_layers: 3\n")
     cfg, _ = parse_args(["--config", str(y), "--lr", "0.02"])
     assert cfg.preset == "debug" and cfg.optim.max_steps == 11 and cfg.optim.lr == 0.02
-    assert cfg.model_config().n_layers == 3
+    assert cfg.shape.n_layers == 3
 
 
 def test_yaml_unknown_key(tmp_path: Path):
@@ -168,11 +168,11 @@ EXPECTED_ARCHITECTURE = {
 @pytest.mark.parametrize("name", sorted(REFERENCE_MODEL_FILES))
 def test_each_reference_model_file_parses_to_its_published_architecture(name):
     cfg, notices = parse_args(REFERENCE_MODEL_FILES[name])
-    m = cfg.model_config()
+    m = cfg.shape
     preset, vocab, dim, layers, heads, kv, ffn, family, experts, theta, seq = EXPECTED_ARCHITECTURE[name]
     assert cfg.preset == preset
     assert (m.vocab_size, m.dim, m.n_layers, m.n_heads, m.n_kv_heads, m.ffn_dim, m.family, m.n_experts,
-            m.rope_theta, cfg.seq_len()) == (vocab, dim, layers, heads, kv, ffn, family, experts, theta, seq)
+            m.rope_theta, cfg.data.seq_len) == (vocab, dim, layers, heads, kv, ffn, family, experts, theta, seq)
     if experts:
         assert m.experts_per_token == 2
     if preset.startswith("llama3"):
@@ -189,14 +189,14 @@ def test_each_reference_model_file_parses_to_its_published_architecture(name):
 def test_mixtral_model_type_alone_means_eight_experts_top_two():
     cfg, _ = parse_args(["--model_type=mixtral", "--hidden_width=64", "--num_layers=2", "--num_heads=4",
                          "--intermediate_size=96", "--num_key_value_heads=2"])
-    m = cfg.model_config()
+    m = cfg.shape
     assert (m.family, m.n_experts, m.experts_per_token) == ("mixtral", 8, 2)
     cfg, _ = parse_args(["--model_type=mixtral", "--num_local_experts=4", "--num_experts_per_tok=1"])
-    assert (cfg.model_config().n_experts, cfg.model_config().experts_per_token) == (4, 1)
+    assert (cfg.shape.n_experts, cfg.shape.experts_per_token) == (4, 1)
 
 
 def test_export_refuses_a_mixtral_family_model_without_experts():
-    from fsdpkit.train.hf import hf_config_dict
+    from fsdpkit.train.hf_config import hf_config_dict
     from fsdpkit.train.model_config import ModelConfig
 
     dense = ModelConfig(vocab_size=258, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=96, max_seq_len=64,

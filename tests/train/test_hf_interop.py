@@ -137,7 +137,8 @@ def test_init_from_hf_refuses_what_the_model_cannot_represent(case, tmp_path, cl
 
 
 def test_linear_rope_scaling_matches_transformers(tmp_path):
-    from fsdpkit.train.hf import load_hf_into, model_config_from_hf
+    from fsdpkit.train.hf import load_hf_into
+    from fsdpkit.train.hf_config import model_config_from_hf
     from fsdpkit.train.model import Transformer
 
     config = transformers.LlamaConfig(**COMMON, rope_theta=10000.0,

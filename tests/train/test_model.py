@@ -101,7 +101,7 @@ CASES = {
 
 
 def hf_model(cfg: ModelConfig):
-    from fsdpkit.train.hf import ARCHITECTURES, hf_config_dict
+    from fsdpkit.train.hf_config import ARCHITECTURES, hf_config_dict
 
     d = hf_config_dict(cfg)
     config_cls = getattr(transformers, ARCHITECTURES[d["model_type"]].replace("ForCausalLM", "Config"))

@@ -51,7 +51,7 @@ def test_linear_and_constant():
 
 def test_warmup_fraction_is_the_reference_meaning():
     cfg, _ = parse_args(["--max_steps", "1000", "--warmup", "0.01"])
-    assert cfg.warmup_steps() == 10
+    assert cfg.optim.warmup_steps == 10
     assert torch.isclose(torch.tensor(lr_at(9, cfg)), torch.tensor(cfg.optim.lr))
 
 

@@ -202,7 +202,7 @@ def test_validation_runs_in_slices_of_the_training_batch_with_the_same_loss():
     for rows in (4, 3):
         cfg = parse_args(["--preset", "tiny", "--seq_len", "32", "--val_batch_size", "4", "--train_batch_size",
                           str(rows), "--validation_batches", "2"])[0]
-        model = Transformer(cfg.model_config(), rope_len=32)
+        model = Transformer(cfg.shape, rope_len=32)
         model.init_weights(seed=0)
         seen[rows] = []
         model.register_forward_pre_hook(lambda _m, args, rows=rows: seen[rows].append(args[0].shape[0]))

@@ -60,19 +60,31 @@ class ClusterPlan:
 
     def validate(self) -> Instance:
         """The instance row; a UserError naming the field for anything eksctl or EC2 would refuse later."""
+        self._check_names_and_sizes()
+        inst = lookup(self.instance_type)
+        if self.instance_type.startswith("ml."):
+            raise UserError(f"instance_type: {self.instance_type!r} is a SageMaker HyperPod type; EKS node groups "
+                            f"take the EC2 name ({self.instance_type.removeprefix('ml.')})")
+        self._check_placement(inst)
+        return inst
+
+    def _check_names_and_sizes(self) -> None:
         if not CLUSTER_NAME.match(self.name):
             raise UserError(f"name: {self.name!r} is not a valid EKS cluster name (1-100 letters, digits and "
                             "hyphens, starting with a letter or digit)")
         if not re.match(r"^[a-z]{2}(-gov)?-[a-z]+-\d$", self.region):
             raise UserError(f"region: {self.region!r} is not an AWS region (for example us-west-2)")
-        inst = lookup(self.instance_type)
-        if self.instance_type.startswith("ml."):
-            raise UserError(f"instance_type: {self.instance_type!r} is a SageMaker HyperPod type; EKS node groups "
-                            f"take the EC2 name ({self.instance_type.removeprefix('ml.')})")
         if self.nodes < 1:
             raise UserError(f"nodes: {self.nodes} is out of range (at least 1)")
         if self.system_nodes < 1:
             raise UserError(f"system_nodes: {self.system_nodes} is out of range (at least 1)")
+        if not 20 <= self.volume_size <= 16384:
+            raise UserError(f"volume_size: {self.volume_size} GiB is out of range (20-16384)")
+        if not re.match(r"^1\.\d{2}$", self.k8s_version):
+            raise UserError(f"k8s_version: {self.k8s_version!r} is not a Kubernetes minor version (for example 1.33)")
+
+    def _check_placement(self, inst: Instance) -> None:
+        """EFA, zone and capacity reservation against the instance type and region."""
         if self.efa not in ("auto", "on", "off"):
             raise UserError(f"efa: {self.efa!r} is not one of auto, on, off")
         if self.efa == "on" and inst.efa == 0:
@@ -89,11 +101,6 @@ class ClusterPlan:
             raise UserError("capacity_block: needs --capacity-reservation (the Capacity Block's cr- id)")
         if self.capacity_reservation and not self.zone:
             raise UserError("zone: a capacity reservation lives in one availability zone; give it with --zone")
-        if not 20 <= self.volume_size <= 16384:
-            raise UserError(f"volume_size: {self.volume_size} GiB is out of range (20-16384)")
-        if not re.match(r"^1\.\d{2}$", self.k8s_version):
-            raise UserError(f"k8s_version: {self.k8s_version!r} is not a Kubernetes minor version (for example 1.33)")
-        return inst
 
     def uses_efa(self, inst: Instance) -> bool:
         return self.efa == "on" or (self.efa == "auto" and inst.efa > 0)

@@ -38,6 +38,16 @@ class Aws:
         return self.session.client(service, region_name=self.region, endpoint_url=self.endpoint_url, config=cfg)
 
 
+def pick_region(region: str | None, configured: str | None = None) -> str:
+    """The one region rule: --region, else $AWS_REGION or $AWS_DEFAULT_REGION, else the profile's
+    (`configured`). fsdpkit never picks one for you: resources in a region you did not mean cost
+    money and are hard to find again."""
+    region = region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or configured
+    if not region:
+        raise UserError("no AWS region: pass --region or set AWS_REGION (fsdpkit never picks one for you)")
+    return region
+
+
 def connect(region: str | None = None, profile: str | None = None, endpoint_url: str | None = None) -> Aws:
     try:
         import boto3
@@ -49,9 +59,7 @@ def connect(region: str | None = None, profile: str | None = None, endpoint_url:
         session = boto3.Session(profile_name=profile, region_name=region)
     except bx.ProfileNotFound:
         raise AwsError(f"AWS profile {profile!r} not found (see ~/.aws/config)") from None
-    region = region or os.environ.get("AWS_REGION") or session.region_name
-    if not region:
-        raise UserError("no AWS region: pass --region or set AWS_REGION (fsdpkit never picks one for you)")
+    region = pick_region(region, session.region_name)
     aws = Aws(session, region, "", endpoint_url)
     with aws_errors("reading your AWS identity (sts:GetCallerIdentity)"):
         aws.account = aws.client("sts").get_caller_identity()["Account"]

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 from pathlib import Path
 
 from fsdpkit.cli.output import Parser, dispatch, emit_json
 from fsdpkit.errors import UserError
-from fsdpkit.train.checkpoint import META, describe, scan
+from fsdpkit.train.checkpoint import META, describe, prunable, scan
 
 
 def _gib(n: int) -> str:
@@ -58,9 +59,6 @@ def cmd_latest(args: argparse.Namespace) -> int:
 def cmd_prune(args: argparse.Namespace) -> int:
     """Delete complete fsdpkit checkpoints beyond the newest --keep, or older than --older-than-days.
     The newest complete checkpoint is never deleted, nor anything that is not fsdpkit's."""
-    import shutil
-    import time
-
     if args.keep is None and args.older_than_days is None:
         raise UserError("prune: give --keep N and/or --older-than-days D")
     if args.pvc:
@@ -69,12 +67,9 @@ def cmd_prune(args: argparse.Namespace) -> int:
                 *(["--dry-run"] if args.dry_run else [])]
         gone = _remote(args, verb)
     else:
-        rows = [r for r in scan(Path(args.directory)) if r["kind"] == "fsdpkit" and r["complete"]]
-        newest = rows[-1]["name"] if rows else None
-        keep = {r["name"] for r in rows[-args.keep:]} if args.keep else set()
-        cutoff = time.time() - args.older_than_days * 86400 if args.older_than_days is not None else None
-        gone = [r for r in rows if r["name"] != newest and r["name"] not in keep and
-                (cutoff is None or Path(r["path"]).stat().st_mtime < cutoff)]
+        directory = Path(args.directory)
+        scan(directory)  # a missing directory is a one-line error, not "nothing to delete"
+        gone = [describe(c.path) for c in prunable(directory, args.keep, args.older_than_days)]
         if not args.dry_run:
             for r in gone:
                 shutil.rmtree(r["path"])

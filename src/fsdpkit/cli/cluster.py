@@ -8,6 +8,7 @@ import os
 import sys
 
 from fsdpkit import yamlfile
+from fsdpkit.aws.session import pick_region
 from fsdpkit.cli.output import Parser, confirmed, dispatch, emit_json, progress
 from fsdpkit.errors import UserError
 
@@ -87,12 +88,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_config(args: argparse.Namespace) -> int:
-
     from fsdpkit.aws.eksctl import ClusterPlan, render
 
-    region = args.region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
-    if not region:
-        raise UserError("region: give --region (or set AWS_REGION); fsdpkit never picks one for you")
+    region = pick_region(args.region)
     plan = ClusterPlan(args.name, region, args.instance_type, args.nodes, zone=args.zone or "", efa=args.efa,
                        capacity_reservation=args.capacity_reservation or "", capacity_block=args.capacity_block,
                        placement_group=args.placement_group or "", k8s_version=args.k8s_version,

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
 
-from fsdpkit import yamlfile
 from fsdpkit.cli.output import Parser, dispatch, emit_json
 from fsdpkit.errors import UserError
-from fsdpkit.jobs.backends import get_backend
+from fsdpkit.jobs.backends import Backend, Watchable, get_backend
 from fsdpkit.jobs.capacity import capacity as check_capacity
 from fsdpkit.jobs.hub import check_hub_access
 from fsdpkit.jobs.spec import BACKENDS, JobSpec, load_spec, parse_overrides
@@ -25,7 +23,7 @@ def _spec(args: argparse.Namespace) -> JobSpec:
     return load_spec(args.spec, overrides, pin_image=True)
 
 
-def _backend(args: argparse.Namespace, spec: JobSpec | None = None) -> Any:
+def _backend(args: argparse.Namespace, spec: JobSpec | None = None) -> Backend:
     name = spec.backend if spec is not None else args.backend
     if name is None:  # a NAME verb without --backend: a local job of that name, else the cluster
         from fsdpkit.jobs.backends.local import home
@@ -52,12 +50,8 @@ def cmd_render(args: argparse.Namespace) -> int:
     spec = _spec(args)
     rendered = get_backend(spec.backend).render(spec)
     if args.json:
-        key = "manifests" if isinstance(rendered, list) else "script" if spec.backend == "slurm" else "command"
-        return emit_json({"name": spec.name, "backend": spec.backend, key: rendered})
-    if isinstance(rendered, list):
-        print(yamlfile.dump_all(rendered), end="")
-    else:
-        print(rendered, end="")
+        return emit_json({"name": spec.name, "backend": spec.backend, **rendered.as_json()})
+    print(rendered.text(), end="")
     return 0
 
 
@@ -178,7 +172,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
     import time
 
     backend = _backend(args)
-    if not hasattr(backend, "snapshot"):
+    if not isinstance(backend, Watchable):
         raise UserError(f"job watch works on Kubernetes jobs; for {backend.name} use `fsdpkit job logs -f`")
     while True:
         snap = backend.snapshot(args.job, _ns(args), stall_after=args.stall_after, gpu=args.gpu)

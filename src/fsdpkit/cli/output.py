@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 
 from fsdpkit.aws import session as aws_session
@@ -42,8 +43,25 @@ def cloud_error(e: BaseException, what: str) -> UserError | None:
     return None
 
 
+class _Stderr(logging.Handler):
+    """The library's progress lines (its `fsdpkit` loggers) as plain lines on stderr: stdout is the
+    verb's own output, or its one JSON envelope."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        print(self.format(record), file=sys.stderr, flush=True)  # the stream of the moment (tests swap it)
+
+
+def show_progress() -> None:
+    logger = logging.getLogger("fsdpkit")
+    if not any(isinstance(h, _Stderr) for h in logger.handlers):
+        logger.addHandler(_Stderr())
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+
+
 def dispatch(parser: argparse.ArgumentParser, argv: list[str]) -> int:
     """Parse, run the chosen `func(args) -> int`, and turn a UserError into the error contract."""
+    show_progress()
     args = None
     try:
         args = parser.parse_args(argv)

@@ -57,10 +57,10 @@ def run(args: argparse.Namespace, train_flags: list[str]) -> int:
     if write_rate <= 0:
         raise UserError(f"write_mb_per_s: {write_rate} is out of range (> 0)")
     p = plan_config(cfg, instance_type, nodes, args.mfu, procs)
-    grace = grace_period(cfg.model_config(), write_rate, p.step_s)
+    grace = grace_period(cfg.shape, write_rate, p.step_s)
     out = {"model": cfg.preset, "verdict": advice(p), **p.summary(args.tokens, args.price_per_hour),
            "currency": args.currency, "recipe": _recipe(cfg),
-           "validation": {"batches": cfg.log.validation_batches, "batch_size": cfg.val_batch_size(),
+           "validation": {"batches": cfg.log.validation_batches, "batch_size": cfg.data.val_batch_size,
                           "every_steps": cfg.log.validation_freq, "share": round(cfg.validation_share(), 4)},
            "grace": grace.to_dict(),
            "alternatives": [a.summary(args.tokens, args.price_per_hour) for a in p.alternatives]}
@@ -83,7 +83,7 @@ def _config(args: argparse.Namespace, train_flags: list[str]):
         if spec.command is not None:
             raise UserError("jobspec: this job runs its own command, not fsdpkit's trainer; nothing to plan")
         return (train_config(spec), args.instance_type or spec.instance_type,
-                args.nodes if args.nodes is not None else spec.node_range[1],
+                args.nodes if args.nodes is not None else spec.nodes.max,
                 spec.procs if spec.instance_type else None, args.write_mb_per_s or spec.storage.write_mb_per_s)
     flags = (["--preset", args.preset] if args.preset else []) + (["--config", args.config] if args.config else [])
     try:

@@ -140,25 +140,44 @@ def check(dockerfile: Path, requirements: list[Path] = ()) -> list[Conflict]:
     for req in _with_constraints(requirements):
         sources += [(str(req), i + 1, ln) for i, ln in enumerate(req.read_text().splitlines())]
     for file, no, ln in sources:
-        words = re.split(r"[\s\"']+", ln)
-        for w in words:
+        for w in re.split(r"[\s\"']+", ln):
             if m := _PIN.match(w):
                 pins[m.group(1).lower()] = (m.group(2), file, no)
-        if re.search(r"download\.pytorch\.org/whl/cu\d+", ln) or re.search(r"torch==[^\s]*\+cu\d+", ln):
+        found += _line_conflicts(file, no, ln, str(dockerfile), image, cuda, has_constraints)
+    found += _pin_conflicts(sources, dockerfile, base_torch)
+    found += _family_conflicts(pins, base_torch)
+    if image and not _base_efa(image):
+        found.append(Conflict("efa", str(dockerfile), 1 + next(i for i, ln in enumerate(lines)
+                                                               if ln.strip().upper().startswith("FROM ")),
+                              f"{image} has no EFA / aws-ofi-nccl: multi-node NCCL would use TCP sockets",
+                              "base on an AWS Deep Learning Container (fsdpkit image init --base dlc-2.6)"))
+    return found
+
+
+def _line_conflicts(file: str, no: int, ln: str, dockerfile: str, image: str, cuda: str | None,
+                    has_constraints: bool) -> list[Conflict]:
+    """A torch wheel for another CUDA, or an unpinned package that replaces torch, on one line."""
+    found = []
+    if re.search(r"download\.pytorch\.org/whl/cu\d+", ln) or re.search(r"torch==[^\s]*\+cu\d+", ln):
             wheel_cuda = _cuda_of(ln.split("whl/")[-1] if "whl/" in ln else ln.split("+")[-1])
             if cuda and wheel_cuda and wheel_cuda != cuda:
                 found.append(Conflict("cuda-wheel", file, no, f"a torch wheel for CUDA {wheel_cuda} on a CUDA {cuda} "
                                       f"base ({image})", f"use the cu{cuda.replace('.', '')} wheels, or drop the "
                                       "torch install and keep the base image's"))
-        if "pip install" in ln or file != str(dockerfile):
-            for w in words:
-                name = re.split(r"[<>=!~\[]", w)[0].lower()
-                if name in REPLACERS and not re.search(r"[<>=~]", w) and "-c " not in ln and not has_constraints:
-                    found.append(Conflict("torch-replacer", file, no, f"unpinned {name} pulls its own torch and can "
-                                          "replace the base image's", "install it with -c /etc/pip-constraints.txt "
-                                          "(a file pinning torch to the base's version), or pin a release built "
-                                          "for that torch"))
-    found += _pin_conflicts(sources, dockerfile, base_torch)
+    if ("pip install" in ln or file != dockerfile) and "-c " not in ln and not has_constraints:
+        for w in re.split(r"[\s\"']+", ln):
+            name = re.split(r"[<>=!~\[]", w)[0].lower()
+            if name in REPLACERS and not re.search(r"[<>=~]", w):
+                found.append(Conflict("torch-replacer", file, no, f"unpinned {name} pulls its own torch and can "
+                                      "replace the base image's", "install it with -c /etc/pip-constraints.txt "
+                                      "(a file pinning torch to the base's version), or pin a release built "
+                                      "for that torch"))
+    return found
+
+
+def _family_conflicts(pins: dict[str, tuple[str, str, int]], base_torch: str | None) -> list[Conflict]:
+    """torchvision, torchaudio and friends pinned for another torch than the one installed."""
+    found = []
     torch_v = pins.get("torch", (base_torch, None, 0))[0]
     if torch_v:
         for pkg, want in expected_pair(torch_v).items():
@@ -166,11 +185,6 @@ def check(dockerfile: Path, requirements: list[Path] = ()) -> list[Conflict]:
                 v, file, no = pins[pkg]
                 found.append(Conflict("torch-family", file, no, f"{pkg}=={v} is built for another torch than "
                                       f"{torch_v}", f"pin {pkg}=={want}.* (the release for torch {torch_v})"))
-    if image and not _base_efa(image):
-        found.append(Conflict("efa", str(dockerfile), 1 + next(i for i, ln in enumerate(lines)
-                                                               if ln.strip().upper().startswith("FROM ")),
-                              f"{image} has no EFA / aws-ofi-nccl: multi-node NCCL would use TCP sockets",
-                              "base on an AWS Deep Learning Container (fsdpkit image init --base dlc-2.6)"))
     return found
 
 

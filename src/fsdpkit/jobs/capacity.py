@@ -20,7 +20,7 @@ def check_job(spec: JobSpec) -> tuple[Plan, str] | None:
     nothing to plan (its own command, no instance type, not NVIDIA GPUs)."""
     if spec.command is not None or not spec.instance_type or spec.instance.resource != "nvidia.com/gpu":
         return None
-    p = plan_config(train_config(spec), spec.instance_type, spec.node_range[1], procs_per_node=spec.procs)
+    p = plan_config(train_config(spec), spec.instance_type, spec.nodes.max, procs_per_node=spec.procs)
     return p, advice(p)
 
 

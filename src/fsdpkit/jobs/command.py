@@ -39,8 +39,8 @@ def job_grace(spec: JobSpec) -> GracePeriod | None:
     cfg = train_config(spec)
     step_s = None
     if spec.instance is not None and spec.instance.resource == "nvidia.com/gpu":
-        step_s = plan_config(cfg, spec.instance_type, spec.node_range[1], procs_per_node=spec.procs).step_s
-    return grace_period(cfg.model_config(), spec.storage.write_mb_per_s, step_s)
+        step_s = plan_config(cfg, spec.instance_type, spec.nodes.max, procs_per_node=spec.procs).step_s
+    return grace_period(cfg.shape, spec.storage.write_mb_per_s, step_s)
 
 
 def grace_seconds(spec: JobSpec) -> int | None:
@@ -55,10 +55,9 @@ def torchrun_args(spec: JobSpec, rdzv_endpoint: str, rdzv_id: str, nnodes: str |
     """torchrun with c10d rendezvous only: no --master-addr (mixing the two is a classic hang), under
     fsdpkit's supervisor (`fsdpkit-torchrun`, fsdpkit.train.supervisor): SIGTERM gives the workers
     the whole grace period to checkpoint and ends in exit 143, and no worker outlives it."""
-    lo, hi = spec.node_range
     return [
         "fsdpkit-torchrun",
-        f"--nnodes={nnodes or (f'{lo}:{hi}' if spec.elastic else lo)}",
+        f"--nnodes={nnodes or spec.nodes}",
         f"--nproc-per-node={spec.procs}",
         "--rdzv-backend=c10d",
         f"--rdzv-endpoint={rdzv_endpoint}",

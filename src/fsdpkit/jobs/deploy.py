@@ -17,6 +17,7 @@ from typing import Any
 from fsdpkit.cluster.checks import run_checks
 from fsdpkit.errors import UserError
 from fsdpkit.home import home
+from fsdpkit.jobs.backends.kube import KubeBackend
 from fsdpkit.jobs.capacity import DoesNotFit, capacity
 from fsdpkit.jobs.hub import check_hub_access
 from fsdpkit.jobs.spec import CLUSTER_BACKENDS, JobSpec
@@ -49,14 +50,14 @@ class StepFailed(UserError):
     exit_code = 1
 
 
-def deploy(spec: JobSpec, backend: Any, skip: set[str], say: Callable[[str], None], stall_after: float = 900,
+def deploy(spec: JobSpec, backend: KubeBackend, skip: set[str], say: Callable[[str], None], stall_after: float = 900,
            poll: float = 15.0, fresh: bool = False, strict: bool = False) -> dict[str, Any]:
     token = _preconditions(spec, skip)
     path = state_path(spec)
     state = DeployState() if fresh else DeployState.load(path)
     if state.done:
         say(f"resuming: already done: {', '.join(state.done)}")
-    objs = {o["kind"]: o for o in backend.render(spec)}
+    objs = {o["kind"]: o for o in backend.render(spec).manifests}
     results: dict[str, Any] = {}
     for step in STEPS:
         if step in skip or step in state.done:
@@ -96,7 +97,7 @@ def _preconditions(spec: JobSpec, skip: set[str]) -> str | None:
     return token
 
 
-def _check(spec: JobSpec, backend: Any, strict: bool, say: Callable[[str], None]) -> str:
+def _check(spec: JobSpec, backend: KubeBackend, strict: bool, say: Callable[[str], None]) -> str:
     """The cluster is ready (no failed check) and the job fits its GPUs (or only a warning)."""
     report = run_checks(backend.client)
     failed = [c for c in report.checks if c.status == "fail"]
@@ -111,13 +112,13 @@ def _check(spec: JobSpec, backend: Any, strict: bool, say: Callable[[str], None]
     return "passed"
 
 
-def _apply(step: str, spec: JobSpec, backend: Any, objs: dict[str, dict], token: str | None, state: DeployState,
+def _apply(step: str, spec: JobSpec, backend: KubeBackend, objs: dict[str, dict], token: str | None, state: DeployState,
            say: Callable[[str], None]) -> Any:
     """storage, secret or submit: create the step's object unless it is there already."""
     kind = {"storage": "PersistentVolumeClaim", "secret": "Secret", "submit": None}[step]
     if kind is None:
         kind = next(k for k in objs if k not in ("PersistentVolumeClaim", "Secret"))
-        if backend._get_job(spec.name, spec.namespace) is not None:
+        if backend.get_job(spec.name, spec.namespace) is not None:
             raise UserError(f"job {spec.name!r} already exists in {spec.namespace}; `fsdpkit job delete "
                             f"{spec.name}` first, or watch it with `fsdpkit job watch {spec.name}`")
     if kind not in objs:
@@ -129,7 +130,7 @@ def _apply(step: str, spec: JobSpec, backend: Any, objs: dict[str, dict], token:
     return {"created": created, "reused": reused}
 
 
-def _watch(spec: JobSpec, backend: Any, poll: float, say: Callable[[str], None]) -> str:
+def _watch(spec: JobSpec, backend: KubeBackend, poll: float, say: Callable[[str], None]) -> str:
     final = backend.wait(spec.name, spec.namespace, poll=poll, on_change=lambda st: say(
         f"  {st.name}: {st.state}" + (f" ({st.message})" if st.message else "")))
     if final.state != "Succeeded":

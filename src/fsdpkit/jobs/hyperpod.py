@@ -63,14 +63,13 @@ def hyperpod_job_command(spec: JobSpec, root: str | None) -> list[str]:
     (pip package hyperpod-elastic-agent), which takes torchrun's place and reports to the operator."""
     if spec.command is not None:
         return list(spec.command)
-    lo, hi = spec.node_range
-    return ["hyperpodrun", f"--nnodes={f'{lo}:{hi}' if spec.elastic else lo}", f"--nproc-per-node={spec.procs}",
+    return ["hyperpodrun", f"--nnodes={spec.nodes}", f"--nproc-per-node={spec.procs}",
             "--server-host=0.0.0.0", "--server-port=8080", "--tee=3", "--log_dir=/tmp/hyperpod",
             "-m", "fsdpkit.train", *trainer_flags(spec, root)]
 
 
 def hyperpod_job_manifest(spec: JobSpec) -> dict[str, Any]:
-    _, hi = spec.node_range
+    _, hi = spec.nodes
     root = spec.storage.root
     template = m.pod_template(spec, hyperpod_job_command(spec, root))
     _adapt_pod(spec, template)

@@ -125,11 +125,11 @@ def pull_policy(image: str | None) -> str:
 def rdzv_endpoint(spec: JobSpec) -> str:
     """The c10d store lives on the first pod: Master-0 of a fixed job, Worker-0 of an elastic one
     (the operator gives each replica a Service of that name)."""
-    return f"{spec.name}-{'worker' if spec.elastic else 'master'}-0:{spec.rdzv_port}"
+    return f"{spec.name}-{'worker' if spec.nodes.elastic else 'master'}-0:{spec.rdzv_port}"
 
 
 def pytorchjob_manifest(spec: JobSpec) -> dict[str, Any]:
-    lo, hi = spec.node_range
+    lo, hi = spec.nodes
     root = spec.storage.root
     template = pod_template(spec, node_command(spec, rdzv_endpoint(spec), spec.name, root))
     job_spec: dict[str, Any] = {"runPolicy": {
@@ -141,7 +141,7 @@ def pytorchjob_manifest(spec: JobSpec) -> dict[str, Any]:
         job_spec["runPolicy"]["ttlSecondsAfterFinished"] = spec.ttl_after_finished
     if spec.priority_class:
         job_spec["runPolicy"]["schedulingPolicy"] = {"priorityClass": spec.priority_class}
-    if spec.elastic:
+    if spec.nodes.elastic:
         job_spec["elasticPolicy"] = {
             "rdzvBackend": "c10d", "rdzvPort": spec.rdzv_port, "rdzvId": spec.name,
             "minReplicas": lo, "maxReplicas": hi, "maxRestarts": spec.max_restarts, "nProcPerNode": spec.procs,

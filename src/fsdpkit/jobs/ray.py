@@ -4,7 +4,6 @@ failing or creating a second one, and refuses one of that name made from a diffe
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import time
@@ -22,12 +21,12 @@ RAY_VERSION = "2.40.0"
 
 def _head_spec(spec: JobSpec) -> JobSpec:
     """The head schedules and coordinates: no GPUs or EFA, and not pinned to a GPU instance type."""
-    return dataclasses.replace(spec, instance_type=None, gpus_per_node=0, efa_per_node=0,
-                               cpu=spec.cpu or "4", memory=spec.memory or "16Gi")
+    return spec.model_copy(update={"instance_type": None, "gpus_per_node": 0, "efa_per_node": 0,
+                                   "cpu": spec.cpu or "4", "memory": spec.memory or "16Gi"})
 
 
 def raycluster_manifest(spec: JobSpec) -> dict[str, Any]:
-    lo, hi = spec.node_range
+    lo, hi = spec.nodes
     head = m.pod_template(_head_spec(spec), None, container="ray-head")
     head["spec"]["containers"][0]["ports"] = [
         {"containerPort": 6379, "name": "gcs"}, {"containerPort": 8265, "name": "dashboard"},

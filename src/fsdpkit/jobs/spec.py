@@ -1,30 +1,31 @@
 """JobSpec: one typed description of a training run that every backend renders.
 
-Defaults live in the dataclasses below and nowhere else. A spec comes from a YAML file, then
+Defaults live in the fields below and nowhere else. A spec comes from a YAML file, then
 `--set key=value` overrides (dotted for sections: `hyperpod.auto_resume=false`,
-`train.max_steps=100`), then `validate`, which rejects a bad value with the field's name before
-anything is rendered or sent to a cluster.
+`train.max_steps=100`), read by the same typed config machine as the trainer's options
+(fsdpkit.settings): each field's type, range and choices, then `validate`'s rules between fields.
+A bad value is rejected with the field's name before anything is rendered or sent to a cluster.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import re
-import types
 import typing
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
+from pydantic import model_validator
 
 from fsdpkit.errors import UserError
 from fsdpkit.hardware.instances import Instance, lookup
 from fsdpkit.image import pins
+from fsdpkit.settings import Bool, Int, NodeRange, Nodes, Settings, Str, fail, load, option
 from fsdpkit.train.config import SECTIONS, build
 from fsdpkit.yamlfile import describe_yaml_error, load_mapping
 
-BACKENDS = ("local", "pytorchjob", "hyperpod", "slurm")
+BackendName = Literal["local", "pytorchjob", "hyperpod", "slurm"]
+BACKENDS: tuple[str, ...] = typing.get_args(BackendName)
 CLUSTER_BACKENDS = ("pytorchjob", "hyperpod")
 
 # RFC 1123 label, starting with a letter: the training operator names a Service after every
@@ -39,19 +40,19 @@ _TOKEN_SHAPED = re.compile(r"^(hf_[A-Za-z0-9]{20,}|(AKIA|ASIA)[A-Z0-9]{16}|gh[po
 _SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|API_KEY|ACCESS_KEY|PRIVATE_KEY)", re.I)
 
 
-@dataclass
-class Storage:
+class Storage(Settings):
     """Where checkpoints and run outputs live: an existing PVC (FSx for Lustre, EFS) or a new one."""
 
-    claim: str | None = None          # existing PersistentVolumeClaim
-    size: str | None = None           # create NAME-ckpt of this size ...
-    storage_class: str | None = None  # ... with this storage class
-    access_mode: str = "ReadWriteMany"
-    mount_path: str = "/checkpoints"
-    shared_path: str | None = None    # Slurm / local: a directory every node already mounts (/fsx)
-    # The volume's aggregate write throughput (FSx for Lustre: per-TiB tier x capacity); sizes the
-    # time a stopping job is given to finish its checkpoint (fsdpkit.plan.grace).
-    write_mb_per_s: int = 500
+    claim: Str | None = option(None, "an existing PersistentVolumeClaim (FSx for Lustre, EFS)")
+    size: Str | None = option(None, "create NAME-ckpt of this size (a Kubernetes quantity)")
+    storage_class: Str | None = option(None, "the storage class of the PVC created with size")
+    access_mode: Literal["ReadWriteMany", "ReadWriteOnce", "ReadWriteOncePod", "ReadOnlyMany"] = option(
+        "ReadWriteMany", "access mode of the PVC created with size")
+    mount_path: Str = option("/checkpoints", "where the volume is mounted in the container")
+    shared_path: Str | None = option(None, "Slurm and local jobs: a directory every node already mounts (/fsx)")
+    # Sizes the time a stopping job is given to finish its checkpoint (fsdpkit.plan.grace).
+    write_mb_per_s: Int = option(500, "the volume's aggregate write throughput in MB/s (FSx for Lustre: per-TiB "
+                                 "tier x capacity)", ge=1)
 
     @property
     def enabled(self) -> bool:
@@ -65,87 +66,86 @@ class Storage:
         return self.mount_path if (self.claim or self.size) else None
 
 
-@dataclass
-class SecretRef:
+class SecretRef(Settings):
     """An environment variable filled from a key of an existing Kubernetes Secret."""
 
-    env: str
-    secret: str
-    key: str
+    env: Str = option(..., "the variable's name")
+    secret: Str = option(..., "the Secret's name")
+    key: Str = option(..., "the key in the Secret")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _a_reference(cls, raw: Any) -> Any:
+        if not isinstance(raw, dict):
+            raise fail("give a reference {env, secret, key} to an existing Kubernetes Secret, not a value")
+        return raw
 
 
-@dataclass
-class HyperPodOptions:
-    auto_resume: bool = True         # sagemaker.amazonaws.com/enable-job-auto-resume
-    max_retry: int = 3               # sagemaker.amazonaws.com/job-max-retry-count
-    instance_group: str | None = None
-    deep_health_check: str = "preferred"   # preferred | required | off
-    kind: str = "PyTorchJob"               # PyTorchJob | HyperPodPyTorchJob
+class HyperPodOptions(Settings):
+    auto_resume: Bool = option(True, "sagemaker.amazonaws.com/enable-job-auto-resume")
+    max_retry: Int = option(3, "sagemaker.amazonaws.com/job-max-retry-count", ge=0)
+    instance_group: Str | None = option(None, "the HyperPod instance group to run on")
+    deep_health_check: Literal["preferred", "required", "off"] = option(
+        "preferred", "run on nodes that passed HyperPod's deep health checks")
+    kind: Literal["PyTorchJob", "HyperPodPyTorchJob"] = option("PyTorchJob", "the kind submitted")
 
 
-@dataclass
-class SlurmOptions:
-    partition: str | None = None
-    account: str | None = None
-    time: str | None = None          # e.g. "2-00:00:00"
-    container_image: str | None = None   # pyxis/enroot image; empty: run on the host's Python
-    container_mounts: list[str] = field(default_factory=list)
-    script_dir: str = "."
-    output: str = "%x-%j.out"
+class SlurmOptions(Settings):
+    partition: Str | None = option(None, "sbatch --partition")
+    account: Str | None = option(None, "sbatch --account")
+    time: Str | None = option(None, "sbatch --time, such as 2-00:00:00")
+    container_image: Str | None = option(None, "pyxis/enroot image; empty: run on the host's Python")
+    container_mounts: list[Str] = option(default_factory=list, help="pyxis --container-mounts")
+    script_dir: Str = option(".", "where the batch script is written")
+    output: Str = option("%x-%j.out", "sbatch --output")
 
 
-@dataclass
-class JobSpec:
-    name: str = ""
-    backend: str = "local"
-    image: str | None = None
-    namespace: str = "default"
-    # The trainer's options (`fsdpkit train --help`), or `command` for another program.
-    train: dict[str, Any] = field(default_factory=dict)
-    command: list[str] | None = None
-    nodes: str = "1"                 # N, or "MIN:MAX" for an elastic job
-    instance_type: str | None = None
-    gpus_per_node: int | None = None   # default: every GPU of the instance type
-    procs_per_node: int | None = None  # processes per node; default: GPUs per node (or 1)
-    efa_per_node: int | None = None    # default: every EFA interface of the instance type
-    ofi_nccl: str | None = None        # aws-ofi-nccl version in the image (1.14.0): picks how NCCL loads it
-    cpu: str | None = None
-    memory: str | None = None
-    shm_size: str = "64Gi"
-    storage: Storage = field(default_factory=Storage)
-    env: dict[str, str] = field(default_factory=dict)
-    secrets: list[SecretRef] = field(default_factory=list)
-    hf_token_env: str | None = None  # at submit, put the value of this local env var in a Secret
-    node_selector: dict[str, str] = field(default_factory=dict)
-    tolerations: list[dict[str, Any]] = field(default_factory=list)
-    affinity: dict[str, Any] = field(default_factory=dict)
-    priority_class: str | None = None
-    queue: str | None = None         # Kueue LocalQueue
-    max_restarts: int = 3            # torchrun restarts of a worker group (elasticPolicy.maxRestarts)
-    backoff_limit: int = 3           # pod failures the operator tolerates (runPolicy.backoffLimit)
-    ttl_after_finished: int | None = 7 * 24 * 3600
-    # Seconds between SIGTERM and SIGKILL; default: enough to write a checkpoint (see `fsdpkit plan`).
-    termination_grace_seconds: int | None = None
-    resubmits: int = 0               # whole-job resubmissions (resume from checkpoint) after Failed
-    diagnose_network: bool = False   # NCCL_DEBUG=INFO, for `fsdpkit job logs --check-network`
-    rdzv_port: int = 29500
-    hyperpod: HyperPodOptions = field(default_factory=HyperPodOptions)
-    slurm: SlurmOptions = field(default_factory=SlurmOptions)
+class JobSpec(Settings):
+    name: Str = option("", "the job's name (lowercase letters, digits and '-')")
+    backend: BackendName = option("local", "where it runs", what="a backend")
+    image: Str | None = option(None, "the container image")
+    namespace: Str = option("default", "Kubernetes namespace")
+    train: dict[str, Any] = option(default_factory=dict, help="the trainer's options (`fsdpkit train --help`)")
+    command: list[Str] | None = option(None, "another program to run instead of the trainer")
+    nodes: Nodes = option(NodeRange(1, 1), "N, or MIN:MAX for an elastic job")
+    instance_type: Str | None = option(None, "EC2 instance type of the nodes")
+    gpus_per_node: Int | None = option(None, "default: every GPU of the instance type", ge=0)
+    procs_per_node: Int | None = option(None, "processes per node; default: GPUs per node (or 1)", ge=1)
+    efa_per_node: Int | None = option(None, "default: every EFA interface of the instance type", ge=0)
+    ofi_nccl: Str | None = option(None, "aws-ofi-nccl version in the image (1.14.0): picks how NCCL loads it")
+    cpu: Str | None = option(None, "CPU request per node (a Kubernetes quantity)")
+    memory: Str | None = option(None, "memory request per node (a Kubernetes quantity)")
+    shm_size: Str = option("64Gi", "size of /dev/shm")
+    storage: Storage = option(default_factory=Storage)
+    env: dict[str, Str] = option(default_factory=dict, help="environment variables (no secrets)")
+    secrets: list[SecretRef] = option(default_factory=list, help="variables filled from existing Secrets")
+    hf_token_env: Str | None = option(None, "at submit, put the value of this local variable in a Secret")
+    node_selector: dict[str, Str] = option(default_factory=dict, help="Kubernetes nodeSelector")
+    tolerations: list[dict[str, Any]] = option(default_factory=list, help="Kubernetes tolerations")
+    affinity: dict[str, Any] = option(default_factory=dict, help="Kubernetes affinity")
+    priority_class: Str | None = option(None, "Kubernetes PriorityClass")
+    queue: Str | None = option(None, "Kueue LocalQueue")
+    max_restarts: Int = option(3, "torchrun restarts of a worker group (elasticPolicy.maxRestarts)", ge=0)
+    backoff_limit: Int = option(3, "pod failures the operator tolerates (runPolicy.backoffLimit)", ge=0)
+    ttl_after_finished: Int | None = option(7 * 24 * 3600, "seconds a finished job is kept", ge=0)
+    termination_grace_seconds: Int | None = option(
+        None, "seconds between SIGTERM and SIGKILL (default: enough to write a checkpoint; see `fsdpkit plan`)",
+        ge=0)
+    resubmits: Int = option(0, "whole-job resubmissions (resume from checkpoint) after Failed", ge=0)
+    diagnose_network: Bool = option(False, "NCCL_DEBUG=INFO, for `fsdpkit job logs --check-network`")
+    rdzv_port: Int = option(29500, "torchrun's rendezvous port", ge=1, le=65535)
+    hyperpod: HyperPodOptions = option(default_factory=HyperPodOptions)
+    slurm: SlurmOptions = option(default_factory=SlurmOptions)
+
+    @model_validator(mode="after")
+    def _rules(self) -> JobSpec:
+        validate(self)
+        return self
 
     # -- derived values, one rule each -------------------------------------------------------------
     @property
     def instance(self) -> Instance | None:
         return lookup(self.instance_type) if self.instance_type else None
-
-    @property
-    def node_range(self) -> tuple[int, int]:
-        lo, _, hi = str(self.nodes).partition(":")
-        return int(lo), int(hi or lo)
-
-    @property
-    def elastic(self) -> bool:
-        lo, hi = self.node_range
-        return ":" in str(self.nodes) and lo != hi
 
     @property
     def gpus(self) -> int:
@@ -181,81 +181,10 @@ class JobSpec:
         return f"{self.name}-hf-token" if self.hf_token_env else None
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return self.model_dump()
 
 
 # -- loading ------------------------------------------------------------------------------------------
-def _convert(path: str, raw: Any, tp: Any) -> Any:
-    """Turn a YAML value into the annotated type, or raise a UserError naming the field."""
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin in (typing.Union, types.UnionType):
-        if raw is None:
-            return None
-        tp = next(a for a in args if a is not type(None))
-        origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if dataclasses.is_dataclass(tp):
-        if not isinstance(raw, dict):
-            raise UserError(f"{path}: expected a mapping of {', '.join(f.name for f in dataclasses.fields(tp))}, "
-                            f"got {raw!r}")
-        return _build(tp, raw, path)
-    if origin is list:
-        if not isinstance(raw, list):
-            raise UserError(f"{path}: expected a list, got {raw!r}")
-        return [_convert(f"{path}[{i}]", v, args[0]) for i, v in enumerate(raw)]
-    if origin is dict:
-        if not isinstance(raw, dict):
-            raise UserError(f"{path}: expected a mapping, got {raw!r}")
-        if args and args[1] is str:
-            return {str(k): _scalar_str(f"{path}.{k}", v) for k, v in raw.items()}
-        return dict(raw)
-    return _convert_scalar(path, raw, tp)
-
-
-def _convert_scalar(path: str, raw: Any, tp: Any) -> Any:
-    if tp is bool:
-        if isinstance(raw, bool):
-            return raw
-        if str(raw).lower() in ("true", "yes", "on", "1"):
-            return True
-        if str(raw).lower() in ("false", "no", "off", "0"):
-            return False
-        raise UserError(f"{path}: expected true or false, got {raw!r}")
-    if tp is int:
-        if isinstance(raw, bool) or not re.fullmatch(r"-?\d+", str(raw).strip()):
-            raise UserError(f"{path}: expected an integer, got {raw!r}")
-        return int(raw)
-    if tp is str:
-        return _scalar_str(path, raw)
-    return raw
-
-
-def _scalar_str(path: str, raw: Any) -> str:
-    if isinstance(raw, (dict, list)) or raw is None:
-        raise UserError(f"{path}: expected a string, got {raw!r}")
-    return str(raw).lower() if isinstance(raw, bool) else str(raw)
-
-
-def _build(cls: type, doc: dict, prefix: str = "") -> Any:
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    values = {}
-    for key, raw in doc.items():
-        path = f"{prefix}.{key}" if prefix else str(key)
-        if key not in names:
-            raise UserError(f"{path}: unknown field; allowed: {', '.join(sorted(names))}")
-        if cls is JobSpec and key == "secrets" and isinstance(raw, list):
-            for i, item in enumerate(raw):
-                if not isinstance(item, dict):
-                    raise UserError(f"secrets[{i}]: give a reference {{env, secret, key}} to an existing "
-                                    "Kubernetes Secret, not a value")
-        values[key] = _convert(path, raw, hints[key])
-    try:
-        return cls(**values)
-    except TypeError as e:  # a required field (SecretRef.env, ...) is missing
-        missing = str(e).split("argument")[-1].strip(": ")
-        raise UserError(f"{prefix or cls.__name__}: missing {missing}") from None
-
-
 def _set_dotted(doc: dict, dotted: str, value: Any) -> None:
     *parents, leaf = dotted.split(".")
     target = doc
@@ -289,18 +218,13 @@ def load_spec(path: str | Path | None, overrides: list[tuple[str, Any]] = (), pi
         _set_dotted(doc, key, value)
     spec = load_spec_dict(doc)
     if pin_image and not any(key == "image" for key, _ in overrides) and (digest := pins.pinned(spec.image)):
-        spec = dataclasses.replace(spec, image=digest)
+        spec = spec.model_copy(update={"image": digest})
     return spec
 
 
 def load_spec_dict(doc: dict[str, Any]) -> JobSpec:
     """A spec from a mapping (such as the spec.json the local backend keeps), validated."""
-    doc = dict(doc)
-    if "nodes" in doc:
-        doc["nodes"] = str(doc["nodes"])
-    spec = _build(JobSpec, doc)
-    validate(spec)
-    return spec
+    return load(JobSpec, doc)
 
 
 # -- validation -----------------------------------------------------------------------------------------
@@ -322,12 +246,12 @@ def _check_quantity(name: str, value: str | None) -> None:
 
 
 def validate(spec: JobSpec) -> None:
-    """Every rule of a spec, section by section; the first one broken is a one-line UserError."""
+    """The rules between fields (each field's own type, range and choices are checked as it is
+    read); the first one broken is a one-line UserError."""
     _validate_identity(spec)
     _validate_nodes(spec)
     _validate_storage(spec)
     _validate_environment(spec)
-    _validate_policies(spec)
     if spec.train:
         _validate_train(spec)
 
@@ -338,8 +262,6 @@ def _validate_identity(spec: JobSpec) -> None:
     if len(spec.name) > _NAME_MAX or not _NAME.match(spec.name):
         raise UserError(f"name: {spec.name!r} is not a valid job name: use at most {_NAME_MAX} lowercase letters, "
                         "digits and '-', starting with a letter and ending with a letter or digit (RFC 1123)")
-    if spec.backend not in BACKENDS:
-        raise UserError(f"backend: {spec.backend!r} is not a backend; choose one of: {', '.join(BACKENDS)}")
     if spec.backend in CLUSTER_BACKENDS and not spec.image:
         raise UserError(f"image: the {spec.backend} backend runs a container image; give image: "
                         "(for example ACCOUNT.dkr.ecr.REGION.amazonaws.com/fsdpkit:TAG)")
@@ -347,20 +269,11 @@ def _validate_identity(spec: JobSpec) -> None:
 
 def _validate_nodes(spec: JobSpec) -> None:
     """Node count, and what each node gets of its instance type."""
-    if not re.fullmatch(r"\d+(:\d+)?", spec.nodes):
-        raise UserError(f"nodes: {spec.nodes!r} must be a count (2) or an elastic range (MIN:MAX, such as 2:4)")
-    lo, hi = spec.node_range
-    if lo < 1 or hi < lo:
-        raise UserError(f"nodes: {spec.nodes!r} must be >= 1, and MIN <= MAX")
-    if spec.elastic and spec.backend not in CLUSTER_BACKENDS:
+    if spec.nodes.elastic and spec.backend not in CLUSTER_BACKENDS:
         raise UserError(f"nodes: elastic ranges need the pytorchjob or hyperpod backend, not {spec.backend}")
-    if spec.backend == "local" and lo != 1:
+    if spec.backend == "local" and spec.nodes.min != 1:
         raise UserError("nodes: the local backend runs on this machine: nodes must be 1")
     inst = spec.instance  # raises for an unknown instance type
-    for name in ("gpus_per_node", "procs_per_node", "efa_per_node"):
-        v = getattr(spec, name)
-        if v is not None and v < (1 if name == "procs_per_node" else 0):
-            raise UserError(f"{name}: {v} is out of range; it must be >= {1 if name == 'procs_per_node' else 0}")
     if inst is not None:
         if spec.gpus > inst.accelerators:
             raise UserError(f"gpus_per_node: {spec.gpus} is more than {inst.name} has ({inst.accelerators} "
@@ -385,8 +298,6 @@ def _validate_storage(spec: JobSpec) -> None:
         raise UserError("storage.storage_class: a new PVC needs a storage class (for example fsx-sc or efs-sc)")
     if not spec.storage.mount_path.startswith("/"):
         raise UserError(f"storage.mount_path: {spec.storage.mount_path!r} must be an absolute path")
-    if spec.storage.write_mb_per_s < 1:
-        raise UserError(f"storage.write_mb_per_s: {spec.storage.write_mb_per_s} is out of range; it must be >= 1")
 
 
 def _validate_environment(spec: JobSpec) -> None:
@@ -410,23 +321,6 @@ def _validate_environment(spec: JobSpec) -> None:
         raise UserError("command: must not be empty")
     if spec.ofi_nccl is not None and not re.fullmatch(r"\d+\.\d+(\.\d+)?(-aws)?", spec.ofi_nccl):
         raise UserError(f"ofi_nccl: {spec.ofi_nccl!r} is not an aws-ofi-nccl version (for example 1.14.0)")
-
-
-def _validate_policies(spec: JobSpec) -> None:
-    """Restart, retention and rendezvous settings, and HyperPod's own."""
-    for name in ("max_restarts", "backoff_limit", "resubmits", "ttl_after_finished", "termination_grace_seconds"):
-        v = getattr(spec, name)
-        if v is not None and v < 0:
-            raise UserError(f"{name}: {v} is out of range; it must be >= 0")
-    if not 1 <= spec.rdzv_port <= 65535:
-        raise UserError(f"rdzv_port: {spec.rdzv_port} is out of range; it must be 1..65535")
-    hp = spec.hyperpod
-    if hp.deep_health_check not in ("preferred", "required", "off"):
-        raise UserError(f"hyperpod.deep_health_check: {hp.deep_health_check!r}; choose preferred, required or off")
-    if hp.kind not in ("PyTorchJob", "HyperPodPyTorchJob"):
-        raise UserError(f"hyperpod.kind: {hp.kind!r}; choose PyTorchJob or HyperPodPyTorchJob")
-    if hp.max_retry < 0:
-        raise UserError(f"hyperpod.max_retry: {hp.max_retry} is out of range; it must be >= 0")
 
 
 def train_config(spec: JobSpec) -> Any:

@@ -201,4 +201,4 @@ def plan_config(cfg: Any, instance_type: str | None, nodes: int, mfu: float = 0.
         raise UserError(f"instance_type: {inst.name} has {inst.accelerator} chips; the planner models NVIDIA GPUs")
     per_node = procs_per_node or (inst.accelerators if inst else cfg.parallel.nproc)
     w = workload(cfg, nodes * per_node, "cuda" if inst else "cpu", nodes)
-    return plan(w, inst, nodes, mfu, flops_per_token(cfg.model_config(), cfg.seq_len()))
+    return plan(w, inst, nodes, mfu, flops_per_token(cfg.shape, cfg.data.seq_len))

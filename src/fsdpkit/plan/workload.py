@@ -11,7 +11,7 @@ from fsdpkit.train.model_config import loss_chunk_size
 def workload(cfg: TrainConfig, world: int, device: str, nodes: int = 1) -> Workload:
     """`world` ranks on `nodes` nodes; `device` "cuda" or "cpu" decides the dtype and attention
     kernel the trainer would pick."""
-    m, par = cfg.model_config(), cfg.parallel
+    m, par = cfg.shape, cfg.parallel
     compute = par.mixed_precision if par.mixed_precision != "auto" else ("bf16" if device == "cuda" else "fp32")
     shard = world
     if par.sharding_strategy == "hybrid" and world > 1:
@@ -19,8 +19,8 @@ def workload(cfg: TrainConfig, world: int, device: str, nodes: int = 1) -> Workl
         if world % replicas:
             raise UserError(f"dp_replicate: {replicas} must divide the world size ({world})")
         shard = world // replicas
-    return Workload(model=m, seq=cfg.seq_len(), micro_batch=cfg.data.train_batch_size,
-                    val_batch=cfg.val_batch_size(),
+    return Workload(model=m, seq=cfg.data.seq_len, micro_batch=cfg.data.train_batch_size,
+                    val_batch=cfg.data.val_batch_size,
                     grad_accum=cfg.data.grad_accum_steps, world=world, shard=shard, compute=compute,
                     reduce=par.reduce_dtype, ac=par.activation_checkpointing, ac_every=par.ac_every,
                     cpu_offload=par.cpu_offload, prefetch=par.fsdp_prefetch, reshard=par.reshard_after_forward,

@@ -270,10 +270,23 @@ def load(info: CheckpointInfo, model: torch.nn.Module, optimizer: torch.optim.Op
     set_optimizer_state_dict(model, optimizer, state["optim"])
 
 
+def prunable(directory: Path, keep: int | None, older_than_days: float | None = None) -> list[CheckpointInfo]:
+    """The one pruning rule (the trainer's keep_last and `fsdpkit ckpt prune`): complete
+    checkpoints beyond the newest `keep` and, with `older_than_days`, older than that too. The
+    newest complete checkpoint always stays, and nothing that is not a complete fsdpkit
+    checkpoint is ever listed."""
+    found = list_checkpoints(directory)
+    kept = {c.path for c in found[-keep:]} if keep else set()
+    kept |= {c.path for c in found[-1:]}
+    cutoff = time.time() - older_than_days * 86400 if older_than_days is not None else None
+    return [c for c in found if c.path not in kept and (cutoff is None or c.path.stat().st_mtime < cutoff)]
+
+
 def prune(directory: Path, keep: int, rt: Runtime) -> None:
+    """keep_last: 0 keeps every checkpoint."""
     if keep <= 0 or not rt.is_main:
         return
-    for old in list_checkpoints(directory)[:-keep]:
+    for old in prunable(directory, keep):
         shutil.rmtree(old.path, ignore_errors=True)
 
 

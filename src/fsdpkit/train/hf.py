@@ -1,4 +1,4 @@
-"""Hugging Face interop: config.json both ways, safetensors export and sharded import.
+"""Hugging Face interop: safetensors export and sharded import (config.json: fsdpkit.train.hf_config).
 
 Parameter names already match `transformers` (v5) in memory; on disk, MoE experts use the hub's
 per-expert layout (below). Config keys are the long-standing ones (`rope_scaling`, `rope_theta`),
@@ -21,49 +21,8 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 from fsdpkit.errors import UserError
-from fsdpkit.train.model_config import ModelConfig, RopeScaling
-
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "mixtral": "MixtralForCausalLM"}
-
-
-def hf_config_dict(cfg: ModelConfig) -> dict[str, Any]:
-    if cfg.family == "mixtral" and not cfg.is_moe:
-        # transformers would load such a config with freshly initialised experts, warning only.
-        raise UserError("export: the model is of the mixtral family but has no experts (n_experts 0): a "
-                        "MixtralForCausalLM needs them; train with --n_experts, or as --model_type llama")
-    family = "mixtral" if cfg.is_moe else cfg.family
-    out: dict[str, Any] = {
-        "architectures": [ARCHITECTURES[family]],
-        "model_type": family,
-        "vocab_size": cfg.vocab_size,
-        "hidden_size": cfg.dim,
-        "intermediate_size": cfg.ffn_dim,
-        "num_hidden_layers": cfg.n_layers,
-        "num_attention_heads": cfg.n_heads,
-        "num_key_value_heads": cfg.n_kv_heads,
-        "head_dim": cfg.head_dim,
-        "max_position_embeddings": cfg.max_seq_len,
-        "rms_norm_eps": cfg.norm_eps,
-        "rope_theta": cfg.rope_theta,
-        "tie_word_embeddings": cfg.tie_embeddings,
-        "hidden_act": "silu",
-        "initializer_range": cfg.init_std,
-        "attention_bias": False,
-        "attention_dropout": 0.0,
-    }
-    if cfg.rope_scaling is not None:
-        s = cfg.rope_scaling
-        out["rope_scaling"] = {"rope_type": s.rope_type, "factor": s.factor}
-        if s.rope_type == "llama3":
-            out["rope_scaling"].update(low_freq_factor=s.low_freq_factor, high_freq_factor=s.high_freq_factor,
-                                       original_max_position_embeddings=s.original_max_position_embeddings)
-    if family in ("mistral", "mixtral"):
-        out["sliding_window"] = cfg.sliding_window
-    if family == "mixtral":
-        out.update(num_local_experts=cfg.n_experts, num_experts_per_tok=cfg.experts_per_token,
-                   router_aux_loss_coef=cfg.router_aux_loss_coef)
-    return out
-
+from fsdpkit.train.hf_config import hf_config_dict
+from fsdpkit.train.model_config import ModelConfig
 
 # --- weights on disk (the hub's safetensors layout) ------------------------------------------------
 # Dense parameters keep their names. MoE layers are stored per expert, as every Mixtral checkpoint
@@ -156,65 +115,6 @@ def save_hf(state: dict[str, torch.Tensor], cfg: ModelConfig, out_dir: Path, dty
         out_dir.rmdir()
     tmp.rename(out_dir)
     return [out_dir / f.name for f in files]
-
-
-ROPE_TYPES = ("default", "llama3", "linear")
-
-
-def refuse_unrepresentable(c: dict[str, Any], family: str) -> None:
-    """A config field our model would silently drop is an error: training would start from
-    different weights or a different function than the checkpoint's, with nothing said."""
-    if c.get("attention_bias") or c.get("mlp_bias"):
-        which = " and ".join(k for k in ("attention_bias", "mlp_bias") if c.get(k))
-        raise UserError(f"init_from_hf: the checkpoint uses {which}, which fsdpkit's model has no place for; its "
-                        "biases would be dropped (pick a checkpoint without biases)")
-    rope = c.get("rope_scaling") or c.get("rope_parameters") or {}
-    kind = rope.get("rope_type", rope.get("type")) or "default"
-    if kind not in ROPE_TYPES:
-        raise UserError(f"init_from_hf: rope scaling {kind!r} is not supported (supported: {', '.join(ROPE_TYPES)}); "
-                        "positions would be encoded differently from the checkpoint's")
-    arch = [a for a in c.get("architectures") or [] if a != ARCHITECTURES[family]]
-    if arch:
-        raise UserError(f"init_from_hf: architecture {arch[0]} is not supported (supported: "
-                        f"{', '.join(ARCHITECTURES.values())})")
-    if c.get("hidden_act", "silu") != "silu":
-        raise UserError(f"init_from_hf: hidden_act {c['hidden_act']!r} is not supported (fsdpkit's MLP is "
-                        "SwiGLU: silu)")
-
-
-def model_config_from_hf(path: Path) -> ModelConfig:
-    """Our ModelConfig from a Hugging Face config.json (Llama, Mistral, Mixtral)."""
-    cfg_file = path / "config.json"
-    if not cfg_file.is_file():
-        raise UserError(f"init_from_hf: no config.json in {path}")
-    c = json.loads(cfg_file.read_text())
-    family = c.get("model_type")
-    if family not in ARCHITECTURES:
-        raise UserError(f"init_from_hf: model_type {family!r} is not one of {', '.join(ARCHITECTURES)}")
-    refuse_unrepresentable(c, family)
-    rope = c.get("rope_scaling") or c.get("rope_parameters") or {}
-    theta = c.get("rope_theta") or rope.get("rope_theta") or 10000.0
-    scaling = None
-    kind = rope.get("rope_type", rope.get("type")) or "default"
-    if kind == "llama3":
-        scaling = RopeScaling(rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"],
-                              rope["original_max_position_embeddings"])
-    elif kind == "linear":
-        scaling = RopeScaling(float(rope["factor"]), rope_type="linear")
-    heads = c["num_attention_heads"]
-    if c.get("head_dim") not in (None, c["hidden_size"] // heads):
-        raise UserError(f"init_from_hf: head_dim {c['head_dim']} != hidden_size / heads is not supported")
-    return ModelConfig(
-        vocab_size=c["vocab_size"], dim=c["hidden_size"], n_layers=c["num_hidden_layers"], n_heads=heads,
-        n_kv_heads=c.get("num_key_value_heads") or heads, ffn_dim=c["intermediate_size"],
-        max_seq_len=c.get("max_position_embeddings", 4096), rope_theta=float(theta), rope_scaling=scaling,
-        norm_eps=c.get("rms_norm_eps", 1e-5), tie_embeddings=bool(c.get("tie_word_embeddings", False)),
-        sliding_window=c.get("sliding_window") if family != "llama" else None,
-        n_experts=c.get("num_local_experts", 0) if family == "mixtral" else 0,
-        experts_per_token=c.get("num_experts_per_tok", 2),
-        router_aux_loss_coef=c.get("router_aux_loss_coef", 0.02),
-        init_std=c.get("initializer_range", 0.02), family=family,
-    )
 
 
 class _HubFiles:

@@ -67,7 +67,7 @@ def clipped_step(optimizer: torch.optim.Optimizer, max_norm: float) -> torch.Ten
 def lr_at(step: int, cfg: TrainConfig) -> float:
     """Learning rate for optimizer step `step` (0-based): linear warm-up, then decay to min_lr."""
     o = cfg.optim
-    warmup = cfg.warmup_steps()
+    warmup = cfg.optim.warmup_steps
     if step < warmup:
         return o.lr * (step + 1) / warmup
     if o.lr_decay_style == "constant":
@@ -78,7 +78,7 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
         factor = 1.0 - progress
     else:
         factor = 0.5 * (1.0 + math.cos(math.pi * progress))
-    floor = cfg.min_lr()
+    floor = cfg.optim.min_lr
     return floor + (o.lr - floor) * factor
 
 

@@ -106,7 +106,7 @@ def fill_sharded(p: torch.Tensor, init_fn: Callable[[torch.Tensor], None]) -> No
 def build_model(cfg: TrainConfig, rt: Runtime) -> Transformer:
     par = cfg.parallel
     with torch.device("meta"):
-        model = Transformer(cfg.model_config(), rope_len=cfg.seq_len())
+        model = Transformer(cfg.shape, rope_len=cfg.data.seq_len)
     model.loss_chunk_tokens = loss_chunk_size(model.cfg.vocab_size, par.loss_chunk_tokens, par.compile)
     if par.float8:
         apply_float8(model, rt.device)

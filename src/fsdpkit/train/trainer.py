@@ -83,13 +83,13 @@ def preflight(cfg: TrainConfig) -> Path:
     if cfg.checkpoint.checkpoint_dir:
         check_writable(Path(cfg.checkpoint.checkpoint_dir), "checkpoint_dir")
     source, tok = data_pipeline(cfg, cfg.data.train_split, verbose=False)
-    vocab = cfg.model_config().vocab_size
+    vocab = cfg.shape.vocab_size
     tok_name, tok_vocab = (source.meta["tokenizer"], source.meta["vocab_size"]) if tok is None else (
         tok.name, tok.vocab_size)
     if tok_vocab > vocab:
         raise UserError(f"vocab_size: the model's {vocab} is smaller than tokenizer {tok_name!r}'s {tok_vocab}; "
                         "pass --vocab_size or another tokenizer")
-    BatchStream(source, tok, cfg.seq_len(), 1, epochs=1, shuffle_buffer=0).check_not_empty()
+    BatchStream(source, tok, cfg.data.seq_len, 1, epochs=1, shuffle_buffer=0).check_not_empty()
     if not dist.under_torchrun():
         dist.check_nproc(cfg.parallel.nproc, cfg.parallel.device)
         # A checkpoint that cannot be resumed is refused before any process starts or file is written.
@@ -100,7 +100,7 @@ def preflight(cfg: TrainConfig) -> Path:
 
 def model_shape_of(cfg: TrainConfig) -> dict[str, Any]:
     """The model's shape as a checkpoint records it (plain JSON values)."""
-    return json.loads(json.dumps(dataclasses.asdict(cfg.model_config())))
+    return json.loads(json.dumps(dataclasses.asdict(cfg.shape)))
 
 
 def resume_spec(cfg: TrainConfig) -> str | None:
@@ -235,7 +235,7 @@ def _start_state(cfg: TrainConfig, rt: dist.Runtime, notices: list[str]) -> Trai
     state when resuming."""
     model = build_model(cfg, rt)
     if cfg.checkpoint.init_from_hf:
-        load_hf_into(model, Path(cfg.checkpoint.init_from_hf), cfg.model_config())
+        load_hf_into(model, Path(cfg.checkpoint.init_from_hf), cfg.shape)
         notices.append(f"fsdpkit: initialised from Hugging Face weights in {cfg.checkpoint.init_from_hf}")
     state = TrainState(model, build_optimizer(model, cfg))
     if resume_from := resume_spec(cfg):
@@ -253,7 +253,7 @@ def _open_run(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path, state: TrainSta
     """Data, validation, performance figures, sinks and the checkpointer of this start of the run."""
     d = cfg.data
     source, tok = data_pipeline(cfg, d.train_split, verbose=rt.is_main)
-    batches = BatchStream(source, tok, cfg.seq_len(), d.train_batch_size, rt.rank, rt.world_size, cfg.seed,
+    batches = BatchStream(source, tok, cfg.data.seq_len, d.train_batch_size, rt.rank, rt.world_size, cfg.seed,
                           epochs=d.epochs, skip_blocks=state.samples)
     stream = Prefetcher(batches, d.prefetch, pin_memory=rt.device.type == "cuda") if d.prefetch else iter(batches)
     if isinstance(stream, Prefetcher):
@@ -262,7 +262,7 @@ def _open_run(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path, state: TrainSta
     validate = Validator(cfg, rt)
     if validate.batches == 0:
         notices.append(f"warning: the {d.val_split!r} split holds less than one global validation batch "
-                       f"({cfg.val_batch_size()} x {rt.world_size} blocks of {cfg.seq_len() + 1} tokens); "
+                       f"({cfg.data.val_batch_size} x {rt.world_size} blocks of {cfg.data.seq_len + 1} tokens); "
                        "no validation")
     dtype = compute_dtype(cfg.parallel, rt.device.type)
     peak, peak_source = peak_flops(rt.device, dtype, cfg.log.peak_tflops)
@@ -272,7 +272,7 @@ def _open_run(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path, state: TrainSta
         notices.append(f"warning: on this CPU bf16 matrix products run at {ratio:.2f}x the fp32 rate (measured); "
                        "--mixed_precision fp32 is faster here")
     run = Run(cfg, rt, run_dir, TrainResult(run_dir=run_dir, steps=state.step), stream, eos_id, validate,
-              (source, validate.source), dtype, flops_per_token(cfg.model_config(), cfg.seq_len()), peak,
+              (source, validate.source), dtype, flops_per_token(cfg.shape, cfg.data.seq_len), peak,
               peak_source, start_step=state.step)
     # This start of the run is attempt N: N earlier starts are on record (restarts, resubmissions,
     # a rerun with --resume). Rank 0's count, so every rank's sample log agrees.
@@ -309,9 +309,9 @@ def _open_sinks(run: Run, state: TrainState, notices: list[str], stack: contextl
                                 "resubmission": int(os.environ.get("FSDPKIT_ATTEMPT", "0"))})
     for note in notices:
         run.say(note)
-    d, mcfg = cfg.data, cfg.model_config()
+    d, mcfg = cfg.data, cfg.shape
     run.say(f"fsdpkit: {cfg.preset} ({count_params(mcfg) / 1e6:.2f}M params), {rt.world_size} x "
-            f"{rt.device.type}, {str(run.dtype).removeprefix('torch.')}, seq {cfg.seq_len()}, global batch "
+            f"{rt.device.type}, {str(run.dtype).removeprefix('torch.')}, seq {cfg.data.seq_len}, global batch "
             f"{d.train_batch_size * rt.world_size * d.grad_accum_steps}, {cfg.optim.max_steps} steps -> {run_dir}")
     peak_txt = f"{run.peak / 1e12:.3f} TFLOP/s ({run.peak_source})" if run.peak else "unknown for this device"
     run.say(f"fsdpkit: MFU denominator {peak_txt}; mesh {describe_mesh(state.model)}; activation "
@@ -384,7 +384,7 @@ def _log_window(run: Run, window: Window, lr: float, grad_norm: torch.Tensor, n:
     loss = dist.all_reduce_mean(window.loss_sum / window.steps, rt).item()
     per_step = d.train_batch_size * rt.world_size * d.grad_accum_steps
     stats = StepStats(n, loss, lr, float(grad_norm), time.perf_counter() - window.start, window.steps,
-                      per_step * window.steps, per_step * cfg.seq_len() * window.steps, rt.world_size,
+                      per_step * window.steps, per_step * cfg.data.seq_len * window.steps, rt.world_size,
                       minor_page_faults() - window.faults, int(window.skipped))
     run.result.losses.append((n, loss))
     if run.writer:

@@ -19,12 +19,12 @@ class Validator:
     def __init__(self, cfg: TrainConfig, rt: dist.Runtime):
         source, tok = data_pipeline(cfg, cfg.data.val_split, verbose=rt.is_main)
         self.source = source
-        self.stream = BatchStream(source, tok, cfg.seq_len(), cfg.val_batch_size(), rt.rank,
+        self.stream = BatchStream(source, tok, cfg.data.seq_len, cfg.data.val_batch_size, rt.rank,
                                   rt.world_size, cfg.seed, shuffle_buffer=0, epochs=1)
         # Every rank must run the same number of forwards (FSDP collectives): count on each rank,
         # deterministically, how many whole global batches the held-out split holds.
-        available = self.stream.count_blocks() // (cfg.val_batch_size() * rt.world_size)
-        self.batches = min(cfg.validation_batches(), available)
+        available = self.stream.count_blocks() // (cfg.data.val_batch_size * rt.world_size)
+        self.batches = min(cfg.log.validation_batches, available)
         self.eos_id = None
         if cfg.data.document_masking:
             self.eos_id = source.meta["eos_id"] if tok is None else tok.eos_id

@@ -1,22 +1,22 @@
-"""One module per backend, all with the same verbs: render, submit, status, logs, cancel, list, wait."""
+"""One module per backend, all keeping the contract of `base.Backend`: render, submit, status,
+logs, network, cancel, list, wait."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from fsdpkit.errors import UserError
+from fsdpkit.jobs.backends.base import Backend, Rendered, Watchable
 from fsdpkit.jobs.backends.kube import HyperPodBackend, KubeBackend
 from fsdpkit.jobs.backends.local import LocalBackend
 from fsdpkit.jobs.backends.slurm import SlurmBackend
-from fsdpkit.jobs.spec import BACKENDS
+
+__all__ = ["Backend", "HyperPodBackend", "KubeBackend", "LocalBackend", "Rendered", "SlurmBackend", "Watchable",
+           "get_backend"]
 
 
-def get_backend(name: str, context: str | None = None, kubeconfig: str | None = None) -> Any:
+def get_backend(name: str, context: str | None = None, kubeconfig: str | None = None) -> Backend:
+    """The backend of that name (a JobSpec's `backend`, already checked against BACKENDS)."""
     if name == "local":
         return LocalBackend()
     if name == "slurm":
         return SlurmBackend()
-    if name in ("pytorchjob", "hyperpod"):
-        cls = HyperPodBackend if name == "hyperpod" else KubeBackend
-        return cls(context=context, kubeconfig=kubeconfig)
-    raise UserError(f"backend: {name!r} is not a backend; choose one of: {', '.join(BACKENDS)}")
+    cls = HyperPodBackend if name == "hyperpod" else KubeBackend
+    return cls(context=context, kubeconfig=kubeconfig)

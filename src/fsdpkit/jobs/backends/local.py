@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import logging
 import os
 import shlex
 import shutil
@@ -20,11 +21,14 @@ from typing import Any
 
 from fsdpkit.errors import UserError
 from fsdpkit.home import home as fsdpkit_home
+from fsdpkit.jobs.backends.base import Rendered
 from fsdpkit.jobs.backends.files import NETWORK_LINES, read_lines
 from fsdpkit.jobs.command import trainer_flags
 from fsdpkit.jobs.health import network_verdict
 from fsdpkit.jobs.spec import JobSpec, load_spec_dict
 from fsdpkit.jobs.status import JobStatus
+
+log = logging.getLogger(__name__)
 
 
 def home() -> Path:
@@ -45,10 +49,10 @@ class LocalBackend:
         return [sys.executable, "-m", "fsdpkit", "train", "--nproc", str(spec.procs),
                 "--max_restarts", str(spec.max_restarts), *trainer_flags(spec, root)]
 
-    def render(self, spec: JobSpec) -> str:
+    def render(self, spec: JobSpec) -> Rendered:
         cmd = self.command(spec, self._dir(spec.name))
         env = "".join(f"{k}={shlex.quote(v)} " for k, v in spec.env.items())
-        return f"{env}{shlex.join(cmd)}\n"
+        return Rendered(command=f"{env}{shlex.join(cmd)}\n")
 
     def submit(self, spec: JobSpec, replace: bool = False, dry_run: bool = False) -> dict[str, Any]:
         job_dir = self._dir(spec.name)
@@ -99,8 +103,7 @@ class LocalBackend:
         if st.state != "Failed" or attempt >= int(spec_doc.get("resubmits", 0)):
             return False
         spec = load_spec_dict(spec_doc)
-        print(f"job {st.name} failed ({st.message}); resubmitting, attempt {attempt + 1} of {spec.resubmits}",
-              file=sys.stderr)
+        log.info(f"job {st.name} failed ({st.message}); resubmitting, attempt {attempt + 1} of {spec.resubmits}")
         (job_dir / "rc").unlink(missing_ok=True)
         (job_dir / "attempt").write_text(str(attempt + 1))
         self._launch(job_dir, shlex.split((job_dir / "command").read_text()), spec, attempt + 1)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from fsdpkit.errors import UserError
+from fsdpkit.jobs.backends.base import Rendered
 from fsdpkit.jobs.backends.files import NETWORK_LINES, read_lines
 from fsdpkit.jobs.command import grace_seconds, node_command, node_env
 from fsdpkit.jobs.health import network_verdict
@@ -39,7 +40,7 @@ def _shell_word(arg: str) -> str:
 
 
 def script(spec: JobSpec) -> str:
-    lo, _ = spec.node_range
+    lo, _ = spec.nodes
     s = spec.slurm
     lines = ["#!/bin/bash", f"#SBATCH --job-name={spec.name}", f"#SBATCH --nodes={lo}",
              "#SBATCH --ntasks-per-node=1", "#SBATCH --exclusive", f"#SBATCH --output={s.output}"]
@@ -85,8 +86,8 @@ def script(spec: JobSpec) -> str:
 class SlurmBackend:
     name = "slurm"
 
-    def render(self, spec: JobSpec) -> str:
-        return script(spec)
+    def render(self, spec: JobSpec) -> Rendered:
+        return Rendered(script=script(spec))
 
     def _path(self, spec: JobSpec) -> Path:
         return Path(spec.slurm.script_dir) / f"{spec.name}.sbatch"

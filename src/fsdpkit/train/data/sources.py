@@ -16,7 +16,7 @@ import sysconfig
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -169,42 +169,51 @@ class LocalFiles:
     def _read(self, f: Path) -> Iterator[str]:
         fmt, compression = _format(f)
         if fmt == ".parquet":
-            pq = _optional("pyarrow.parquet", f)
-
-            pf = pq.ParquetFile(f)
-            if self.text_field not in pf.schema_arrow.names:
-                raise UserError(f"dataset: {f} has no column {self.text_field!r} (columns: "
-                                f"{', '.join(pf.schema_arrow.names)}); set --text_field")
-            for batch in pf.iter_batches(columns=[self.text_field], batch_size=1024):
-                yield from (t for t in batch.column(0).to_pylist() if isinstance(t, str))
+            yield from self._parquet(f)
             return
         with _open_text(f, compression) as fh:
             if fmt == ".txt":
                 yield fh.read()
             elif fmt == ".jsonl":
-                for n, line in enumerate(fh, 1):
-                    if not line.strip():
-                        continue
-                    try:
-                        record = json.loads(line)
-                    except json.JSONDecodeError:
-                        self._bad(f"{f}:{n}", "not JSON")
-                        continue
-                    text = self._text_of(record, f"{f}:{n}")
-                    if text is not None:
-                        yield text
-            else:  # .json: a list of records, or {"data": [...]}
-                try:
-                    doc = json.load(fh)
-                except json.JSONDecodeError as e:
-                    raise UserError(f"dataset: {f} is not valid JSON: {e}") from None
-                records = doc.get("data") if isinstance(doc, dict) else doc
-                if not isinstance(records, list):
-                    raise UserError(f"dataset: {f} must hold a list of records (or {{'data': [...]}})")
-                for n, record in enumerate(records):
-                    text = self._text_of(record, f"{f}[{n}]")
-                    if text is not None:
-                        yield text
+                yield from self._jsonl(f, fh)
+            else:
+                yield from self._json(f, fh)
+
+    def _parquet(self, f: Path) -> Iterator[str]:
+        pq = _optional("pyarrow.parquet", f)
+        pf = pq.ParquetFile(f)
+        if self.text_field not in pf.schema_arrow.names:
+            raise UserError(f"dataset: {f} has no column {self.text_field!r} (columns: "
+                            f"{', '.join(pf.schema_arrow.names)}); set --text_field")
+        for batch in pf.iter_batches(columns=[self.text_field], batch_size=1024):
+            yield from (t for t in batch.column(0).to_pylist() if isinstance(t, str))
+
+    def _jsonl(self, f: Path, fh: Iterator[str]) -> Iterator[str]:
+        for n, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                self._bad(f"{f}:{n}", "not JSON")
+                continue
+            text = self._text_of(record, f"{f}:{n}")
+            if text is not None:
+                yield text
+
+    def _json(self, f: Path, fh: Any) -> Iterator[str]:
+        """A list of records, or {"data": [...]}."""
+        try:
+            doc = json.load(fh)
+        except json.JSONDecodeError as e:
+            raise UserError(f"dataset: {f} is not valid JSON: {e}") from None
+        records = doc.get("data") if isinstance(doc, dict) else doc
+        if not isinstance(records, list):
+            raise UserError(f"dataset: {f} must hold a list of records (or {{'data': [...]}})")
+        for n, record in enumerate(records):
+            text = self._text_of(record, f"{f}[{n}]")
+            if text is not None:
+                yield text
 
 
 class HubDataset:

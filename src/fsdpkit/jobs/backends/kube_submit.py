@@ -1,0 +1,147 @@
+"""Submitting Kubernetes jobs: create a job's objects in order (rolled back if one fails), cancel
+a job with what fsdpkit made for it, and resubmit a failed one from its own manifest. Nothing is
+sent before every input is checked, so a job is never left half-applied."""
+
+from __future__ import annotations
+
+import copy
+import os
+from typing import Any
+
+from fsdpkit.cluster.client import ClusterError, api_errors, api_message, is_not_found
+from fsdpkit.errors import UserError
+from fsdpkit.jobs import manifests
+from fsdpkit.jobs.backends.base import Rendered
+from fsdpkit.jobs.backends.kube_api import KINDS, KubeAPI, log, matches, selector
+from fsdpkit.jobs.manifests import ATTEMPT, JOB_LABEL
+from fsdpkit.jobs.spec import JobSpec
+
+
+class KubeSubmitter(KubeAPI):
+    def render(self, spec: JobSpec) -> Rendered:
+        return Rendered(manifests=manifests.render(spec))
+
+    def submit(self, spec: JobSpec, replace: bool = False, dry_run: bool = False) -> dict[str, Any]:
+        objs = self.render(spec).manifests
+        token = os.environ.get(spec.hf_token_env) if spec.hf_token_env else None
+        missing = (f"hf_token_env: ${spec.hf_token_env} is not set in this shell; export it, or drop hf_token_env "
+                   "for public models") if spec.hf_token_env and not token else None
+        summary = [f"{o['kind']}/{o['metadata']['name']}" for o in objs]
+        if dry_run:
+            out = {"name": spec.name, "namespace": spec.namespace, "dry_run": True, "objects": summary}
+            return {**out, "warnings": [missing]} if missing else out
+        if missing:
+            raise UserError(missing)
+        if self.get_job(spec.name, spec.namespace) is not None:
+            if not replace:
+                raise UserError(f"job {spec.name!r} already exists in namespace {spec.namespace}; pick another name, "
+                                "or pass --replace to delete it and submit again (checkpoints on its storage are kept)")
+            self.cancel(spec.name, spec.namespace)
+            self._wait_gone(spec.name, spec.namespace)
+        created, reused = self.apply(spec, objs, token)
+        return {"name": spec.name, "namespace": spec.namespace, "dry_run": False, "created": created,
+                "reused": reused}
+
+    def apply(self, spec: JobSpec, objs: list[dict[str, Any]], token: str | None = None) -> tuple[list[str], list[str]]:
+        """Create `objs` in order; an existing PVC of this job is reused. If one fails, the ones this
+        call created are deleted again. Returns (created, reused) as KIND/NAME."""
+        created: list[dict[str, Any]] = []
+        reused: list[str] = []
+        try:
+            for obj in objs:
+                kind, name = obj["kind"], obj["metadata"]["name"]
+                if kind == "Secret":
+                    self._put_secret(manifests.secret_manifest(spec, token))
+                    created.append(obj)
+                elif kind == "PersistentVolumeClaim":
+                    # An existing claim of this job holds the checkpoints of an earlier run: keep it.
+                    if self._exists_pvc(name, spec.namespace):
+                        reused.append(f"{kind}/{name}")
+                    else:
+                        with api_errors(f"creating {kind}/{name}", self.host):
+                            self._core().create_namespaced_persistent_volume_claim(spec.namespace, obj)
+                        created.append(obj)
+                else:
+                    group, version, plural = KINDS[kind]
+                    with api_errors(f"creating {kind}/{name}", self.host):
+                        self._custom().create_namespaced_custom_object(group, version, spec.namespace, plural, obj)
+                    created.append(obj)
+        except BaseException as e:
+            self._rollback(created, spec.namespace)
+            if is_not_found(e):
+                raise ClusterError(f"creating {kind}/{name}: the API server does not know it ({api_message(e)}): "
+                                   f"check that namespace {spec.namespace} exists and, for a job, that its operator's "
+                                   "CRD is installed (the Kubeflow training operator for PyTorchJob)") from None
+            raise
+        return [f"{o['kind']}/{o['metadata']['name']}" for o in created], reused
+
+    def _put_secret(self, secret: dict[str, Any]) -> None:
+        name, ns = secret["metadata"]["name"], secret["metadata"]["namespace"]
+        core = self._core()
+        try:
+            with api_errors(f"reading Secret/{name}", self.host):
+                existing = core.read_namespaced_secret(name, ns)
+        except Exception as e:
+            if not is_not_found(e):
+                raise
+            existing = None
+        if existing is not None:
+            if not matches(existing.metadata.labels, manifests.MANAGED_BY):
+                raise UserError(f"Secret/{name} exists in {ns} and was not made by fsdpkit; delete or rename it")
+            with api_errors(f"deleting Secret/{name}", self.host):
+                core.delete_namespaced_secret(name, ns)
+        with api_errors(f"creating Secret/{name}", self.host):
+            core.create_namespaced_secret(ns, secret)
+
+    def _exists_pvc(self, name: str, namespace: str) -> bool:
+        try:
+            with api_errors(f"reading PersistentVolumeClaim/{name}", self.host):
+                self._core().read_namespaced_persistent_volume_claim(name, namespace)
+            return True
+        except Exception as e:
+            if is_not_found(e):
+                return False
+            raise
+
+    def _rollback(self, created: list[dict[str, Any]], namespace: str) -> None:
+        for obj in reversed(created):
+            kind, name = obj["kind"], obj["metadata"]["name"]
+            try:
+                self._delete_object(kind, name, namespace)
+                log.info(f"rolled back {kind}/{name}")
+            except Exception as e:  # keep rolling back the rest; say what is left
+                log.info(f"could not roll back {kind}/{name}: {e}; delete it by hand")
+
+    def cancel(self, name: str, namespace: str = "default", delete_storage: bool = False) -> list[str]:
+        kind, _obj = self._require_job(name, namespace)
+        self._delete_object(kind, name, namespace)
+        deleted = [f"{kind}/{name}"]
+        core = self._core()
+        kinds = [("Secret", core.list_namespaced_secret)]
+        if delete_storage:
+            kinds.append(("PersistentVolumeClaim", core.list_namespaced_persistent_volume_claim))
+        sel = {**manifests.MANAGED_BY, JOB_LABEL: name}
+        for kind, lister in kinds:  # only what fsdpkit made for this job
+            with api_errors(f"listing the job's {kind}s", self.host):
+                items = lister(namespace, label_selector=selector(sel)).items
+            for obj in items:
+                if matches(obj.metadata.labels, sel):
+                    self._delete_object(kind, obj.metadata.name, namespace)
+                    deleted.append(f"{kind}/{obj.metadata.name}")
+        return deleted
+
+
+    def resubmit(self, kind: str, obj: dict[str, Any]) -> None:
+        meta = obj["metadata"]
+        fresh = {
+            "apiVersion": obj.get("apiVersion"), "kind": kind,
+            "metadata": {"name": meta["name"], "namespace": meta.get("namespace"), "labels": meta.get("labels") or {},
+                         "annotations": dict(meta.get("annotations") or {})},
+            "spec": copy.deepcopy(obj["spec"]),
+        }
+        fresh["metadata"]["annotations"][ATTEMPT] = str(int(fresh["metadata"]["annotations"].get(ATTEMPT, 0)) + 1)
+        group, version, plural = KINDS[kind]
+        self._delete_object(kind, meta["name"], meta.get("namespace"))
+        self._wait_gone(meta["name"], meta.get("namespace"))
+        with api_errors(f"resubmitting {kind}/{meta['name']}", self.host):
+            self._custom().create_namespaced_custom_object(group, version, meta.get("namespace"), plural, fresh)

@@ -1,0 +1,45 @@
+"""The backend contract: every backend answers the same verbs with the same parameters, and render
+gives one typed result the CLI prints without asking which backend made it."""
+
+from __future__ import annotations
+
+import inspect
+import json
+
+import pytest
+import yaml
+
+from conftest import run_cli
+from fsdpkit.jobs.backends import Backend, Watchable, get_backend
+from fsdpkit.jobs.spec import BACKENDS, load_spec
+
+VERBS = [name for name, _ in inspect.getmembers(Backend, inspect.isfunction) if not name.startswith("_")]
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_every_backend_keeps_the_contract(name):
+    backend = get_backend(name)
+    assert backend.name == name
+    for verb in VERBS:
+        want = [p for p in inspect.signature(getattr(Backend, verb)).parameters if p != "self"]
+        got = list(inspect.signature(getattr(backend, verb)).parameters)
+        assert got[:len(want)] == want, (name, verb, got)
+    assert isinstance(backend, Watchable) == (name in ("pytorchjob", "hyperpod"))
+
+
+@pytest.mark.parametrize(("backend", "key"), [("local", "command"), ("slurm", "script"), ("pytorchjob", "manifests"),
+                                              ("hyperpod", "manifests")])
+def test_render_is_one_typed_result_printed_the_same_way(backend, key, tmp_path):
+    overrides = [("name", "contract"), ("backend", backend), ("train", {"max_steps": 5})]
+    if backend in ("pytorchjob", "hyperpod"):
+        overrides += [("image", "ghcr.io/x/fsdpkit:1"), ("instance_type", "p5.48xlarge")]
+    rendered = get_backend(backend).render(load_spec(None, overrides))
+    assert rendered.kind == key and list(rendered.as_json()) == [key]
+    args = ["job", "render", *sum((["--set", f"{k}={json.dumps(v)}"] for k, v in overrides), [])]
+    r = run_cli(*args, "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["data"][key] == rendered.as_json()[key]
+    text = run_cli(*args).stdout
+    assert text == rendered.text()
+    if key == "manifests":
+        assert list(yaml.safe_load_all(text)) == rendered.manifests
