@@ -9,9 +9,10 @@ import json
 import pytest
 import yaml
 
-from conftest import run_cli
 from fsdpkit.jobs.backends import Backend, Watchable, get_backend
 from fsdpkit.jobs.spec import BACKENDS, load_spec
+
+from conftest import run_cli
 
 VERBS = [name for name, _ in inspect.getmembers(Backend, inspect.isfunction) if not name.startswith("_")]
 
@@ -35,7 +36,7 @@ def test_render_is_one_typed_result_printed_the_same_way(backend, key, tmp_path)
         overrides += [("image", "ghcr.io/x/fsdpkit:1"), ("instance_type", "p5.48xlarge")]
     rendered = get_backend(backend).render(load_spec(None, overrides))
     assert rendered.kind == key and list(rendered.as_json()) == [key]
-    args = ["job", "render", *sum((["--set", f"{k}={json.dumps(v)}"] for k, v in overrides), [])]
+    args = ["job", "render"] + [arg for k, v in overrides for arg in ("--set", f"{k}={json.dumps(v)}")]
     r = run_cli(*args, "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["data"][key] == rendered.as_json()[key]
