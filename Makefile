@@ -8,13 +8,18 @@ BIN := $(VENV)/bin
 .PHONY: run test lint venv clean
 
 # The stamp depends on pyproject.toml so a changed dependency list reinstalls.
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# torch first and alone, so TORCH_SPEC decides the version; tools/install-torch picks the build
 	# (CPU where there is no NVIDIA GPU).
 	tools/install-torch $(BIN)/pip "$(TORCH_SPEC)"
 	$(BIN)/pip install -q -e ".[test]"
+	# The HyperPod tests read two of AWS's own packages: the HyperPod CLI's API models of a
+	# HyperPodPyTorchJob and the elastic agent's log-monitoring evaluator. Without their
+	# dependencies, which pin torch, pytest and ruff to old releases; the tests load only the
+	# modules that need none of them.
+	$(BIN)/pip install -q --no-deps "sagemaker-hyperpod==3.12.0" "hyperpod-elastic-agent==1.1.3"
 	touch $@
 
 venv: $(VENV)/.installed

@@ -88,7 +88,9 @@ class KubeMock:
     create with an empty body, and serves neither pod logs nor nodes, so tests script those routes
     (`route`) and play the training operator by patching `/status` as it would."""
 
-    RESOURCES = ("kubeflow.org/v1/pytorchjobs", "sagemaker.amazonaws.com/v1/hyperpodpytorchjobs",
+    RESOURCES = ("trainer.kubeflow.org/v1alpha1/trainjobs", "trainer.kubeflow.org/v1alpha1/clustertrainingruntimes",
+                 "jobset.x-k8s.io/v1alpha2/jobsets",
+                 "kubeflow.org/v1/pytorchjobs", "sagemaker.amazonaws.com/v1/hyperpodpytorchjobs",
                  "v1/secrets", "v1/persistentvolumeclaims", "v1/pods", "v1/nodes", "apps/v1/daemonsets",
                  "apps/v1/deployments", "apiextensions.k8s.io/v1/customresourcedefinitions",
                  "storage.k8s.io/v1/storageclasses", "storage.k8s.io/v1/csidrivers", "ray.io/v1/rayclusters",
@@ -128,6 +130,10 @@ class KubeMock:
         async def run():
             return fn()
         return self._asyncio.run_coroutine_threadsafe(run(), self.loop).result(10)
+
+    def forget(self, resource: str) -> None:
+        """A cluster without this API (its operator's CRD not installed): requests for it get 404."""
+        self.call(lambda: self.handler.resources.pop(resource, None))
 
     def route(self, pattern: str, payload) -> None:
         self.call(lambda: self.handler[pattern] << payload)

@@ -37,6 +37,30 @@ def crd(name):
     return {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition", "metadata": {"name": name}}
 
 
+def trainer_v2(kube, runtimes=("torch-distributed",), jobset=True):
+    """Kubeflow Trainer v2 as its upstream manifests leave it: CRDs, the controller, JobSet, runtimes."""
+    for name in ("trainjobs.trainer.kubeflow.org", "clustertrainingruntimes.trainer.kubeflow.org",
+                 *(["jobsets.jobset.x-k8s.io"] if jobset else [])):
+        kube.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd(name))
+    kube.create("/apis/apps/v1/namespaces/kubeflow-system/deployments",
+                deployment("kubeflow-trainer-controller-manager", "kubeflow-system",
+                           {"app.kubernetes.io/name": "trainer", "app.kubernetes.io/component": "manager",
+                            "app.kubernetes.io/part-of": "kubeflow"}))
+    for name in runtimes:
+        kube.create("/apis/trainer.kubeflow.org/v1alpha1/clustertrainingruntimes",
+                    {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "ClusterTrainingRuntime",
+                     "metadata": {"name": name}, "spec": {"mlPolicy": {"torch": {}}}})
+
+
+def hyperpod_operator(kube):
+    """The HyperPod training operator add-on: its CRD and controller in aws-hyperpod."""
+    kube.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
+                crd("hyperpodpytorchjobs.sagemaker.amazonaws.com"))
+    kube.create("/apis/apps/v1/namespaces/aws-hyperpod/deployments",
+                deployment("hp-training-operator-hp-training-controller-manager", "aws-hyperpod",
+                           {"hp-training-control-plane": "hp-training-controller-manager"}))
+
+
 def healthy_eks(kube, *, operator=True, gpu_plugin=True, gpu_plugin_labels=None, hyperpod_labels=None):
     """Two p5 nodes and a system node; plugins installed by Helm; the training operator; FSx CSI."""
     labels = hyperpod_labels or [{}, {}]

@@ -4,12 +4,34 @@ file, and writing documents a person or `kubectl apply` reads (no anchors, keys 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from fsdpkit.errors import UserError
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML without 1.1's base-60 numbers: `nodes: 2:4` is the range 2 to 4 (as YAML 1.2 and every
+    reader but PyYAML see it), not 124 nodes."""
+
+
+_INT, _FLOAT = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag not in (_INT, _FLOAT)]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_Loader.add_implicit_resolver(_INT, re.compile(
+    r"^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$"), list("-+0123456789"))
+_Loader.add_implicit_resolver(_FLOAT, re.compile(
+    r"^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?|\.[0-9_]+(?:[eE][-+][0-9]+)?|[-+]?\.(?:inf|Inf|INF)"
+    r"|\.(?:nan|NaN|NAN))$"), list("-+0123456789."))
+
+
+def load(text: str) -> Any:
+    """Parse YAML the way fsdpkit reads every user file and `--set` value."""
+    return yaml.load(text, Loader=_Loader)
 
 
 def load_mapping(path: str | os.PathLike, label: str, holds: str) -> dict[str, Any]:
@@ -19,7 +41,7 @@ def load_mapping(path: str | os.PathLike, label: str, holds: str) -> dict[str, A
     if not p.is_file():
         raise UserError(f"{label}: file not found: {p}")
     try:
-        doc = yaml.safe_load(p.read_text()) or {}
+        doc = load(p.read_text()) or {}
     except yaml.YAMLError as e:
         raise UserError(f"{label}: {p} is not valid YAML: {describe_yaml_error(e)}") from None
     if not isinstance(doc, dict):

@@ -12,7 +12,7 @@ from fsdpkit.cluster.quantity import parse
 from fsdpkit.errors import UserError
 
 from conftest import run_cli
-from kube_objects import daemonset, healthy_eks, node
+from kube_objects import daemonset, healthy_eks, hyperpod_operator, node, trainer_v2
 
 pytest.importorskip("kmock")
 
@@ -59,7 +59,8 @@ def test_healthy_eks_gpu_cluster_passes(kube):
     assert code == 0, checks
     assert {k: c["status"] for k, c in checks.items()} == {
         "nodes ready": "pass", "GPU capacity": "pass", "NVIDIA device plugin": "pass", "EFA device plugin": "pass",
-        "Kubeflow training operator": "pass", "KubeRay operator": "warn", "FSx for Lustre": "pass"}
+        "Kubeflow Trainer v2": "warn", "Kubeflow training operator": "pass", "KubeRay operator": "warn",
+        "FSx for Lustre": "pass"}
     # 16 GPUs, 8 held by the running pod (limits only), the Succeeded pod's 8 released.
     assert checks["GPU capacity"]["detail"] == "2 GPU node(s), 16 GPUs, 8 free"
     assert nodes["gpu-a"]["allocated"] == {"cpu": "0.500", "memory": "1073741824", "nvidia.com/gpu": "8",
@@ -68,7 +69,7 @@ def test_healthy_eks_gpu_cluster_passes(kube):
     assert Decimal(nodes["sys"]["allocatable"]["cpu"]) == Decimal("3.92")
     assert Decimal(nodes["gpu-a"]["allocatable"]["memory"]) == 2097152000 * 1024
     human = run_cli("cluster", "check", env=kube.env, timeout=60)
-    assert human.returncode == 0 and "ready: 0 failed, 1 warning(s)" in human.stdout
+    assert human.returncode == 0 and "ready: 0 failed, 2 warning(s)" in human.stdout
     assert "8/8" in human.stdout and "0.5/191.45" in human.stdout
 
 
@@ -94,13 +95,62 @@ def test_hyperpod_cluster_with_an_unhealthy_node_fails_that_line(kube):
     assert checks["NVIDIA device plugin"]["status"] == "pass"
 
 
-def test_cluster_without_training_operator_fails_with_the_fix(kube):
+def test_cluster_without_a_job_operator_fails_with_trainer_v2_s_install(kube):
     healthy_eks(kube, operator=False)
     code, checks, _ = check(kube)
     assert code == 1
-    c = checks["Kubeflow training operator"]
-    assert c["status"] == "fail" and c["detail"] == "CRD pytorchjobs.kubeflow.org not installed"
-    assert "training-operator" in c["fix"]
+    c = checks["Kubeflow Trainer v2"]
+    assert c["status"] == "fail" and c["detail"] == "CRD trainjobs.trainer.kubeflow.org not installed"
+    assert "kubeflow/trainer.git/manifests/overlays/manager?ref=v2.3.0" in c["fix"]
+    assert checks["Kubeflow training operator"]["status"] == "warn"
+
+
+def envelope(kube):
+    r = run_cli("cluster", "check", "--json", env=kube.env, timeout=60)
+    return r.returncode, json.loads(r.stdout)["data"]
+
+
+def test_which_job_operators_run_and_the_backend_they_make_the_default(kube):
+    healthy_eks(kube, operator=False)
+    trainer_v2(kube, runtimes=("torch-distributed", "fsdpkit-torch"))
+    code, data = envelope(kube)
+    checks = {c["name"]: c for c in data["checks"]}
+    assert code == 0, checks
+    assert checks["Kubeflow Trainer v2"]["status"] == "pass"
+    assert checks["Kubeflow Trainer v2"]["detail"].endswith("runtimes: fsdpkit-torch, torch-distributed")
+    # The legacy operator is not missing where Trainer v2 runs, and not offered as a fix.
+    legacy = checks["Kubeflow training operator"]
+    assert legacy["status"] == "warn" and "legacy" in legacy["detail"] and legacy["remedy"] == ""
+    assert "HyperPod training operator" not in checks  # not a HyperPod cluster
+    assert (data["backends"], data["default_backend"]) == (["trainjob"], "trainjob")
+    assert data["operators"] == {"hyperpod": False, "trainjob": True, "pytorchjob": False}
+
+
+def test_trainer_v2_without_jobset_fails(kube):
+    healthy_eks(kube)
+    trainer_v2(kube, jobset=False)
+    code, data = envelope(kube)
+    c = {c["name"]: c for c in data["checks"]}["Kubeflow Trainer v2"]
+    assert code == 1 and c["status"] == "fail" and "jobsets.jobset.x-k8s.io is not installed" in c["detail"]
+    assert data["backends"] == ["pytorchjob"]
+
+
+def test_a_hyperpod_cluster_reports_its_training_operator(kube):
+    labels = {"sagemaker.amazonaws.com/node-health-status": "Schedulable"}
+    healthy_eks(kube, operator=False, hyperpod_labels=[labels, labels])
+    code, data = envelope(kube)
+    checks = {c["name"]: c for c in data["checks"]}
+    assert code == 1 and checks["HyperPod training operator"]["status"] == "fail"
+    assert "amazon-sagemaker-hyperpod-training-operator" in checks["HyperPod training operator"]["fix"]
+    assert checks["Kubeflow Trainer v2"]["status"] == "warn" and data["backends"] == []
+    hyperpod_operator(kube)
+    code, data = envelope(kube)
+    checks = {c["name"]: c for c in data["checks"]}
+    assert code == 0 and checks["HyperPod training operator"]["status"] == "pass"
+    assert "aws-hyperpod/hp-training-operator-hp-training-controller-manager" in \
+        checks["HyperPod training operator"]["detail"]
+    assert data["default_backend"] == "hyperpod"
+    assert data["operators"] == {"hyperpod": True, "trainjob": False, "pytorchjob": False}
 
 
 def test_gpu_plugin_missing_fails_and_no_gpus_are_seen(kube):
@@ -124,12 +174,13 @@ def test_a_plugin_with_unready_pods_and_a_notready_node_fail(kube):
 
 
 def test_fix_asks_before_running_and_says_what_it_cannot_run(kube, tmp_path):
+    """A cluster with no job operator: --fix offers Trainer v2, upstream's way, never silently."""
     healthy_eks(kube, operator=False)
     # A kubectl that records its arguments, so the test sees what --fix ran and when.
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     log = tmp_path / "kubectl.log"
-    (bin_dir / "kubectl").write_text(f'#!/bin/sh\necho "$@" >> {log}\n')
+    (bin_dir / "kubectl").write_text(f'#!/bin/sh\nprintf "%s\\n" "$*" >> {log}\n')
     (bin_dir / "kubectl").chmod(0o755)
     env = {**kube.env, "PATH": f"{bin_dir}:/usr/bin:/bin"}
     import subprocess
@@ -143,11 +194,16 @@ def test_fix_asks_before_running_and_says_what_it_cannot_run(kube, tmp_path):
                               timeout=60)
     r = run("n\n")
     assert r.returncode == 1
-    assert "--fix Kubeflow training operator:" in r.stdout and "skipped" in r.stdout
+    assert "--fix Kubeflow Trainer v2:" in r.stdout and "skipped" in r.stdout
+    assert "--fix Kubeflow training operator:" not in r.stdout
     assert not log.exists()  # nothing ran without a yes
     r = run("y\n")
     assert "done; run `fsdpkit cluster check` again" in r.stdout
-    assert log.read_text().startswith("apply --server-side -k github.com/kubeflow/training-operator.git/manifests")
+    assert log.read_text().splitlines() == [
+        "apply --server-side -k https://github.com/kubeflow/trainer.git/manifests/overlays/manager?ref=v2.3.0",
+        "-n kubeflow-system wait --for=condition=Available --timeout=300s "
+        "deployment/kubeflow-trainer-controller-manager",
+        "apply --server-side -k https://github.com/kubeflow/trainer.git/manifests/overlays/runtimes?ref=v2.3.0"]
     # KubeRay (a warning here) is offered too, but its remedy needs helm, which this PATH lacks.
     assert "--fix KubeRay operator:" in r.stdout and "cannot run it here: helm is not installed" in r.stdout
 

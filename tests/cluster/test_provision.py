@@ -24,7 +24,8 @@ import pytest
 import yaml
 
 from conftest import aws_client, run_cli
-from manifest_schemas import SCHEMAS, validate_builtin
+from kube_objects import trainer_v2
+from manifest_schemas import SCHEMAS, crd_validator, validate_builtin
 
 CR = "cr-0123456789abcdef0"
 EFA_INTERFACES = {"p4d.24xlarge": 4, "p5.48xlarge": 32, "p5en.48xlarge": 16, "g5.8xlarge": 1, "g6e.12xlarge": 1}
@@ -239,22 +240,23 @@ def test_create_dry_run_calls_nothing(ec2, tmp_path):
 # --- add-ons ------------------------------------------------------------------------------------------
 def test_addons_install_twice_creates_each_object_once(kube, tmp_path):
     env = {**kube.env, "PATH": "/nonexistent"}  # neither kubectl nor helm: the operators are reported, not run
-    # The training operator is already installed (its CRD and a ready controller), as `kubectl apply -k` leaves it.
-    kube.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
-                {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-                 "metadata": {"name": "pytorchjobs.kubeflow.org"}})
-    kube.create("/apis/apps/v1/namespaces/kubeflow/deployments",
-                {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {
-                    "name": "training-operator", "namespace": "kubeflow",
-                    "labels": {"control-plane": "kubeflow-training-operator"}}, "status": {"availableReplicas": 1}})
+    # Trainer v2 is already installed (CRDs, JobSet, a ready controller, upstream's runtime), as
+    # `kubectl apply -k` leaves it; fsdpkit's runtime is added beside it, once.
+    trainer_v2(kube)
     first = run_cli("cluster", "addons", "install", "--etcd", "--json", env=env)
     second = run_cli("cluster", "addons", "install", "--etcd", "--json", env=env)
     for r in (first, second):
         assert r.returncode == 0, r.stderr
-    actions = [{s["component"]: s["action"] for s in json.loads(r.stdout)["data"]["steps"]} for r in (first, second)]
+    steps = [[(s["component"], s["action"]) for s in json.loads(r.stdout)["data"]["steps"]] for r in (first, second)]
+    actions = [dict(s) for s in steps]
     assert actions[0]["nvidia"] == actions[0]["efa"] == actions[0]["etcd"] == "created"
     assert actions[1]["nvidia"] == actions[1]["efa"] == actions[1]["etcd"] == "exists"
-    assert actions[0]["training-operator"] == actions[1]["training-operator"] == "exists"
+    assert [a for c, a in steps[0] if c == "trainer"] == ["exists", "created"]   # upstream's, then fsdpkit-torch
+    assert [a for c, a in steps[1] if c == "trainer"] == ["exists", "exists"]
+    assert "training-operator" not in actions[0]  # the legacy v1 operator only when named
+    (runtime,) = [b for m, p, b in kube.requests() if m == "POST" and p.endswith("/clustertrainingruntimes")
+                  and b["metadata"]["name"] == "fsdpkit-torch"]
+    assert not list(crd_validator("trainer.kubeflow.org_clustertrainingruntimes.yaml").iter_errors(runtime))
     assert actions[0]["kuberay"].startswith("not run (helm not installed)")
     steps = {s["component"]: s for s in json.loads(first.stdout)["data"]["steps"]}
     assert "--version 1.4.2" in steps["kuberay"]["what"]
@@ -267,7 +269,7 @@ def test_addons_install_twice_creates_each_object_once(kube, tmp_path):
         validate_builtin(obj)
     # The readiness checks ran afterwards and see the device plugins (no GPU node: nothing to schedule yet).
     verdict = {c["name"]: c["status"] for c in json.loads(second.stdout)["data"]["checks"]}
-    assert verdict["NVIDIA device plugin"] == "pass" and verdict["Kubeflow training operator"] == "pass"
+    assert verdict["NVIDIA device plugin"] == "pass" and verdict["Kubeflow Trainer v2"] == "pass"
     assert verdict["KubeRay operator"] == "warn"
 
 

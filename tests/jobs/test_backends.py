@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from fsdpkit.jobs.backends import Backend, Watchable, get_backend
-from fsdpkit.jobs.spec import BACKENDS, load_spec
+from fsdpkit.jobs.spec import BACKENDS, CLUSTER_BACKENDS, load_spec
 
 from conftest import run_cli
 
@@ -25,14 +25,14 @@ def test_every_backend_keeps_the_contract(name):
         want = [p for p in inspect.signature(getattr(Backend, verb)).parameters if p != "self"]
         got = list(inspect.signature(getattr(backend, verb)).parameters)
         assert got[:len(want)] == want, (name, verb, got)
-    assert isinstance(backend, Watchable) == (name in ("pytorchjob", "hyperpod"))
+    assert isinstance(backend, Watchable) == (name in CLUSTER_BACKENDS)
 
 
-@pytest.mark.parametrize(("backend", "key"), [("local", "command"), ("slurm", "script"), ("pytorchjob", "manifests"),
-                                              ("hyperpod", "manifests")])
+@pytest.mark.parametrize(("backend", "key"), [("local", "command"), ("slurm", "script"), ("trainjob", "manifests"),
+                                              ("pytorchjob", "manifests"), ("hyperpod", "manifests")])
 def test_render_is_one_typed_result_printed_the_same_way(backend, key, tmp_path):
     overrides = [("name", "contract"), ("backend", backend), ("train", {"max_steps": 5})]
-    if backend in ("pytorchjob", "hyperpod"):
+    if backend in CLUSTER_BACKENDS:
         overrides += [("image", "ghcr.io/x/fsdpkit:1"), ("instance_type", "p5.48xlarge")]
     rendered = get_backend(backend).render(load_spec(None, overrides))
     assert rendered.kind == key and list(rendered.as_json()) == [key]

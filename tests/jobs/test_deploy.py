@@ -14,7 +14,7 @@ import pytest
 
 from conftest import ROOT
 from job_specs import TOKEN, set_conditions, write_spec, writes
-from kube_objects import healthy_eks
+from kube_objects import healthy_eks, trainer_v2
 
 pytest.importorskip("kmock")
 
@@ -79,9 +79,39 @@ def test_failed_check_creates_nothing(kube, tmp_path):
     healthy_eks(kube, operator=False)
     code, out, err = deploy(kube, tmp_path)
     assert code == 1
-    assert "FAIL Kubeflow training operator: CRD pytorchjobs.kubeflow.org not installed" in out
+    # No job operator at all: Trainer v2, what a plain EKS cluster should run, fails the check.
+    assert "FAIL Kubeflow Trainer v2: CRD trainjobs.trainer.kubeflow.org not installed" in out
     assert "deploy step check: cluster check failed" in err and "left in the cluster: nothing" in err
     assert created(kube) == []
+
+
+def test_deploy_runs_a_trainjob_where_trainer_v2_runs(kube, tmp_path):
+    """The same steps for Kubeflow Trainer v2: its operator is checked before the submit step, and
+    the TrainJob's status (its JobSet's jobs, then Complete) drives the watch."""
+    from kubernetes import client
+
+    healthy_eks(kube, operator=False)
+    trainer_v2(kube)
+    api = client.CustomObjectsApi(kube.api())
+    trainjobs = "/apis/trainer.kubeflow.org/v1alpha1/namespaces/default/trainjobs"
+
+    def trainer_plays(kube, proc, seen):
+        deadline = time.monotonic() + 60
+        while not any(m == "POST" and p == trainjobs for m, p in writes(kube)):
+            assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+            time.sleep(0.1)
+        for status in ({"jobsStatus": [{"name": "node", "active": 2}]},
+                       {"conditions": [{"type": "Complete", "status": "True", "reason": "Complete",
+                                        "message": "done", "lastTransitionTime": "2026-11-24T10:00:00Z"}]}):
+            api.patch_namespaced_custom_object_status("trainer.kubeflow.org", "v1alpha1", "default", "trainjobs",
+                                                      "llama-tiny", {"status": status})
+            time.sleep(0.5)
+    spec = write_spec(tmp_path, backend="trainjob")
+    code, out, err = deploy(kube, tmp_path, spec=spec, operator=trainer_plays)
+    assert code == 0, err
+    assert "llama-tiny: Running" in out and "llama-tiny: Succeeded" in out
+    assert [p for m, p in writes(kube) if m == "POST" and p in (PVCS, SECRETS, trainjobs)] == [
+        PVCS, SECRETS, trainjobs]
 
 
 def test_a_job_the_planner_says_cannot_fit_warns_and_strict_stops_at_check(kube, tmp_path):

@@ -19,15 +19,6 @@ pytest.importorskip("kmock")
 pytest.importorskip("kubernetes")
 
 
-
-
-
-
-
-
-
-
-
 def make_pod(kube, job, rtype, index, phase="Running"):
     """Play the operator and kubelet: a pod of the job with the labels the operator sets."""
     from kubernetes import client
@@ -213,9 +204,9 @@ def test_unreachable_cluster_is_one_line(tmp_path):
     assert len(r.stderr.strip().splitlines()) == 1
 
 
-def test_hyperpod_job_carries_health_affinity_and_auto_resume(kube, tmp_path):
+def test_hyperpod_job_on_the_kubeflow_operator_carries_health_affinity_and_auto_resume(kube, tmp_path):
     spec = write_spec(tmp_path, backend="hyperpod", instance_type="ml.p5.48xlarge",
-                      hyperpod={"instance_group": "gpu-workers", "max_retry": 5})
+                      hyperpod={"operator": "kubeflow", "instance_group": "gpu-workers", "max_retry": 5})
     r = job_cli(kube, "submit", str(spec))
     assert r.returncode == 0, r.stderr
     job = [b for m, p, b in kube.requests() if m == "POST" and p.endswith("/pytorchjobs")][-1]
@@ -233,6 +224,45 @@ def test_hyperpod_job_carries_health_affinity_and_auto_resume(kube, tmp_path):
                                    "sagemaker.amazonaws.com/instance-group-name": "gpu-workers"}
     r = job_cli(kube, "status", "llama-tiny", "--json")
     assert json.loads(r.stdout)["data"]["backend"] == "pytorchjob"  # read back as the PyTorchJob it is
+
+
+def test_hyperpod_training_operator_job_submit_status_logs_and_wait(kube, tmp_path):
+    """The HyperPodPyTorchJob path: what is sent, and the operator's side played here (its pods carry
+    fsdpkit's job label and HPJob; its conditions end in Completed)."""
+    from kubernetes import client
+
+    spec = write_spec(tmp_path, backend="hyperpod", instance_type="ml.p5.48xlarge", hyperpod={"max_retry": 5})
+    r = job_cli(kube, "submit", str(spec), "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["data"]["created"][-1] == "HyperPodPyTorchJob/llama-tiny"
+    job = [b for m, p, b in kube.requests() if m == "POST" and p.endswith("/hyperpodpytorchjobs")][-1]
+    policy = job["spec"]["runPolicy"]
+    assert policy["jobMaxRetryCount"] == 5 and policy["restartPolicy"]["numRestartBeforeFullJobRestart"] == 3
+    assert [rule["name"] for rule in policy["logMonitoringConfiguration"]] == [
+        "fsdpkit-started", "fsdpkit-progress", "fsdpkit-loss"]
+    assert job["spec"]["replicaSpecs"][0]["template"]["spec"]["containers"][0]["command"][0] == "hyperpodrun"
+    api = client.CustomObjectsApi(kube.api())
+
+    def conditions(*types):
+        api.patch_namespaced_custom_object_status(
+            "sagemaker.amazonaws.com", "v1", "default", "hyperpodpytorchjobs", "llama-tiny",
+            {"status": {"conditions": [{"type": t, "status": "True", "lastTransitionTime": f"2026-11-24T10:00:0{i}Z"}
+                                       for i, t in enumerate(types)]}})
+    conditions("Created", "Running")
+    r = job_cli(kube, "status", "llama-tiny", "--json")
+    assert json.loads(r.stdout)["data"]["state"] == "Running" and json.loads(r.stdout)["data"]["backend"] == "hyperpod"
+    for i in range(2):
+        client.CoreV1Api(kube.api()).create_namespaced_pod("default", {
+            "apiVersion": "v1", "kind": "Pod", "metadata": {
+                "name": f"llama-tiny-pod-{i}", "namespace": "default",
+                "labels": {"fsdpkit.dev/job": "llama-tiny", "HPJob": "llama-tiny"}},
+            "spec": {"containers": [{"name": "pytorch", "image": "x"}]}, "status": {"phase": "Running"}})
+        kube.route(f"get /api/v1/namespaces/default/pods/llama-tiny-pod-{i}/log", f"pod {i} line\n".encode())
+    r = job_cli(kube, "logs", "llama-tiny")
+    assert r.returncode == 0 and r.stdout.splitlines() == ["pod 0 line"]
+    conditions("Created", "Running", "Completed")
+    r = job_cli(kube, "wait", "llama-tiny", "--poll", "0.1", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["data"]["state"] == "Succeeded"
 
 
 def test_network_check_reads_nccl_lines_from_the_logs(kube, tmp_path):

@@ -18,10 +18,10 @@ from fsdpkit.errors import UserError
 from fsdpkit.hardware.instances import INSTANCES
 from fsdpkit.jobs import hyperpod, manifests
 from fsdpkit.jobs.backends.slurm import script
-from fsdpkit.jobs.spec import load_spec
+from fsdpkit.jobs.spec import load_spec, parse_overrides
 
 from conftest import ROOT, losses, run_cli
-from manifest_schemas import IMAGE, crd_validator, pod_of, validate_builtin
+from manifest_schemas import IMAGE, crd_validator, pod_of, validate_builtin, validate_hyperpod_job
 
 
 def spec_for(backend="pytorchjob", nodes="2", instance="p5.48xlarge", **extra):
@@ -46,24 +46,47 @@ def spec_for(backend="pytorchjob", nodes="2", instance="p5.48xlarge", **extra):
 LAYOUTS = [("1", "single-node"), ("4", "multi-node"), ("2:4", "elastic")]
 
 
-@pytest.mark.parametrize("backend", ["pytorchjob", "hyperpod"])
+def _pytorchjob_pods(job):
+    return [r["template"] for r in job["spec"]["pytorchReplicaSpecs"].values()]
+
+
+def _hyperpod_pods(job):
+    validate_hyperpod_job(job)
+    return [r["template"] for r in job["spec"]["replicaSpecs"]]
+
+
+# backend (and hyperpod operator) -> (kind, render, the kind's own validation returning its pod templates)
+KINDS = {
+    "pytorchjob": ("PyTorchJob", manifests.render, None),
+    "hyperpod": ("HyperPodPyTorchJob", hyperpod.render, _hyperpod_pods),
+    "hyperpod-kubeflow": ("PyTorchJob", hyperpod.render, None),
+}
+
+
+@pytest.mark.parametrize("backend", list(KINDS))
 @pytest.mark.parametrize("nodes", [n for n, _ in LAYOUTS], ids=[i for _, i in LAYOUTS])
 def test_every_manifest_validates_against_the_real_schemas(backend, nodes):
+    """TrainJobs are checked in test_trainjob.py, with the JobSet they become."""
     validator = crd_validator("kubeflow.org_pytorchjobs.yaml")
-    render = hyperpod.render if backend == "hyperpod" else manifests.render
+    kind, render, own = KINDS[backend]
     checked = 0
     for instance in INSTANCES:
-        spec = spec_for(backend, nodes, instance, storage={"size": "100Gi", "storage_class": "fsx-sc"},
-                        cpu="8", memory="64Gi")
+        extra = {"hyperpod": {"operator": "kubeflow"}} if backend == "hyperpod-kubeflow" else {}
+        spec = spec_for(backend.split("-")[0], nodes, instance, storage={"size": "100Gi", "storage_class": "fsx-sc"},
+                        cpu="8", memory="64Gi", **extra)
         objs = render(spec)
-        assert [o["kind"] for o in objs] == ["Secret", "PersistentVolumeClaim", "PyTorchJob"]
+        assert [o["kind"] for o in objs] == ["Secret", "PersistentVolumeClaim", kind]
         job = objs[-1]
-        errors = [f"{list(e.absolute_path)}: {e.message}" for e in validator.iter_errors(job)]
-        assert not errors, (instance, errors[:5])
+        if own is None:
+            errors = [f"{list(e.absolute_path)}: {e.message}" for e in validator.iter_errors(job)]
+            assert not errors, (instance, errors[:5])
+            pods = _pytorchjob_pods(job)
+        else:
+            pods = own(job)
         for obj in objs[:-1]:
             validate_builtin(obj)
-        for replica in job["spec"]["pytorchReplicaSpecs"].values():
-            validate_builtin(pod_of(replica["template"]))
+        for template in pods:
+            validate_builtin(pod_of(template))
         checked += 1
     assert checked == len(INSTANCES)
 
@@ -214,8 +237,7 @@ def test_hyperpod_job_kind_matches_the_official_template():
     template = {}
     exec((tpl_dir / "template.py").read_text(), template)
 
-    spec = spec_for("hyperpod", "2", "ml.p5.48xlarge", hyperpod={"kind": "HyperPodPyTorchJob", "max_retry": 4,
-                                                                  "deep_health_check": "required"})
+    spec = spec_for("hyperpod", "2", "ml.p5.48xlarge", hyperpod={"max_retry": 4, "deep_health_check": "required"})
     ours = hyperpod.render(spec)[-1]
     container = ours["spec"]["replicaSpecs"][0]["template"]["spec"]["containers"][0]
     params = {"job_name": "t1", "namespace": "default", "image": IMAGE, "command": container["command"],
@@ -230,12 +252,19 @@ def test_hyperpod_job_kind_matches_the_official_template():
     official = yaml.safe_load(jinja2.Template(template["TEMPLATE_CONTENT"]).render(**params))
     assert (ours["apiVersion"], ours["kind"]) == (official["apiVersion"], official["kind"])
     assert ours["spec"]["nprocPerNode"] == official["spec"]["nprocPerNode"]
-    assert ours["spec"]["runPolicy"] == official["spec"]["runPolicy"]
+    # The template's run policy, plus what fsdpkit adds: restarts, log monitoring, finished pods kept.
+    assert {k: ours["spec"]["runPolicy"][k] for k in official["spec"]["runPolicy"]} == official["spec"]["runPolicy"]
+    assert set(ours["spec"]["runPolicy"]) - set(official["spec"]["runPolicy"]) == {
+        "restartPolicy", "logMonitoringConfiguration", "ttlSecondsAfterFinished"}
+    validate_hyperpod_job(ours)
     o_pod = official["spec"]["replicaSpecs"][0]
     assert ours["spec"]["replicaSpecs"][0]["replicas"] == o_pod["replicas"]
     o_container = o_pod["template"]["spec"]["containers"][0]
     assert container["command"] == o_container["command"] and container["image"] == o_container["image"]
-    assert container["resources"]["limits"] == {k: int(v) for k, v in o_container["resources"]["limits"].items()}
+    # The same GPUs and EFA devices, and the 2 MiB pages libfabric registers EFA memory in.
+    assert container["resources"]["limits"] == {**{k: int(v) for k, v in o_container["resources"]["limits"].items()},
+                                                "hugepages-2Mi": "5120Mi"}
+    assert container["ports"] == [{"containerPort": 8080, "name": "agent"}]
     assert ours["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == official["metadata"]["labels"][
         "kueue.x-k8s.io/queue-name"]
     pod = ours["spec"]["replicaSpecs"][0]["template"]
@@ -309,7 +338,8 @@ BAD = [
     ({"image": None}, "image: the pytorchjob backend runs a container image"),
     ({"env": {"HF_TOKEN": "hf_abc123"}}, "env.HF_TOKEN: looks like a secret and must not be written into the spec"),
     ({"secrets": ["hf_abc123"]}, "secrets[0]: give a reference {env, secret, key} to an existing Kubernetes Secret"),
-    ({"backend": "nomad"}, "backend: 'nomad' is not a backend; choose one of: local, pytorchjob, hyperpod, slurm"),
+    ({"backend": "nomad"}, "backend: 'nomad' is not a backend; choose one of: local, trainjob, pytorchjob, hyperpod, "
+                            "slurm"),
     ({"instance_type": "p9.huge"}, "instance_type: 'p9.huge' is not in fsdpkit's table"),
     ({"nodes": "4:2"}, "nodes: '4:2' must be >= 1, and MIN <= MAX"),
     ({"storage": None, "train": {"checkpoint_freq": 10}}, "storage: train.checkpoint_freq is set but the job has no "
@@ -355,7 +385,22 @@ def test_example_specs_render(example):
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)["data"]
     if "manifests" in data:
-        validator = crd_validator("kubeflow.org_pytorchjobs.yaml")
-        assert not list(validator.iter_errors(data["manifests"][-1]))
+        job = data["manifests"][-1]
+        if job["kind"] == "HyperPodPyTorchJob":
+            validate_hyperpod_job(job)
+        else:
+            schema = {"PyTorchJob": "kubeflow.org_pytorchjobs.yaml", "TrainJob": "trainer.kubeflow.org_trainjobs.yaml"}
+            assert not list(crd_validator(schema[job["kind"]]).iter_errors(job))
     elif "script" in data:
         assert subprocess.run(["bash", "-n"], input=data["script"], text=True).returncode == 0
+
+
+def test_colon_values_are_not_base_60_numbers(tmp_path):
+    """YAML 1.1 (PyYAML's default) reads 2:4 as 124 and 48:00:00 as 172800: an elastic range would
+    ask for 124 nodes and a Slurm time limit would be seconds. fsdpkit reads them as written."""
+    path = tmp_path / "job.yaml"
+    path.write_text("name: colon\nbackend: pytorchjob\nimage: x:1\nnodes: 2:4\nslurm:\n  time: 48:00:00\n")
+    spec = load_spec(path)
+    assert (spec.nodes.min, spec.nodes.max) == (2, 4) and spec.slurm.time == "48:00:00"
+    assert load_spec(None, [*parse_overrides(["name=colon", "backend=pytorchjob", "image=x:1", "nodes=2:4"])]).nodes \
+        == (2, 4)

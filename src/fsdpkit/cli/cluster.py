@@ -164,7 +164,7 @@ def cmd_create_delete(args: argparse.Namespace) -> int:
 def cmd_addons(args: argparse.Namespace) -> int:
     from fsdpkit.cluster import addons
 
-    components = [c.strip() for c in args.only.split(",")] if args.only else list(addons.COMPONENTS)
+    components = [c.strip() for c in args.only.split(",")] if args.only else list(addons.DEFAULT_COMPONENTS)
     unknown = [c for c in components if c not in addons.COMPONENTS]
     if unknown:
         raise UserError(f"--only: {', '.join(unknown)} is not one of {', '.join(addons.COMPONENTS)}")
@@ -235,9 +235,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     addons_p = sub.add_parser("addons", help="install the device plugins and operators training needs")
     addons_sub = addons_p.add_subparsers(dest="addons_cmd", required=True, metavar="VERB", parser_class=Parser)
-    p = addons_sub.add_parser("install", help="NVIDIA and EFA device plugins, Kubeflow training operator, KubeRay "
-                              "(pinned, each once), then the readiness checks")
-    p.add_argument("--only", help="comma-separated subset of: nvidia, efa, training-operator, kuberay")
+    p = addons_sub.add_parser("install", help="NVIDIA and EFA device plugins, Kubeflow Trainer v2 with fsdpkit's "
+                              "runtime, KubeRay (pinned, each once), then the readiness checks")
+    p.add_argument("--only", help="comma-separated subset of: nvidia, efa, trainer, training-operator (legacy v1, "
+                   "only when named), kuberay")
     p.add_argument("--etcd", action="store_true", help="also one etcd member + Service for etcd rendezvous")
     p.add_argument("-n", "--namespace", default="default", help="namespace of etcd")
     p.add_argument("--dry-run", action="store_true", help="print the manifests and commands, apply nothing")

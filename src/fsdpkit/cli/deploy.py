@@ -28,7 +28,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog="fsdpkit deploy", description="One command: check the cluster -> storage -> secret -> "
                "submit -> watch. After a failure, run it again to continue from the failed step.")
-    p.add_argument("spec", help="job spec YAML (pytorchjob or hyperpod backend)")
+    p.add_argument("spec", help="job spec YAML (trainjob, pytorchjob or hyperpod backend)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE")
     p.add_argument("--skip", help="comma-separated steps to skip: check,storage,secret,submit,watch")
     p.add_argument("--fresh", action="store_true", help="ignore the progress of an earlier failed deploy")

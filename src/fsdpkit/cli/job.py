@@ -108,6 +108,7 @@ def _network_text(v: dict) -> str:
 def cmd_list(args: argparse.Namespace) -> int:
     from fsdpkit.cluster.client import ClusterError
 
+    # One Kubernetes backend lists every kind it knows (TrainJob, PyTorchJob, HyperPodPyTorchJob).
     backends = [args.backend] if args.backend else ["local", "pytorchjob"]
     rows: list[JobStatus] = []
     for name in backends:
@@ -117,6 +118,7 @@ def cmd_list(args: argparse.Namespace) -> int:
             if args.backend:  # asked for the cluster explicitly: its failure is the answer
                 raise
             print(f"note: cluster jobs not listed: {e}", file=sys.stderr)
+    rows = [r for r in rows if args.backend in (None, r.backend)]
     if args.json:
         return emit_json([r.to_dict() for r in rows])
     if not rows:
@@ -201,7 +203,7 @@ def cmd_wait(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="fsdpkit job", description="Describe a training job once; run it locally, on EKS "
-                     "(Kubeflow PyTorchJob), on SageMaker HyperPod or on Slurm.")
+                     "(Kubeflow Trainer v2 TrainJob, or the legacy PyTorchJob), on SageMaker HyperPod or on Slurm.")
     sub = parser.add_subparsers(dest="cmd", required=True, metavar="VERB", parser_class=Parser)
 
     def common(p: argparse.ArgumentParser, cluster: bool = True) -> None:

@@ -27,7 +27,8 @@ VERBS = {
     "infra": ("fsdpkit.cli.infra", "AWS resources for image builds: infra up|status|down|template"),
     "report": ("fsdpkit.cli.report", "plot runs (loss, lr, tokens/s, MFU, memory, restarts) into an HTML page"),
     "skills": ("fsdpkit.cli.skills", "SKILL.md files for AI coding agents (OpenCode, Claude Code): list|install"),
-    "job": ("fsdpkit.cli.job", "render, submit and follow jobs: local, Kubeflow PyTorchJob, HyperPod, Slurm"),
+    "job": ("fsdpkit.cli.job", "render, submit and follow jobs: local, Kubeflow TrainJob or PyTorchJob, HyperPod, "
+            "Slurm"),
 }
 
 

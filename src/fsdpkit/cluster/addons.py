@@ -2,9 +2,11 @@
 
 The device plugins (NVIDIA, EFA) and the optional etcd for torchrun's etcd rendezvous are plain
 DaemonSets / Deployments, created here with the official client, pinned, and left alone when they
-exist. The Kubeflow training operator and KubeRay install the upstream way (kustomize, Helm),
-through kubectl / helm when they are on PATH; otherwise the exact command is reported. Afterwards
-the readiness checks of `fsdpkit cluster check` say whether each component is there and healthy.
+exist. Kubeflow Trainer v2 (and, asked for by name, the legacy training operator v1) and KubeRay
+install the upstream way (kustomize, Helm), through kubectl / helm when they are on PATH; otherwise
+the exact command is reported. Beside Trainer v2's own runtimes, fsdpkit adds `fsdpkit-torch`.
+Afterwards the readiness checks of `fsdpkit cluster check` say whether each component is there and
+healthy.
 """
 
 from __future__ import annotations
@@ -14,16 +16,19 @@ import subprocess
 from collections.abc import Callable
 from typing import Any
 
-from fsdpkit.cluster import checks
+from fsdpkit.cluster import checks, trainer
 from fsdpkit.cluster.apply import describe, ensure
 from fsdpkit.hardware.instances import INSTANCES
+from fsdpkit.image.dockerfile import BASES, DEFAULT_BASE
 
 NVIDIA_PLUGIN_IMAGE = "nvcr.io/nvidia/k8s-device-plugin:v0.17.0"
 EFA_PLUGIN_IMAGE = "public.ecr.aws/eks/aws-efa-k8s-device-plugin:v0.5.6"
 ETCD_IMAGE = "quay.io/coreos/etcd:v3.5.21"
-COMPONENTS = ("nvidia", "efa", "training-operator", "kuberay")
+COMPONENTS = ("nvidia", "efa", "trainer", "training-operator", "kuberay")
+# What `install` does with no --only: Trainer v2 is the Kubeflow job API; the v1 operator is legacy.
+DEFAULT_COMPONENTS = ("nvidia", "efa", "trainer", "kuberay")
 # Which readiness check verifies each component.
-CHECK_NAMES = {"nvidia": "NVIDIA device plugin", "efa": "EFA device plugin",
+CHECK_NAMES = {"nvidia": "NVIDIA device plugin", "efa": "EFA device plugin", "trainer": "Kubeflow Trainer v2",
                "training-operator": "Kubeflow training operator", "kuberay": "KubeRay operator"}
 _PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 _RESTRICTED = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
@@ -109,6 +114,10 @@ def plan(components: list[str], with_etcd: bool, namespace: str) -> list[dict[st
             steps.append({"component": c, "object": nvidia_plugin()})
         elif c == "efa":
             steps.append({"component": c, "object": efa_plugin()})
+        elif c == "trainer":
+            # Upstream's controller and runtimes, then fsdpkit's own runtime beside them.
+            steps.append({"component": c, "command": checks.REMEDIES[c]})
+            steps.append({"component": c, "object": trainer.runtime_manifest(BASES[DEFAULT_BASE].image)})
         else:
             steps.append({"component": c, "command": checks.REMEDIES[c]})
     if with_etcd:
@@ -121,13 +130,17 @@ def install(api_client: Any, steps: list[dict[str, Any]], say: Callable[[str], N
     report = checks.run_checks(api_client)
     present = {c.name for c in report.checks if c.status == "pass"}
     done = []
+    upstream: dict[str, str] = {}
     for step in steps:
-        if "object" in step:
+        if "object" in step and upstream.get(step["component"], "installed") not in ("installed", "exists"):
+            # fsdpkit's object of an upstream component (the Trainer runtime) needs its CRD first.
+            what, action = describe(step["object"]), "not created (its component is not installed)"
+        elif "object" in step:
             what = describe(step["object"])
             action = ensure(api_client, step["object"])
         else:
             what = step["command"]
-            action = _run_upstream(step["component"], step["command"], present)
+            action = upstream[step["component"]] = _run_upstream(step["component"], step["command"], present)
         say(f"{step['component']}: {action}: {what}")
         done.append({"component": step["component"], "action": action, "what": what})
     verdict = [c for c in checks.run_checks(api_client).checks

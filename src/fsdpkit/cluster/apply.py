@@ -18,6 +18,10 @@ KINDS: dict[tuple[str, str], tuple[str, str, bool]] = {
     ("apps/v1", "Deployment"): ("AppsV1Api", "namespaced_deployment", True),
     ("storage.k8s.io/v1", "StorageClass"): ("StorageV1Api", "storage_class", False),
 }
+# Cluster-scoped custom objects fsdpkit installs: (apiVersion, kind) -> plural.
+CUSTOM: dict[tuple[str, str], str] = {
+    ("trainer.kubeflow.org/v1alpha1", "ClusterTrainingRuntime"): "clustertrainingruntimes",
+}
 
 
 def describe(obj: dict[str, Any]) -> str:
@@ -29,7 +33,14 @@ def describe(obj: dict[str, Any]) -> str:
 def _call(api_client: Any, obj: dict[str, Any], verb: str, *extra: Any) -> Any:
     from kubernetes import client
 
-    cls, suffix, namespaced = KINDS[(obj["apiVersion"], obj["kind"])]
+    key = (obj["apiVersion"], obj["kind"])
+    if key in CUSTOM:
+        group, version = obj["apiVersion"].split("/")
+        api = client.CustomObjectsApi(api_client)
+        target = [] if verb == "create" else [obj["metadata"]["name"]]
+        verb = "get" if verb == "read" else verb
+        return getattr(api, f"{verb}_cluster_custom_object")(group, version, CUSTOM[key], *target, *extra)
+    cls, suffix, namespaced = KINDS[key]
     api = getattr(client, cls)(api_client)
     meta = obj["metadata"]
     args: list[Any] = [] if verb == "create" else [meta["name"]]

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 from decimal import Decimal
 from typing import Any
 
+from fsdpkit.cluster import trainer
 from fsdpkit.cluster.client import api_errors, is_not_found
 from fsdpkit.cluster.quantity import fmt_bytes, fmt_cores, parse
 
@@ -33,6 +34,8 @@ TRAINING_OPERATOR_LABELS = [
     {"control-plane": "kubeflow-training-operator"},
     {"app.kubernetes.io/name": "training-operator"},
 ]
+# The HyperPod training operator's controller (an EKS add-on of HyperPod clusters, namespace aws-hyperpod).
+HYPERPOD_OPERATOR_LABELS = [{"hp-training-control-plane": None}, {"app.kubernetes.io/name": "hp-training-operator"}]
 KUBERAY_LABELS = [{"app.kubernetes.io/name": "kuberay-operator"}, {"app.kubernetes.io/component": "kuberay-operator"}]
 
 # Well-known remedies: the text shown to the user, and the command `cluster check --fix` runs once
@@ -42,6 +45,7 @@ REMEDIES = {
               "static/nvidia-device-plugin.yml",
     "efa": "helm repo add eks https://aws.github.io/eks-charts && helm upgrade --install aws-efa-k8s-device-plugin "
            "eks/aws-efa-k8s-device-plugin --namespace kube-system",
+    "trainer": trainer.INSTALL,
     "training-operator": "kubectl apply --server-side -k "
                          "\"github.com/kubeflow/training-operator.git/manifests/overlays/standalone?ref=v1.9.2\"",
     "kuberay": "helm repo add kuberay https://ray-project.github.io/kuberay-helm/ && helm upgrade --install "
@@ -50,6 +54,11 @@ REMEDIES = {
            "--install aws-fsx-csi-driver aws-fsx-csi-driver/aws-fsx-csi-driver --namespace kube-system",
 }
 FIXES = {k: f"install it: {v}" for k, v in REMEDIES.items()}
+FIXES["hyperpod-operator"] = ("install the HyperPod training operator add-on: aws eks create-addon --cluster-name "
+                              "CLUSTER --addon-name amazon-sagemaker-hyperpod-training-operator (needs cert-manager)")
+# The job backend each job operator serves, in the order a plain cluster prefers them.
+JOB_OPERATORS = {"hyperpod": "HyperPod training operator", "trainjob": "Kubeflow Trainer v2",
+                 "pytorchjob": "Kubeflow training operator"}
 
 
 @dataclass
@@ -83,6 +92,8 @@ class NodeInfo:
 class Report:
     checks: list[Check]
     nodes: list[NodeInfo]
+    backends: list[str] = field(default_factory=list)   # job backends whose operator runs here, preferred first
+    operators: dict[str, bool] = field(default_factory=dict)   # job operator -> installed and running
 
     @property
     def failed(self) -> bool:
@@ -90,12 +101,14 @@ class Report:
 
     def to_dict(self) -> dict[str, Any]:
         return {"ok": not self.failed, "checks": [asdict(c) for c in self.checks],
-                "nodes": [n.to_dict() for n in self.nodes]}
+                "nodes": [n.to_dict() for n in self.nodes], "operators": self.operators, "backends": self.backends,
+                "default_backend": self.backends[0] if self.backends else None}
 
 
-def _matches(labels: dict[str, str] | None, wanted: dict[str, str]) -> bool:
+def _matches(labels: dict[str, str] | None, wanted: dict[str, str | None]) -> bool:
+    """Every wanted label; a wanted value of None asks only that the key is there."""
     labels = labels or {}
-    return all(labels.get(k) == v for k, v in wanted.items())
+    return all(k in labels if v is None else labels.get(k) == v for k, v in wanted.items())
 
 
 class ClusterReader:
@@ -109,6 +122,7 @@ class ClusterReader:
         self.apps = client.AppsV1Api(api_client)
         self.ext = client.ApiextensionsV1Api(api_client)
         self.storage = client.StorageV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
         self.host = api_client.configuration.host
 
     def items(self, what: str, fn: Any, **kw: Any) -> list[dict[str, Any]]:
@@ -166,7 +180,7 @@ def _daemonset_check(name: str, daemonsets: list[dict[str, Any]], label_sets: li
 
 
 def _operator_check(name: str, crd: str, crds: set[str], deployments: list[dict[str, Any]],
-                    label_sets: list[dict[str, str]], fix: str, needed: bool) -> Check:
+                    label_sets: list[dict[str, str | None]], fix: str, needed: bool) -> Check:
     if crd not in crds:
         return Check(name, "fail" if needed else "warn", f"CRD {crd} not installed", fix)
     found = [d for d in deployments if any(_matches((d.get("metadata") or {}).get("labels"), ls) for ls in label_sets)]
@@ -179,6 +193,50 @@ def _operator_check(name: str, crd: str, crds: set[str], deployments: list[dict[
         return Check(name, "fail", f"{where}: controller not available (0 replicas ready)",
                      f"kubectl -n {d['metadata'].get('namespace')} logs deploy/{d['metadata'].get('name')}")
     return Check(name, "pass", f"CRD {crd}; controller {where} available ({available})")
+
+
+def _job_operator_checks(r: ClusterReader, crds: set[str], deployments: list[dict[str, Any]],
+                         hyperpod_cluster: bool) -> tuple[list[tuple[str, Check]], list[str], dict[str, bool]]:
+    """Which job operators run here, and the backends they serve. An absent one is a warning while
+    another serves jobs; with none, the one this cluster should have (HyperPod's on a HyperPod
+    cluster, else Trainer v2) fails with its install command."""
+    found = {
+        "trainjob": ("trainer", _operator_check(JOB_OPERATORS["trainjob"], "trainjobs.trainer.kubeflow.org", crds,
+                                                deployments, trainer.CONTROLLER_LABELS, FIXES["trainer"], False)),
+        "pytorchjob": ("training-operator", _operator_check(
+            JOB_OPERATORS["pytorchjob"], "pytorchjobs.kubeflow.org", crds, deployments, TRAINING_OPERATOR_LABELS,
+            FIXES["training-operator"], False)),
+    }
+    if hyperpod_cluster or "hyperpodpytorchjobs.sagemaker.amazonaws.com" in crds:
+        found["hyperpod"] = ("hyperpod-operator", _operator_check(
+            JOB_OPERATORS["hyperpod"], "hyperpodpytorchjobs.sagemaker.amazonaws.com", crds, deployments,
+            HYPERPOD_OPERATOR_LABELS, FIXES["hyperpod-operator"], False))
+    _trainer_detail(r, crds, found["trainjob"][1])
+    running = {b: b in found and found[b][1].status == "pass" for b in JOB_OPERATORS}
+    backends = [b for b in JOB_OPERATORS if running[b]]
+    if "hyperpod" in found and "hyperpod" not in backends and "pytorchjob" in backends:
+        backends.insert(0, "hyperpod")  # through the PyTorchJob path (hyperpod.operator: kubeflow)
+    if not backends:
+        want = "hyperpod" if "hyperpod" in found else "trainjob"
+        found[want][1].status = "fail"
+    elif found["pytorchjob"][1].status == "warn":
+        # The legacy v1 operator is not missing where a current one runs.
+        found["pytorchjob"][1].detail += " (legacy; the pytorchjob backend needs it)"
+    return list(found.values()), backends, running
+
+
+def _trainer_detail(r: ClusterReader, crds: set[str], check: Check) -> None:
+    """Trainer v2 also needs JobSet, and a TrainJob names a runtime: say which ones there are."""
+    if check.status != "pass":
+        return
+    if "jobsets.jobset.x-k8s.io" not in crds:
+        check.status, check.detail = "fail", f"{check.detail}; but CRD jobsets.jobset.x-k8s.io is not installed"
+        check.fix = FIXES["trainer"]
+        return
+    runtimes = sorted((o.get("metadata") or {}).get("name", "?") for o in r.items(
+        "cluster training runtimes", r.custom.list_cluster_custom_object, group=trainer.GROUP,
+        version=trainer.VERSION, plural="clustertrainingruntimes"))
+    check.detail += f"; runtimes: {', '.join(runtimes) or 'none (install them: ' + trainer.INSTALL + ')'}"
 
 
 def _node_checks(nodes: list[NodeInfo]) -> list[Check]:
@@ -224,6 +282,8 @@ def run_checks(api_client: Any) -> Report:
     drivers = {(d.get("metadata") or {}).get("name") for d in r.items("CSI drivers", r.storage.list_csi_driver)}
 
     checks = _node_checks(nodes)
+    hyperpod_cluster = any(HEALTH in n.labels for n in nodes)
+    operators, backends, running = _job_operator_checks(r, crds, deployments, hyperpod_cluster)
     gpu_types = any(n.instance_type.removeprefix("ml.").split(".")[0] in ("p4d", "p4de", "p5", "p5e", "p5en", "g5",
                                                                             "g6", "g6e") for n in nodes)
     efa_nodes = any(n.allocatable.get(EFA, 0) > 0 for n in nodes) or any(
@@ -232,13 +292,13 @@ def run_checks(api_client: Any) -> Report:
         ("nvidia", _daemonset_check("NVIDIA device plugin", daemonsets, NVIDIA_PLUGIN_LABELS, FIXES["nvidia"],
                                     needed=gpu_types)),
         ("efa", _daemonset_check("EFA device plugin", daemonsets, EFA_PLUGIN_LABELS, FIXES["efa"], needed=efa_nodes)),
-        ("training-operator", _operator_check("Kubeflow training operator", "pytorchjobs.kubeflow.org", crds,
-                                              deployments, TRAINING_OPERATOR_LABELS, FIXES["training-operator"],
-                                              needed=True)),
+        *operators,
         ("kuberay", _operator_check("KubeRay operator", "rayclusters.ray.io", crds, deployments, KUBERAY_LABELS,
                                     FIXES["kuberay"], needed=False)),
     ):
-        if check.fix == FIXES[key]:  # missing (not merely unhealthy): installing it is the remedy
+        # Missing (not merely unhealthy): installing it is the remedy; the legacy v1 operator is
+        # never offered (its fix says how, for a spec that needs it).
+        if key in REMEDIES and check.fix == FIXES[key] and key != "training-operator":
             check.remedy = REMEDIES[key]
         checks.append(check)
     fsx = [c["metadata"]["name"] for c in classes if c.get("provisioner") == "fsx.csi.aws.com"]
@@ -248,7 +308,7 @@ def run_checks(api_client: Any) -> Report:
                         if "fsx.csi.aws.com" in drivers else "CSI driver fsx.csi.aws.com not installed: checkpoints "
                         "need another shared volume", "" if "fsx.csi.aws.com" in drivers else FIXES["fsx"],
                         "" if "fsx.csi.aws.com" in drivers else REMEDIES["fsx"]))
-    return Report(checks, nodes)
+    return Report(checks, nodes, backends, running)
 
 
 def _pair(n: NodeInfo, key: str, f=lambda v: str(int(v))) -> str:

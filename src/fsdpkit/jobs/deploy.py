@@ -84,7 +84,7 @@ def deploy(spec: JobSpec, backend: KubeBackend, skip: set[str], say: Callable[[s
 def _preconditions(spec: JobSpec, skip: set[str]) -> str | None:
     """What must hold before any step runs; the HF token from the shell, if the spec names one."""
     if spec.backend not in CLUSTER_BACKENDS:
-        raise UserError(f"backend: deploy runs Kubernetes jobs (pytorchjob, hyperpod), not {spec.backend}; "
+        raise UserError(f"backend: deploy runs Kubernetes jobs (trainjob, pytorchjob, hyperpod), not {spec.backend}; "
                         "use `fsdpkit job submit` for local and Slurm jobs")
     unknown = skip - set(STEPS)
     if unknown:
@@ -118,6 +118,7 @@ def _apply(step: str, spec: JobSpec, backend: KubeBackend, objs: dict[str, dict]
     kind = {"storage": "PersistentVolumeClaim", "secret": "Secret", "submit": None}[step]
     if kind is None:
         kind = next(k for k in objs if k not in ("PersistentVolumeClaim", "Secret"))
+        backend.require_operator(kind, spec.namespace)
         if backend.get_job(spec.name, spec.namespace) is not None:
             raise UserError(f"job {spec.name!r} already exists in {spec.namespace}; `fsdpkit job delete "
                             f"{spec.name}` first, or watch it with `fsdpkit job watch {spec.name}`")

@@ -10,9 +10,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from fsdpkit.train import nccl_log
+from fsdpkit.train.log_lines import PROGRESS
 
-# The trainer's progress line: "Batch 25 Loss: 2.91807, Speed: ..., tokens/s: 8918, ..."
-_STEP = re.compile(r"Batch (\d+) Loss: ([\d.]+).*?tokens/s: (\d+)")
 _NCCL_TIMEOUT = re.compile(r"Watchdog caught collective operation timeout|NCCL communicator was aborted|"
                            r"ProcessGroupNCCL.*[Tt]imeout|NCCL timeout", re.S)
 _PENDING = [
@@ -58,7 +57,7 @@ def log_progress(lines: list[str], pod: str, now: dt.datetime, stall_after: floa
     for line in lines:
         ts, text = _ts(line)
         first_ts = first_ts or ts
-        if m := _STEP.search(text):
+        if m := PROGRESS.search(text):
             progress.update(step=int(m.group(1)), loss=float(m.group(2)), tokens_per_s=int(m.group(3)))
             last_step_ts = ts
         if _NCCL_TIMEOUT.search(text):

@@ -1,7 +1,9 @@
-"""SageMaker HyperPod (EKS orchestrator) on top of the PyTorchJob: schedule only on nodes HyperPod
-marks healthy, prefer (or require) nodes that passed the deep health check, pick an instance group,
-and let HyperPod's job auto-resume restart the job after it replaces a faulty node. Or, where the
-user asks, the HyperPod training operator's own `HyperPodPyTorchJob` kind."""
+"""SageMaker HyperPod (EKS orchestrator): the HyperPod training operator's HyperPodPyTorchJob, its
+workers started by HyperPod's elastic agent, with process-level restarts before a full-job restart
+and log-monitoring rules written from the trainer's own lines (fsdpkit.jobs.log_rules). Or, for
+clusters that still run Kubeflow training operator 1.7-1.8, a PyTorchJob with HyperPod's
+auto-resume annotations. Both schedule only on nodes HyperPod marks healthy, prefer (or require)
+nodes that passed the deep health check, and can pick an instance group."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from typing import Any
 
 from fsdpkit.jobs import manifests as m
 from fsdpkit.jobs.command import trainer_flags
+from fsdpkit.jobs.log_rules import log_monitoring
 from fsdpkit.jobs.spec import JobSpec
 
 HEALTH = "sagemaker.amazonaws.com/node-health-status"
@@ -17,6 +20,9 @@ DEEP_HEALTH = "sagemaker.amazonaws.com/deep-health-check-status"
 INSTANCE_GROUP = "sagemaker.amazonaws.com/instance-group-name"
 AUTO_RESUME = "sagemaker.amazonaws.com/enable-job-auto-resume"
 MAX_RETRY = "sagemaker.amazonaws.com/job-max-retry-count"
+AGENT_PORT = 8080  # the elastic agent's server, which the operator talks to
+# libfabric registers EFA buffers in 2 MiB pages; HyperPod's AMIs reserve them and AWS's examples ask.
+HUGEPAGES = {"hugepages-2Mi": "5120Mi"}
 
 
 def _with_required(affinity: dict[str, Any], expr: dict[str, Any]) -> None:
@@ -63,29 +69,56 @@ def hyperpod_job_command(spec: JobSpec, root: str | None) -> list[str]:
     (pip package hyperpod-elastic-agent), which takes torchrun's place and reports to the operator."""
     if spec.command is not None:
         return list(spec.command)
+    # --tee=3 also writes each rank's output under --log_dir, which is where the agent's log monitor reads it.
     return ["hyperpodrun", f"--nnodes={spec.nodes}", f"--nproc-per-node={spec.procs}",
-            "--server-host=0.0.0.0", "--server-port=8080", "--tee=3", "--log_dir=/tmp/hyperpod",
+            "--server-host=0.0.0.0", f"--server-port={AGENT_PORT}", "--tee=3", "--log_dir=/tmp/hyperpod",
             "-m", "fsdpkit.train", *trainer_flags(spec, root)]
 
 
+def _agent_container(spec: JobSpec, template: dict[str, Any]) -> None:
+    container = template["spec"]["containers"][0]
+    container["ports"] = [{"containerPort": AGENT_PORT, "name": "agent"}]
+    if spec.efa:
+        res = container.setdefault("resources", {})
+        for side in ("requests", "limits"):
+            res.setdefault(side, {}).update(HUGEPAGES)
+
+
+def run_policy(spec: JobSpec) -> dict[str, Any]:
+    """Retries, the process-level restarts HyperPod tries before restarting the whole job, and the
+    log-monitoring rules. Finished pods are kept for `job logs --previous`."""
+    hp = spec.hyperpod
+    policy: dict[str, Any] = {
+        "cleanPodPolicy": "None",
+        "jobMaxRetryCount": hp.max_retry if hp.auto_resume else 0,
+        "restartPolicy": {"numRestartBeforeFullJobRestart": hp.restarts_before_full_restart,
+                          "maxFullJobRestarts": hp.max_full_restarts, "evalPeriodSeconds": hp.restart_eval_period},
+    }
+    if spec.ttl_after_finished is not None:
+        policy["ttlSecondsAfterFinished"] = spec.ttl_after_finished
+    if rules := log_monitoring(spec):
+        policy["logMonitoringConfiguration"] = rules
+    return policy
+
+
 def hyperpod_job_manifest(spec: JobSpec) -> dict[str, Any]:
-    _, hi = spec.nodes
     root = spec.storage.root
     template = m.pod_template(spec, hyperpod_job_command(spec, root))
     _adapt_pod(spec, template)
+    _agent_container(spec, template)
+    replica: dict[str, Any] = {"name": "pod", "replicas": spec.nodes.max, "template": template}
+    job: dict[str, Any] = {"nprocPerNode": str(spec.procs), "replicaSpecs": [replica], "runPolicy": run_policy(spec)}
+    if spec.nodes.elastic:
+        job["elasticPolicy"] = {"minReplicas": spec.nodes.min, "maxReplicas": spec.nodes.max}
     return {
         "apiVersion": "sagemaker.amazonaws.com/v1", "kind": "HyperPodPyTorchJob",
         "metadata": {"name": spec.name, "namespace": spec.namespace, "labels": m.labels(spec),
                      "annotations": {m.ATTEMPT: "0", m.MAX_RESUBMITS: str(spec.resubmits)}},
-        "spec": {
-            "nprocPerNode": str(spec.procs),
-            "replicaSpecs": [{"name": "pod", "replicas": hi, "template": template}],
-            "runPolicy": {"cleanPodPolicy": "None", "jobMaxRetryCount": spec.hyperpod.max_retry},
-        },
+        "spec": job,
     }
 
 
 def render(spec: JobSpec) -> list[dict[str, Any]]:
     objs = [o for o in m.render(spec) if o["kind"] != "PyTorchJob"]
-    job = hyperpod_job_manifest(spec) if spec.hyperpod.kind == "HyperPodPyTorchJob" else pytorchjob_manifest(spec)
+    job = hyperpod_job_manifest(spec) if spec.hyperpod.operator == "hyperpod" else pytorchjob_manifest(spec)
     return [*objs, job]

@@ -17,6 +17,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import model_validator
 
+from fsdpkit import yamlfile
 from fsdpkit.errors import UserError
 from fsdpkit.hardware.instances import Instance, lookup
 from fsdpkit.image import pins
@@ -24,9 +25,9 @@ from fsdpkit.settings import Bool, Int, NodeRange, Nodes, Settings, Str, fail, l
 from fsdpkit.train.config import SECTIONS, build
 from fsdpkit.yamlfile import describe_yaml_error, load_mapping
 
-BackendName = Literal["local", "pytorchjob", "hyperpod", "slurm"]
+BackendName = Literal["local", "trainjob", "pytorchjob", "hyperpod", "slurm"]
 BACKENDS: tuple[str, ...] = typing.get_args(BackendName)
-CLUSTER_BACKENDS = ("pytorchjob", "hyperpod")
+CLUSTER_BACKENDS = ("trainjob", "pytorchjob", "hyperpod")
 
 # RFC 1123 label, starting with a letter: the training operator names a Service after every
 # replica (`NAME-worker-3`), and Service names must start with a letter.
@@ -82,12 +83,44 @@ class SecretRef(Settings):
 
 
 class HyperPodOptions(Settings):
-    auto_resume: Bool = option(True, "sagemaker.amazonaws.com/enable-job-auto-resume")
-    max_retry: Int = option(3, "sagemaker.amazonaws.com/job-max-retry-count", ge=0)
+    operator: Literal["hyperpod", "kubeflow"] = option(
+        "hyperpod", "hyperpod: the HyperPod training operator's HyperPodPyTorchJob (its elastic agent starts the "
+        "workers); kubeflow: a Kubeflow PyTorchJob with HyperPod's auto-resume annotations (clusters that still "
+        "run training operator 1.7-1.8)", what="a HyperPod job operator")
+    auto_resume: Bool = option(True, "resume after HyperPod replaces a faulty node")
+    max_retry: Int = option(3, "job retries (runPolicy.jobMaxRetryCount; kubeflow: job-max-retry-count)", ge=0)
     instance_group: Str | None = option(None, "the HyperPod instance group to run on")
     deep_health_check: Literal["preferred", "required", "off"] = option(
         "preferred", "run on nodes that passed HyperPod's deep health checks")
-    kind: Literal["PyTorchJob", "HyperPodPyTorchJob"] = option("PyTorchJob", "the kind submitted")
+    restarts_before_full_restart: Int = option(
+        3, "process-level restarts before the operator restarts the whole job (numRestartBeforeFullJobRestart)", ge=0)
+    max_full_restarts: Int = option(1, "whole-job restarts before the job fails (maxFullJobRestarts)", ge=0)
+    restart_eval_period: Int = option(21600, "seconds over which restarts are counted (evalPeriodSeconds)", ge=1)
+    log_monitoring: Bool = option(True, "log-monitoring rules written from the trainer's own lines: it never "
+                                  "started, it hangs, its loss is not finite or above loss_threshold")
+    start_timeout: Int = option(1800, "seconds to the first step line before the job counts as never started",
+                                ge=60)
+    hang_timeout: Int | None = option(
+        None, "seconds without a step line with a finite loss before the job counts as hung (default: from the "
+        "planned step time, the logging interval and the checkpoint's write time)", ge=60)
+    loss_threshold: Int | None = option(
+        None, "a loss above this for 3 logging lines in a row is a bad run (default: twice the loss of a uniform "
+        "guess, 2 ln(vocab))", ge=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_kind(cls, raw: Any) -> Any:
+        """`kind:` of earlier specs names the operator by the job kind it made."""
+        if isinstance(raw, dict) and "kind" in raw and "operator" not in raw:
+            raw = dict(raw)
+            kind = raw.pop("kind")
+            raw["operator"] = {"HyperPodPyTorchJob": "hyperpod", "PyTorchJob": "kubeflow"}.get(kind, kind)
+        return raw
+
+
+class TrainJobOptions(Settings):
+    runtime: Str = option("torch-distributed", "the ClusterTrainingRuntime the TrainJob runs on: the cluster's "
+                          "torch-distributed, or fsdpkit-torch (`fsdpkit cluster addons install --only trainer`)")
 
 
 class SlurmOptions(Settings):
@@ -135,6 +168,7 @@ class JobSpec(Settings):
     diagnose_network: Bool = option(False, "NCCL_DEBUG=INFO, for `fsdpkit job logs --check-network`")
     rdzv_port: Int = option(29500, "torchrun's rendezvous port", ge=1, le=65535)
     hyperpod: HyperPodOptions = option(default_factory=HyperPodOptions)
+    trainjob: TrainJobOptions = option(default_factory=TrainJobOptions)
     slurm: SlurmOptions = option(default_factory=SlurmOptions)
 
     @model_validator(mode="after")
@@ -202,7 +236,7 @@ def parse_overrides(pairs: list[str]) -> list[tuple[str, Any]]:
         if not sep or not key:
             raise UserError(f"--set {pair!r}: expected KEY=VALUE (for example nodes=4 or train.max_steps=100)")
         try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
+            value = yamlfile.load(raw) if raw.strip() else ""
         except yaml.YAMLError as e:
             raise UserError(f"--set {key.strip()}: the value is not valid YAML: {describe_yaml_error(e)}") from None
         out.append((key.strip(), value))
@@ -269,8 +303,9 @@ def _validate_identity(spec: JobSpec) -> None:
 
 def _validate_nodes(spec: JobSpec) -> None:
     """Node count, and what each node gets of its instance type."""
-    if spec.nodes.elastic and spec.backend not in CLUSTER_BACKENDS:
-        raise UserError(f"nodes: elastic ranges need the pytorchjob or hyperpod backend, not {spec.backend}")
+    if spec.nodes.elastic and spec.backend not in ("pytorchjob", "hyperpod"):
+        raise UserError(f"nodes: elastic ranges need the pytorchjob or hyperpod backend, not {spec.backend} (a "
+                        "TrainJob runs a fixed number of nodes)")
     if spec.backend == "local" and spec.nodes.min != 1:
         raise UserError("nodes: the local backend runs on this machine: nodes must be 1")
     inst = spec.instance  # raises for an unknown instance type

@@ -29,10 +29,15 @@ class JobStatus:
         return asdict(self)
 
 
+# Other names operators give the same states: HyperPod's operator says Complete(d) for Succeeded.
+_SYNONYMS = {"Complete": "Succeeded", "Completed": "Succeeded"}
+
+
 def state_from_conditions(conditions: list[dict[str, Any]]) -> tuple[str, str]:
-    """The training operator's job conditions (Created, Running, Restarting, Succeeded, Failed,
+    """A job operator's conditions (Created, Running, Restarting, Succeeded or Complete(d), Failed,
     Suspended) -> (state, message). A final condition wins; otherwise the newest one that is True."""
-    true = [c for c in conditions or [] if str(c.get("status")) == "True"]
+    true = [{**c, "type": _SYNONYMS.get(c.get("type"), c.get("type"))} for c in conditions or []
+            if str(c.get("status")) == "True"]
     for final in ("Failed", "Succeeded"):
         for c in true:
             if c.get("type") == final:
@@ -41,3 +46,17 @@ def state_from_conditions(conditions: list[dict[str, Any]]) -> tuple[str, str]:
         return "Pending", ""
     newest = max(enumerate(true), key=lambda ic: (ic[1].get("lastTransitionTime") or "", ic[0]))[1]
     return str(newest.get("type")), newest.get("message") or newest.get("reason") or ""
+
+
+def trainjob_state(status: dict[str, Any]) -> tuple[str, str]:
+    """A TrainJob's status -> (state, message). Trainer v2 sets only final conditions (Complete,
+    Failed) and Suspended; while it runs, its JobSet's child Jobs say whether pods are active."""
+    true = {c.get("type"): c for c in status.get("conditions") or [] if str(c.get("status")) == "True"}
+    for kind, state in (("Failed", "Failed"), ("Complete", "Succeeded"), ("Suspended", "Pending")):
+        if kind in true:
+            c = true[kind]
+            return state, c.get("message") or c.get("reason") or ""
+    jobs = status.get("jobsStatus") or []
+    if any((j.get("active") or 0) > 0 or (j.get("ready") or 0) > 0 for j in jobs):
+        return "Running", ""
+    return ("Created", "") if jobs else ("Pending", "")

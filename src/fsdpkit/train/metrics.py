@@ -15,6 +15,7 @@ import torch
 
 from fsdpkit.hardware.accelerators import GPU_PEAK_TFLOPS
 from fsdpkit.train.flops import flops_per_token  # noqa: F401  (re-exported)
+from fsdpkit.train.log_lines import STEP_PREFIX
 
 
 def gpu_peak_flops(device: torch.device, dtype: torch.dtype) -> float | None:
@@ -157,7 +158,7 @@ def human_line(m: dict[str, Any]) -> str:
     mfu = f"{100 * m['mfu']:.2f}%" if m.get("mfu") is not None else \
         "n/a (above the peak: see --peak_tflops)" if m.get("mfu_above_peak") else "n/a"
     return (
-        f"Batch {m['step']} Loss: {m['loss']:.5f}, Speed: {m['samples_per_s']:.2f} samples/sec, "
+        STEP_PREFIX.format(step=m["step"], loss=m["loss"]) + f"Speed: {m['samples_per_s']:.2f} samples/sec, "
         f"lr: {m['lr']:.6f}, grad_norm: {m['grad_norm']:.3f}, tokens/s: {m['tokens_per_s']:.0f}, "
         f"tokens/s/device: {m['tokens_per_s_per_device']:.0f}, "
         f"TFLOPs/device: {m['tflops_per_device']:.3f}, MFU: {mfu}, mem: {m['peak_memory_gib']:.2f} GiB"

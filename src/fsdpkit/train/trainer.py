@@ -27,6 +27,7 @@ from fsdpkit.train.data import BatchStream, Prefetcher
 from fsdpkit.train.faults import maybe_fail
 from fsdpkit.train.hf import load_hf_into
 from fsdpkit.train.host_memory import keep_freed_memory
+from fsdpkit.train.log_lines import node_line
 from fsdpkit.train.metrics import (
     MetricsWriter,
     StepStats,
@@ -398,6 +399,10 @@ def _log_window(run: Run, window: Window, lr: float, grad_norm: torch.Tensor, n:
         m["bad_records"] = run.bad_records()
         run.writer.record("train", m, human_line(m))
         run.writer.advance(window.steps, loss)
+    elif rt.local_rank == 0:
+        # Each node's first process says the step too: HyperPod's agent reads local rank 0 of every
+        # node for its hang and loss rules, and `job logs --replica` then shows progress on any node.
+        print(node_line(n, loss, rt.rank // rt.local_world_size), flush=True)
     window.reset()
 
 

@@ -4,12 +4,12 @@ logs, network, cancel, list, wait."""
 from __future__ import annotations
 
 from fsdpkit.jobs.backends.base import Backend, Rendered, Watchable
-from fsdpkit.jobs.backends.kube import HyperPodBackend, KubeBackend
+from fsdpkit.jobs.backends.kube import HyperPodBackend, KubeBackend, TrainJobBackend
 from fsdpkit.jobs.backends.local import LocalBackend
 from fsdpkit.jobs.backends.slurm import SlurmBackend
 
-__all__ = ["Backend", "HyperPodBackend", "KubeBackend", "LocalBackend", "Rendered", "SlurmBackend", "Watchable",
-           "get_backend"]
+__all__ = ["Backend", "HyperPodBackend", "KubeBackend", "LocalBackend", "Rendered", "SlurmBackend", "TrainJobBackend",
+           "Watchable", "get_backend"]
 
 
 def get_backend(name: str, context: str | None = None, kubeconfig: str | None = None) -> Backend:
@@ -18,5 +18,5 @@ def get_backend(name: str, context: str | None = None, kubeconfig: str | None = 
         return LocalBackend()
     if name == "slurm":
         return SlurmBackend()
-    cls = HyperPodBackend if name == "hyperpod" else KubeBackend
+    cls = {"hyperpod": HyperPodBackend, "trainjob": TrainJobBackend}.get(name, KubeBackend)
     return cls(context=context, kubeconfig=kubeconfig)

@@ -1,13 +1,14 @@
-"""The Kubernetes job backends (Kubeflow PyTorchJob, SageMaker HyperPod) through the official
-`kubernetes` client: submission (kube_submit) and observation (kube_observe) joined, with `wait`,
-which watches a job and resubmits it after a failure while its budget lasts."""
+"""The Kubernetes job backends (Kubeflow Trainer v2's TrainJob, Kubeflow's PyTorchJob, SageMaker
+HyperPod) through the official `kubernetes` client: submission (kube_submit) and observation
+(kube_observe) joined, with `wait`, which watches a job and resubmits it after a failure while its
+budget lasts."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
 
-from fsdpkit.jobs import hyperpod
+from fsdpkit.jobs import hyperpod, trainjob
 from fsdpkit.jobs.backends.base import Rendered
 from fsdpkit.jobs.backends.kube_api import log
 from fsdpkit.jobs.backends.kube_observe import KubeObserver
@@ -52,3 +53,10 @@ class HyperPodBackend(KubeBackend):
 
     def render(self, spec: JobSpec) -> Rendered:
         return Rendered(manifests=hyperpod.render(spec))
+
+
+class TrainJobBackend(KubeBackend):
+    name = "trainjob"
+
+    def render(self, spec: JobSpec) -> Rendered:
+        return Rendered(manifests=trainjob.render(spec))

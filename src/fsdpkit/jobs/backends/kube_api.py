@@ -5,18 +5,60 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
+from fsdpkit.cluster import trainer
 from fsdpkit.cluster.client import ClusterError, api_errors, connect, is_not_found
 from fsdpkit.errors import UserError
+from fsdpkit.jobs.manifests import CONTAINER, JOB_LABEL, KF_JOB_NAME, KF_REPLICA_INDEX, KF_REPLICA_TYPE
 
 log = logging.getLogger(__name__)
 
-# (group, version, plural) of the job kinds this backend manages.
-KINDS = {
-    "PyTorchJob": ("kubeflow.org", "v1", "pytorchjobs"),
-    "HyperPodPyTorchJob": ("sagemaker.amazonaws.com", "v1", "hyperpodpytorchjobs"),
-}
+
+def _kubeflow_replica(labels: dict[str, str]) -> str | None:
+    rtype, index = labels.get(KF_REPLICA_TYPE), labels.get(KF_REPLICA_INDEX)
+    return f"{rtype.lower()}-{index}" if rtype and index is not None else None
+
+
+def _trainjob_replica(labels: dict[str, str]) -> str | None:
+    index = labels.get(trainer.COMPLETION_INDEX)
+    return f"{trainer.NODE}-{index}" if index is not None else None
+
+
+@dataclass(frozen=True)
+class JobKind:
+    """A job kind this backend manages: where its API lives, how its pods are found and named, and
+    what installs its operator."""
+
+    kind: str
+    group: str
+    version: str
+    plural: str
+    pod_label: str                                   # the pod label whose value is the job's name
+    replica: Callable[[dict[str, str]], str | None]  # a pod's labels -> "master-0", "node-1", ...
+    rank0: tuple[str, ...]                           # the replicas that hold rank 0
+    container: str                                   # the training container's name
+    backend: str                                     # the backend it is read back as
+    operator: str
+
+    def find(self) -> tuple[str, str, str]:
+        return self.group, self.version, self.plural
+
+
+KINDS = {k.kind: k for k in (
+    JobKind("TrainJob", trainer.GROUP, trainer.VERSION, "trainjobs", trainer.JOBSET_NAME, _trainjob_replica,
+            (f"{trainer.NODE}-0",), trainer.NODE, "trainjob",
+            "Kubeflow Trainer v2 (fsdpkit cluster addons install --only trainer)"),
+    JobKind("PyTorchJob", "kubeflow.org", "v1", "pytorchjobs", KF_JOB_NAME, _kubeflow_replica,
+            ("master-0", "worker-0"), CONTAINER, "pytorchjob",
+            "the Kubeflow training operator v1 (fsdpkit cluster addons install --only training-operator)"),
+    # HyperPod's operator names pods NAME-pod-N; fsdpkit's own job label finds them.
+    JobKind("HyperPodPyTorchJob", "sagemaker.amazonaws.com", "v1", "hyperpodpytorchjobs", JOB_LABEL,
+            _kubeflow_replica, ("master-0", "worker-0"), CONTAINER, "hyperpod", "the HyperPod training operator (an "
+            "EKS add-on of the HyperPod cluster: amazon-sagemaker-hyperpod-training-operator)"),
+)}
 
 
 def matches(labels: dict[str, str] | None, wanted: dict[str, str]) -> bool:
@@ -59,7 +101,8 @@ class KubeAPI:
         return client.CustomObjectsApi(self.client)
 
     def get_job(self, name: str, namespace: str) -> tuple[str, dict[str, Any]] | None:
-        for kind, (group, version, plural) in KINDS.items():
+        for kind, k in KINDS.items():
+            group, version, plural = k.find()
             try:
                 with api_errors(f"reading job {name}", self.host):
                     return kind, self._custom().get_namespaced_custom_object(group, version, namespace, plural, name)
@@ -67,6 +110,18 @@ class KubeAPI:
                 if not is_not_found(e):
                     raise
         return None
+
+    def serves(self, kind: str, namespace: str) -> bool:
+        """Whether the API server knows this job kind (its operator's CRD is installed)."""
+        group, version, plural = KINDS[kind].find()
+        try:
+            with api_errors(f"listing {plural}", self.host):
+                self._custom().list_namespaced_custom_object(group, version, namespace, plural, limit=1)
+        except Exception as e:
+            if is_not_found(e):
+                return False
+            raise
+        return True
 
     def _require_job(self, name: str, namespace: str) -> tuple[str, dict[str, Any]]:
         found = self.get_job(name, namespace)
@@ -82,7 +137,7 @@ class KubeAPI:
             elif kind == "PersistentVolumeClaim":
                 core.delete_namespaced_persistent_volume_claim(name, namespace)
             else:
-                group, version, plural = KINDS[kind]
+                group, version, plural = KINDS[kind].find()
                 self._custom().delete_namespaced_custom_object(group, version, namespace, plural, name,
                                                                propagation_policy="Foreground")
 

@@ -14,8 +14,8 @@ from fsdpkit.errors import UserError
 from fsdpkit.jobs import manifests
 from fsdpkit.jobs.backends.kube_api import KINDS, KubeAPI, log, matches, selector
 from fsdpkit.jobs.health import GPU_QUERY, log_progress, network_verdict, parse_gpu_util, pod_findings, pod_summary
-from fsdpkit.jobs.manifests import ATTEMPT, JOB_LABEL, KF_JOB_NAME, KF_REPLICA_INDEX, KF_REPLICA_TYPE
-from fsdpkit.jobs.status import JobStatus, state_from_conditions
+from fsdpkit.jobs.manifests import ATTEMPT
+from fsdpkit.jobs.status import JobStatus, state_from_conditions, trainjob_state
 
 # The trainer reports its network before the first step: this much of rank 0's log holds it.
 NETWORK_HEAD = 256 * 1024
@@ -25,11 +25,17 @@ class KubeObserver(KubeAPI):
     def _status_of(self, kind: str, obj: dict[str, Any]) -> JobStatus:
         meta, status = obj.get("metadata", {}), obj.get("status") or {}
         conditions = status.get("conditions") or []
-        state, message = state_from_conditions(conditions)
+        if kind == "TrainJob":
+            state, message = trainjob_state(status)
+            replicas = {j.get("name", ""): {k: v for k, v in j.items() if k != "name"}
+                        for j in status.get("jobsStatus") or []}
+        else:
+            state, message = state_from_conditions(conditions)
+            replicas = status.get("replicaStatuses") or {}
         return JobStatus(
-            name=meta.get("name", ""), backend=self.name, state=state, message=message,
+            name=meta.get("name", ""), backend=KINDS[kind].backend, state=state, message=message,
             namespace=meta.get("namespace"), attempt=int((meta.get("annotations") or {}).get(ATTEMPT, 0)),
-            replicas=status.get("replicaStatuses") or {}, conditions=conditions,
+            replicas=replicas, conditions=conditions,
             details={"kind": kind, "startTime": status.get("startTime"),
                      "completionTime": status.get("completionTime")},
         )
@@ -40,7 +46,8 @@ class KubeObserver(KubeAPI):
 
     def list(self, namespace: str = "default") -> list[JobStatus]:
         out = []
-        for kind, (group, version, plural) in KINDS.items():
+        for kind, k in KINDS.items():
+            group, version, plural = k.find()
             try:
                 with api_errors(f"listing {plural}", self.host):
                     items = self._custom().list_namespaced_custom_object(
@@ -54,33 +61,27 @@ class KubeObserver(KubeAPI):
         return sorted(out, key=lambda s: s.name)
 
     # -- logs --------------------------------------------------------------------------------------
-    def pods(self, name: str, namespace: str) -> list[Any]:
-        sel = {KF_JOB_NAME: name}
+    def pods(self, name: str, namespace: str, kind: str | None = None) -> list[Any]:
+        """The job's pods, found by the label its operator (or fsdpkit) puts on them."""
+        kind = kind or self._require_job(name, namespace)[0]
+        sel = {KINDS[kind].pod_label: name}
         with api_errors(f"listing pods of {name}", self.host):
             items = self._core().list_namespaced_pod(namespace, label_selector=selector(sel)).items
-        found = [p for p in items if matches(p.metadata.labels, sel)]
-        if not found:  # HyperPodPyTorchJob pods carry our own label
-            sel = {JOB_LABEL: name}
-            with api_errors(f"listing pods of {name}", self.host):
-                items = self._core().list_namespaced_pod(namespace, label_selector=selector(sel)).items
-            found = [p for p in items if matches(p.metadata.labels, sel)]
-        return found
+        return [p for p in items if matches(p.metadata.labels, sel)]
 
     @staticmethod
-    def replica_of(pod: Any) -> str:
-        labels = pod.metadata.labels or {}
-        rtype, index = labels.get(KF_REPLICA_TYPE), labels.get(KF_REPLICA_INDEX)
-        return f"{rtype.lower()}-{index}" if rtype and index is not None else pod.metadata.name
+    def replica_of(pod: Any, kind: str = "PyTorchJob") -> str:
+        return KINDS[kind].replica(pod.metadata.labels or {}) or pod.metadata.name
 
-    def _pick(self, pods: list[Any], replica: str | None) -> list[Any]:
-        by_replica = {self.replica_of(p): p for p in pods}
+    def _pick(self, pods: list[Any], replica: str | None, kind: str) -> list[Any]:
+        by_replica = {self.replica_of(p, kind): p for p in pods}
         if replica == "all":
             return [by_replica[k] for k in sorted(by_replica)]
         if replica:
             if replica not in by_replica:
                 raise UserError(f"--replica {replica!r}: no such pod; this job has: {', '.join(sorted(by_replica))}")
             return [by_replica[replica]]
-        for first in ("master-0", "worker-0"):  # rank 0 by default
+        for first in KINDS[kind].rank0:  # rank 0 by default
             if first in by_replica:
                 return [by_replica[first]]
         return [by_replica[sorted(by_replica)[0]]]
@@ -89,32 +90,33 @@ class KubeObserver(KubeAPI):
              previous: bool = False, wait: float = 600, poll: float = 2.0) -> Iterator[str]:
         """Log lines of the job's rank-0 pod (or `replica`, or every pod with replica='all').
         Waits for the pods to exist and their containers to start before reading."""
-        self._require_job(name, namespace)
+        kind, _ = self._require_job(name, namespace)
         deadline = time.monotonic() + wait
         said = False
-        while not (pods := self.pods(name, namespace)):
+        while not (pods := self.pods(name, namespace, kind)):
             if time.monotonic() > deadline:
                 raise ClusterError(f"job {name!r} has no pods after {wait:.0f} s; see `fsdpkit job status {name}` "
-                                   "and `kubectl describe pytorchjob` for scheduling problems")
+                                   f"and `kubectl describe {kind.lower()} {name}` for scheduling problems")
             if not said:
                 log.info(f"waiting for the pods of {name} ...")
                 said = True
             time.sleep(poll)
-        chosen = self._pick(pods, replica)
+        chosen = self._pick(pods, replica, kind)
         prefix = len(chosen) > 1
         for pod in chosen:
-            label = self.replica_of(pod)
-            for line in self._pod_log(pod.metadata.name, namespace, follow and not prefix, previous, deadline, poll):
+            label = self.replica_of(pod, kind)
+            for line in self._pod_log(pod.metadata.name, namespace, KINDS[kind].container, follow and not prefix,
+                                      previous, deadline, poll):
                 yield f"[{label}] {line}" if prefix else line
 
-    def _pod_log(self, pod: str, namespace: str, follow: bool, previous: bool, deadline: float,
+    def _pod_log(self, pod: str, namespace: str, container: str, follow: bool, previous: bool, deadline: float,
                  poll: float) -> Iterator[str]:
         from kubernetes.client import ApiException
 
         while True:
             try:
                 resp = self._core().read_namespaced_pod_log(
-                    pod, namespace, container=manifests.CONTAINER, follow=follow, previous=previous,
+                    pod, namespace, container=container, follow=follow, previous=previous,
                     _preload_content=False)
                 break
             except ApiException as e:
@@ -139,13 +141,16 @@ class KubeObserver(KubeAPI):
     def network(self, name: str, namespace: str = "default") -> dict[str, Any] | None:
         """The network NCCL chose, as the trainer reported it before its first step (the start of
         rank 0's log); None before that line exists."""
-        pods = self.pods(name, namespace)
-        return self._network_of(self._pick(pods, None)[0].metadata.name, namespace) if pods else None
+        kind, _ = self._require_job(name, namespace)
+        pods = self.pods(name, namespace, kind)
+        if not pods:
+            return None
+        return self._network_of(self._pick(pods, None, kind)[0].metadata.name, namespace, KINDS[kind].container)
 
-    def _network_of(self, pod: str, namespace: str) -> dict[str, Any] | None:
+    def _network_of(self, pod: str, namespace: str, container: str) -> dict[str, Any] | None:
         try:
             with api_errors(f"reading logs of {pod}", self.host):
-                head = self._core().read_namespaced_pod_log(pod, namespace, container=manifests.CONTAINER,
+                head = self._core().read_namespaced_pod_log(pod, namespace, container=container,
                                                             limit_bytes=NETWORK_HEAD, _preload_content=False).data
         except Exception as e:  # no container yet, or gone: no verdict yet
             if is_not_found(e) or getattr(e, "status", None) == 400:
@@ -154,12 +159,12 @@ class KubeObserver(KubeAPI):
         return network_verdict(head.decode(errors="replace").splitlines())
 
     # -- watch ---------------------------------------------------------------------------------------
-    def gpu_utilisation(self, pod: str, namespace: str) -> list[dict[str, int]]:
+    def gpu_utilisation(self, pod: str, namespace: str, container: str = manifests.CONTAINER) -> list[dict[str, int]]:
         """nvidia-smi in the pod's container (exec), parsed; [] if it cannot be asked."""
         from kubernetes.stream import stream
 
         try:
-            out = stream(self._core().connect_get_namespaced_pod_exec, pod, namespace, container=manifests.CONTAINER,
+            out = stream(self._core().connect_get_namespaced_pod_exec, pod, namespace, container=container,
                          command=GPU_QUERY, stdout=True, stderr=False, stdin=False, tty=False)
         except Exception:  # no exec permission, no nvidia-smi (CPU pods), websocket blocked: not a finding
             return []
@@ -170,29 +175,29 @@ class KubeObserver(KubeAPI):
         """One look at a running job: state, per-pod phase and restarts, the trainer's latest step,
         loss and tokens/s from rank 0's log, and findings (stall, OOMKilled, crash loop, pending
         reason, NCCL timeout)."""
-        st = self.status(name, namespace)
+        kind, obj = self._require_job(name, namespace)
+        st, k = self._status_of(kind, obj), KINDS[kind]
+        sel = {k.pod_label: name}
         with api_errors(f"listing pods of {name}", self.host):
-            resp = self._core().list_namespaced_pod(namespace, label_selector=selector({KF_JOB_NAME: name}),
-                                                    _preload_content=False)
+            resp = self._core().list_namespaced_pod(namespace, label_selector=selector(sel), _preload_content=False)
         pods = [p for p in json.loads(resp.data or b"{}").get("items") or []
-                if matches((p.get("metadata") or {}).get("labels"), {KF_JOB_NAME: name})]
+                if matches((p.get("metadata") or {}).get("labels"), sel)]
         findings = pod_findings(pods)
         progress: dict[str, Any] = {}
         network = None
-        by_replica = {f"{(p['metadata'].get('labels') or {}).get(KF_REPLICA_TYPE, '').lower()}-"
-                      f"{(p['metadata'].get('labels') or {}).get(KF_REPLICA_INDEX)}": p for p in pods}
-        rank0 = by_replica.get("master-0") or by_replica.get("worker-0")
+        by_replica = {k.replica((p.get("metadata") or {}).get("labels") or {}): p for p in pods}
+        rank0 = next((by_replica[r] for r in k.rank0 if r in by_replica), None)
         if rank0 is not None and (rank0.get("status") or {}).get("phase") == "Running" and not st.finished:
             pod = rank0["metadata"]["name"]
             try:
                 with api_errors(f"reading logs of {pod}", self.host):
-                    log = self._core().read_namespaced_pod_log(pod, namespace, container=manifests.CONTAINER,
+                    log = self._core().read_namespaced_pod_log(pod, namespace, container=k.container,
                                                                tail_lines=500, timestamps=True,
                                                                _preload_content=False).data.decode(errors="replace")
                 progress, more = log_progress(log.splitlines(), pod, now or dt.datetime.now(dt.timezone.utc),
                                               stall_after)
                 findings += more
-                network = network_verdict(log.splitlines()) or self._network_of(pod, namespace)
+                network = network_verdict(log.splitlines()) or self._network_of(pod, namespace, k.container)
             except Exception as e:  # a log that cannot be read yet is not a finding of its own
                 if not is_not_found(e) and getattr(e, "status", None) != 400:
                     raise
@@ -200,7 +205,7 @@ class KubeObserver(KubeAPI):
         if gpu:
             for s in summaries:
                 if s["phase"] == "Running":
-                    s["gpus"] = self.gpu_utilisation(s["name"], namespace)
+                    s["gpus"] = self.gpu_utilisation(s["name"], namespace, k.container)
         return {"name": name, "state": st.state, "attempt": st.attempt, "message": st.message,
                 "pods": summaries, "progress": progress, "network": network,
                 "findings": [f.to_dict() for f in findings]}

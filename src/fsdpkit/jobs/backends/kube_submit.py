@@ -38,9 +38,21 @@ class KubeSubmitter(KubeAPI):
                                 "or pass --replace to delete it and submit again (checkpoints on its storage are kept)")
             self.cancel(spec.name, spec.namespace)
             self._wait_gone(spec.name, spec.namespace)
+        self.require_operator(objs[-1]["kind"], spec.namespace)
         created, reused = self.apply(spec, objs, token)
         return {"name": spec.name, "namespace": spec.namespace, "dry_run": False, "created": created,
                 "reused": reused}
+
+    def require_operator(self, kind: str, namespace: str) -> None:
+        """Before anything is created: the cluster serves this job kind, else one line naming what
+        installs it and the backends this cluster does run."""
+        if self.serves(kind, namespace):
+            return
+        have = [f"{k.backend} ({k.kind})" for k in KINDS.values()
+                if k.kind != kind and self.serves(k.kind, namespace)]
+        raise ClusterError(f"{kind}: this cluster has no such API; install {KINDS[kind].operator}"
+                           + (f", or submit with the backend it runs: {', '.join(have)} (--set backend=...)"
+                              if have else ""))
 
     def apply(self, spec: JobSpec, objs: list[dict[str, Any]], token: str | None = None) -> tuple[list[str], list[str]]:
         """Create `objs` in order; an existing PVC of this job is reused. If one fails, the ones this
@@ -62,7 +74,7 @@ class KubeSubmitter(KubeAPI):
                             self._core().create_namespaced_persistent_volume_claim(spec.namespace, obj)
                         created.append(obj)
                 else:
-                    group, version, plural = KINDS[kind]
+                    group, version, plural = KINDS[kind].find()
                     with api_errors(f"creating {kind}/{name}", self.host):
                         self._custom().create_namespaced_custom_object(group, version, spec.namespace, plural, obj)
                     created.append(obj)
@@ -71,7 +83,8 @@ class KubeSubmitter(KubeAPI):
             if is_not_found(e):
                 raise ClusterError(f"creating {kind}/{name}: the API server does not know it ({api_message(e)}): "
                                    f"check that namespace {spec.namespace} exists and, for a job, that its operator's "
-                                   "CRD is installed (the Kubeflow training operator for PyTorchJob)") from None
+                                   f"CRD is installed ({KINDS[kind].operator if kind in KINDS else 'its operator'})"
+                                   ) from None
             raise
         return [f"{o['kind']}/{o['metadata']['name']}" for o in created], reused
 
@@ -140,7 +153,7 @@ class KubeSubmitter(KubeAPI):
             "spec": copy.deepcopy(obj["spec"]),
         }
         fresh["metadata"]["annotations"][ATTEMPT] = str(int(fresh["metadata"]["annotations"].get(ATTEMPT, 0)) + 1)
-        group, version, plural = KINDS[kind]
+        group, version, plural = KINDS[kind].find()
         self._delete_object(kind, meta["name"], meta.get("namespace"))
         self._wait_gone(meta["name"], meta.get("namespace"))
         with api_errors(f"resubmitting {kind}/{meta['name']}", self.host):

@@ -1,0 +1,46 @@
+"""Kubeflow Trainer v2 on a cluster: its API, how it is installed upstream, and `fsdpkit-torch`,
+the ClusterTrainingRuntime fsdpkit adds beside the cluster's own `torch-distributed`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+GROUP, VERSION = "trainer.kubeflow.org", "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+RELEASE = "v2.3.0"
+NODE = "node"                       # the runtime's replicated job and container Trainer v2 fills in
+ANCESTOR = "trainer.kubeflow.org/trainjob-ancestor-step"
+FSDPKIT_RUNTIME = "fsdpkit-torch"
+UPSTREAM_RUNTIME = "torch-distributed"
+# Labels JobSet and the Job controller put on each pod of a TrainJob.
+JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
+COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
+CONTROLLER_LABELS = [{"app.kubernetes.io/name": "trainer", "app.kubernetes.io/component": "manager"}]
+# The controller with its CRDs and JobSet, then upstream's runtimes (torch-distributed among them).
+INSTALL = (f'kubectl apply --server-side -k "https://github.com/kubeflow/trainer.git/manifests/overlays/manager?ref='
+           f'{RELEASE}" && kubectl -n kubeflow-system wait --for=condition=Available --timeout=300s '
+           f'deployment/kubeflow-trainer-controller-manager && kubectl apply --server-side -k '
+           f'"https://github.com/kubeflow/trainer.git/manifests/overlays/runtimes?ref={RELEASE}"')
+
+
+def runtime_manifest(image: str, max_restarts: int = 3) -> dict[str, Any]:
+    """fsdpkit-torch: upstream's torch-distributed shape plus what a TrainJob cannot patch: a
+    re-pushed tag is pulled again, and failed pods are started again `max_restarts` times before
+    the TrainJob fails (then `fsdpkit job wait` may resubmit it; the trainer resumes from its
+    newest checkpoint). The image is a placeholder each TrainJob replaces with its own."""
+    return {
+        "apiVersion": API_VERSION, "kind": "ClusterTrainingRuntime",
+        "metadata": {"name": FSDPKIT_RUNTIME, "labels": {"trainer.kubeflow.org/framework": "torch",
+                                                          "app.kubernetes.io/managed-by": "fsdpkit"}},
+        "spec": {
+            "mlPolicy": {"numNodes": 1, "torch": {}},
+            "template": {"spec": {
+                "failurePolicy": {"maxRestarts": max_restarts},
+                "replicatedJobs": [{"name": NODE, "template": {
+                    "metadata": {"labels": {ANCESTOR: "trainer"}},
+                    "spec": {"template": {"spec": {"containers": [
+                        {"name": NODE, "image": image, "imagePullPolicy": "Always"}]}}},
+                }}],
+            }},
+        },
+    }

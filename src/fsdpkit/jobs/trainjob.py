@@ -1,0 +1,61 @@
+"""Kubeflow Trainer v2: a TrainJob on a ClusterTrainingRuntime, with a JobSet underneath.
+
+Every per-job value goes into the TrainJob itself: the image, command, node count and resources in
+`trainer`, and the rest of fsdpkit's pod (shared memory, the checkpoint volume, node selection,
+tolerations, the grace period a checkpoint needs) as a runtime patch. So a job runs as well on the
+cluster's own `torch-distributed` runtime as on `fsdpkit-torch` (fsdpkit.cluster.trainer), which
+adds only what a job cannot patch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fsdpkit.cluster.trainer import API_VERSION, GROUP, NODE
+from fsdpkit.jobs import manifests as m
+from fsdpkit.jobs.command import node_command
+from fsdpkit.jobs.spec import JobSpec
+
+PATCH_MANAGER = "fsdpkit.dev/job"  # who owns the runtime patch (the list is keyed by manager)
+# The only pod fields a runtime patch may set that fsdpkit's pod template uses.
+_PATCHABLE = ("volumes", "nodeSelector", "tolerations", "affinity", "terminationGracePeriodSeconds")
+
+
+def rdzv_endpoint(spec: JobSpec) -> str:
+    """The first pod, by the name JobSet's headless Service gives it (NAME-node-0-0.NAME)."""
+    return f"{spec.name}-{NODE}-0-0.{spec.name}:{spec.rdzv_port}"
+
+
+def trainjob_labels(spec: JobSpec) -> dict[str, str]:
+    out = m.labels(spec)
+    if spec.priority_class:  # a TrainJob's pods take no priorityClassName; Kueue's workload priority does it
+        out["kueue.x-k8s.io/priority-class"] = spec.priority_class
+    return out
+
+
+def trainjob_manifest(spec: JobSpec) -> dict[str, Any]:
+    pod = m.pod_template(spec, node_command(spec, rdzv_endpoint(spec), spec.name, spec.storage.root), container=NODE)
+    container = pod["spec"]["containers"][0]
+    trainer: dict[str, Any] = {"image": spec.image, "command": container["command"], "numNodes": spec.nodes.max,
+                               "numProcPerNode": spec.procs, "env": container["env"]}
+    if "resources" in container:
+        trainer["resourcesPerNode"] = container["resources"]
+    pod_patch = {k: v for k, v in pod["spec"].items() if k in _PATCHABLE}
+    pod_patch["containers"] = [{"name": NODE, "volumeMounts": container["volumeMounts"]}]
+    node_patch = {"name": NODE, "template": {"metadata": {"labels": m.labels(spec)}, "spec": {
+        "template": {"metadata": {"labels": m.labels(spec)}, "spec": pod_patch}}}}
+    return {
+        "apiVersion": API_VERSION, "kind": "TrainJob",
+        "metadata": {"name": spec.name, "namespace": spec.namespace, "labels": trainjob_labels(spec),
+                     "annotations": {m.ATTEMPT: "0", m.MAX_RESUBMITS: str(spec.resubmits)}},
+        "spec": {
+            "runtimeRef": {"name": spec.trainjob.runtime, "kind": "ClusterTrainingRuntime", "apiGroup": GROUP},
+            "trainer": trainer,
+            "runtimePatches": [{"manager": PATCH_MANAGER, "trainingRuntimeSpec": {
+                "template": {"spec": {"replicatedJobs": [node_patch]}}}}],
+        },
+    }
+
+
+def render(spec: JobSpec) -> list[dict[str, Any]]:
+    """Secret and PVC as for every Kubernetes job, then the TrainJob."""
+    return [*[o for o in m.render(spec) if o["kind"] != "PyTorchJob"], trainjob_manifest(spec)]
