@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from slurm_cluster import SlurmCluster, why_not
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # Small, fast settings shared by the training tests (tiny preset, short sequences).
@@ -215,3 +217,16 @@ def kube(tmp_path):
     k = KubeMock(tmp_path)
     yield k
     k.close()
+
+
+@pytest.fixture(scope="session")
+def slurm(tmp_path_factory):
+    """A real Slurm (slurmctld and two slurmd nodes on 127.0.0.1) for the session; skipped, with the
+    reason, where Slurm is not installed or the tests do not run as root."""
+    if reason := why_not():
+        pytest.skip(reason)
+    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"))
+    cluster.start()
+    yield cluster
+    cluster.stop()
+

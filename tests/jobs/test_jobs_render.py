@@ -286,7 +286,7 @@ def test_slurm_script_parses_and_carries_rendezvous_and_efa(instance):
     assert r.returncode == 0, r.stderr
     assert "#SBATCH --nodes=4" in text and "#SBATCH --partition=gpu" in text
     assert "--rdzv-backend=c10d" in text and '"--rdzv-endpoint=${rdzv_endpoint}"' in text
-    assert 'rdzv_endpoint="${head_node}:29500"' in text
+    assert 'rdzv_endpoint="${head_addr:-$head_node}:29500"' in text  # the head node by its NodeAddr
     assert "--container-image='nvcr.io#nvidia/pytorch'" in text and "--container-mounts=/fsx:/fsx" in text
     assert "--checkpoint_dir /fsx/t1/checkpoints" in text
     efa = INSTANCES[instance].efa

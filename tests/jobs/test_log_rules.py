@@ -65,7 +65,9 @@ def node_logs(tmp_path_factory):
 
 
 def test_every_node_says_each_logged_step(node_logs):
-    rank0, node1 = node_logs
+    # Which agent's worker became rank 0 is the rendezvous's choice: tell them apart by their lines.
+    node1, rank0 = sorted(node_logs, key=lambda lines: any(ln.startswith("Batch ") and "Validation" in ln
+                                                           for ln in lines))
     assert [ln.split(" Loss")[0] for ln in rank0 if ln.startswith("Batch ") and "Validation" not in ln] == \
         ["Batch 2", "Batch 4", "Batch 6"]
     assert [ln.split(" Loss")[0] for ln in node1 if ln.startswith("Batch ")] == ["Batch 2", "Batch 4", "Batch 6"]

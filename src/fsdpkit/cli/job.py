@@ -261,7 +261,8 @@ def build_parser() -> argparse.ArgumentParser:
     common(p)
     p.set_defaults(func=cmd_list)
 
-    p = sub.add_parser("delete", help="cancel and remove a job (its checkpoint storage is kept)")
+    p = sub.add_parser("delete", aliases=["cancel"],
+                       help="cancel and remove a job (its checkpoint storage is kept); `cancel` is the same verb")
     name_args(p)
     p.add_argument("--delete-storage", action="store_true", help="also delete the PVC fsdpkit created for it")
     common(p)

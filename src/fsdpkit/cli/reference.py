@@ -78,8 +78,11 @@ def _section(parser: argparse.ArgumentParser, depth: int, description: str | Non
     if action := _subparsers_action(parser):
         # A subcommand without a description of its own is described by its help line.
         helps = {a.dest: a.help for a in action._choices_actions}
+        seen: set[int] = set()
         for name, sub in action.choices.items():
-            lines += _section(sub, depth + 1, helps.get(name))
+            if id(sub) not in seen:  # an alias (`job cancel` for `job delete`) is the same parser
+                seen.add(id(sub))
+                lines += _section(sub, depth + 1, helps.get(name))
     return lines
 
 

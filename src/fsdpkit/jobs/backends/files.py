@@ -11,6 +11,12 @@ NETWORK_LINES = 2000
 
 
 def read_lines(path: Path, follow: bool, finished: Callable[[], bool], poll: float) -> Iterator[str]:
+    """The file's lines; with `follow`, also those written until the job finishes. A job that has not
+    started yet has no file: following waits for it, a plain read has nothing to show."""
+    while not path.exists():
+        if not follow or finished():
+            return
+        time.sleep(poll)
     with open(path, errors="replace") as f:
         while True:
             line = f.readline()

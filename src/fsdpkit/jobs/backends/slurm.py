@@ -1,12 +1,14 @@
 """Slurm: an sbatch script (one srun task per node, each running torchrun with c10d rendezvous on the
 first node, EFA settings of the instance type, optionally inside a pyxis/enroot container), written
-to disk and submitted with `sbatch` when it is on PATH. Status, logs and cancel use squeue/sacct,
-the job's output file and scancel."""
+to disk and submitted with `sbatch` when it is on PATH. Status and logs read `scontrol show job`
+(the controller keeps finished jobs for MinJobAge), which every Slurm has; sacct, which needs
+accounting storage, only for a job the controller no longer holds. Cancel is scancel: SIGTERM to
+every step first, so the trainer writes its checkpoint."""
 
 from __future__ import annotations
 
 import itertools
-import json
+import re
 import shlex
 import shutil
 import subprocess
@@ -23,7 +25,9 @@ from fsdpkit.jobs.health import network_verdict
 from fsdpkit.jobs.spec import JobSpec
 from fsdpkit.jobs.status import JobStatus
 
-# sacct/squeue states -> fsdpkit states
+# `Key=value` fields of one `scontrol show job -o` line.
+_FIELD = re.compile(r"(\w[\w:/]*)=(\S*)")
+# Slurm job states -> fsdpkit states
 _STATES = {
     "PENDING": "Pending", "CONFIGURING": "Created", "RUNNING": "Running", "COMPLETING": "Running",
     "REQUEUED": "Restarting", "RESIZING": "Running", "SUSPENDED": "Pending", "COMPLETED": "Succeeded",
@@ -63,9 +67,11 @@ def script(spec: JobSpec) -> str:
         lines.append(f': "${{{ref.env}:?export {ref.env} before sbatch}}"')
     lines += [
         "",
-        "# c10d rendezvous on the first node of the allocation; every node runs one torchrun.",
+        "# c10d rendezvous on the first node of the allocation (by the address Slurm reaches it at);",
+        "# every node runs one torchrun.",
         'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-        f'rdzv_endpoint="${{head_node}}:{spec.rdzv_port}"',
+        'head_addr=$(scontrol show node "$head_node" 2>/dev/null | sed -n \'s/.*NodeAddr=\\([^ ]*\\).*/\\1/p\')',
+        f'rdzv_endpoint="${{head_addr:-$head_node}}:{spec.rdzv_port}"',
         "",
     ]
     root = spec.storage.root
@@ -108,7 +114,8 @@ class SlurmBackend:
                     "hint": f"sbatch is not on PATH here; copy {path} to the cluster and run: sbatch {path.name}"}
         out = subprocess.run(["sbatch", "--parsable", str(path)], capture_output=True, text=True)
         if out.returncode != 0:
-            raise UserError(f"sbatch refused {path}: {out.stderr.strip() or out.stdout.strip()}")
+            said = (out.stderr.strip() or out.stdout.strip()).splitlines()
+            raise UserError(f"sbatch refused {path}: {said[-1] if said else f'exit {out.returncode}'}")
         job_id = out.stdout.strip().split(";")[0]
         return {"name": spec.name, "dry_run": False, "script": str(path), "submitted": True, "job_id": job_id}
 
@@ -117,27 +124,51 @@ class SlurmBackend:
         if shutil.which(tool) is None:
             raise UserError(f"{tool} is not on PATH: run this on a Slurm login node")
 
+    def _jobs(self) -> list[dict[str, str]]:
+        """Every job the controller holds (running, pending, and finished within MinJobAge), oldest first."""
+        self._need("scontrol")
+        out = subprocess.run(["scontrol", "show", "job", "-o"], capture_output=True, text=True)
+        if out.returncode != 0 and "Invalid job id" not in out.stderr:
+            raise UserError(f"scontrol show job failed: {out.stderr.strip() or out.stdout.strip()}")
+        jobs = [dict(_FIELD.findall(line)) for line in out.stdout.splitlines() if line.startswith("JobId=")]
+        return sorted(jobs, key=lambda j: int(j.get("JobId", "0")))
+
+    def _status_of(self, job: dict[str, str]) -> JobStatus:
+        state = job.get("JobState", "UNKNOWN")
+        message = f"{state} exit {job.get('ExitCode', '?')}" + (
+            f" ({job['Reason']})" if job.get("Reason") not in (None, "None") else "")
+        return JobStatus(job.get("JobName", ""), self.name, _STATES.get(state, "Unknown"), message,
+                         attempt=int(job.get("Restarts", "0") or 0),
+                         details={"job_id": job.get("JobId"), "stdout": job.get("StdOut")})
+
     def status(self, name: str, namespace: str | None = None) -> JobStatus:
-        self._need("sacct")
-        out = subprocess.run(["sacct", "-n", "-X", "-P", "--name", name, "-o", "JobID,State,ExitCode"],
-                             capture_output=True, text=True)
-        rows = [r.split("|") for r in out.stdout.strip().splitlines() if r]
-        if not rows:
-            raise UserError(f"no Slurm job named {name!r} (see `fsdpkit job list --backend slurm`)")
-        job_id, state, exit_code = rows[-1][:3]
-        return JobStatus(name, self.name, _STATES.get(state.split()[0], "Unknown"), f"{state} exit {exit_code}",
-                         details={"job_id": job_id})
+        mine = [j for j in self._jobs() if j.get("JobName") == name]
+        if mine:
+            return self._status_of(mine[-1])
+        return self._from_accounting(name)
+
+    def _from_accounting(self, name: str) -> JobStatus:
+        """A job the controller no longer holds: sacct, where the cluster keeps accounting."""
+        if shutil.which("sacct") is not None:
+            out = subprocess.run(["sacct", "-n", "-X", "-P", "--name", name, "-o", "JobID,State,ExitCode"],
+                                 capture_output=True, text=True)
+            rows = [r.split("|") for r in out.stdout.strip().splitlines() if r] if out.returncode == 0 else []
+            if rows:
+                job_id, state, exit_code = rows[-1][:3]
+                return JobStatus(name, self.name, _STATES.get(state.split()[0], "Unknown"),
+                                 f"{state} exit {exit_code}", details={"job_id": job_id})
+        raise UserError(f"no Slurm job named {name!r} (see `fsdpkit job list --backend slurm`)")
 
     def list(self, namespace: str | None = None) -> list[JobStatus]:
-        self._need("squeue")
-        out = subprocess.run(["squeue", "--me", "-h", "-o", "%j|%T|%i"], capture_output=True, text=True)
-        return [JobStatus(n, self.name, _STATES.get(s, "Unknown"), details={"job_id": i})
-                for n, s, i in (r.split("|") for r in out.stdout.strip().splitlines() if r)]
+        return [self._status_of(j) for j in self._jobs()]
 
     def cancel(self, name: str, namespace: str | None = None, delete_storage: bool = False) -> list[str]:
+        """scancel: Slurm sends SIGTERM to every step, and SIGKILL only after KillWait."""
+        st = self.status(name)
         self._need("scancel")
-        subprocess.run(["scancel", "--name", name], check=False)
-        return [f"slurm/{name}"]
+        if not st.finished:
+            subprocess.run(["scancel", "--name", name], check=False)
+        return [f"slurm/{name} (job {st.details['job_id']})"]
 
     def network(self, name: str, namespace: str | None = None) -> dict[str, Any] | None:
         """The network the trainer reported before its first step, from the start of the job's log."""
@@ -146,22 +177,20 @@ class SlurmBackend:
     def logs(self, name: str, namespace: str | None = None, follow: bool = False, replica: str | None = None,
              previous: bool = False, wait: float = 600, poll: float = 2.0) -> Iterator[str]:
         st = self.status(name)
-        self._need("scontrol")
-        out = subprocess.run(["scontrol", "show", "job", st.details["job_id"], "--json"], capture_output=True,
-                             text=True)
-        try:
-            path = Path(json.loads(out.stdout)["jobs"][0]["standard_output"])
-        except (ValueError, KeyError, IndexError):
-            raise UserError(f"cannot find the output file of Slurm job {st.details['job_id']}") from None
-        yield from read_lines(path, follow, lambda: self.status(name).finished, poll)
+        if not st.details.get("stdout"):
+            raise UserError(f"cannot find the output file of Slurm job {st.details['job_id']} (the controller no "
+                            "longer holds it; its --output is set in the spec's slurm.output)")
+        yield from read_lines(Path(st.details["stdout"]), follow, lambda: self.status(name).finished, poll)
 
     def wait(self, name: str, namespace: str | None = None, timeout: float | None = None, poll: float = 10.0,
              on_change=None) -> JobStatus:
         deadline = None if timeout is None else time.monotonic() + timeout
+        last = None
         while True:
             st = self.status(name)
-            if on_change:
+            if on_change and (st.state, st.attempt) != last:
                 on_change(st)
+            last = (st.state, st.attempt)
             if st.finished or (deadline is not None and time.monotonic() > deadline):
                 return st
             time.sleep(poll)
