@@ -404,3 +404,13 @@ def test_colon_values_are_not_base_60_numbers(tmp_path):
     assert (spec.nodes.min, spec.nodes.max) == (2, 4) and spec.slurm.time == "48:00:00"
     assert load_spec(None, [*parse_overrides(["name=colon", "backend=pytorchjob", "image=x:1", "nodes=2:4"])]).nodes \
         == (2, 4)
+
+
+def test_an_older_spec_s_hyperpod_kind_names_the_operator():
+    for kind, operator, made in (("HyperPodPyTorchJob", "hyperpod", "HyperPodPyTorchJob"),
+                                 ("PyTorchJob", "kubeflow", "PyTorchJob")):
+        spec = spec_for("hyperpod", "2", "ml.p5.48xlarge", hyperpod={"kind": kind})
+        assert spec.hyperpod.operator == operator and hyperpod.render(spec)[-1]["kind"] == made
+    with pytest.raises(UserError, match=r"^hyperpod.operator: 'slurm' is not a HyperPod job operator; choose one of: "
+                                        r"hyperpod, kubeflow"):
+        spec_for("hyperpod", "2", "ml.p5.48xlarge", hyperpod={"operator": "slurm"})

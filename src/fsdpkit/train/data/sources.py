@@ -7,6 +7,7 @@ that a rank reads only its own blocks.
 
 from __future__ import annotations
 
+import functools
 import gzip
 import io
 import json
@@ -41,6 +42,19 @@ def _shuffled(items: list, seed: int, epoch: int) -> list:
     return order
 
 
+@functools.cache
+def _python_files(root: Path) -> tuple[str, ...]:
+    """The `.py` files under `root`, relative and sorted; installed packages (site-packages,
+    dist-packages) are not walked at all: they are not the corpus, and a large environment made the
+    walk the slowest part of a short run's start-up. Listed once per process (train, validation and
+    the preflight all ask)."""
+    found = []
+    for here, dirs, names in os.walk(root):
+        dirs[:] = [d for d in dirs if d not in ("site-packages", "dist-packages", "__pycache__")]
+        found += [os.path.relpath(os.path.join(here, n), root) for n in names if n.endswith(".py")]
+    return tuple(sorted(Path(f).as_posix() for f in found))
+
+
 class EmbeddedCorpus:
     """The Python standard library's `.py` files; one in 50 (by path hash) is held out for validation."""
 
@@ -49,11 +63,7 @@ class EmbeddedCorpus:
     def __init__(self, split: str, seed: int, root: Path | None = None):
         self.root = Path(root or sysconfig.get_paths()["stdlib"])
         self.split, self.seed = split, seed
-        files = sorted(
-            p.relative_to(self.root).as_posix()
-            for p in self.root.rglob("*.py")
-            if "site-packages" not in p.parts and "dist-packages" not in p.parts
-        )
+        files = _python_files(self.root)
         held_out = [f for f in files if _held_out(f, 50)]
         self.files = held_out if split != "train" else sorted(set(files) - set(held_out))
         if not self.files:
