@@ -8,7 +8,7 @@ from fsdpkit.hardware.instances import network_env
 from fsdpkit.jobs.spec import JobSpec, train_config, train_options
 from fsdpkit.plan.grace import GracePeriod, grace_period
 from fsdpkit.plan.planner import plan_config
-from fsdpkit.train.config import build, recipe_values, to_flags
+from fsdpkit.train.config import TrainConfig, build, recipe_values, to_flags
 
 # Set on every GPU node: the caching allocator grows segments instead of fragmenting (fewer
 # out-of-memory stops at long sequences), and NCCL's flight recorder keeps the last collectives of
@@ -30,6 +30,13 @@ def node_env(spec: JobSpec) -> dict[str, str]:
     return {**env, **spec.env}
 
 
+def planned_step_seconds(spec: JobSpec, cfg: TrainConfig) -> float | None:
+    """The planner's step time for the job, where its nodes are NVIDIA GPUs of a known type."""
+    if spec.instance is None or spec.instance.resource != "nvidia.com/gpu":
+        return None
+    return plan_config(cfg, spec.instance_type, spec.nodes.max, procs_per_node=spec.procs).step_s
+
+
 def job_grace(spec: JobSpec) -> GracePeriod | None:
     """The time the job's pods need after SIGTERM, where they run fsdpkit's trainer with
     checkpoints on shared storage: from the checkpoint's size, the storage's write rate and the
@@ -37,10 +44,7 @@ def job_grace(spec: JobSpec) -> GracePeriod | None:
     if spec.command is not None or not spec.storage.root:
         return None
     cfg = train_config(spec)
-    step_s = None
-    if spec.instance is not None and spec.instance.resource == "nvidia.com/gpu":
-        step_s = plan_config(cfg, spec.instance_type, spec.nodes.max, procs_per_node=spec.procs).step_s
-    return grace_period(cfg.shape, spec.storage.write_mb_per_s, step_s)
+    return grace_period(cfg.shape, spec.storage.write_mb_per_s, planned_step_seconds(spec, cfg))
 
 
 def grace_seconds(spec: JobSpec) -> int | None:

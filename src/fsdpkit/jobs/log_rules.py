@@ -15,9 +15,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from fsdpkit.jobs.command import job_grace
+from fsdpkit.jobs.command import job_grace, planned_step_seconds
 from fsdpkit.jobs.spec import JobSpec, train_config
-from fsdpkit.plan.planner import plan_config
 from fsdpkit.train.config import TrainConfig
 from fsdpkit.train.log_lines import ANY_STEP, FINITE_STEP
 
@@ -32,9 +31,9 @@ def hang_seconds(spec: JobSpec, cfg: TrainConfig) -> int:
     time, plus a checkpoint's write (a synchronous save stops the loop) and a validation pass."""
     if spec.hyperpod.hang_timeout is not None:
         return spec.hyperpod.hang_timeout
-    if spec.instance is None or spec.instance.resource != "nvidia.com/gpu":
+    step_s = planned_step_seconds(spec, cfg)
+    if step_s is None and (spec.instance is None or spec.instance.resource != "nvidia.com/gpu"):
         return DEFAULT_HANG_S
-    step_s = plan_config(cfg, spec.instance_type, spec.nodes.max, procs_per_node=spec.procs).step_s
     grace = job_grace(spec)
     write_s = grace.write_s if grace else 0.0
     window_s = cfg.log.logging_freq * (step_s or 0.0)
