@@ -11,7 +11,7 @@ from decimal import Decimal
 from typing import Any
 
 from fsdpkit.cluster import trainer
-from fsdpkit.cluster.client import api_errors, is_not_found
+from fsdpkit.cluster.client import api_errors, is_not_found, labels_match
 from fsdpkit.cluster.quantity import fmt_bytes, fmt_cores, parse
 
 GPU, EFA, NEURON = "nvidia.com/gpu", "vpc.amazonaws.com/efa", "aws.amazon.com/neuron"
@@ -105,12 +105,6 @@ class Report:
                 "default_backend": self.backends[0] if self.backends else None}
 
 
-def _matches(labels: dict[str, str] | None, wanted: dict[str, str | None]) -> bool:
-    """Every wanted label; a wanted value of None asks only that the key is there."""
-    labels = labels or {}
-    return all(k in labels if v is None else labels.get(k) == v for k, v in wanted.items())
-
-
 class ClusterReader:
     """Raw JSON reads (no model classes: a partial object from an odd installer must not crash us)."""
 
@@ -165,7 +159,8 @@ def node_infos(nodes: list[dict[str, Any]], pods: list[dict[str, Any]]) -> list[
 
 def _daemonset_check(name: str, daemonsets: list[dict[str, Any]], label_sets: list[dict[str, str]],
                      fix: str, needed: bool) -> Check:
-    found = [d for d in daemonsets if any(_matches((d.get("metadata") or {}).get("labels"), ls) for ls in label_sets)]
+    found = [d for d in daemonsets
+             if any(labels_match((d.get("metadata") or {}).get("labels"), ls) for ls in label_sets)]
     if not found:
         return Check(name, "fail" if needed else "warn", "not installed" + ("" if needed else " (no node needs it)"),
                      fix)
@@ -183,7 +178,8 @@ def _operator_check(name: str, crd: str, crds: set[str], deployments: list[dict[
                     label_sets: list[dict[str, str | None]], fix: str, needed: bool) -> Check:
     if crd not in crds:
         return Check(name, "fail" if needed else "warn", f"CRD {crd} not installed", fix)
-    found = [d for d in deployments if any(_matches((d.get("metadata") or {}).get("labels"), ls) for ls in label_sets)]
+    found = [d for d in deployments
+             if any(labels_match((d.get("metadata") or {}).get("labels"), ls) for ls in label_sets)]
     if not found:
         return Check(name, "fail" if needed else "warn", f"CRD {crd} present but no controller Deployment found", fix)
     d = found[0]

@@ -108,3 +108,15 @@ def api_errors(what: str, host: str | None = None) -> Iterator[None]:
 
 def is_not_found(e: BaseException) -> bool:
     return getattr(e, "status", None) == 404
+
+
+def labels_match(labels: dict[str, str] | None, wanted: dict[str, str | None]) -> bool:
+    """Every wanted label (a wanted value of None asks only that the key is there). Also checked
+    on our side after a labelSelector query, so a server (or proxy) that ignores the selector
+    cannot mix objects."""
+    labels = labels or {}
+    return all(k in labels if v is None else labels.get(k) == v for k, v in wanted.items())
+
+
+def label_selector(wanted: dict[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in wanted.items())

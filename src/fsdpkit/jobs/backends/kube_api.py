@@ -61,17 +61,6 @@ KINDS = {k.kind: k for k in (
 )}
 
 
-def matches(labels: dict[str, str] | None, wanted: dict[str, str]) -> bool:
-    """Label selection done on our side as well: the selector is sent to the API server, and the
-    answer is checked again, so a server (or proxy) that ignores labelSelector cannot mix jobs."""
-    labels = labels or {}
-    return all(labels.get(k) == v for k, v in wanted.items())
-
-
-def selector(wanted: dict[str, str]) -> str:
-    return ",".join(f"{k}={v}" for k, v in wanted.items())
-
-
 class KubeAPI:
     name = "pytorchjob"
 

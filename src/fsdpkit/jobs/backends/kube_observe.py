@@ -9,10 +9,10 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from fsdpkit.cluster.client import ClusterError, api_errors, is_not_found
+from fsdpkit.cluster.client import ClusterError, api_errors, is_not_found, label_selector, labels_match
 from fsdpkit.errors import UserError
 from fsdpkit.jobs import manifests
-from fsdpkit.jobs.backends.kube_api import KINDS, KubeAPI, log, matches, selector
+from fsdpkit.jobs.backends.kube_api import KINDS, KubeAPI, log
 from fsdpkit.jobs.health import GPU_QUERY, log_progress, network_verdict, parse_gpu_util, pod_findings, pod_summary
 from fsdpkit.jobs.manifests import ATTEMPT
 from fsdpkit.jobs.status import JobStatus, state_from_conditions, trainjob_state
@@ -51,13 +51,13 @@ class KubeObserver(KubeAPI):
             try:
                 with api_errors(f"listing {plural}", self.host):
                     items = self._custom().list_namespaced_custom_object(
-                        group, version, namespace, plural, label_selector=selector(manifests.MANAGED_BY))["items"]
+                        group, version, namespace, plural, label_selector=label_selector(manifests.MANAGED_BY))["items"]
             except Exception as e:
                 if is_not_found(e):  # the CRD is not installed: no jobs of that kind
                     continue
                 raise
             out += [self._status_of(kind, o) for o in items
-                    if matches(o.get("metadata", {}).get("labels"), manifests.MANAGED_BY)]
+                    if labels_match(o.get("metadata", {}).get("labels"), manifests.MANAGED_BY)]
         return sorted(out, key=lambda s: s.name)
 
     # -- logs --------------------------------------------------------------------------------------
@@ -66,8 +66,8 @@ class KubeObserver(KubeAPI):
         kind = kind or self._require_job(name, namespace)[0]
         sel = {KINDS[kind].pod_label: name}
         with api_errors(f"listing pods of {name}", self.host):
-            items = self._core().list_namespaced_pod(namespace, label_selector=selector(sel)).items
-        return [p for p in items if matches(p.metadata.labels, sel)]
+            items = self._core().list_namespaced_pod(namespace, label_selector=label_selector(sel)).items
+        return [p for p in items if labels_match(p.metadata.labels, sel)]
 
     @staticmethod
     def replica_of(pod: Any, kind: str = "PyTorchJob") -> str:
@@ -179,9 +179,10 @@ class KubeObserver(KubeAPI):
         st, k = self._status_of(kind, obj), KINDS[kind]
         sel = {k.pod_label: name}
         with api_errors(f"listing pods of {name}", self.host):
-            resp = self._core().list_namespaced_pod(namespace, label_selector=selector(sel), _preload_content=False)
+            resp = self._core().list_namespaced_pod(namespace, label_selector=label_selector(sel),
+                                                    _preload_content=False)
         pods = [p for p in json.loads(resp.data or b"{}").get("items") or []
-                if matches((p.get("metadata") or {}).get("labels"), sel)]
+                if labels_match((p.get("metadata") or {}).get("labels"), sel)]
         findings = pod_findings(pods)
         progress: dict[str, Any] = {}
         network = None

@@ -8,11 +8,11 @@ import copy
 import os
 from typing import Any
 
-from fsdpkit.cluster.client import ClusterError, api_errors, api_message, is_not_found
+from fsdpkit.cluster.client import ClusterError, api_errors, api_message, is_not_found, label_selector, labels_match
 from fsdpkit.errors import UserError
 from fsdpkit.jobs import manifests
 from fsdpkit.jobs.backends.base import Rendered
-from fsdpkit.jobs.backends.kube_api import KINDS, KubeAPI, log, matches, selector
+from fsdpkit.jobs.backends.kube_api import KINDS, KubeAPI, log
 from fsdpkit.jobs.manifests import ATTEMPT, JOB_LABEL
 from fsdpkit.jobs.spec import JobSpec
 
@@ -99,7 +99,7 @@ class KubeSubmitter(KubeAPI):
                 raise
             existing = None
         if existing is not None:
-            if not matches(existing.metadata.labels, manifests.MANAGED_BY):
+            if not labels_match(existing.metadata.labels, manifests.MANAGED_BY):
                 raise UserError(f"Secret/{name} exists in {ns} and was not made by fsdpkit; delete or rename it")
             with api_errors(f"deleting Secret/{name}", self.host):
                 core.delete_namespaced_secret(name, ns)
@@ -136,9 +136,9 @@ class KubeSubmitter(KubeAPI):
         sel = {**manifests.MANAGED_BY, JOB_LABEL: name}
         for kind, lister in kinds:  # only what fsdpkit made for this job
             with api_errors(f"listing the job's {kind}s", self.host):
-                items = lister(namespace, label_selector=selector(sel)).items
+                items = lister(namespace, label_selector=label_selector(sel)).items
             for obj in items:
-                if matches(obj.metadata.labels, sel):
+                if labels_match(obj.metadata.labels, sel):
                     self._delete_object(kind, obj.metadata.name, namespace)
                     deleted.append(f"{kind}/{obj.metadata.name}")
         return deleted
