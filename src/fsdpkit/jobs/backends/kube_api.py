@@ -62,8 +62,6 @@ KINDS = {k.kind: k for k in (
 
 
 class KubeAPI:
-    name = "pytorchjob"
-
     def __init__(self, context: str | None = None, kubeconfig: str | None = None):
         self.context, self.kubeconfig = context, kubeconfig
         self._client: Any = None
