@@ -12,7 +12,7 @@ import json
 import sys
 from typing import Any
 
-from fsdpkit.errors import UserError
+from fsdpkit.errors import CODES, UserError
 
 
 class Parser(argparse.ArgumentParser):
@@ -22,15 +22,27 @@ class Parser(argparse.ArgumentParser):
         raise UserError(f"{message} (see `{self.prog} --help`)")
 
 
-def emit_json(data: Any) -> int:
-    print(json.dumps({"ok": True, "data": data, "error": None}, indent=2, default=str))
-    return 0
+def _print(ok: bool, data: Any, error: dict | None) -> None:
+    print(json.dumps({"ok": ok, "data": data, "error": error}, indent=2, default=str))
 
 
-def emit_error(err: UserError, as_json: bool, code: str = "bad_input", hint: str | None = None) -> int:
+def emit_json(data: Any, exit_code: int = 0, message: str | None = None, code: str = "failed",
+              hint: str | None = None) -> int:
+    """The envelope of a command that ran: `ok` exactly when it exits 0. A check that found
+    problems, or a job that failed or was stopped, still carries its findings in `data`, with
+    `error` saying what failed (`message`) and what to do (`hint`)."""
+    if exit_code == 0:
+        _print(True, data, None)
+    else:
+        assert code in CODES, code
+        _print(False, data, {"code": code, "message": message or f"failed (exit {exit_code})", "hint": hint})
+    return exit_code
+
+
+def emit_error(err: UserError, as_json: bool) -> int:
+    """A command that could not do its work: one line on stderr, or the envelope with no data."""
     if as_json:
-        print(json.dumps({"ok": False, "data": None,
-                          "error": {"code": code, "message": str(err), "hint": hint}}, indent=2))
+        _print(False, None, {"code": err.code, "message": str(err), "hint": err.hint})
     else:
         print(f"error: {err}", file=sys.stderr)
     return err.exit_code

@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from fsdpkit.errors import UserError
+from fsdpkit.errors import NotFound, UserError
 
 
 class _Loader(yaml.SafeLoader):
@@ -39,7 +39,7 @@ def load_mapping(path: str | os.PathLike, label: str, holds: str) -> dict[str, A
     the mapping should contain."""
     p = Path(path)
     if not p.is_file():
-        raise UserError(f"{label}: file not found: {p}")
+        raise NotFound(f"{label}: file not found: {p}")
     try:
         doc = load(p.read_text()) or {}
     except yaml.YAMLError as e:

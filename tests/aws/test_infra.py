@@ -12,6 +12,7 @@ import time
 
 import pytest
 import yaml
+from fake_tools import FAKE_DOCKER
 
 from conftest import aws_client as client
 from conftest import run_cli
@@ -121,13 +122,20 @@ def test_denied_and_throttled_calls_are_one_line(moto, code, status, expect):
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         endpoint = f"http://127.0.0.1:{server.server_port}"
-        r = run_cli("infra", "status", env={**env, "FSDPKIT_AWS_ENDPOINT_URL": endpoint, "AWS_MAX_ATTEMPTS": "3"})
+        env = {**env, "FSDPKIT_AWS_ENDPOINT_URL": endpoint, "AWS_MAX_ATTEMPTS": "3"}
+        r = run_cli("infra", "status", env=env)
+        calls = len(handler.seen)
+        error = json.loads(run_cli("infra", "status", "--json", env=env).stdout)["error"]
     finally:
         server.shutdown()
+    # An agent branches on the code and follows the hint.
+    assert error["code"] == ("access_denied" if code == "AccessDenied" else "unreachable")
+    assert error["hint"] == ("grant sts:GetCallerIdentity to your IAM role or user" if code == "AccessDenied"
+                             else "try again in a minute, or ask for a higher API rate limit")
     assert r.returncode == 3
     assert expect in r.stderr and len(r.stderr.strip().splitlines()) == 1
     # Throttling was retried with backoff (botocore's standard mode); a denial was not.
-    assert len(handler.seen) >= 3 if code == "Throttling" else len(handler.seen) == 1
+    assert calls >= 3 if code == "Throttling" else calls == 1
 
 
 def test_image_build_in_codebuild_uploads_the_context_and_reports_the_build(moto, tmp_path):
@@ -195,29 +203,6 @@ def test_push_creates_the_repository_with_its_policies(moto):
     assert client(url, "ecr").get_lifecycle_policy(repositoryName="my-trainer")["lifecyclePolicyText"]
     if r.returncode != 0:  # no Docker engine on this machine: said in one line, the repository is ready
         assert "no Docker engine here" in r.stderr and len(r.stderr.strip().splitlines()) == 1
-
-
-# A stand-in for the Docker CLI (no Docker engine runs here): `push` puts an image manifest into the
-# registry (moto's ECR), `inspect` answers with the repo digest the registry gave it, as Docker does.
-FAKE_DOCKER = """#!{python}
-import json, os, sys
-import boto3
-ecr = boto3.client("ecr", region_name="us-west-2", endpoint_url=os.environ["FSDPKIT_AWS_ENDPOINT_URL"])
-cmd = sys.argv[1]
-if cmd == "login":
-    sys.stdin.read()
-elif cmd in ("push", "inspect"):
-    uri = sys.argv[-1]
-    repo, tag = uri.split("/", 1)[1].rsplit(":", 1)
-    if cmd == "push":
-        ecr.put_image(repositoryName=repo, imageTag=tag, imageManifest=json.dumps({{"schemaVersion": 2,
-            "mediaType": "application/vnd.docker.distribution.manifest.v2+json", "config": {{"size": 1,
-            "mediaType": "application/vnd.docker.container.image.v1+json", "digest": "sha256:" + "1" * 64}},
-            "layers": []}}))
-    else:
-        image = ecr.describe_images(repositoryName=repo, imageIds=[{{"imageTag": tag}}])["imageDetails"][0]
-        print(uri.rsplit(":", 1)[0] + "@" + image["imageDigest"])
-"""
 
 
 def test_push_records_the_digest_and_a_submitted_job_runs_exactly_it(moto, tmp_path):

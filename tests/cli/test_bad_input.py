@@ -218,7 +218,8 @@ def test_no_credentials_under_json_is_an_envelope(inputs, tmp_path):
     r = _run(["cluster", "check", "--eks-cluster", "x", "--region", "us-west-2", "--json"], inputs, tmp_path, {})
     assert r.returncode == 3 and r.stderr == ""
     error = json.loads(r.stdout)["error"]
-    assert error["code"] == "aws_credentials" and "no AWS credentials found" in error["message"]
+    assert error["code"] == "no_credentials" and "no AWS credentials found" in error["message"]
+    assert error["hint"].startswith("run `aws configure`")
 
 
 def test_the_table_is_wide():

@@ -79,3 +79,48 @@ def test_json_envelope_on_success_and_on_error(group, run_dir, tmp_path):
     error = env["error"]
     assert set(error) == {"code", "message", "hint"}
     assert error["code"] and isinstance(error["code"], str) and error["message"] and "\n" not in error["message"]
+
+
+# -- the rules an agent branches on: a fixed set of codes, a hint with the action, ok iff exit 0 ------
+def test_error_codes_are_one_fixed_documented_set():
+    from fsdpkit.errors import CODES
+
+    assert set(CODES) == {"bad_input", "not_found", "no_credentials", "access_denied", "unreachable", "conflict",
+                          "timeout", "failed"}
+    reference = (ROOT / "docs" / "reference.md").read_text()
+    assert all(f"`{code}`" in reference for code in CODES)
+
+
+# argv -> (exit code, error code, a piece of the hint); {tmp} is a fresh folder.
+CODED = {
+    "bad_input": (["job", "render", SPEC, "--set", "nodes=0"], 2, "bad_input", None),
+    "unknown flag": (["job", "render", "--bogus"], 2, "bad_input", "see `fsdpkit job --help`"),
+    "not_found": (["ckpt", "list", "{tmp}/missing"], 2, "not_found", None),
+    "unreachable": (["infra", "status"], 3, "unreachable", "check the region and your network"),
+    "conflict": (["image", "init", "--no-requirements", "--out", "{tmp}/taken"], 2, "conflict", "pass --force"),
+    "failed": (["image", "check", "{tmp}/img/Dockerfile", "-r", "{tmp}/img/requirements.txt"], 1, "failed",
+               "torch"),
+}
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory):
+    root = tmp_path_factory.mktemp("images")
+    for name in ("taken", "img"):
+        assert run_cli("image", "init", "--no-requirements", "--out", str(root / name)).returncode == 0
+    (root / "img" / "requirements.txt").write_text("torch==2.5.1\n")  # not the base image's torch
+    return root
+
+
+@pytest.mark.parametrize("case", CODED)
+def test_error_code_hint_and_ok_follow_the_exit_code(case, images):
+    argv, exit_code, code, hint = CODED[case]
+    got, envelope = _run(argv, images, images)
+    assert got == exit_code and envelope["ok"] is False, envelope
+    error = envelope["error"]
+    assert error["code"] == code and error["message"] and "\n" not in error["message"]
+    assert (hint is None and error["hint"] is None) or hint in (error["hint"] or ""), error
+    if code == "failed":  # the command ran: what it found is the data
+        assert envelope["data"]["conflicts"][0]["kind"] == "torch-pin"
+    else:
+        assert envelope["data"] is None

@@ -9,11 +9,12 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import shlex
 import shutil
 from pathlib import Path
 
 import pytest
+from doc_commands import command_lines
+from doc_commands import tokens as argv_of
 
 from fsdpkit.cli.main import VERBS
 from fsdpkit.cli.reference import render, subcommands, verb_parser
@@ -22,23 +23,8 @@ from conftest import ROOT, run_cli
 
 SKILL_FILES = sorted((ROOT / "src" / "fsdpkit" / "skills" / "data").glob("*/SKILL.md"))
 DOC_FILES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *SKILL_FILES]
-FENCE = re.compile(r"```[a-z]*\n(.*?)```", re.S)
-
-
-def documented_commands() -> list[tuple[str, str]]:
-    found = []
-    for path in DOC_FILES:
-        if path.name == "reference.md":
-            continue
-        for block in FENCE.findall(path.read_text()):
-            for line in block.replace("\\\n", " ").splitlines():
-                line = re.sub(r"^\s*(\$\s*)?(\.venv/bin/)?", "", line)
-                if line.startswith("fsdpkit "):
-                    found.append((str(path.relative_to(ROOT)), line))
-    return found
-
-
-COMMANDS = documented_commands()
+COMMANDS = [(str(path.relative_to(ROOT)), line) for path in DOC_FILES if path.name != "reference.md"
+            for line in command_lines(path)]
 
 
 def test_command_reference_is_generated_from_the_cli():
@@ -54,16 +40,9 @@ def _options(parser: argparse.ArgumentParser) -> set[str]:
     return {o for a in parser._actions for o in a.option_strings}
 
 
-def _tokens(line: str) -> list[str]:
-    """A documented command line as argv, up to a pipe or `&&`, and up to a bare `--` (what follows
-    is the entrypoint's own command line)."""
-    tokens = shlex.split(line.split(" | ")[0].split(" && ")[0], comments=True)
-    return tokens[:tokens.index("--")] if "--" in tokens else tokens
-
-
 def _resolve(line: str) -> tuple[list[str], argparse.ArgumentParser]:
     """The command path (verb, subcommand, sub-subcommand...) a documented line names, and its parser."""
-    tokens = _tokens(line)
+    tokens = argv_of(line)
     path, parser = [tokens[1]], verb_parser(tokens[1])
     words = iter(t for t in tokens[2:] if not t.startswith("-"))
     while subs := subcommands(parser):
@@ -76,7 +55,7 @@ def _resolve(line: str) -> tuple[list[str], argparse.ArgumentParser]:
 
 @pytest.mark.parametrize("doc,line", COMMANDS, ids=[f"{d}:{c[:60]}" for d, c in COMMANDS])
 def test_documented_command_exists_with_its_flags(doc, line):
-    tokens = _tokens(line)
+    tokens = argv_of(line)
     assert tokens[1] in VERBS, f"{doc}: `{line}` names no fsdpkit command"
     path, parser = _resolve(line)
     known = _options(parser)
@@ -118,7 +97,8 @@ def needs(line: str) -> str | None:
     return next((why for rx, why in NEEDS if re.search(rx, line)), None)
 
 
-RUNNABLE = [(d, c) for d, c in COMMANDS if needs(c) is None]
+# The skills' lines run in tests/skills/test_skill_commands.py, against moto and kmock where they need them.
+RUNNABLE = [(d, c) for d, c in COMMANDS if needs(c) is None and not d.endswith("SKILL.md")]
 
 
 def _workspace(root: Path) -> dict[str, str]:
@@ -154,7 +134,7 @@ def test_documented_command_runs_as_written(doc, line, workspaces):
     """Training runs stop after one step (--max_steps 1 added last, so it wins): what is checked is
     that the command as written finds its files, parses and runs."""
     root, env = workspaces(doc)
-    tokens = _tokens(line.split(" > ")[0])
+    tokens = argv_of(line.split(" > ")[0])
     argv = tokens[1:] + (["--max_steps", "1", "--progress", "off"] if tokens[1] == "train" else [])
     r = run_cli(*argv, cwd=root, env=env, timeout=600)
     assert r.returncode == 0, f"{doc}: `{line}` exited {r.returncode}:\n{r.stderr[-2000:]}"

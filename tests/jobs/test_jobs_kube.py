@@ -76,9 +76,21 @@ def test_status_follows_the_operator_conditions(kube, tmp_path):
     r = job_cli(kube, "wait", "llama-tiny", "--poll", "0.1")
     assert r.returncode == 0 and "Succeeded" in r.stdout
 
+    set_conditions(kube, "llama-tiny", "Created", "Running")
+    r = job_cli(kube, "wait", "llama-tiny", "--poll", "0.1", "--timeout", "0.3", "--json")
+    envelope = json.loads(r.stdout)  # ok exactly when the exit code is 0; the status is still in data
+    assert r.returncode == 124 and envelope["ok"] is False and envelope["data"]["state"] == "Running"
+    assert envelope["error"]["code"] == "timeout" and "still Running" in envelope["error"]["message"]
+
     set_conditions(kube, "llama-tiny", "Created", "Running", "Failed")
     r = job_cli(kube, "wait", "llama-tiny", "--poll", "0.1", "--json")
-    assert r.returncode == 1 and json.loads(r.stdout)["data"]["state"] == "Failed"
+    envelope = json.loads(r.stdout)
+    assert r.returncode == 1 and envelope["ok"] is False and envelope["data"]["state"] == "Failed"
+    assert envelope["error"]["code"] == "failed" and "job logs llama-tiny --previous" in envelope["error"]["hint"]
+
+    r = job_cli(kube, "submit", str(spec), "--json")  # the name is taken
+    error = json.loads(r.stdout)["error"]
+    assert r.returncode == 2 and error["code"] == "conflict" and "--replace" in error["hint"]
 
 
 def test_logs_wait_for_pods_and_stream_from_the_chosen_replica(kube, tmp_path):

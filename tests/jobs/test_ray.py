@@ -47,6 +47,32 @@ def test_raycluster_and_rayjob_validate_against_kuberay_schemas(nodes):
     assert job["spec"]["entrypointNumGpus"] == 1 and job["spec"]["clusterSelector"] == {"ray.io/cluster": "verl"}
 
 
+def test_a_raycluster_on_hyperpod_schedules_like_hyperpods_jobs(tmp_path):
+    """From a HyperPod spec: healthy nodes only, deep-health-checked ones preferred, the workers in
+    the spec's instance group (the CPU head anywhere), and the `ml.` instance type as HyperPod labels it."""
+    path = write(tmp_path, backend="hyperpod", hyperpod={"instance_group": "gpu-workers"})
+    r = run_cli("ray", "up", str(path), "--dry-run", "--json")
+    assert r.returncode == 0, r.stderr
+    cluster = json.loads(r.stdout)["data"]["manifest"]
+    assert not list(crd_validator("ray.io_rayclusters.yaml").iter_errors(cluster))
+    head = cluster["spec"]["headGroupSpec"]["template"]["spec"]
+    worker = cluster["spec"]["workerGroupSpecs"][0]["template"]["spec"]
+    for pod in (head, worker):
+        node = pod["affinity"]["nodeAffinity"]
+        required = node["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]["matchExpressions"]
+        assert {"key": "sagemaker.amazonaws.com/node-health-status", "operator": "In",
+                "values": ["Schedulable"]} in required
+        preferred = node["preferredDuringSchedulingIgnoredDuringExecution"][0]["preference"]["matchExpressions"]
+        assert preferred == [{"key": "sagemaker.amazonaws.com/deep-health-check-status", "operator": "In",
+                              "values": ["Passed"]}]
+    assert worker["nodeSelector"] == {"node.kubernetes.io/instance-type": "ml.p5.48xlarge",
+                                      "sagemaker.amazonaws.com/instance-group-name": "gpu-workers"}
+    assert "sagemaker.amazonaws.com/instance-group-name" not in head.get("nodeSelector", {})
+    # Any other spec's RayCluster has no HyperPod rules.
+    plain = raycluster_manifest(spec())
+    assert "affinity" not in plain["spec"]["workerGroupSpecs"][0]["template"]["spec"]
+
+
 def write(tmp_path, **extra):
     doc = {"name": "verl", "image": IMAGE, "instance_type": "p5.48xlarge", "nodes": 2, **extra}
     path = tmp_path / "ray.yaml"

@@ -11,7 +11,7 @@ from conftest import run_cli
 
 CAPABILITIES = {"train-locally", "build-image", "test-image", "push-image", "check-cluster", "validate-nccl-efa",
                 "deploy-job", "watch-job", "checkpoints", "ray", "hyperpod", "infra", "provision-cluster",
-                "plan-capacity"}
+                "plan-capacity", "job-spec"}
 
 
 def test_every_skill_has_front_matter_the_agents_accept():

@@ -107,6 +107,30 @@ def test_resume_continues_exactly(two_rank_run, tmp_path, nproc, batch):
     assert losses(tmp_path / "run") == pytest.approx(uninterrupted[3:], abs=1e-5)
 
 
+def test_checkpoints_by_wall_time_and_always_at_the_last_step(tmp_path):
+    r = run_cli("train", *FAST, "--max_steps", "40", "--logging_freq", "5", "--tensorboard", "0", "--run_dir",
+                str(tmp_path / "run"), "--checkpoint_dir", str(tmp_path / "ckpt"), "--checkpoint_every", "1s",
+                "--keep_last", "0")
+    assert r.returncode == 0, r.stderr[-3000:]
+    steps = [c.step for c in list_checkpoints(tmp_path / "ckpt")]
+    # Saved as each second passed (a step here takes tens of milliseconds), and at step 40.
+    assert steps[-1] == 40 and len(steps) >= 2 and steps == sorted(set(steps)), steps
+
+
+def test_resume_with_another_sequence_length_and_batch_says_where_the_data_continues(two_rank_run, tmp_path):
+    """The model is the same, so resuming is allowed; the data position carries over in tokens."""
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(two_rank_run / "ckpt" / "step-00000003", ckpt / "step-00000003")  # 24 samples of 64 tokens
+    r = run_cli("train", *BASE, "--seq_len", "32", "--train_batch_size", "2", "--nproc", "1", "--run_dir",
+                str(tmp_path / "run"), "--checkpoint_dir", str(ckpt), "--resume_from_checkpoint", "auto")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "resumed with seq_len 32 (the checkpoint's: 64): the data continues after the 1,536 tokens already " \
+           "trained on (sample 48 at the new length)" in r.stdout
+    assert "resumed with a global batch of 2 sequences per step (the checkpoint's: 8): the data continues at " \
+           "sample 48" in r.stdout
+    assert [m["step"] for m in read_metrics(tmp_path / "run")] == [4, 5, 6]
+
+
 @pytest.mark.parametrize("nproc", ["1", "2"])
 def test_resume_refuses_another_model_shape(two_rank_run, tmp_path, nproc):
     # Checked before any process starts (the checkpoint's fsdpkit.json names its shape), so under
@@ -129,12 +153,12 @@ def test_resume_from_empty_directory_starts_fresh(tmp_path):
     assert "starting from step 0" in r.stdout
 
 
-def _train_until(tmp_path, nproc: str, sig: int) -> tuple[subprocess.Popen, float]:
-    """A long run, sent `sig` once it has logged 3 steps; returns it ended and the seconds it took."""
+def _train_until(tmp_path, nproc: str, sig: int, *extra: str) -> tuple[subprocess.Popen, float, str]:
+    """A long run, sent `sig` once it has logged 3 steps; returns it ended, the seconds it took and its stdout."""
     cmd = [sys.executable, "-m", "fsdpkit", "train", *FAST, "--max_steps", "100000", "--logging_freq", "1",
            "--tensorboard", "0", "--train_batch_size", "4", "--nproc", nproc, "--run_dir", str(tmp_path / "run"),
-           "--checkpoint_dir", str(tmp_path / "ckpt")]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+           "--checkpoint_dir", str(tmp_path / "ckpt"), *extra]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT)
     metrics = tmp_path / "run" / "metrics.jsonl"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
@@ -142,18 +166,14 @@ def _train_until(tmp_path, nproc: str, sig: int) -> tuple[subprocess.Popen, floa
         time.sleep(0.1)
     proc.send_signal(sig)
     sent = time.monotonic()
-    proc.communicate(timeout=60)
-    return proc, time.monotonic() - sent
-
-
-def _train_until_sigterm(tmp_path, nproc: str) -> tuple[subprocess.Popen, float]:
-    return _train_until(tmp_path, nproc, signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    return proc, time.monotonic() - sent, out
 
 
 def test_killing_the_launcher_leaves_no_rank_running(tmp_path):
     """SIGKILL can be neither caught nor forwarded: the workers must die with their launcher
     (parent-death signals along launcher -> torchrun's agent -> workers), not train on unsupervised."""
-    proc, _ = _train_until(tmp_path, "2", signal.SIGKILL)
+    proc, _, _ = _train_until(tmp_path, "2", signal.SIGKILL)
     assert proc.returncode == -signal.SIGKILL
     deadline = time.monotonic() + 10
     while processes_naming(tmp_path / "run") and time.monotonic() < deadline:
@@ -163,10 +183,14 @@ def test_killing_the_launcher_leaves_no_rank_running(tmp_path):
 
 @pytest.mark.parametrize("nproc", ["1", "2"])
 def test_sigterm_saves_a_complete_checkpoint_within_grace_period(tmp_path, nproc):
-    proc, took = _train_until_sigterm(tmp_path, nproc)
+    proc, took, out = _train_until(tmp_path, nproc, signal.SIGTERM, "--json")
     assert took < 30, "Kubernetes' default grace period is 30 s"
-    # 128 + SIGTERM, also under torchrun: an interrupted run must not look finished, nor failed.
+    # 128 + SIGTERM, also under torchrun: an interrupted run must not look finished, nor failed. The
+    # envelope agrees with the exit code (under torchrun the worker itself exits 0 to its supervisor).
     assert proc.returncode == 143
+    envelope = json.loads(out)
+    assert envelope["ok"] is False and envelope["data"]["stopped_by_signal"] is True
+    assert envelope["error"]["code"] == "failed" and "--resume_from_checkpoint auto" in envelope["error"]["hint"]
     assert not processes_naming(tmp_path / "run")   # the workers and torchrun's agent are gone too
     (latest,) = list_checkpoints(tmp_path / "ckpt")
     assert latest.step >= 3 and latest.meta["world_size"] == int(nproc)

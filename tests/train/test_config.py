@@ -61,7 +61,7 @@ def test_yaml_unknown_key(tmp_path: Path):
         (["--warmup_steps", "50", "--max_steps", "10"], "warmup_steps"),
         (["--experts_per_token", "3", "--n_experts", "2"], "experts_per_token"),
         (["--lr", "abc"], "lr"),
-        (["--checkpoint_freq", "5"], "checkpoint_freq"),
+        (["--checkpoint_freq", "5"], "checkpoint_every"),
     ],
 )
 def test_bad_values_name_the_field(flags, field):

@@ -159,7 +159,7 @@ def wait_available(aws: Aws, file_system_id: str, say: Callable[[str], None], ti
             raise AwsError(f"FSx file system {file_system_id} is {state}: {reason}")
         if elapsed > timeout:
             raise AwsError(f"FSx file system {file_system_id} still {state} after {int(timeout)} s; it keeps "
-                           f"going: `fsdpkit storage fsx status` shows when it is ready")
+                           f"going: `fsdpkit storage fsx status` shows when it is ready", code="timeout")
         time.sleep(poll)
 
 

@@ -18,9 +18,7 @@ class AwsError(UserError):
 
     exit_code = 3
 
-    def __init__(self, message: str, code: str = "aws_error"):
-        super().__init__(message)
-        self.code = code
+    code = "failed"
 
 
 @dataclass
@@ -58,7 +56,7 @@ def connect(region: str | None = None, profile: str | None = None, endpoint_url:
     try:
         session = boto3.Session(profile_name=profile, region_name=region)
     except bx.ProfileNotFound:
-        raise AwsError(f"AWS profile {profile!r} not found (see ~/.aws/config)") from None
+        raise AwsError(f"AWS profile {profile!r} not found; check ~/.aws/config", code="no_credentials") from None
     region = pick_region(region, session.region_name)
     aws = Aws(session, region, "", endpoint_url)
     with aws_errors("reading your AWS identity (sts:GetCallerIdentity)"):
@@ -81,31 +79,31 @@ def translate(e: BaseException, what: str, service: str = "sts") -> AwsError | N
 
     if isinstance(e, (bx.NoCredentialsError, bx.PartialCredentialsError)):
         return AwsError(f"{what}: no AWS credentials found: run `aws configure` or `aws sso login`, or set "
-                        "AWS_PROFILE / AWS_ACCESS_KEY_ID", "aws_credentials")
+                        "AWS_PROFILE / AWS_ACCESS_KEY_ID", code="no_credentials")
     if isinstance(e, bx.ClientError):
         err = e.response.get("Error", {})
         code, msg = err.get("Code", "?"), (err.get("Message") or "").strip()
         op, first = e.operation_name, msg.splitlines()[0] if msg else code
         if code in DENIED:
             return AwsError(f"{what}: access denied for {service}:{op}; your role needs that IAM permission ({first})",
-                            "access_denied")
+                            hint=f"grant {service}:{op} to your IAM role or user", code="access_denied")
         if code in THROTTLED:
             return AwsError(f"{what}: AWS kept throttling {op} after retries with backoff; try again in a minute, "
-                            "or ask for a higher API rate limit", "throttled")
+                            "or ask for a higher API rate limit", code="unreachable")
         if code in EXPIRED:
             return AwsError(f"{what}: your AWS credentials are expired or invalid ({code}); refresh them "
-                            "(aws sso login)", "aws_credentials")
+                            "(aws sso login)", code="no_credentials")
         if code in NOT_FOUND or e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 404:
-            return AwsError(f"{what}: not found ({op}: {first}); check the name and the region", "not_found")
-        return AwsError(f"{what}: {op} failed: {code}: {first}", "aws_error")
+            return AwsError(f"{what}: not found ({op}: {first}); check the name and the region", code="not_found")
+        return AwsError(f"{what}: {op} failed: {code}: {first}")
     if isinstance(e, (bx.EndpointConnectionError, bx.ConnectionClosedError, bx.ConnectTimeoutError,
                       bx.ReadTimeoutError, bx.ProxyConnectionError)):
         return AwsError(f"{what}: cannot reach AWS ({str(e).splitlines()[0]}); check the region and your network",
-                        "unreachable")
+                        code="unreachable")
     if isinstance(e, bx.NoRegionError):
-        return AwsError(f"{what}: no AWS region: pass --region or set AWS_REGION", "bad_input")
+        return AwsError(f"{what}: no AWS region: pass --region or set AWS_REGION", code="bad_input")
     if isinstance(e, bx.BotoCoreError):
-        return AwsError(f"{what}: {str(e).splitlines()[0]}", "aws_error")
+        return AwsError(f"{what}: {str(e).splitlines()[0]}")
     return None
 
 

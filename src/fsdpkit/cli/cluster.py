@@ -21,8 +21,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     report = run_checks(connect(args.context, args.kubeconfig, args.eks_cluster, args.region))
     if args.json:
-        emit_json(report.to_dict())
-        return 1 if report.failed else 0
+        return emit_json(report.to_dict(), 1 if report.failed else 0, *_failure(report.checks))
     for row in node_table(report.nodes):
         print(row)
     print()
@@ -36,6 +35,18 @@ def cmd_check(args: argparse.Namespace) -> int:
     if args.fix:
         _fix([c for c in report.checks if c.status != "pass" and c.remedy], args.yes)
     return 1 if fails else 0
+
+
+def _failure(checks: list[dict] | list) -> tuple[str | None, str, str | None]:
+    """The envelope's message, code and hint for checks (Check objects or dicts with status,
+    detail, fix and name or node) of which some failed: the first failure and how many."""
+    rows = [c if isinstance(c, dict) else vars(c) for c in checks]
+    failed = [c for c in rows if c["status"] == "fail"]
+    if not failed:
+        return None, "failed", None
+    first = failed[0]
+    return (f"{len(failed)} check(s) failed; first: {first.get('name') or first.get('node')}: {first['detail']}",
+            "failed", first.get("fix") or None)
 
 
 def _fix(checks: list, assume_yes: bool) -> None:
@@ -69,17 +80,16 @@ def cmd_validate(args: argparse.Namespace) -> int:
         rows = validate.validate_gpu(api, args.namespace, args.image or validate.CUDA_IMAGE, poll=args.poll)
         failed = any(r["status"] == "fail" for r in rows)
         if args.json:
-            emit_json(rows)
-        else:
-            for r in rows:
-                print(f"{_MARK[r['status']]}  {r['node']}: {r['detail']}")
+            return emit_json(rows, 1 if failed else 0, *_failure(rows))
+        for r in rows:
+            print(f"{_MARK[r['status']]}  {r['node']}: {r['detail']}")
         return 1 if failed else 0
     if not args.instance_type:
         raise UserError("validate nccl needs --instance-type (for example p5.48xlarge)")
     out = validate.validate_nccl(api, args.nodes, args.instance_type, args.namespace,
                                  args.image or validate.NCCL_TESTS_IMAGE, poll=args.poll)
     if args.json:
-        emit_json(out)
+        return emit_json(out, 1 if out["status"] == "fail" else 0, *_failure([{"name": "nccl", **out}]))
     else:
         for row in out["rows"]:
             print(f"{row['size']:>14} B  busbw {row['busbw']:8.2f} GB/s  in-place {row['busbw_inplace']:8.2f} GB/s")
@@ -183,9 +193,12 @@ def cmd_addons(args: argparse.Namespace) -> int:
 
     api = connect(args.context, args.kubeconfig, args.eks_cluster, args.region)
     out = addons.install(api, steps, progress(args))
-    failed = any(c["status"] == "fail" for c in out["checks"])
+    # A step that failed (an upstream installer's exit code) fails the command, as a failed check does.
+    steps = [{"name": s["component"], "status": "fail", "detail": s["action"]} for s in out["steps"]
+             if s["action"].startswith("failed")]
+    failed = steps + [c for c in out["checks"] if c["status"] == "fail"]
     if args.json:
-        emit_json(out)
+        return emit_json(out, 1 if failed else 0, *_failure(failed))
     return 1 if failed else 0
 
 
@@ -238,7 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = addons_sub.add_parser("install", help="NVIDIA and EFA device plugins, Kubeflow Trainer v2 with fsdpkit's "
                               "runtime, KubeRay (pinned, each once), then the readiness checks")
     p.add_argument("--only", help="comma-separated subset of: nvidia, efa, trainer, training-operator (legacy v1, "
-                   "only when named), kuberay")
+                   "only when named), kuberay, mpi (the MPI operator, for `cluster validate nccl`; only when named)")
     p.add_argument("--etcd", action="store_true", help="also one etcd member + Service for etcd rendezvous")
     p.add_argument("-n", "--namespace", default="default", help="namespace of etcd")
     p.add_argument("--dry-run", action="store_true", help="print the manifests and commands, apply nothing")

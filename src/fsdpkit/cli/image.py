@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from fsdpkit.cli.output import Parser, dispatch, emit_json
-from fsdpkit.errors import UserError
+from fsdpkit.errors import Conflict, NotFound, UserError
 from fsdpkit.image import pins
 
 
@@ -24,7 +24,7 @@ def cmd_init(args: argparse.Namespace) -> int:
     files = {out / "Dockerfile": None, out / ".dockerignore": DOCKERIGNORE}
     existing = [str(p) for p in files if p.exists()]
     if existing and not args.force:
-        raise UserError(f"{', '.join(existing)} already exists; pass --force to overwrite")
+        raise Conflict(f"{', '.join(existing)} already exists; pass --force to overwrite")
     try:
         out.mkdir(parents=True, exist_ok=True)  # a new project folder is fine
         fsdpkit, how = for_image(args.fsdpkit, out, WHEEL_DIR)
@@ -49,12 +49,13 @@ def cmd_check(args: argparse.Namespace) -> int:
     reqs = [Path(r) for r in args.requirements or []]
     for p in [dockerfile, *reqs]:
         if not p.is_file():
-            raise UserError(f"{p}: file not found")
+            raise NotFound(f"{p}: file not found")
     changed = fix(dockerfile, reqs) if args.fix else []
     found = check(dockerfile, reqs)
     if args.json:
-        emit_json({"conflicts": [c.to_dict() for c in found], "fixed_files": changed})
-        return 1 if found else 0
+        return emit_json({"conflicts": [c.to_dict() for c in found], "fixed_files": changed}, 1 if found else 0,
+                         f"{len(found)} conflict(s) found: {found[0].detail}" + (" ..." if len(found) > 1 else "")
+                         if found else None, hint=found[0].fix if found else None)
     for c in found:
         print(f"{c.kind}: {c.file}:{c.line}: {c.detail}\n  fix: {c.fix}")
     if changed:
@@ -79,7 +80,7 @@ def cmd_build(args: argparse.Namespace) -> int:
 
     context = Path(args.context)
     if not (context / "Dockerfile").is_file():
-        raise UserError(f"{context / 'Dockerfile'} not found: write one with `fsdpkit image init`")
+        raise NotFound(f"{context / 'Dockerfile'} not found: write one with `fsdpkit image init`")
     repo = args.repository or b.image_name(context)
     tag = b.tag_for(args.tag_strategy, context)
     say = (lambda m: print(m, file=sys.stderr, flush=True)) if args.json else (lambda m: print(m, flush=True))
@@ -93,9 +94,16 @@ def cmd_build(args: argparse.Namespace) -> int:
         if not args.codebuild:
             say("no Docker engine here: building in AWS CodeBuild")
         out = {**b.codebuild(aws, context, uri, args.selftest, say, poll=args.poll), "where": "codebuild"}
-    if args.json:
-        emit_json(out)
-    return 0 if out["status"] == "SUCCEEDED" else 1
+    return _build_result(out, args.json)
+
+
+def _build_result(out: dict, as_json: bool) -> int:
+    """A build or test that ran: exit 0 only when it SUCCEEDED."""
+    code = 0 if out["status"] == "SUCCEEDED" else 1
+    if as_json:
+        return emit_json(out, code, f"the build ended {out['status']}",
+                         hint="read its log lines above (CodeBuild: the logs link in data)")
+    return code
 
 
 def cmd_push(args: argparse.Namespace) -> int:
@@ -157,9 +165,7 @@ def cmd_test(args: argparse.Namespace) -> int:
         print("no Docker engine here: testing in AWS CodeBuild", file=sys.stderr)
     say = (lambda m: print(m, file=sys.stderr, flush=True)) if args.json else (lambda m: print(m, flush=True))
     out = codebuild(connect(args.region, args.profile), None, args.image, args.level, say, args.poll, test_only=True)
-    if args.json:
-        emit_json(out)
-    return 0 if out["status"] == "SUCCEEDED" else 1
+    return _build_result(out, args.json)
 
 
 def build_parser() -> argparse.ArgumentParser:

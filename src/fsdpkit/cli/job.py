@@ -6,11 +6,11 @@ import argparse
 import sys
 
 from fsdpkit.cli.output import Parser, dispatch, emit_json
-from fsdpkit.errors import UserError
+from fsdpkit.errors import Conflict, UserError
 from fsdpkit.jobs.backends import Backend, Watchable, get_backend
 from fsdpkit.jobs.capacity import capacity as check_capacity
 from fsdpkit.jobs.hub import check_hub_access
-from fsdpkit.jobs.spec import BACKENDS, JobSpec, load_spec, parse_overrides
+from fsdpkit.jobs.spec import BACKENDS, CLUSTER_BACKENDS, JobSpec, load_spec, parse_overrides
 from fsdpkit.jobs.status import JobStatus
 
 # Direct flags for the fields people change most; anything else goes through --set KEY=VALUE.
@@ -46,6 +46,30 @@ def _print_status(st: JobStatus) -> None:
         print(f"  {rtype}: {pretty}")
 
 
+def cmd_init(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from fsdpkit.jobs.starter import starter
+
+    name = args.name or (args.preset.replace("_", "-") if args.preset else "my-job")
+    text = starter(args.backend, name, args.instance_type, args.nodes, args.image, args.preset, args.storage_claim,
+                   args.shared_path, args.dataset, args.tokenizer)
+    if args.out == "-":
+        print(text, end="")
+        return 0
+    out = Path(args.out)
+    if out.exists() and not args.force:
+        raise Conflict(f"{out} already exists; pass --force to overwrite it, or --out elsewhere")
+    out.write_text(text)
+    if args.json:
+        return emit_json({"path": str(out), "backend": args.backend, "name": name})
+    first = "set image: in it (fsdpkit image push prints it), then " if args.backend in CLUSTER_BACKENDS and \
+        not args.image else ""
+    print(f"wrote {out}; next: {first}fsdpkit job render {out}, fsdpkit plan {out}, fsdpkit job submit {out} "
+          "--dry-run")
+    return 0
+
+
 def cmd_render(args: argparse.Namespace) -> int:
     spec = _spec(args)
     rendered = get_backend(spec.backend).render(spec)
@@ -68,8 +92,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
                           on_change=None if args.json else _print_status)
         result["final"] = st.to_dict()
     if args.json:
-        emit_json(result)
-        return 1 if args.wait and result["final"]["state"] != "Succeeded" else 0
+        if args.wait and not args.dry_run and result["final"]["state"] != "Succeeded":
+            return emit_json(result, 1, _ended(result["final"]), hint=_why(spec.name))
+        return emit_json(result)
     if args.dry_run:
         print(f"dry run: would create {', '.join(result.get('objects') or [str(result.get('command') or result)])}")
         return 0
@@ -83,6 +108,14 @@ def cmd_submit(args: argparse.Namespace) -> int:
         return 0 if result["final"]["state"] == "Succeeded" else 1
     print(f"follow it with: fsdpkit job logs {spec.name} -f")
     return 0
+
+
+def _ended(st: dict) -> str:
+    return f"job {st['name']} ended {st['state']}" + (f": {st['message']}" if st.get("message") else "")
+
+
+def _why(name: str) -> str:
+    return f"read why with `fsdpkit job logs {name} --previous` and `fsdpkit job status {name}`"
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -150,8 +183,11 @@ def cmd_logs(args: argparse.Namespace) -> int:
             print(line, flush=True)
     verdict, why = check_network_log("\n".join(lines)) if args.check_network else (None, None)
     if args.json:
-        emit_json({"name": args.job, "lines": lines, "network_check": verdict and {"verdict": verdict, "why": why}})
-    elif verdict:
+        check = verdict and {"verdict": verdict, "why": why}
+        return emit_json({"name": args.job, "lines": lines, "network_check": check}, 1 if verdict == "fail" else 0,
+                         f"network check failed: {why}",
+                         hint="run `fsdpkit cluster validate nccl` to test EFA without the job")
+    if verdict:
         print(f"network check: {verdict}: {why}", file=sys.stderr)
     return 1 if verdict == "fail" else 0
 
@@ -178,8 +214,15 @@ def cmd_watch(args: argparse.Namespace) -> int:
         raise UserError(f"job watch works on Kubernetes jobs; for {backend.name} use `fsdpkit job logs -f`")
     while True:
         snap = backend.snapshot(args.job, _ns(args), stall_after=args.stall_after, gpu=args.gpu)
+        done = args.once or snap["state"] in ("Succeeded", "Failed")
+        code = 0 if snap["state"] != "Failed" and not (args.once and snap["findings"]) else 1
         if args.json:
-            emit_json(snap)
+            # Every look is an envelope (one per line under a live watch); the last one's ok is the exit code.
+            message, hint = _ended(snap), _why(args.job)
+            if snap["findings"]:
+                first = snap["findings"][0]
+                message, hint = f"{first['kind']} {first['pod']}: {first['detail']}", first.get("fix") or hint
+            emit_json(snap, code if done else 0, message, hint=hint)
         else:
             _print_snapshot(snap)
         if snap["state"] == "Failed" and not args.once and args.resubmit:
@@ -187,8 +230,8 @@ def cmd_watch(args: argparse.Namespace) -> int:
             st = backend.wait(args.job, _ns(args), timeout=0, poll=0)
             if st.attempt > snap["attempt"]:
                 continue
-        if args.once or snap["state"] in ("Succeeded", "Failed"):
-            return 0 if snap["state"] != "Failed" and not (args.once and snap["findings"]) else 1
+        if done:
+            return code
         time.sleep(args.interval)
 
 
@@ -197,7 +240,9 @@ def cmd_wait(args: argparse.Namespace) -> int:
                              on_change=None if args.json else _print_status)
     code = 0 if st.state == "Succeeded" else 124 if not st.finished else 1
     if args.json:
-        emit_json(st.to_dict())
+        timed_out = f"job {args.job} still {st.state} after {args.timeout:g} s" if code == 124 else ""
+        return emit_json(st.to_dict(), code, timed_out or _ended(st.to_dict()), "timeout" if code == 124 else "failed",
+                         hint=_why(args.job) if code == 1 else None)
     return code
 
 
@@ -223,6 +268,22 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("job", metavar="NAME")
         p.add_argument("--backend", choices=BACKENDS, help="default: a local job of that name, else the cluster")
         p.add_argument("-n", "--namespace", help="Kubernetes namespace (default: default)")
+
+    p = sub.add_parser("init", help="write a starter job spec: every field with a one-line comment")
+    p.add_argument("--backend", choices=BACKENDS, default="local", help="where it runs")
+    p.add_argument("--name", help="the job's name (default: from the preset, else my-job)")
+    p.add_argument("--instance-type", help="EC2 instance type (HyperPod: ml.p5.48xlarge; p5.48xlarge is renamed)")
+    p.add_argument("--nodes", help="N, or MIN:MAX for an elastic job")
+    p.add_argument("--image", help="the container image (`fsdpkit image push` prints it)")
+    p.add_argument("--preset", help="model preset (`fsdpkit presets`)")
+    p.add_argument("--storage-claim", help="an existing PVC for checkpoints (FSx for Lustre), on Kubernetes")
+    p.add_argument("--shared-path", help="a directory every node mounts (/fsx), on Slurm")
+    p.add_argument("--dataset", help="local files, token shards or a Hugging Face dataset (default: embedded text)")
+    p.add_argument("--tokenizer", help="a Hugging Face tokenizer (default: the preset's)")
+    p.add_argument("--out", default="job.yaml", help="where to write it (- for stdout)")
+    p.add_argument("--force", action="store_true", help="overwrite an existing file")
+    common(p, cluster=False)
+    p.set_defaults(func=cmd_init)
 
     p = sub.add_parser("render", help="print the manifests (or script) a spec becomes, after validating it")
     spec_args(p)

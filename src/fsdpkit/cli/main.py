@@ -27,6 +27,7 @@ VERBS = {
     "infra": ("fsdpkit.cli.infra", "AWS resources for image builds: infra up|status|down|template"),
     "report": ("fsdpkit.cli.report", "plot runs (loss, lr, tokens/s, MFU, memory, restarts) into an HTML page"),
     "skills": ("fsdpkit.cli.skills", "SKILL.md files for AI coding agents (OpenCode, Claude Code): list|install"),
+    "examples": ("fsdpkit.cli.examples", "example job specs shipped with fsdpkit: examples list|show NAME --out FILE"),
     "job": ("fsdpkit.cli.job", "render, submit and follow jobs: local, Kubeflow TrainJob or PyTorchJob, HyperPod, "
             "Slurm"),
 }
@@ -39,6 +40,8 @@ next steps:
   fsdpkit presets                                models and the training recipe each carries
   fsdpkit plan --preset llama3_1_8b --instance-type p5.48xlarge --nodes 4
                                                  will it fit, how fast, what to change
+  fsdpkit job init --backend trainjob --out job.yaml
+                                                 a starter job spec, every field explained
   fsdpkit job render SPEC.yaml                   the manifests or script a job spec becomes
   fsdpkit COMMAND --help                         each command's options; --json on every command
 """

@@ -67,14 +67,14 @@ def dispatch(parser: argparse.ArgumentParser, argv: list[str]) -> int:
         args = parser.parse_args(argv)
         return args.func(args)
     except UserError as e:
-        return emit_error(e, getattr(args, "json", "--json" in argv), getattr(e, "code", "bad_input"))
+        return emit_error(e, getattr(args, "json", "--json" in argv))
     except Exception as e:
         # The one error path for AWS and Kubernetes: whatever no narrower handler caught (a
         # credential lookup inside a token refresh, an endpoint that is down) is still one line.
         err = cloud_error(e, parser.prog)
         if err is None:
             raise
-        return emit_error(err, getattr(args, "json", "--json" in argv), err.code)
+        return emit_error(err, getattr(args, "json", "--json" in argv))
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

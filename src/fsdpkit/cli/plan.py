@@ -7,7 +7,7 @@ import sys
 
 from fsdpkit.cli.output import Parser, emit_error, emit_json
 from fsdpkit.errors import UserError
-from fsdpkit.plan.grace import DEFAULT_WRITE_MB_S, grace_period
+from fsdpkit.plan.grace import DEFAULT_WRITE_MB_S, cadence, grace_period
 from fsdpkit.train.presets import RECIPES, canonical
 
 GIB = 2**30
@@ -58,11 +58,15 @@ def run(args: argparse.Namespace, train_flags: list[str]) -> int:
         raise UserError(f"write_mb_per_s: {write_rate} is out of range (> 0)")
     p = plan_config(cfg, instance_type, nodes, args.mfu, procs)
     grace = grace_period(cfg.shape, write_rate, p.step_s)
+    derived, every = cadence(cfg.shape, write_rate), cfg.checkpoint.checkpoint_every
+    checkpoints = derived.to_dict() if every in ("0", derived.every) else {
+        "every": every, "explanation": f"every {every}{' steps' if every.isdigit() else ''}, as configured (the "
+        f"derived default: every {derived.every})"}
     out = {"model": cfg.preset, "verdict": advice(p), **p.summary(args.tokens, args.price_per_hour),
            "currency": args.currency, "recipe": _recipe(cfg),
            "validation": {"batches": cfg.log.validation_batches, "batch_size": cfg.data.val_batch_size,
                           "every_steps": cfg.log.validation_freq, "share": round(cfg.validation_share(), 4)},
-           "grace": grace.to_dict(),
+           "grace": grace.to_dict(), "checkpoints": checkpoints,
            "alternatives": [a.summary(args.tokens, args.price_per_hour) for a in p.alternatives]}
     if args.json:
         return emit_json(out)
@@ -132,6 +136,7 @@ def _print(out: dict) -> None:
           f"{r['grad_clip']:g}, tokenizer {r['tokenizer']}  [{r['source']}]")
     every = f"every {v['every_steps']} steps and at the end" if v["every_steps"] else "at the end"
     print(f"validation: {v['batches']} batch(es) of {v['batch_size']} {every}: {v['share']:.1%} of training compute")
+    print(f"checkpoints: {out['checkpoints']['explanation']}")
     print(f"stopping: grace period {out['grace']['explanation']}")
     print(f"\n{out['verdict']}")
     for a in out["alternatives"]:

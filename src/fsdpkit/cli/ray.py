@@ -21,10 +21,13 @@ def _client(args: argparse.Namespace):
 
 def _spec(args: argparse.Namespace):
     from fsdpkit.jobs.spec import load_spec, parse_overrides
+    from fsdpkit.yamlfile import load_mapping
 
-    # Any backend name validates as a cluster spec here: a RayCluster always needs an image.
-    spec = load_spec(args.spec, [*parse_overrides(args.set or []), ("backend", "pytorchjob")])
-    return spec
+    # Any backend validates as a cluster spec here (a RayCluster always needs an image); a HyperPod
+    # spec keeps its backend, so its pods get HyperPod's node-health rules.
+    overrides = parse_overrides(args.set or [])
+    backend = dict(overrides).get("backend", load_mapping(args.spec, "job spec", "fields").get("backend"))
+    return load_spec(args.spec, [*overrides, ("backend", "hyperpod" if backend == "hyperpod" else "pytorchjob")])
 
 
 def cmd_up(args: argparse.Namespace) -> int:

@@ -14,6 +14,7 @@ import importlib
 from unittest import mock
 
 from fsdpkit.cli.main import VERBS
+from fsdpkit.errors import CODES
 
 
 class _Captured(Exception):
@@ -92,6 +93,12 @@ def render() -> str:
              "Every command takes `--help`; those with `--json` print one envelope "
              '`{"ok", "data", "error": {"code", "message", "hint"}}`.', ""]
     lines += [f"- `fsdpkit {verb}`: {help_text}" for verb, (_m, help_text) in VERBS.items()]
+    lines += ["", "## The envelope", "",
+              "`ok` is true exactly when the command exits 0. A command that ran and found problems (a check, a "
+              "failed or stopped job) exits non-zero with `ok: false`, its findings in `data` and `error` saying "
+              "what failed; a command that could not do its work has `data: null`. `error.hint` is the one action "
+              "that fixes it, where there is one. `error.code` is one of:", ""]
+    lines += [f"- `{code}`: {meaning}" for code, meaning in CODES.items()]
     lines.append("")
     for verb in VERBS:
         lines += _section(verb_parser(verb), 2)

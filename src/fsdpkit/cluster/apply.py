@@ -30,7 +30,7 @@ def describe(obj: dict[str, Any]) -> str:
     return f"{obj['kind']}/{where}{meta['name']}"
 
 
-def _call(api_client: Any, obj: dict[str, Any], verb: str, *extra: Any) -> Any:
+def _call(api_client: Any, obj: dict[str, Any], verb: str, *extra: Any, **kw: Any) -> Any:
     from kubernetes import client
 
     key = (obj["apiVersion"], obj["kind"])
@@ -39,14 +39,14 @@ def _call(api_client: Any, obj: dict[str, Any], verb: str, *extra: Any) -> Any:
         api = client.CustomObjectsApi(api_client)
         target = [] if verb == "create" else [obj["metadata"]["name"]]
         verb = "get" if verb == "read" else verb
-        return getattr(api, f"{verb}_cluster_custom_object")(group, version, CUSTOM[key], *target, *extra)
+        return getattr(api, f"{verb}_cluster_custom_object")(group, version, CUSTOM[key], *target, *extra, **kw)
     cls, suffix, namespaced = KINDS[key]
     api = getattr(client, cls)(api_client)
     meta = obj["metadata"]
     args: list[Any] = [] if verb == "create" else [meta["name"]]
     if namespaced:
         args.append(meta["namespace"])
-    return getattr(api, f"{verb}_{suffix}")(*args, *extra)
+    return getattr(api, f"{verb}_{suffix}")(*args, *extra, **kw)
 
 
 def _found(what: str, call: Any) -> bool:
@@ -63,7 +63,7 @@ def _found(what: str, call: Any) -> bool:
 
 def ensure(api_client: Any, obj: dict[str, Any]) -> str:
     """"created" or "exists"."""
-    if _found(f"reading {describe(obj)}", lambda: _call(api_client, obj, "read")):
+    if _found(f"reading {describe(obj)}", lambda: _call(api_client, obj, "read", _preload_content=False)):
         return "exists"
     with api_errors(f"creating {describe(obj)}"):
         _call(api_client, obj, "create", obj)

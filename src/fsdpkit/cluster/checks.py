@@ -50,6 +50,9 @@ REMEDIES = {
                          "\"github.com/kubeflow/training-operator.git/manifests/overlays/standalone?ref=v1.9.2\"",
     "kuberay": "helm repo add kuberay https://ray-project.github.io/kuberay-helm/ && helm upgrade --install "
                "kuberay-operator kuberay/kuberay-operator --version 1.4.2",
+    # MPIJob v2beta1: what `fsdpkit cluster validate nccl` runs nccl-tests as.
+    "mpi": "kubectl apply --server-side -f https://raw.githubusercontent.com/kubeflow/mpi-operator/v0.6.0/deploy/"
+           "v2beta1/mpi-operator.yaml",
     "fsx": "helm repo add aws-fsx-csi-driver https://kubernetes-sigs.github.io/aws-fsx-csi-driver && helm upgrade "
            "--install aws-fsx-csi-driver aws-fsx-csi-driver/aws-fsx-csi-driver --namespace kube-system",
 }

@@ -19,9 +19,7 @@ class ClusterError(UserError):
 
     exit_code = 3
 
-    def __init__(self, message: str, code: str = "cluster_error"):
-        super().__init__(message)
-        self.code = code
+    code = "failed"
 
 
 def _kubernetes():
@@ -49,7 +47,7 @@ def connect(context: str | None = None, kubeconfig: str | None = None, eks_clust
         return k8s.client.ApiClient()
     if not os.path.exists(first):
         raise ClusterError(f"no kubeconfig at {first}: set KUBECONFIG, or create one with "
-                           "`aws eks update-kubeconfig --name CLUSTER --region REGION`")
+                           "`aws eks update-kubeconfig --name CLUSTER --region REGION`", code="no_credentials")
     try:
         return k8s.config.new_client_from_config(config_file=first, context=context)
     except k8s.config.ConfigException as e:
@@ -78,19 +76,20 @@ def translate(e: BaseException, what: str, host: str | None = None, not_found: b
             if not not_found:
                 return None  # the caller decides what a missing object means
             return ClusterError(f"{what}: not found ({api_message(e)}); check the name and the namespace",
-                                "not_found")
+                                code="not_found")
         if e.status in (401, 403):
             return ClusterError(f"{what}: the cluster refused ({e.status} {e.reason}): {api_message(e)}; check "
-                                "your kubeconfig credentials and RBAC permissions", "access_denied")
+                                "your kubeconfig credentials and RBAC permissions", code="access_denied")
         if e.status == 429:
-            return ClusterError(f"{what}: the API server kept throttling (429); try again in a minute", "throttled")
-        return ClusterError(f"{what}: {e.status} {api_message(e)}", "cluster_error")
+            return ClusterError(f"{what}: the API server kept throttling (429); try again in a minute",
+                                code="unreachable")
+        return ClusterError(f"{what}: {e.status} {api_message(e)}")
     if isinstance(e, urllib3.exceptions.HTTPError):
         where = f" at {host}" if host else ""
         return ClusterError(f"{what}: cannot reach the Kubernetes API{where} ({type(e).__name__}); check the "
-                            "kubeconfig context and your network or VPN", "unreachable")
+                            "kubeconfig context and your network or VPN", code="unreachable")
     if isinstance(e, k8s.config.ConfigException):
-        return ClusterError(f"{what}: kubeconfig: {str(e).splitlines()[0]}", "bad_input")
+        return ClusterError(f"{what}: kubeconfig: {str(e).splitlines()[0]}", code="bad_input")
     return None
 
 

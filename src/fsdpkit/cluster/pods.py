@@ -57,7 +57,7 @@ def run_pods(api_client: Any, namespace: str, pods: list[dict[str, Any]], timeou
                 if time.monotonic() > deadline:
                     waiting = ", ".join(n for n in created if n not in phases)
                     raise ClusterError(f"pods did not finish in {timeout:.0f} s: {waiting}; kubectl -n {namespace} "
-                                       "describe pod NAME (image pull, volume, or no room to schedule)")
+                                       "describe pod NAME (image pull, volume, or no room to schedule)", code="timeout")
                 time.sleep(poll)
         out = {}
         for name in created:

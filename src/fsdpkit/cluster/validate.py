@@ -115,9 +115,8 @@ def validate_nccl(api_client: Any, nodes: int, instance_type: str, namespace: st
             custom.create_namespaced_custom_object("kubeflow.org", "v2beta1", namespace, "mpijobs", job)
     except Exception as e:
         if is_not_found(e):
-            raise ClusterError("the MPIJob CRD (kubeflow.org/v2beta1) is not installed: install the MPI operator "
-                               "(kubectl apply --server-side -f https://raw.githubusercontent.com/kubeflow/"
-                               "mpi-operator/v0.6.0/deploy/v2beta1/mpi-operator.yaml)") from None
+            raise ClusterError("the MPIJob CRD (kubeflow.org/v2beta1) is not installed; run `fsdpkit cluster addons "
+                               "install --only mpi` (the MPI operator runs nccl-tests)", code="not_found") from None
         raise
     try:
         deadline = time.monotonic() + timeout
@@ -133,7 +132,7 @@ def validate_nccl(api_client: Any, nodes: int, instance_type: str, namespace: st
                 break
             if time.monotonic() > deadline:
                 raise ClusterError(f"nccl-tests did not finish in {timeout:.0f} s; kubectl -n {namespace} describe "
-                                   f"mpijob {name}")
+                                   f"mpijob {name}", code="timeout")
             time.sleep(poll)
         with api_errors("reading the launcher's log", host):
             log = core.read_namespaced_pod_log(launcher[0]["metadata"]["name"], namespace,

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from fsdpkit.cluster.checks import run_checks
-from fsdpkit.errors import UserError
+from fsdpkit.errors import Conflict, UserError
 from fsdpkit.home import home
 from fsdpkit.jobs.backends.kube import KubeBackend
 from fsdpkit.jobs.capacity import DoesNotFit, capacity
@@ -120,7 +120,7 @@ def _apply(step: str, spec: JobSpec, backend: KubeBackend, objs: dict[str, dict]
         kind = next(k for k in objs if k not in ("PersistentVolumeClaim", "Secret"))
         backend.require_operator(kind, spec.namespace)
         if backend.get_job(spec.name, spec.namespace) is not None:
-            raise UserError(f"job {spec.name!r} already exists in {spec.namespace}; `fsdpkit job delete "
+            raise Conflict(f"job {spec.name!r} already exists in {spec.namespace}; `fsdpkit job delete "
                             f"{spec.name}` first, or watch it with `fsdpkit job watch {spec.name}`")
     if kind not in objs:
         return "not needed"

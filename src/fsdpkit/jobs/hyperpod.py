@@ -48,10 +48,12 @@ def health_affinity(spec: JobSpec) -> dict[str, Any]:
     return affinity
 
 
-def _adapt_pod(spec: JobSpec, template: dict[str, Any]) -> None:
+def adapt_pod(spec: JobSpec, template: dict[str, Any], instance_group: bool = True) -> None:
+    """A pod on HyperPod: only healthy nodes, deep-health-checked ones preferred or required, and
+    (with `instance_group`) the spec's instance group."""
     pod = template["spec"]
     pod["affinity"] = health_affinity(spec)
-    if spec.hyperpod.instance_group:
+    if instance_group and spec.hyperpod.instance_group:
         pod.setdefault("nodeSelector", {})[INSTANCE_GROUP] = spec.hyperpod.instance_group
 
 
@@ -60,7 +62,7 @@ def pytorchjob_manifest(spec: JobSpec) -> dict[str, Any]:
     if spec.hyperpod.auto_resume:
         job["metadata"]["annotations"].update({AUTO_RESUME: "true", MAX_RETRY: str(spec.hyperpod.max_retry)})
     for replica in job["spec"]["pytorchReplicaSpecs"].values():
-        _adapt_pod(spec, replica["template"])
+        adapt_pod(spec, replica["template"])
     return job
 
 
@@ -104,7 +106,7 @@ def run_policy(spec: JobSpec) -> dict[str, Any]:
 def hyperpod_job_manifest(spec: JobSpec) -> dict[str, Any]:
     root = spec.storage.root
     template = m.pod_template(spec, hyperpod_job_command(spec, root))
-    _adapt_pod(spec, template)
+    adapt_pod(spec, template)
     _agent_container(spec, template)
     replica: dict[str, Any] = {"name": "pod", "replicas": spec.nodes.max, "template": template}
     job: dict[str, Any] = {"nprocPerNode": str(spec.procs), "replicaSpecs": [replica], "runPolicy": run_policy(spec)}

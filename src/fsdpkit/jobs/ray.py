@@ -10,8 +10,9 @@ import time
 from typing import Any
 
 from fsdpkit.cluster.client import ClusterError, api_errors, is_not_found
-from fsdpkit.errors import UserError
+from fsdpkit.errors import Conflict, NotFound
 from fsdpkit.jobs import manifests as m
+from fsdpkit.jobs.hyperpod import adapt_pod
 from fsdpkit.jobs.spec import JobSpec
 
 GROUP, VERSION = "ray.io", "v1"
@@ -32,6 +33,9 @@ def raycluster_manifest(spec: JobSpec) -> dict[str, Any]:
         {"containerPort": 6379, "name": "gcs"}, {"containerPort": 8265, "name": "dashboard"},
         {"containerPort": 10001, "name": "client"}]
     worker = m.pod_template(spec, None, container="ray-worker")
+    if spec.backend == "hyperpod":  # the same node-health rules as HyperPod's jobs; the CPU head in any group
+        adapt_pod(spec, head, instance_group=False)
+        adapt_pod(spec, worker)
     # KubeRay requires every rayStartParams value to be a string (a bare 8080 is rejected).
     head_params = {"dashboard-host": "0.0.0.0", "metrics-export-port": "8080", "num-gpus": "0"}
     worker_params = {"metrics-export-port": "8080", "num-gpus": str(spec.gpus)}
@@ -93,7 +97,7 @@ class RayClient:
         if existing is not None:
             theirs = (existing["metadata"].get("annotations") or {}).get(SPEC_HASH)
             if theirs != obj["metadata"]["annotations"][SPEC_HASH]:
-                raise UserError(f"RayCluster {spec.name!r} already exists in {spec.namespace} with a different spec; "
+                raise Conflict(f"RayCluster {spec.name!r} already exists in {spec.namespace} with a different spec; "
                                 f"`fsdpkit ray down {spec.name}` first, or pick another name")
             action = "reused"
         else:
@@ -113,7 +117,7 @@ class RayClient:
     def state(self, name: str, namespace: str) -> str:
         obj = self.get(name, namespace)
         if obj is None:
-            raise UserError(f"RayCluster {name!r} not found in {namespace}")
+            raise NotFound(f"RayCluster {name!r} not found in {namespace}")
         return (obj.get("status") or {}).get("state") or "pending"
 
     def wait_ready(self, name: str, namespace: str, timeout: float, poll: float) -> str:
@@ -121,21 +125,21 @@ class RayClient:
         while (state := self.state(name, namespace)) != "ready":
             if time.monotonic() > deadline:
                 raise ClusterError(f"RayCluster {name!r} is not ready after {timeout:.0f} s (state {state}); "
-                                   f"kubectl -n {namespace} describe raycluster {name}")
+                                   f"kubectl -n {namespace} describe raycluster {name}", code="timeout")
             time.sleep(poll)
         return state
 
     def down(self, name: str, namespace: str) -> None:
         if self.get(name, namespace) is None:
-            raise UserError(f"RayCluster {name!r} not found in {namespace}")
+            raise NotFound(f"RayCluster {name!r} not found in {namespace}")
         with api_errors(f"deleting RayCluster/{name}", self.host):
             self.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, "rayclusters", name)
 
     def submit(self, spec: JobSpec, entrypoint: str, job_name: str, entrypoint_gpus: float) -> dict[str, Any]:
         if self.get(spec.name, spec.namespace) is None:
-            raise UserError(f"RayCluster {spec.name!r} not found in {spec.namespace}; start it with `fsdpkit ray up`")
+            raise NotFound(f"RayCluster {spec.name!r} not found in {spec.namespace}; start it with `fsdpkit ray up`")
         if self.get(job_name, spec.namespace, "rayjobs") is not None:
-            raise UserError(f"RayJob {job_name!r} already exists in {spec.namespace}; pick another --job-name")
+            raise Conflict(f"RayJob {job_name!r} already exists in {spec.namespace}; pick another --job-name")
         obj = rayjob_manifest(spec, entrypoint, job_name, entrypoint_gpus)
         with api_errors(f"creating RayJob/{job_name}", self.host):
             self.custom.create_namespaced_custom_object(GROUP, VERSION, spec.namespace, "rayjobs", obj)

@@ -9,6 +9,7 @@ A bad value is rejected with the field's name before anything is rendered or sen
 
 from __future__ import annotations
 
+import logging
 import re
 import typing
 from pathlib import Path
@@ -21,9 +22,12 @@ from fsdpkit import yamlfile
 from fsdpkit.errors import UserError
 from fsdpkit.hardware.instances import Instance, lookup
 from fsdpkit.image import pins
+from fsdpkit.plan.grace import cadence
 from fsdpkit.settings import Bool, Int, NodeRange, Nodes, Settings, Str, fail, load, option
 from fsdpkit.train.config import SECTIONS, build
 from fsdpkit.yamlfile import describe_yaml_error, load_mapping
+
+log = logging.getLogger(__name__)
 
 BackendName = Literal["local", "trainjob", "pytorchjob", "hyperpod", "slurm"]
 BACKENDS: tuple[str, ...] = typing.get_args(BackendName)
@@ -170,6 +174,18 @@ class JobSpec(Settings):
     hyperpod: HyperPodOptions = option(default_factory=HyperPodOptions)
     trainjob: TrainJobOptions = option(default_factory=TrainJobOptions)
     slurm: SlurmOptions = option(default_factory=SlurmOptions)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _hyperpod_names(cls, raw: Any) -> Any:
+        """HyperPod names (and labels) its nodes' instance types with `ml.`; the EC2 name would select
+        no node, so it is renamed, and said once."""
+        if isinstance(raw, dict) and raw.get("backend") == "hyperpod":
+            it = raw.get("instance_type")
+            if isinstance(it, str) and it and not it.startswith("ml."):
+                log.info(f"instance_type: {it} is ml.{it} on HyperPod (its nodes are labelled so)")
+                raw = {**raw, "instance_type": f"ml.{it}"}
+        return raw
 
     @model_validator(mode="after")
     def _rules(self) -> JobSpec:
@@ -368,8 +384,9 @@ def _validate_train(spec: JobSpec) -> None:
     """The trainer's own rules, run here so a bad option fails before submission, not in a pod.
     Checked on the options the job will really pass (output directories on the job's storage)."""
     root = "/local-job-dir" if spec.backend == "local" and not spec.storage.shared_path else spec.storage.root
-    if flat_options(spec.train).get("checkpoint_freq") and root is None:
-        raise UserError("storage: train.checkpoint_freq is set but the job has no storage, so checkpoints "
+    flat = flat_options(spec.train)
+    if str(flat.get("checkpoint_every", flat.get("checkpoint_freq", 0))) != "0" and root is None:
+        raise UserError("storage: train.checkpoint_every is set but the job has no storage, so checkpoints "
                         "would be written inside the container and lost; give storage.claim (an existing PVC "
                         "such as FSx for Lustre) or storage.size and storage.storage_class")
     try:
@@ -397,6 +414,9 @@ def train_options(spec: JobSpec, root: str | None) -> dict[str, Any]:
             opts["run_dir"] = dirs["run_dir"]
         if "resume_from_checkpoint" not in flat and "resume" not in flat:
             opts["resume_from_checkpoint"] = "auto"
+        if spec.storage.enabled and not {"checkpoint_every", "checkpoint_freq"} & flat.keys():
+            # Checkpoints on by default where they survive the pod: as often as costs <= 5% of the run.
+            opts["checkpoint_every"] = cadence(build([opts]).shape, spec.storage.write_mb_per_s).every
     return opts
 
 

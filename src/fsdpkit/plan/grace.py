@@ -44,6 +44,35 @@ def checkpoint_bytes(model: ModelConfig) -> int:
     return 12 * count_params(model)
 
 
+# Periodic checkpoints cost at most this share of the run's time; never more often than every 10 min.
+SAVE_SHARE = 0.05
+MIN_EVERY_S = 600
+
+
+@dataclass(frozen=True)
+class Cadence:
+    """How often a job checkpoints when its spec does not say: saving (a blocking write of the whole
+    checkpoint) takes at most SAVE_SHARE of the time, and a failure loses at most one interval."""
+
+    every: str           # a checkpoint_every value: "36m"
+    seconds: int
+    write_s: float
+    share: float         # of the run's time spent saving
+
+    def explain(self) -> str:
+        return (f"every {self.every}: writing it takes {self.write_s:.0f} s, {self.share:.1%} of the run "
+                f"(at most {SAVE_SHARE:.0%}, at least {MIN_EVERY_S // 60} min apart); the last step is always saved")
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "explanation": self.explain()}
+
+
+def cadence(model: ModelConfig, write_mb_per_s: float = DEFAULT_WRITE_MB_S) -> Cadence:
+    write_s = checkpoint_bytes(model) / (write_mb_per_s * 1e6)
+    minutes = math.ceil(max(MIN_EVERY_S, write_s / SAVE_SHARE) / 60)
+    return Cadence(f"{minutes}m", minutes * 60, write_s, write_s / (minutes * 60 + write_s))
+
+
 def grace_period(model: ModelConfig, write_mb_per_s: float = DEFAULT_WRITE_MB_S,
                  step_s: float | None = None) -> GracePeriod:
     size = checkpoint_bytes(model)

@@ -78,9 +78,9 @@ def main(argv: list[str] | None = None) -> int:
         rank, failure = e.get_first_failure()
         data = failure.error_file_data if isinstance(failure.error_file_data, dict) else {}
         if data.get(USER_ERROR):
-            emit_error(UserError(str(data["message"])), as_json)
+            emit_error(UserError(str(data["message"]), data.get("hint"), data.get("code")), as_json)
             return int(data.get("exit_code", 2))
-        emit_error(UserError(f"{_describe(rank, failure)}; details in {log_path}"), as_json, code="failed")
+        emit_error(UserError(f"{_describe(rank, failure)}; details in {log_path}", code="failed"), as_json)
         return failure.exitcode if failure.exitcode > 0 else 128 - failure.exitcode
     except SignalException as e:
         return 128 + int(e.sigval)

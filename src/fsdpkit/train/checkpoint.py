@@ -29,7 +29,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from fsdpkit.errors import UserError
+from fsdpkit.errors import NotFound, UserError
 from fsdpkit.train.dist import Runtime
 from fsdpkit.train.faults import maybe_fail
 
@@ -320,6 +320,6 @@ def describe(path: Path) -> dict[str, Any] | None:
 def scan(directory: Path) -> list[dict[str, Any]]:
     """Every checkpoint-like entry in `directory`, by step."""
     if not directory.is_dir():
-        raise UserError(f"checkpoint directory not found: {directory}")
+        raise NotFound(f"checkpoint directory not found: {directory}")
     found = [d for p in directory.iterdir() if (d := describe(p))]
     return sorted(found, key=lambda d: (d["step"], d["name"]))

@@ -17,15 +17,16 @@ import dataclasses
 import difflib
 import math
 import os
+import re
 import typing
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import PrivateAttr
+from pydantic import PrivateAttr, field_validator
 from pydantic.fields import FieldInfo
 
 from fsdpkit.errors import UserError
-from fsdpkit.settings import Bool, Float, Int, Settings, Str, aliases, choices, load, option, scalar_type
+from fsdpkit.settings import Bool, Float, Int, Settings, Str, aliases, choices, fail, load, option, scalar_type
 from fsdpkit.train.hf_config import model_config_from_hf
 from fsdpkit.train.model_config import ModelConfig
 from fsdpkit.train.presets import get_preset, get_recipe, match_preset
@@ -151,10 +152,25 @@ class LogConfig(Settings):
                                "(RUN_DIR/samples-rank*.jsonl), to audit data order")
 
 
+_EVERY = re.compile(r"^(\d+)(s|m|h)?$")
+_SECONDS = {"s": 1, "m": 60, "h": 3600}
+
+
+def parse_every(raw: str | None) -> tuple[int | None, int | None]:
+    """checkpoint_every as (steps, seconds): "500" is steps, "30m" (or 900s, 2h) wall time."""
+    m = _EVERY.match(str(raw or "0").strip().lower())
+    if not m:
+        raise ValueError(f"expected steps (500) or a wall time (30m, 2h, 900s), got {raw!r}")
+    n, unit = int(m.group(1)), m.group(2)
+    return (None, n * _SECONDS[unit] or None) if unit else (n or None, None)
+
+
 class CheckpointConfig(Settings):
     checkpoint_dir: Str | None = option(None, "where sharded checkpoints go")
-    checkpoint_freq: Int = option(0, "steps between checkpoints (0: only the last step, with a checkpoint_dir)",
-                                  ge=0)
+    checkpoint_every: Str = option(
+        "0", "how often to checkpoint: steps (500) or wall time (30m, 2h, 900s); 0: only the last step. The last "
+        "step is always saved, with a checkpoint_dir. Cluster jobs with storage default to a wall time that keeps "
+        "saving under 5% of the run (see `fsdpkit plan`)", aliases=("checkpoint_freq",))
     resume_from_checkpoint: Str | None = option(
         None, "a checkpoint, a directory whose newest complete checkpoint to resume from, or 'auto' "
         "(the newest in checkpoint_dir; also what a run restarted by torchrun does)", aliases=("resume",))
@@ -162,6 +178,23 @@ class CheckpointConfig(Settings):
     async_checkpoint: Bool = option(False, "write checkpoints in the background while training continues")
     init_from_hf: Str | None = option(None, "start from Hugging Face weights: a local directory with config.json "
                                       "and safetensors (its config replaces the preset)")
+
+    @field_validator("checkpoint_every")
+    @classmethod
+    def _every(cls, raw: str) -> str:
+        try:
+            parse_every(raw)
+        except ValueError as e:
+            raise fail(str(e)) from None
+        return raw.strip().lower()
+
+    @property
+    def every_steps(self) -> int | None:
+        return parse_every(self.checkpoint_every)[0]
+
+    @property
+    def every_seconds(self) -> int | None:
+        return parse_every(self.checkpoint_every)[1]
 
 
 class TrainConfig(Settings):
@@ -462,5 +495,5 @@ def validate(cfg: TrainConfig) -> None:
         raise UserError("resume_from_checkpoint: 'auto' needs --checkpoint_dir to know where to look")
     if cfg.parallel.float8 and cfg.parallel.device == "cpu":
         raise UserError("float8: needs an NVIDIA GPU (Ada, Hopper or newer); it cannot run with --device cpu")
-    if cfg.checkpoint.checkpoint_freq and not cfg.checkpoint.checkpoint_dir:
-        raise UserError("checkpoint_freq: needs --checkpoint_dir to know where checkpoints go")
+    if (cfg.checkpoint.every_steps or cfg.checkpoint.every_seconds) and not cfg.checkpoint.checkpoint_dir:
+        raise UserError("checkpoint_every: needs --checkpoint_dir to know where checkpoints go")

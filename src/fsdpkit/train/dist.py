@@ -164,12 +164,14 @@ class StopRequest:
     def _handle(self, signum: int, frame: object) -> None:
         self.requested = True
 
-    def agreed(self) -> bool:
+    def agreed(self, save_due: bool = False) -> tuple[bool, bool]:
+        """(stop, save): whether any rank was asked to stop, and whether any rank's clock says a
+        time-based checkpoint is due (clocks differ; the vote makes every rank save together)."""
         if not (self.rt.distributed and self.rt.world_size > 1):
-            return self.requested
-        flag = torch.tensor([int(self.requested)])
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
-        return bool(flag.item())
+            return self.requested, save_due
+        flags = torch.tensor([int(self.requested), int(save_due)])
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.group)
+        return bool(flags[0].item()), bool(flags[1].item())
 
     def close(self) -> None:
         # Under fsdpkit's supervisor a late SIGTERM (training over, the process leaving) is moot:

@@ -87,7 +87,11 @@ def main(argv: list[str] | None = None, prog: str = "fsdpkit train") -> int:
         with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():
             code, result = launch(cfg, argv, notices)
         if as_json and rank0 and result is not None:
-            emit_json(summary(result))
+            # A stopped run is not a finished one, also in a worker that exits 0 for its supervisor.
+            stopped = result.stopped_by_signal
+            emit_json(summary(result), EXIT_STOPPED if stopped else code,
+                      f"stopped by SIGTERM at step {result.steps}" if stopped else None,
+                      hint="run it again with --resume_from_checkpoint auto to continue" if stopped else None)
         return code
     except UserError as e:
         if not (dist.under_torchrun() and hand_over_error(e)) and rank0:

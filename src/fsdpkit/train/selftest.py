@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from fsdpkit.envelope import Parser, emit_error
+from fsdpkit.envelope import Parser, emit_error, emit_json
 from fsdpkit.errors import UserError
 
 LEVELS = ("quick", "standard", "full")
@@ -125,9 +125,10 @@ def main(argv: list[str] | None = None) -> int:
         return emit_error(e, "--json" in (sys.argv[1:] if argv is None else argv))
     ok, results = run(args.level)
     if args.json:
-        print(json.dumps({"ok": ok, "data": results, "error": None if ok else {
-            "code": "selftest_failed", "message": "; ".join(r["check"] for r in results if r["status"] == "fail"),
-            "hint": None}}, indent=2, default=str))
+        failed = [r for r in results if r["status"] == "fail"]
+        return emit_json(results, 0 if ok else 1, failed and f"selftest failed: {failed[0]['check']}: "
+                         f"{str(failed[0]['detail'])[:300]}", hint="fsdpkit image check Dockerfile finds PyTorch/"
+                         "CUDA/EFA conflicts in an image's definition")
     else:
         for r in results:
             detail = r["detail"] if isinstance(r["detail"], str) else json.dumps(r["detail"], default=str)

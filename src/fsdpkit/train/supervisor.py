@@ -33,7 +33,8 @@ from fsdpkit.errors import UserError
 SUPERVISED = "FSDPKIT_SUPERVISED"   # set for the agent and workers: a supervisor handles signals
 STOP_FILE = "FSDPKIT_STOP_FILE"     # the workers touch it when the run stopped on a signal
 EXIT_STOPPED = 128 + signal.SIGTERM
-USER_ERROR = "fsdpkit_user_error"   # key of a worker's error file: {"message", "exit_code", USER_ERROR: true}
+USER_ERROR = "fsdpkit_user_error"   # key of a worker's error file: {"message", "exit_code", "code", "hint",
+#                                       USER_ERROR: true}
 _PR_SET_PDEATHSIG = 1
 
 
@@ -48,7 +49,8 @@ def hand_over_error(err: UserError) -> bool:
     if not path or not supervised():
         return False
     Path(path).write_text(json.dumps({"message": str(err), "timestamp": int(time.time()),
-                                      "exit_code": err.exit_code, USER_ERROR: True}))
+                                      "exit_code": err.exit_code, "code": err.code, "hint": err.hint,
+                                      USER_ERROR: True}))
     return True
 
 

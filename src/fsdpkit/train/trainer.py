@@ -176,6 +176,7 @@ class Run:
     checkpointer: checkpoint.Checkpointer | None = None
     stop: dist.StopRequest | None = None
     saved_at: int | None = None
+    saved_clock: float = field(default_factory=time.monotonic)  # when the last checkpoint (or the run) began
     start_step: int = 0  # where this start of the run began (resumed at)
 
     def say(self, line: str) -> None:
@@ -246,7 +247,32 @@ def _start_state(cfg: TrainConfig, rt: dist.Runtime, notices: list[str]) -> Trai
         else:
             state.step, state.samples = found.step, found.meta["samples"]
             notices.append(f"fsdpkit: resumed from {found.path} at step {state.step}")
+            state.samples = _carry_data_position(found.meta, cfg, rt.world_size, state.samples, notices)
     return state
+
+
+def _carry_data_position(meta: dict[str, Any], cfg: TrainConfig, world_size: int, samples: int,
+                         notices: list[str]) -> int:
+    """The data position after resuming with another sequence length or global batch (allowed: the
+    model is the same). The position is kept in tokens: with another sequence length the samples
+    consumed are rescaled, so no text is skipped or repeated; the schedule continues by step."""
+    saved = (meta.get("config") or {}).get("data") or {}
+    old_len, new_len = saved.get("seq_len"), cfg.data.seq_len
+    d = cfg.data
+    old_batch = (saved.get("train_batch_size") or 0) * (meta.get("world_size") or 0) * (saved.get("grad_accum_steps")
+                                                                                          or 1)
+    new_batch = d.train_batch_size * world_size * d.grad_accum_steps
+    if old_len and old_len != new_len:
+        carried = -(-samples * old_len // new_len)
+        notices.append(f"fsdpkit: resumed with seq_len {new_len} (the checkpoint's: {old_len}): the data continues "
+                       f"after the {samples * old_len:,} tokens already trained on (sample {carried:,} at the new "
+                       "length)")
+        samples = carried
+    if old_batch and old_batch != new_batch:
+        notices.append(f"fsdpkit: resumed with a global batch of {new_batch} sequences per step (the checkpoint's: "
+                       f"{old_batch}): the data continues at sample {samples:,}; the learning-rate schedule "
+                       f"continues at step {meta.get('step', '?')} of {cfg.optim.max_steps}")
+    return samples
 
 
 def _open_run(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path, state: TrainState, notices: list[str],
@@ -363,9 +389,10 @@ def _after_step(run: Run, state: TrainState, window: Window, lr: float, grad_nor
             if run.writer:
                 run.writer.record("val", {"step": n, "val_loss": val}, f"Batch {n} Validation loss: {val:.5f}")
         window.restart_clock()
-    stopping = run.stop.agreed()
-    # With a checkpoint directory the last step is always saved, on checkpoint_freq or not.
-    due = (ck.checkpoint_freq and n % ck.checkpoint_freq == 0) or last
+    time_due = bool(ck.every_seconds) and time.monotonic() - run.saved_clock >= ck.every_seconds
+    stopping, time_due = run.stop.agreed(time_due)
+    # With a checkpoint directory the last step is always saved, on checkpoint_every or not.
+    due = (ck.every_steps and n % ck.every_steps == 0) or time_due or last
     if run.checkpointer and (due or stopping):
         _save(run, state)
         window.restart_clock()
@@ -411,7 +438,7 @@ def _save(run: Run, state: TrainState) -> None:
     meta = {"samples": state.samples, "model": model_shape_of(cfg), "preset": cfg.preset,
             "loss": run.result.losses[-1][1] if run.result.losses else None, "config": cfg.record(run.run_dir)}
     path = run.checkpointer.save(state.step, state.model, state.optimizer, meta)
-    run.saved_at = state.step
+    run.saved_at, run.saved_clock = state.step, time.monotonic()
     how = "writing in the background" if cfg.checkpoint.async_checkpoint else "saved"
     run.say(f"fsdpkit: checkpoint {path} {how}")
 

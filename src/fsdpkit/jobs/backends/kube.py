@@ -28,6 +28,9 @@ class KubeBackend(KubeSubmitter, KubeObserver):
         resumes from the newest checkpoint on the job's storage."""
         deadline = None if timeout is None else time.monotonic() + timeout
         last = None
+        # Looks start 1 s apart and double up to `poll`: a job that fails at once (an image that
+        # cannot be pulled, a bad flag) is reported in seconds, a long one costs few API calls.
+        delay = min(1.0, poll)
         while True:
             kind, obj = self._require_job(name, namespace)
             st = self._status_of(kind, obj)
@@ -45,7 +48,8 @@ class KubeBackend(KubeSubmitter, KubeObserver):
                 return st
             if deadline is not None and time.monotonic() > deadline:
                 return st
-            time.sleep(poll)
+            time.sleep(delay if deadline is None else max(0.0, min(delay, deadline - time.monotonic())))
+            delay = min(poll, delay * 2)
 
 
 class HyperPodBackend(KubeBackend):

@@ -11,7 +11,7 @@ from typing import Any
 
 from fsdpkit.cluster import trainer
 from fsdpkit.cluster.client import ClusterError, api_errors, connect, is_not_found
-from fsdpkit.errors import UserError
+from fsdpkit.errors import NotFound
 from fsdpkit.jobs.manifests import CONTAINER, JOB_LABEL, KF_JOB_NAME, KF_REPLICA_INDEX, KF_REPLICA_TYPE
 
 log = logging.getLogger(__name__)
@@ -113,7 +113,7 @@ class KubeAPI:
     def _require_job(self, name: str, namespace: str) -> tuple[str, dict[str, Any]]:
         found = self.get_job(name, namespace)
         if found is None:
-            raise UserError(f"job {name!r} not found in namespace {namespace} (see `fsdpkit job list`)")
+            raise NotFound(f"job {name!r} not found in namespace {namespace} (see `fsdpkit job list`)")
         return found
 
     def _delete_object(self, kind: str, name: str, namespace: str) -> None:
@@ -132,6 +132,7 @@ class KubeAPI:
         deadline = time.monotonic() + timeout
         while self.get_job(name, namespace) is not None:
             if time.monotonic() > deadline:
-                raise ClusterError(f"job {name!r} is still being deleted after {timeout:.0f} s; try again later")
+                raise ClusterError(f"job {name!r} is still being deleted after {timeout:.0f} s; try again later",
+                                   code="timeout")
             time.sleep(poll)
 

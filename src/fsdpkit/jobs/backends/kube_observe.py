@@ -96,7 +96,8 @@ class KubeObserver(KubeAPI):
         while not (pods := self.pods(name, namespace, kind)):
             if time.monotonic() > deadline:
                 raise ClusterError(f"job {name!r} has no pods after {wait:.0f} s; see `fsdpkit job status {name}` "
-                                   f"and `kubectl describe {kind.lower()} {name}` for scheduling problems")
+                                   f"and `kubectl describe {kind.lower()} {name}` for scheduling problems",
+                                   code="timeout")
             if not said:
                 log.info(f"waiting for the pods of {name} ...")
                 said = True

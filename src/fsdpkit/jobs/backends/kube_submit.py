@@ -9,7 +9,7 @@ import os
 from typing import Any
 
 from fsdpkit.cluster.client import ClusterError, api_errors, api_message, is_not_found, label_selector, labels_match
-from fsdpkit.errors import UserError
+from fsdpkit.errors import Conflict, UserError
 from fsdpkit.jobs import manifests
 from fsdpkit.jobs.backends.base import Rendered
 from fsdpkit.jobs.backends.kube_api import KINDS, KubeAPI, log
@@ -34,7 +34,7 @@ class KubeSubmitter(KubeAPI):
             raise UserError(missing)
         if self.get_job(spec.name, spec.namespace) is not None:
             if not replace:
-                raise UserError(f"job {spec.name!r} already exists in namespace {spec.namespace}; pick another name, "
+                raise Conflict(f"job {spec.name!r} already exists in namespace {spec.namespace}; pick another name, "
                                 "or pass --replace to delete it and submit again (checkpoints on its storage are kept)")
             self.cancel(spec.name, spec.namespace)
             self._wait_gone(spec.name, spec.namespace)

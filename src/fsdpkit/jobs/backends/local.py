@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from fsdpkit.errors import UserError
+from fsdpkit.errors import Conflict, NotFound, UserError
 from fsdpkit.home import home as fsdpkit_home
 from fsdpkit.jobs.backends.base import Rendered
 from fsdpkit.jobs.backends.files import NETWORK_LINES, read_lines
@@ -66,7 +66,7 @@ class LocalBackend:
         if job_dir.exists():
             st = self.status(spec.name)
             if not replace:
-                raise UserError(f"job {spec.name!r} already exists ({st.state}) in {job_dir}; pick another name, or "
+                raise Conflict(f"job {spec.name!r} already exists ({st.state}) in {job_dir}; pick another name, or "
                                 "pass --replace to start it again (its checkpoints are kept and resumed)")
             if not st.finished:
                 self.cancel(spec.name)
@@ -124,7 +124,7 @@ class LocalBackend:
     def status(self, name: str, namespace: str | None = None) -> JobStatus:
         job_dir = self._dir(name)
         if not job_dir.is_dir():
-            raise UserError(f"job {name!r} not found in {home()} (see `fsdpkit job list --backend local`)")
+            raise NotFound(f"job {name!r} not found in {home()} (see `fsdpkit job list --backend local`)")
         rc_file = job_dir / "rc"
         details = {"dir": str(job_dir), "log": str(job_dir / "log")}
         if rc_file.exists() and rc_file.read_text().strip():

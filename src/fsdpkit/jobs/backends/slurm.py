@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from fsdpkit.errors import UserError
+from fsdpkit.errors import Conflict, UserError
 from fsdpkit.jobs.backends.base import Rendered
 from fsdpkit.jobs.backends.files import NETWORK_LINES, read_lines
 from fsdpkit.jobs.command import grace_seconds, node_command, node_env
@@ -104,7 +104,7 @@ class SlurmBackend:
         if dry_run:
             return {"name": spec.name, "dry_run": True, "script": str(path)}
         if path.exists() and not replace:
-            raise UserError(f"{path} already exists; pass --replace to overwrite it, or pick another name")
+            raise Conflict(f"{path} already exists; pass --replace to overwrite it, or pick another name")
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".sbatch.tmp")
         tmp.write_text(text)

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from fsdpkit.errors import UserError
+from fsdpkit.errors import NotFound, UserError
 
 
 class DocumentSource(Protocol):
@@ -126,7 +126,7 @@ class LocalFiles:
                  on_bad_record: str = "skip", verbose: bool = True):
         root = Path(path).expanduser()
         if not root.exists():
-            raise UserError(f"dataset: {path} not found")
+            raise NotFound(f"dataset: {path} not found")
         self.name, self.seed, self.split, self.text_field = str(path), seed, split, text_field
         self.on_bad_record, self.verbose = on_bad_record, verbose
         self.hold_out = True

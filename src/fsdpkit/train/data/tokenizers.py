@@ -9,7 +9,7 @@ from typing import Protocol
 
 import numpy as np
 
-from fsdpkit.errors import UserError
+from fsdpkit.errors import NotFound, UserError
 
 
 class Tokenizer(Protocol):
@@ -61,7 +61,7 @@ class HFTokenizer:
         elif path.is_file():
             self.tok = RustTokenizer.from_file(str(path))
         elif spec.startswith((".", "/", "~")):
-            raise UserError(f"tokenizer: {spec} not found")
+            raise NotFound(f"tokenizer: {spec} not found")
         else:
             if os.environ.get("HF_HUB_OFFLINE") == "1":
                 raise UserError(f"tokenizer: {spec!r} is on the Hugging Face hub but HF_HUB_OFFLINE=1; "

@@ -1,0 +1,51 @@
+"""`fsdpkit examples list|show`: the example job specs that ship inside the package."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fsdpkit.cli.output import Parser, dispatch, emit_json
+from fsdpkit.errors import Conflict
+
+
+def list_(args) -> int:
+    from fsdpkit.jobs.starter import examples
+
+    found = examples()
+    if args.json:
+        return emit_json([{"name": n, "description": d} for n, d in found.items()])
+    for name, description in found.items():
+        print(f"{name:16} {description}")
+    print("\nfsdpkit examples show NAME --out job.yaml   writes one to edit; fsdpkit job init writes a blank one")
+    return 0
+
+
+def show(args) -> int:
+    from fsdpkit.jobs.starter import example
+
+    text = example(args.name)
+    if args.out:
+        out = Path(args.out)
+        if out.exists() and not args.force:
+            raise Conflict(f"{out} already exists; pass --force to overwrite it, or --out elsewhere")
+        out.write_text(text)
+    if args.json:
+        return emit_json({"name": args.name.removesuffix(".yaml"), "text": text, "path": args.out})
+    print(f"wrote {args.out}" if args.out else text, end="\n" if args.out else "")
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    parser = Parser(prog="fsdpkit examples", description="Example job specs (local, EKS, HyperPod, Trainer v2, "
+                    "Slurm), shipped with fsdpkit.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    p = sub.add_parser("list", help="the example job specs")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=list_)
+    p = sub.add_parser("show", help="print an example job spec, or write it with --out")
+    p.add_argument("name", help="an example's name (see `fsdpkit examples list`)")
+    p.add_argument("--out", help="write it to this file")
+    p.add_argument("--force", action="store_true", help="overwrite an existing file")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=show)
+    return dispatch(parser, argv)

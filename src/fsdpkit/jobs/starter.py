@@ -1,0 +1,149 @@
+"""Starter job specs from the installed package, not a source checkout: the example specs ship as
+package data (`fsdpkit examples list|show`), and `fsdpkit job init` writes a spec with every field,
+each with a one-line comment from the field's own help text, so the spec documents itself.
+
+Fields given on the command line are written as values; the rest are written commented out with
+their defaults, except the sections of other backends, which are left out.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from typing import Any
+
+import yaml
+from pydantic import BaseModel
+
+from fsdpkit.errors import NotFound, UserError
+from fsdpkit.jobs.spec import CLUSTER_BACKENDS, JobSpec, load_spec_dict, train_config
+from fsdpkit.settings import Settings
+from fsdpkit.train.config import TrainConfig
+
+_EXAMPLES = "examples"
+# The backend each optional section belongs to, and what each section is.
+_SECTION_BACKEND = {"hyperpod": "hyperpod", "trainjob": "trainjob", "slurm": "slurm"}
+_SECTION_HELP = {"storage": "where checkpoints and run outputs live (on: checkpoints survive the pod)",
+                 "hyperpod": "SageMaker HyperPod: the operator, its restarts and health rules",
+                 "trainjob": "Kubeflow Trainer v2", "slurm": "sbatch options", "train": "the trainer's options"}
+# The trainer options a starter spec names (every one is in `fsdpkit train --help`).
+_TRAIN_OPTIONS = (("preset", None), ("dataset", "data"), ("dataset_config_name", "data"), ("tokenizer", "data"),
+                  ("seq_len", "data"), ("train_batch_size", "data"), ("max_steps", "optim"), ("lr", "optim"),
+                  ("activation_checkpointing", "parallel"), ("checkpoint_every", "checkpoint"),
+                  ("keep_last", "checkpoint"))
+
+
+def examples() -> dict[str, str]:
+    """Example name -> its first comment line (what it shows)."""
+    root = resources.files(__package__) / _EXAMPLES
+    out = {}
+    for f in sorted(root.iterdir(), key=lambda p: p.name):
+        if f.name.endswith(".yaml"):
+            head = " ".join(line.lstrip("# ").strip() for line in f.read_text().splitlines()
+                            if line.startswith("# ") and not line.startswith("#  "))
+            out[f.name.removesuffix(".yaml")] = head.split(": ")[0].split(". ")[0].rstrip(".")
+    return out
+
+
+def example(name: str) -> str:
+    """An example spec's text (NAME or NAME.yaml)."""
+    name = name.removesuffix(".yaml")
+    if name not in examples():
+        raise NotFound(f"example {name!r} not found; see `fsdpkit examples list` ({', '.join(examples())})")
+    return (resources.files(__package__) / _EXAMPLES / f"{name}.yaml").read_text()
+
+
+def _value(v: Any) -> str:
+    return yaml.safe_dump(v, default_flow_style=True, width=1000).strip().removesuffix("...").strip()
+
+
+def _help(model: type[BaseModel], name: str) -> str:
+    """The field's help, its first sentence: one comment line."""
+    text = " ".join((model.model_fields[name].description or "").split())
+    return text.split(". ")[0]
+
+
+def _line(indent: int, name: str, value: Any, help_text: str, active: bool) -> str:
+    text = f"{' ' * indent}{'' if active else '# '}{name}: {_value(value)}"
+    return f"{text:<48} # {help_text}" if help_text else text
+
+
+def _default(model: type[BaseModel], name: str) -> Any:
+    f = model.model_fields[name]
+    value = f.get_default(call_default_factory=True)
+    return value.model_dump() if isinstance(value, BaseModel) else str(value) if name == "nodes" else value
+
+
+def _section(model: type[Settings], values: dict[str, Any], indent: int) -> list[str]:
+    lines = []
+    for name in model.model_fields:
+        active = name in values
+        lines.append(_line(indent, name, values[name] if active else _default(model, name), _help(model, name),
+                           active))
+    return lines
+
+
+def starter(backend: str, name: str, instance_type: str | None = None, nodes: str | None = None,
+            image: str | None = None, preset: str | None = None, claim: str | None = None,
+            shared_path: str | None = None, dataset: str | None = None, tokenizer: str | None = None) -> str:
+    """The text of a starter spec; it loads back as the spec these values describe (checked here)."""
+    if backend == "hyperpod" and instance_type and not instance_type.startswith("ml."):
+        instance_type = f"ml.{instance_type}"  # how HyperPod names (and labels) its instance types
+    top: dict[str, Any] = {"name": name, "backend": backend}
+    top.update({k: v for k, v in (("image", image), ("instance_type", instance_type), ("nodes", nodes)) if v})
+    if nodes and nodes.isdigit():
+        top["nodes"] = int(nodes)
+    storage = {k: v for k, v in (("claim", claim), ("shared_path", shared_path)) if v}
+    train = {k: v for k, v in (("preset", preset), ("dataset", dataset), ("tokenizer", tokenizer)) if v}
+    doc = {**top, **({"storage": storage} if storage else {}), **({"train": train} if train else {})}
+    # A bad value is refused here, before anything is written. A cluster job's image may be filled in
+    # later: it is checked with a stand-in and written commented out, so rendering says it is missing.
+    needs_image = backend in CLUSTER_BACKENDS and not image
+    spec = load_spec_dict({**doc, **({"image": "IMAGE"} if needs_image else {})})
+    # What the job will really use where the spec says nothing: the preset's recipe, and checkpoint_every
+    # from its storage.
+    cfg = train_config(spec)
+    derived = {name: getattr(getattr(cfg, group) if group else cfg, name) for name, group in _TRAIN_OPTIONS}
+
+    lines = [f"# fsdpkit job spec ({backend}), written by `fsdpkit job init`. Every field is listed with what it",
+             "# does; uncomment one to change it. Render it with `fsdpkit job render FILE`, check it will fit with",
+             "# `fsdpkit plan FILE`, and submit with `fsdpkit job submit FILE` (--dry-run first)."]
+    if backend in CLUSTER_BACKENDS and not image:
+        lines.append("# image: is required: `fsdpkit image push` prints the URI of the image it pushed.")
+    if backend != "local" and not dataset:
+        lines.append("# train.dataset: the embedded sample text unless you name your data (a hub dataset, or token "
+                     "shards from `fsdpkit data prepare` on the storage)")
+    if backend != "local" and not storage:
+        lines.append("# storage: without it checkpoints are lost with the pod; give storage.claim (an FSx for "
+                     "Lustre PVC)" if backend in CLUSTER_BACKENDS else
+                     "# storage: without it checkpoints are lost; give storage.shared_path (a shared mount, /fsx)")
+    for field in [*(f for f in JobSpec.model_fields if f != "train"), "train"]:
+        if field in ("storage", "train") or field in _SECTION_BACKEND:
+            if field in _SECTION_BACKEND and _SECTION_BACKEND[field] != backend:
+                continue
+            values = {"storage": storage, "train": train}.get(field, {})
+            # A section with nothing set stays commented out: an empty `slurm:` would be null.
+            lines.append(f"{'' if values else '# '}{field + ':':<{48 if values else 46}} # {_SECTION_HELP[field]}")
+            lines += _train_lines(train, derived) if field == "train" else _section(typing_section(field), values, 2)
+            continue
+        active = field in top
+        lines.append(_line(0, field, top[field] if active else _default(JobSpec, field), _help(JobSpec, field),
+                           active))
+    return "\n".join(lines) + "\n"
+
+
+def typing_section(field: str) -> type[Settings]:
+    section = JobSpec.model_fields[field].annotation
+    if not (isinstance(section, type) and issubclass(section, Settings)):
+        raise UserError(f"{field}: not a section of the job spec")
+    return section
+
+
+def _train_lines(values: dict[str, Any], derived: dict[str, Any]) -> list[str]:
+    lines = []
+    for name, group in _TRAIN_OPTIONS:
+        model = TrainConfig.model_fields[group].annotation if group else TrainConfig
+        active = name in values
+        value = values[name] if active else derived.get(name, _default(model, name))
+        lines.append(_line(2, name, value, _help(model, name), active))
+    lines.append("  # every other trainer option: `fsdpkit train --help`")
+    return lines

@@ -1,0 +1,28 @@
+"""The `fsdpkit ...` command lines of a Markdown document's code blocks, as a reader copies them:
+continuation lines joined, a `$ ` or `.venv/bin/` prefix dropped. Shared by the docs and skills tests."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+FENCE = re.compile(r"```[a-z]*\n(.*?)```", re.S)
+
+
+def command_lines(path: Path) -> list[str]:
+    found = []
+    for block in FENCE.findall(path.read_text()):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = re.sub(r"^\s*(\$\s*)?(\.venv/bin/)?", "", line)
+            if line.startswith("fsdpkit "):
+                found.append(line)
+    return found
+
+
+def tokens(line: str) -> list[str]:
+    """A documented command line as argv, up to a pipe or `&&`, and up to a bare `--` (what follows
+    is the entrypoint's own command line)."""
+    argv = shlex.split(line, comments=True)
+    ends = [argv.index(t) for t in ("|", "&&", "--") if t in argv]
+    return argv[:min(ends)] if ends else argv

@@ -1,0 +1,108 @@
+"""Starter specs and the defaults a cluster job gets: `job init` writes every field and reads back as
+the spec it was asked for; the examples ship in the package; a job with storage checkpoints
+periodically by default; HyperPod's `ml.` instance names."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import yaml
+
+from fsdpkit.errors import UserError
+from fsdpkit.jobs.command import trainer_flags
+from fsdpkit.jobs.spec import BACKENDS, JobSpec, load_spec_dict
+from fsdpkit.jobs.starter import example, examples, starter
+from fsdpkit.plan.grace import cadence
+from fsdpkit.train.config import parse_args
+from fsdpkit.train.presets import get_preset
+
+from conftest import run_cli
+
+IMAGE = "123456789012.dkr.ecr.us-west-2.amazonaws.com/fsdpkit:v1"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_init_writes_every_field_and_reads_back_as_asked(backend):
+    nodes = "1" if backend == "local" else "2"
+    storage = {"shared_path": "/fsx"} if backend == "slurm" else {"claim": "fsx-claim"} if backend != "local" else {}
+    text = starter(backend, "my-run", "p5.48xlarge" if backend != "local" else None, nodes, IMAGE, "llama3_1_8b",
+                   storage.get("claim"), storage.get("shared_path"), "allenai/c4")
+    for field in JobSpec.model_fields:
+        if field not in ("hyperpod", "trainjob", "slurm") or field == backend:
+            assert f"{field}:" in text, field
+    spec = load_spec_dict(yaml.safe_load(text))
+    assert (spec.name, spec.backend, spec.image, str(spec.nodes)) == ("my-run", backend, IMAGE, nodes)
+    assert spec.train == {"preset": "llama3_1_8b", "dataset": "allenai/c4"}
+    assert spec.instance_type == {"local": None, "hyperpod": "ml.p5.48xlarge"}.get(backend, "p5.48xlarge")
+    # Each line with a value or a commented default says what the field is.
+    fields = [line for line in text.splitlines() if re.match(r"^\s*(# )?[a-z_]+:( |$)", line)]
+    assert len(fields) > 40 and all(" # " in line for line in fields), [x for x in fields if " # " not in x]
+
+
+def test_the_commented_defaults_are_the_real_ones():
+    text = starter("pytorchjob", "j", "p5.48xlarge", "4", IMAGE, "llama3_1_8b", "fsx-claim")
+    # The preset's recipe and the job's own checkpoint interval, not the trainer's bare defaults.
+    assert "  # seq_len: 8192 " in text and "  # lr: 0.0003 " in text
+    every = cadence(get_preset("llama3_1_8b")).every
+    assert f"  # checkpoint_every: {every} " in text and "\n# max_restarts: 3 " in text
+
+
+def test_init_refuses_to_overwrite_and_bad_values_write_nothing(tmp_path):
+    out = tmp_path / "job.yaml"
+    r = run_cli("job", "init", "--backend", "pytorchjob", "--image", IMAGE, "--out", str(out), "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["data"]["path"] == str(out)
+    r = run_cli("job", "init", "--out", str(out), "--json")
+    error = json.loads(r.stdout)["error"]
+    assert r.returncode == 2 and error["code"] == "conflict" and "--force" in error["hint"]
+    r = run_cli("job", "init", "--nodes", "0", "--out", str(tmp_path / "bad.yaml"))
+    assert r.returncode == 2 and r.stderr.startswith("error: nodes") and not (tmp_path / "bad.yaml").exists()
+
+
+def test_examples_ship_with_the_package_and_each_is_a_valid_spec():
+    found = examples()
+    assert {"eks-p5", "hyperpod-p5", "trainjob-p5", "slurm-p5", "local-tiny"} <= set(found)
+    for name, description in found.items():
+        assert description and not description.endswith(":")
+        load_spec_dict(yaml.safe_load(example(name)))
+    r = run_cli("examples", "show", "nope", "--json")
+    assert r.returncode == 2 and json.loads(r.stdout)["error"]["code"] == "not_found"
+
+
+def _every(spec: JobSpec) -> str | None:
+    flags = trainer_flags(spec, spec.storage.root)
+    cfg, _ = parse_args(flags)
+    return cfg.checkpoint.checkpoint_every
+
+
+def test_a_job_with_storage_checkpoints_periodically_by_default():
+    base = {"name": "j", "backend": "pytorchjob", "image": IMAGE, "instance_type": "p5.48xlarge", "nodes": 4,
+            "train": {"preset": "llama3_1_8b"}}
+    on_fsx = load_spec_dict({**base, "storage": {"claim": "fsx", "write_mb_per_s": 1200}})
+    # 96.4 GB at 1,200 MB/s is 80 s of writing: saving <= 5% of the time means every 27 min.
+    assert _every(on_fsx) == "27m"
+    assert _every(load_spec_dict({**base, "storage": {"claim": "fsx"}})) == "65m"  # a slower volume
+    # The spec's own interval wins (steps or time), and 0 keeps only the last step's checkpoint.
+    for given in ("500", "30m", "0"):
+        spec = load_spec_dict({**base, "storage": {"claim": "fsx"}, "train": {"preset": "llama3_1_8b",
+                                                                              "checkpoint_every": given}})
+        assert _every(spec) == given
+    # Without storage there is nowhere to keep them: none, and asking for them is refused.
+    assert _every(load_spec_dict(base)) == "0"
+    with pytest.raises(UserError, match=r"train\.checkpoint_every is set but the job has no storage"):
+        load_spec_dict({**base, "train": {"preset": "llama3_1_8b", "checkpoint_every": "30m"}})
+
+
+def test_hyperpod_instance_types_are_named_with_ml(capfd):
+    spec = load_spec_dict({"name": "j", "backend": "hyperpod", "image": IMAGE, "instance_type": "p5.48xlarge"})
+    assert spec.instance_type == "ml.p5.48xlarge" and spec.gpus == 8
+    r = run_cli("job", "render", "--backend", "hyperpod", "--name", "j", "--image", IMAGE, "--instance-type",
+                "p5.48xlarge", "--json")
+    job = json.loads(r.stdout)["data"]["manifests"][-1]
+    assert "node.kubernetes.io/instance-type: ml.p5.48xlarge" not in r.stdout  # JSON, not YAML
+    assert json.dumps(job).count('"ml.p5.48xlarge"') >= 1 and '"p5.48xlarge"' not in json.dumps(job)
+    assert r.stderr.strip() == "instance_type: p5.48xlarge is ml.p5.48xlarge on HyperPod (its nodes are labelled so)"
+    # Other backends keep the EC2 name.
+    assert load_spec_dict({"name": "j", "backend": "pytorchjob", "image": IMAGE,
+                           "instance_type": "p5.48xlarge"}).instance_type == "p5.48xlarge"

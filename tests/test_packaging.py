@@ -1,0 +1,96 @@
+"""The installed package, not the checkout: a wheel built from this tree carries the skills and the
+example specs, and with it alone an agent's path runs as its skill writes it: install the skills,
+then `job init` -> `plan` -> `job submit --dry-run` for Llama 3.1 8B on 4 x p5.48xlarge with an FSx
+claim, and the job it renders checkpoints periodically and at its last step."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+from doc_commands import command_lines, tokens
+
+from conftest import ROOT
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    """(run, workdir): the CLI of a wheel of this tree installed into a folder of its own, run from a
+    folder that holds no checkout."""
+    root = tmp_path_factory.mktemp("wheel")
+    tree = root / "tree"  # a copy, so the build leaves nothing in the checkout
+    shutil.copytree(ROOT / "src", tree / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, tree / name)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
+                    str(root / "dist"), str(tree)], check=True, capture_output=True)
+    (wheel,) = (root / "dist").glob("fsdpkit-*.whl")
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(root / "site"),
+                    str(wheel)], check=True, capture_output=True)
+    work = root / "work"
+    work.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(root / "site"), "HOME": str(root / "home"),
+           "FSDPKIT_HOME": str(root / "fsdpkit-home")}
+
+    def run(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "fsdpkit", *argv], capture_output=True, text=True, cwd=work,
+                              env=env, timeout=300)
+    where = subprocess.run([sys.executable, "-c", "import fsdpkit; print(fsdpkit.__file__)"], capture_output=True,
+                           text=True, cwd=work, env=env).stdout
+    assert where.startswith(str(root / "site")), where  # the wheel's fsdpkit, not the checkout's
+    return run, work
+
+
+def test_examples_and_skills_ship_in_the_wheel(installed):
+    run, work = installed
+    r = run("examples", "list", "--json")
+    assert r.returncode == 0, r.stderr
+    assert {e["name"] for e in json.loads(r.stdout)["data"]} >= {"eks-p5", "hyperpod-p5", "trainjob-p5",
+                                                                  "slurm-p5", "local-tiny"}
+    r = run("examples", "show", "hyperpod-p5")
+    assert r.returncode == 0 and "backend: hyperpod" in r.stdout
+    r = run("skills", "install", "--target", "claude", "--json")
+    assert r.returncode == 0, r.stderr
+    installed_skills = {p.parent.name for p in (work / ".claude" / "skills").glob("*/SKILL.md")}
+    assert {"fsdpkit-job-spec", "fsdpkit-deploy-job", "fsdpkit-hyperpod", "fsdpkit-ray"} <= installed_skills
+
+
+def test_job_init_plan_and_dry_run_from_the_installed_skill(installed):
+    run, work = installed
+    assert run("skills", "install", "--target", "claude").returncode == 0
+    skill = work / ".claude" / "skills" / "fsdpkit-job-spec" / "SKILL.md"
+    lines = [line for line in command_lines(skill)
+             if line.startswith(("fsdpkit job init", "fsdpkit plan", "fsdpkit job submit"))]
+    assert [tokens(x)[1:3] for x in lines] == [["job", "init"], ["plan", "job.yaml"], ["job", "submit"]]
+    assert "--dry-run" in lines[-1] and "llama3_1_8b" in lines[0] and "--nodes 4" in lines[0]
+    outputs = []
+    for line in lines:
+        r = run(*tokens(line)[1:])
+        assert r.returncode == 0, f"`{line}`: {r.stdout[-800:]} {r.stderr[-800:]}"
+        outputs.append(json.loads(r.stdout))
+    plan = outputs[1]["data"]
+    assert plan["nodes"] == 4 and plan["instance_type"] == "p5.48xlarge" and plan["fits"] is True
+    every = plan["checkpoints"]["every"]
+    assert every.endswith("m") and int(every[:-1]) >= 10   # periodic, at most 5% of the run spent saving
+    assert outputs[2]["data"]["dry_run"] is True and outputs[2]["data"]["objects"][-1] == "PyTorchJob/llama3-1-8b"
+
+    r = run("job", "render", "job.yaml", "--json")
+    job = json.loads(r.stdout)["data"]["manifests"][-1]
+    command = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["command"]
+    flags = command[command.index("fsdpkit.train") + 1:]
+    from fsdpkit.train.config import parse_args
+
+    cfg, _ = parse_args(flags)
+    ck = cfg.checkpoint
+    # Periodically on the FSx claim (the plan's interval), and at the last step: a run with a
+    # checkpoint_dir always saves its last step. Every start resumes from the newest one.
+    assert ck.checkpoint_every == every and ck.every_seconds == int(every[:-1]) * 60
+    assert ck.checkpoint_dir == "/checkpoints/llama3-1-8b/checkpoints" and ck.resume_from_checkpoint == "auto"
+    volumes = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["volumes"]
+    assert {"name": "checkpoints", "persistentVolumeClaim": {"claimName": "fsx-claim"}} in volumes
