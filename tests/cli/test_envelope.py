@@ -109,6 +109,8 @@ def images(tmp_path_factory):
     for name in ("taken", "img"):
         assert run_cli("image", "init", "--no-requirements", "--out", str(root / name)).returncode == 0
     (root / "img" / "requirements.txt").write_text("torch==2.5.1\n")  # not the base image's torch
+    with (root / "taken" / "Dockerfile").open("a") as f:  # the user's own line: init must not overwrite it
+        f.write("RUN pip install my-extra\n")
     return root
 
 

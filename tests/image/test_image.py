@@ -55,8 +55,22 @@ def test_rendered_dockerfiles_are_clean_except_for_a_base_without_efa(tmp_path, 
     found = {c.kind for c in check(tmp_path / "Dockerfile", [tmp_path / "requirements.txt"])}
     assert found == (set() if BASES[base].efa else {"efa"})
     assert (tmp_path / ".dockerignore").read_text().startswith(".git\n")
-    r = run_cli("image", "init", "--out", str(tmp_path))
-    assert r.returncode == 2 and "already exists; pass --force" in r.stderr
+
+
+def test_init_again_rewrites_its_own_files_and_keeps_the_users(tmp_path):
+    """`image init --hyperpod` after `image init` adds the agent: the Dockerfile is still exactly
+    what init wrote. A Dockerfile the user changed is never overwritten without --force."""
+    assert run_cli("image", "init", "--out", str(tmp_path), "--fsdpkit", "release").returncode == 0
+    r = run_cli("image", "init", "--out", str(tmp_path), "--fsdpkit", "release", "--hyperpod")
+    assert r.returncode == 0, r.stderr
+    assert "hyperpod-elastic-agent==" in (tmp_path / "Dockerfile").read_text()
+    with (tmp_path / "Dockerfile").open("a") as f:
+        f.write("RUN pip install my-extra\n")
+    r = run_cli("image", "init", "--out", str(tmp_path), "--fsdpkit", "release")
+    assert r.returncode == 2 and r.stderr.strip() == (
+        f"error: {tmp_path / 'Dockerfile'} already exists and was changed since `fsdpkit image init` wrote it; "
+        "pass --force to overwrite")
+    assert (tmp_path / "Dockerfile").read_text().endswith("RUN pip install my-extra\n")
 
 
 def test_selftest_full_passes_here():

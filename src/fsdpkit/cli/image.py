@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -22,9 +23,12 @@ def cmd_init(args: argparse.Namespace) -> int:
             raise UserError(f"--requirements: {out / reqs} not found (or pass --no-requirements)")
         reqs = None  # the default file is simply not there: nothing of the project's to install
     files = {out / "Dockerfile": None, out / ".dockerignore": DOCKERIGNORE}
-    existing = [str(p) for p in files if p.exists()]
+    # Files exactly as an earlier `image init` wrote them are written again (adding --hyperpod, say):
+    # nothing of the user's is lost. Anything else needs --force.
+    existing = [str(p) for p in files if p.exists() and not _as_written(p, args.base, reqs)]
     if existing and not args.force:
-        raise Conflict(f"{', '.join(existing)} already exists; pass --force to overwrite")
+        raise Conflict(f"{', '.join(existing)} already exists and was changed since `fsdpkit image init` wrote it; "
+                       "pass --force to overwrite")
     try:
         out.mkdir(parents=True, exist_ok=True)  # a new project folder is fine
         fsdpkit, how = for_image(args.fsdpkit, out, WHEEL_DIR)
@@ -40,6 +44,21 @@ def cmd_init(args: argparse.Namespace) -> int:
           + ("" if reqs else "; no requirements file (add one and run again with --force)"))
     print(f"check it with: fsdpkit image check {out / 'Dockerfile'}")
     return 0
+
+
+def _as_written(path: Path, base: str, requirements: str | None) -> bool:
+    """The file is what `image init` writes for this base and requirements file (with any fsdpkit
+    source, with or without HyperPod's agent)."""
+    from fsdpkit.image.dockerfile import BASES, DOCKERIGNORE, render
+
+    text = path.read_text(errors="replace")
+    if path.name == ".dockerignore":
+        return text == DOCKERIGNORE
+    m = re.search(r"^(?:COPY (\S+\.whl) /tmp/|RUN pip install --no-cache-dir (fsdpkit==\S+))", text, re.M)
+    if m is None or base not in BASES:
+        return False
+    fsdpkit = m.group(1) or m.group(2)
+    return any(text == render(base, requirements, fsdpkit, hyperpod_agent=agent) for agent in (False, True))
 
 
 def cmd_check(args: argparse.Namespace) -> int:

@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from fsdpkit.errors import NotFound, UserError
+from fsdpkit.errors import NotFound
 from fsdpkit.jobs.spec import CLUSTER_BACKENDS, JobSpec, load_spec_dict, train_config
 from fsdpkit.settings import Settings
 from fsdpkit.train.config import TrainConfig
@@ -123,7 +123,7 @@ def starter(backend: str, name: str, instance_type: str | None = None, nodes: st
             values = {"storage": storage, "train": train}.get(field, {})
             # A section with nothing set stays commented out: an empty `slurm:` would be null.
             lines.append(f"{'' if values else '# '}{field + ':':<{48 if values else 46}} # {_SECTION_HELP[field]}")
-            lines += _train_lines(train, derived) if field == "train" else _section(typing_section(field), values, 2)
+            lines += _train_lines(train, derived) if field == "train" else _section(_section_model(field), values, 2)
             continue
         active = field in top
         lines.append(_line(0, field, top[field] if active else _default(JobSpec, field), _help(JobSpec, field),
@@ -131,10 +131,9 @@ def starter(backend: str, name: str, instance_type: str | None = None, nodes: st
     return "\n".join(lines) + "\n"
 
 
-def typing_section(field: str) -> type[Settings]:
+def _section_model(field: str) -> type[Settings]:
     section = JobSpec.model_fields[field].annotation
-    if not (isinstance(section, type) and issubclass(section, Settings)):
-        raise UserError(f"{field}: not a section of the job spec")
+    assert isinstance(section, type) and issubclass(section, Settings), field
     return section
 
 
