@@ -12,6 +12,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from fsdpkit.train.config import parse_args
+from fsdpkit.train.dist import leave
 from fsdpkit.train.trainer import train
 
 
@@ -39,3 +40,4 @@ if __name__ == "__main__":
     if int(os.environ.get("RANK", "0")) == 0:
         with open(sys.argv[1], "w") as f:
             json.dump(mode.calls, f)
+    leave(0)  # as fsdpkit's own workers end: no interpreter finalization racing gloo's threads

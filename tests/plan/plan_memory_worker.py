@@ -13,6 +13,7 @@ from pathlib import Path
 from torch.profiler import ProfilerActivity, profile
 
 from fsdpkit.train.config import parse_args
+from fsdpkit.train.dist import leave
 from fsdpkit.train.trainer import train
 
 
@@ -34,3 +35,4 @@ if __name__ == "__main__":
         train(cfg)
     out = Path(sys.argv[1]) / f"rank{os.environ.get('RANK', '0')}.json"
     out.write_text(json.dumps({"peak_bytes": tensor_peak(prof)}))
+    leave(0)  # as fsdpkit's own workers end: no interpreter finalization racing gloo's threads
