@@ -185,10 +185,9 @@ class KubeMock:
         self._thread.join(10)
 
 
-@pytest.fixture
-def moto(tmp_path):
-    """moto in server mode on 127.0.0.1: (url, env for the CLI, which reaches it through
-    FSDPKIT_AWS_ENDPOINT_URL with throwaway credentials and no config files)."""
+def start_moto(tmp_path: Path):
+    """moto in server mode on 127.0.0.1, empty: (server, url, env for the CLI, which reaches it
+    through FSDPKIT_AWS_ENDPOINT_URL with throwaway credentials and no config files)."""
     import urllib.request
 
     moto_server = pytest.importorskip("moto.server")
@@ -201,6 +200,13 @@ def moto(tmp_path):
     env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-west-2",
            "FSDPKIT_AWS_ENDPOINT_URL": url, "AWS_CONFIG_FILE": str(tmp_path / "none"),
            "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none")}
+    return server, url, env
+
+
+@pytest.fixture
+def moto(tmp_path):
+    """moto in server mode on 127.0.0.1: (url, env for the CLI)."""
+    server, url, env = start_moto(tmp_path)
     yield url, env
     server.stop()
 

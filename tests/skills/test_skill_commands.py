@@ -16,20 +16,19 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 from doc_commands import command_lines
 from fake_tools import FAKE_DOCKER
 
-from conftest import ROOT, KubeMock, run_cli
+from conftest import ROOT, KubeMock, run_cli, start_moto
 from job_specs import set_conditions
 from kube_objects import crd, daemonset, deployment, healthy_eks, hyperpod_operator, trainer_v2
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("kmock")
-moto_server = pytest.importorskip("moto.server")
+pytest.importorskip("moto.server")
 
 SKILLS = sorted((ROOT / "src" / "fsdpkit" / "skills" / "data").glob("*/SKILL.md"))
 LINES = [(p.parent.name, line) for p in SKILLS for line in command_lines(p)]
@@ -60,11 +59,7 @@ def world(tmp_path_factory):
     """moto with fsdpkit's build infrastructure, kmock as a cluster with every operator fsdpkit
     drives, a running job `my-job`, a fake `docker`, and the environment that reaches them."""
     root = tmp_path_factory.mktemp("world")
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0)
-    server.start()
-    host, port = server.get_host_and_port()
-    url = f"http://{host}:{port}"
-    urllib.request.urlopen(urllib.request.Request(f"{url}/moto-api/reset", method="POST"), timeout=10).read()
+    server, url, aws_env = start_moto(root)
     kube = KubeMock(root)
     # A kubeconfig with a second context of the same cluster, as `aws eks update-kubeconfig` adds.
     kube.kubeconfig.write_text(kube.kubeconfig.read_text().replace(
@@ -76,9 +71,7 @@ def world(tmp_path_factory):
         (bin_dir / tool).write_text(f"#!/bin/sh\necho {tool} \"$@\" >> {root}/installers.log\n")
     for tool in ("docker", "kubectl", "helm"):
         (bin_dir / tool).chmod(0o755)
-    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-west-2",
-           "FSDPKIT_AWS_ENDPOINT_URL": url, "AWS_CONFIG_FILE": str(root / "none"),
-           "AWS_SHARED_CREDENTIALS_FILE": str(root / "none"), "HOME": str(root / "home"),
+    env = {**aws_env, "HOME": str(root / "home"),
            "FSDPKIT_HOME": str(root / "fsdpkit-home"), "HF_HUB_OFFLINE": "1",
            "PATH": f"{bin_dir}:{os.path.dirname(sys.executable)}:/usr/bin:/bin", **kube.env}
     healthy_eks(kube)

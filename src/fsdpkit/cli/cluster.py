@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import Any
 
 from fsdpkit import yamlfile
 from fsdpkit.aws.session import pick_region
@@ -37,7 +38,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 1 if fails else 0
 
 
-def _failure(checks: list[dict] | list) -> tuple[str | None, str, str | None]:
+def _failure(checks: list[Any]) -> tuple[str | None, str, str | None]:
     """The envelope's message, code and hint for checks (Check objects or dicts with status,
     detail, fix and name or node) of which some failed: the first failure and how many."""
     rows = [c if isinstance(c, dict) else vars(c) for c in checks]

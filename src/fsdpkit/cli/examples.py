@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fsdpkit.cli.output import Parser, dispatch, emit_json
-from fsdpkit.errors import Conflict
+from fsdpkit.cli.output import Parser, dispatch, emit_json, write_new
 
 
 def list_(args) -> int:
@@ -25,10 +24,7 @@ def show(args) -> int:
 
     text = example(args.name)
     if args.out:
-        out = Path(args.out)
-        if out.exists() and not args.force:
-            raise Conflict(f"{out} already exists; pass --force to overwrite it, or --out elsewhere")
-        out.write_text(text)
+        write_new(Path(args.out), text, args.force)
     if args.json:
         return emit_json({"name": args.name.removesuffix(".yaml"), "text": text, "path": args.out})
     print(f"wrote {args.out}" if args.out else text, end="\n" if args.out else "")

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
-from fsdpkit.cli.output import Parser, dispatch, emit_json
-from fsdpkit.errors import Conflict, UserError
+from fsdpkit.cli.output import Parser, dispatch, emit_json, write_new
+from fsdpkit.errors import UserError
 from fsdpkit.jobs.backends import Backend, Watchable, get_backend
 from fsdpkit.jobs.capacity import capacity as check_capacity
 from fsdpkit.jobs.hub import check_hub_access
@@ -47,8 +48,6 @@ def _print_status(st: JobStatus) -> None:
 
 
 def cmd_init(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from fsdpkit.jobs.starter import starter
 
     name = args.name or (args.preset.replace("_", "-") if args.preset else "my-job")
@@ -58,9 +57,7 @@ def cmd_init(args: argparse.Namespace) -> int:
         print(text, end="")
         return 0
     out = Path(args.out)
-    if out.exists() and not args.force:
-        raise Conflict(f"{out} already exists; pass --force to overwrite it, or --out elsewhere")
-    out.write_text(text)
+    write_new(out, text, args.force)
     if args.json:
         return emit_json({"path": str(out), "backend": args.backend, "name": name})
     first = "set image: in it (fsdpkit image push prints it), then " if args.backend in CLUSTER_BACKENDS and \

@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from pathlib import Path
 
 from fsdpkit.aws import session as aws_session
 from fsdpkit.cluster import client as cluster_client
 from fsdpkit.envelope import Parser, emit_error, emit_json
-from fsdpkit.errors import UserError
+from fsdpkit.errors import Conflict, UserError
 
-__all__ = ["Parser", "confirmed", "dispatch", "emit_error", "emit_json", "progress"]
+__all__ = ["Parser", "confirmed", "dispatch", "emit_error", "emit_json", "progress", "write_new"]
 
 
 def progress(args: argparse.Namespace):
@@ -31,6 +32,13 @@ def confirmed(args: argparse.Namespace, what: str, question: str) -> bool:
         return True
     print("nothing deleted")
     return False
+
+
+def write_new(path: Path, text: str, force: bool) -> None:
+    """Write a file the command makes (a spec, an example), never over one that exists unless --force."""
+    if path.exists() and not force:
+        raise Conflict(f"{path} already exists; pass --force to overwrite it, or --out elsewhere")
+    path.write_text(text)
 
 
 def cloud_error(e: BaseException, what: str) -> UserError | None:

@@ -23,8 +23,8 @@ from fsdpkit.errors import UserError
 from fsdpkit.hardware.instances import Instance, lookup
 from fsdpkit.image import pins
 from fsdpkit.plan.grace import cadence
-from fsdpkit.settings import Bool, Int, NodeRange, Nodes, Settings, Str, fail, load, option
-from fsdpkit.train.config import SECTIONS, build
+from fsdpkit.settings import Bool, Int, NodeRange, Nodes, Settings, Str, aliases, fail, load, option
+from fsdpkit.train.config import SECTIONS, CheckpointConfig, build
 from fsdpkit.yamlfile import describe_yaml_error, load_mapping
 
 log = logging.getLogger(__name__)
@@ -385,7 +385,8 @@ def _validate_train(spec: JobSpec) -> None:
     Checked on the options the job will really pass (output directories on the job's storage)."""
     root = "/local-job-dir" if spec.backend == "local" and not spec.storage.shared_path else spec.storage.root
     flat = flat_options(spec.train)
-    if str(flat.get("checkpoint_every", flat.get("checkpoint_freq", 0))) != "0" and root is None:
+    every = _named(flat, "checkpoint_every")
+    if every is not None and str(flat[every]) != "0" and root is None:
         raise UserError("storage: train.checkpoint_every is set but the job has no storage, so checkpoints "
                         "would be written inside the container and lost; give storage.claim (an existing PVC "
                         "such as FSx for Lustre) or storage.size and storage.storage_class")
@@ -412,12 +413,19 @@ def train_options(spec: JobSpec, root: str | None) -> dict[str, Any]:
             opts["checkpoint_dir"] = dirs["checkpoint_dir"]
         if "run_dir" not in flat:
             opts["run_dir"] = dirs["run_dir"]
-        if "resume_from_checkpoint" not in flat and "resume" not in flat:
+        if _named(flat, "resume_from_checkpoint") is None:
             opts["resume_from_checkpoint"] = "auto"
-        if spec.storage.enabled and not {"checkpoint_every", "checkpoint_freq"} & flat.keys():
+        if spec.storage.enabled and _named(flat, "checkpoint_every") is None:
             # Checkpoints on by default where they survive the pod: as often as costs <= 5% of the run.
             opts["checkpoint_every"] = cadence(build([opts]).shape, spec.storage.write_mb_per_s).every
     return opts
+
+
+def _named(flat: dict[str, Any], field: str) -> str | None:
+    """Under which name (the checkpoint option's own, or an alias) the spec's train options give
+    `field`; None when they do not."""
+    names = (field, *aliases(CheckpointConfig.model_fields[field]))
+    return next((n for n in names if n in flat), None)
 
 
 def flat_options(doc: dict[str, Any]) -> dict[str, Any]:
