@@ -119,13 +119,51 @@ class KubeMock:
     async def _serve(self, ready):
         import kmock
 
+        mock = self
+
+        class Emulator(kmock.KubernetesEmulator):
+            """kmock with pod exec: a websocket on the `v4.channel.k8s.io` protocol, as the API server
+            relays it from the kubelet, answered by the test's `serve_exec` handler."""
+
+            async def __call__(self, raw_request):
+                if raw_request.path.endswith("/exec") and mock.exec_handler is not None:
+                    return await mock._exec(raw_request)
+                return await super().__call__(raw_request)
+
         self._stop = self._asyncio.Event()
-        async with kmock.KubernetesEmulator() as handler, kmock.Server(handler) as server:
+        async with Emulator() as handler, kmock.Server(handler) as server:
             for res in self.RESOURCES:
                 handler.resources[res] = {}
             self.handler, self.url = handler, str(server.url).rstrip("/")
             ready.set()
             await self._stop.wait()
+
+    exec_handler = None
+
+    def serve_exec(self, handler) -> None:
+        """Answer pod exec: `await handler(pod, container, command)` -> (stdout bytes, exit code),
+        run on the server's loop. Each exec is recorded in `self.execs` as (pod, container, command)."""
+        self.execs: list[tuple[str, str, list[str]]] = []
+        self.exec_handler = handler
+
+    async def _exec(self, raw_request):
+        import json
+
+        from aiohttp import web
+
+        pod, container = raw_request.path.split("/")[-2], raw_request.query.get("container", "")
+        command = raw_request.query.getall("command", [])
+        self.execs.append((pod, container, command))
+        ws = web.WebSocketResponse(protocols=("v4.channel.k8s.io",))
+        await ws.prepare(raw_request)
+        out, code = await self.exec_handler(pod, container, command)
+        await ws.send_bytes(b"\x01" + out)  # channel 1: stdout
+        status = {"status": "Success"} if code == 0 else {
+            "status": "Failure", "reason": "NonZeroExitCode",
+            "details": {"causes": [{"reason": "ExitCode", "message": str(code)}]}}
+        await ws.send_bytes(b"\x03" + json.dumps(status).encode())  # channel 3: the exit status
+        await ws.close()
+        return ws
 
     def call(self, fn):
         """Run `fn()` on the server's loop (kmock is not thread-safe) and return its result."""

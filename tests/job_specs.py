@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime as dt
+
 import yaml
 
 from conftest import run_cli
@@ -43,3 +45,8 @@ def set_conditions(kube, name, *types):
               "lastTransitionTime": f"2026-11-22T10:00:{i:02d}Z"} for i, t in enumerate(types)]
     client.CustomObjectsApi(kube.api()).patch_namespaced_custom_object_status(
         GROUP, VERSION, "default", PLURAL, name, {"status": {"conditions": conds}})
+
+
+def stamp(seconds_ago: float) -> str:
+    t = dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=seconds_ago)
+    return t.strftime("%Y-%m-%dT%H:%M:%S.%f") + "123Z"  # nanoseconds, as the kubelet writes them

@@ -90,6 +90,7 @@ NEEDS = [
     (r"^fsdpkit job submit (?!.*--dry-run)", "a cluster (or Slurm's sbatch), or it starts a job in the background"),
     (r"--pvc|/fsx/|/ckpt/", "a cluster's shared storage"),
     (r"allenai/", "the Hugging Face hub"),
+    (r"^fsdpkit metrics\b", "a Prometheus with the cluster's GPU series"),
 ]
 
 
@@ -113,7 +114,7 @@ def _workspace(root: Path) -> dict[str, str]:
     (root / "run.yaml").write_text("preset: debug\noptim:\n  max_steps: 20\n")
     shutil.copy(ROOT / "examples" / "jobs" / "eks-p5.yaml", root / "job.yaml")
     return {"HOME": str(root / "home"), "FSDPKIT_HOME": str(root / "fsdpkit-home"), "HF_HUB_OFFLINE": "1",
-            "PATH": os.environ["PATH"]}
+            "MLFLOW_TRACKING_URI": f"file:{root / 'mlruns'}", "PATH": os.environ["PATH"]}
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@ pod states and log streams: stall, OOMKilled, crash loop, pending with its reaso
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import os
 import subprocess
@@ -16,7 +15,7 @@ from fsdpkit.cluster.nccl import parse_all_reduce, verdict
 from fsdpkit.hardware.instances import INSTANCES
 
 from conftest import ROOT, run_cli
-from job_specs import job_cli, set_conditions, write_spec
+from job_specs import job_cli, set_conditions, stamp, write_spec
 
 DATA = ROOT / "tests" / "data" / "nccl"
 
@@ -50,11 +49,6 @@ def pod(kube, name, status, index=0, rtype="master"):
             "training.kubeflow.org/job-name": "llama-tiny", "training.kubeflow.org/replica-type": rtype,
             "training.kubeflow.org/replica-index": str(index)}},
         "spec": {"containers": [{"name": "pytorch", "image": "x"}]}, "status": status})
-
-
-def stamp(seconds_ago: float) -> str:
-    t = dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=seconds_ago)
-    return t.strftime("%Y-%m-%dT%H:%M:%S.%f") + "123Z"  # nanoseconds, as the kubelet writes them
 
 
 def log_reads(kube) -> list[str]:
@@ -154,14 +148,6 @@ def test_oom_crashloop_and_pending_reasons(running_job):
         ("Running", 3, "CrashLoopBackOff")
     human = run_cli("job", "watch", "llama-tiny", "--once", env=kube.env)
     assert "! oom llama-tiny-master-0: container pytorch was OOMKilled (restarts 3)" in human.stdout
-
-
-def test_gpu_utilisation_output_is_parsed():
-    from fsdpkit.jobs.health import parse_gpu_util
-
-    text = "0, 97, 71234, 81559\n1, 95, 70988, 81559\nNVIDIA-SMI has failed\n"
-    assert parse_gpu_util(text) == [{"gpu": 0, "util_pct": 97, "mem_used_mib": 71234, "mem_total_mib": 81559},
-                                    {"gpu": 1, "util_pct": 95, "mem_used_mib": 70988, "mem_total_mib": 81559}]
 
 
 def test_watch_resubmits_a_failed_job_within_its_budget(kube, tmp_path):

@@ -95,3 +95,27 @@ def test_report_marks_each_resume_rounds_its_figures_and_plots_no_impossible_mfu
     human = run_cli("report", str(tmp_path))
     assert f"{tmp_path.name}: 8 steps (running or stopped), loss 3.9235 -> 2.2000, restarted 1 time(s) (at step 4)" \
         in human.stdout
+
+
+def test_report_plots_each_nodes_gpu_utilisation_next_to_the_trainers_tokens(runs, tmp_path):
+    """What `fsdpkit metrics --out` wrote (per node series from Prometheus) over the same wall-clock
+    time as run A: one more plot, with the trainer's tokens/s on its second axis."""
+    _, a, _ = runs
+    times = [r["time"] for r in read_metrics(a)]
+    t0, t1 = min(times) - 60, max(times) + 60
+    series = [[t0 + i * (t1 - t0) / 30, 95.0 if i > 1 else 0.0] for i in range(31)]
+    cluster = {"job": "llama-tiny", "nodes": [
+        {"node": "ip-10-1-0-11", "pod": "llama-tiny-master-0", "series": {"gpu_util_pct": series}},
+        {"node": "ip-10-1-0-13", "pod": "llama-tiny-worker-1",
+         "series": {"gpu_util_pct": [[t, v * 0.6] for t, v in series]}}]}
+    (tmp_path / "cluster.json").write_text(json.dumps(cluster))
+    r = run_cli("report", str(a), "--out", str(tmp_path / "out"), "--cluster-metrics", str(tmp_path / "cluster.json"),
+                "--json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    plots = json.loads(r.stdout)["data"]["plots"]
+    assert set(plots) == {"loss", "lr", "throughput", "mfu", "memory", "cluster_gpu"}
+    with Image.open(plots["cluster_gpu"]) as img:
+        assert img.size == (800, 450) and len(img.convert("RGB").getcolors(1 << 16)) > 20  # lines and labels
+    assert "GPU utilisation by node (Prometheus)" in (tmp_path / "out" / "report.html").read_text()
+    bad = run_cli("report", str(a), "--out", str(tmp_path / "out"), "--cluster-metrics", str(tmp_path / "nope.json"))
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "fsdpkit metrics JOB" in bad.stderr

@@ -23,8 +23,9 @@ from doc_commands import command_lines
 from fake_tools import FAKE_DOCKER
 
 from conftest import ROOT, KubeMock, run_cli, start_moto
-from job_specs import set_conditions
+from job_specs import GROUP, PLURAL, VERSION, set_conditions
 from kube_objects import crd, daemonset, deployment, healthy_eks, hyperpod_operator, trainer_v2
+from prometheus_server import RecordedPrometheus
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("kmock")
@@ -46,6 +47,9 @@ EXPECT = {
                                                                     "--security-group-id"),
     # `storage fsx create` ran as a dry run above: there is no file system to show, and it says how to make one.
     r"^fsdpkit storage fsx status ckpt": (2, "no FSx file system named 'ckpt' (fsdpkit storage fsx create ckpt"),
+    # The recorded DCGM series hold one node at about 58% against the others' 95%: the skill says
+    # what a straggler finding means.
+    r"^fsdpkit metrics my-job": (1, "straggler"),
 }
 IMAGE = "000000000000.dkr.ecr.us-west-2.amazonaws.com/fsdpkit:v1"
 
@@ -57,9 +61,11 @@ def test_every_skill_line_is_covered():
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     """moto with fsdpkit's build infrastructure, kmock as a cluster with every operator fsdpkit
-    drives, a running job `my-job`, a fake `docker`, and the environment that reaches them."""
+    drives, a running job `my-job`, a Prometheus with its GPUs' series, a fake `docker`, and the
+    environment that reaches them."""
     root = tmp_path_factory.mktemp("world")
     server, url, aws_env = start_moto(root)
+    prometheus = RecordedPrometheus()
     kube = KubeMock(root)
     # A kubeconfig with a second context of the same cluster, as `aws eks update-kubeconfig` adds.
     kube.kubeconfig.write_text(kube.kubeconfig.read_text().replace(
@@ -72,7 +78,8 @@ def world(tmp_path_factory):
     for tool in ("docker", "kubectl", "helm"):
         (bin_dir / tool).chmod(0o755)
     env = {**aws_env, "HOME": str(root / "home"),
-           "FSDPKIT_HOME": str(root / "fsdpkit-home"), "HF_HUB_OFFLINE": "1",
+           "FSDPKIT_HOME": str(root / "fsdpkit-home"), "HF_HUB_OFFLINE": "1", "FSDPKIT_PROMETHEUS_URL": prometheus.url,
+           "MLFLOW_TRACKING_URI": f"file:{root / 'mlruns'}",
            "PATH": f"{bin_dir}:{os.path.dirname(sys.executable)}:/usr/bin:/bin", **kube.env}
     healthy_eks(kube)
     # The device plugins as `fsdpkit cluster addons install` names them, already running.
@@ -102,6 +109,7 @@ def world(tmp_path_factory):
     stop.set()
     kubelet.join(10)
     kube.close()
+    prometheus.close()
     server.stop()
 
 
@@ -130,6 +138,9 @@ def _running_job(kube, root: Path, env: dict) -> None:
                    b"fsdpkit: network: efa (NCCL 2.21.5, aws-ofi-nccl 1.14.0, provider efa, 32 NICs)\n"
                    b"Batch 100 Loss: 2.10000, Speed: 1000.00 samples/sec, lr: 0.000300\n")
     set_conditions(kube, "my-job", "Created", "Running", "Succeeded")
+    client.CustomObjectsApi(kube.api()).patch_namespaced_custom_object_status(
+        GROUP, VERSION, "default", PLURAL, "my-job",
+        {"status": {"startTime": "2026-11-24T09:00:00Z", "completionTime": "2026-11-24T10:00:00Z"}})
 
 
 # The condition each job operator sets on a job that finished well.

@@ -13,6 +13,7 @@ from fsdpkit.jobs.capacity import capacity as check_capacity
 from fsdpkit.jobs.hub import check_hub_access
 from fsdpkit.jobs.spec import BACKENDS, CLUSTER_BACKENDS, JobSpec, load_spec, parse_overrides
 from fsdpkit.jobs.status import JobStatus
+from fsdpkit.jobs.utilisation import WatchHistory
 
 # Direct flags for the fields people change most; anything else goes through --set KEY=VALUE.
 _SHORTCUTS = ("name", "image", "backend", "namespace", "nodes", "instance_type")
@@ -189,15 +190,28 @@ def cmd_logs(args: argparse.Namespace) -> int:
     return 1 if verdict == "fail" else 0
 
 
+def _node_text(n: dict) -> str:
+    if n.get("error"):
+        return f"  {n['pod']}: not sampled ({n['error']})"
+    gpu = (f"GPU {n['gpu_util_pct']:.0f}% {n['gpu_mem_used_gib']:.0f}/{n['gpu_mem_total_gib']:.0f} GiB"
+           if n.get("gpu_util_pct") is not None else "no GPUs seen")
+    efa = f"EFA {n['efa_gbit_s']:.1f} Gbit/s ({n['efa_devices']} devices)" if n.get("efa_devices") else "no EFA"
+    step = f", {n['step_time_s']:.2f} s/step" if n.get("step_time_s") else ""
+    seen = n.get("over_watch") or {}
+    since = (f" | since watch began: GPU mean {seen['gpu_util_pct_mean']:.0f}% min {seen['gpu_util_pct_min']:.0f}%"
+             if seen.get("samples", 0) > 1 and "gpu_util_pct_mean" in seen else "")
+    return f"  {n['pod']}" + (f" on {n['node']}" if n.get("node") else "") + f": {gpu}, {efa}{step}{since}"
+
+
 def _print_snapshot(snap: dict) -> None:
     p = snap["progress"]
     prog = (f" step {p['step']} loss {p['loss']:.4f} {p['tokens_per_s']} tok/s" if "step" in p else "")
     pods = ", ".join(f"{x['name']} {x['phase']}" + (f" ({x['reason']})" if x["reason"] else "") +
-                     (f" restarts {x['restarts']}" if x["restarts"] else "") +
-                     (" GPU " + "/".join(f"{g['util_pct']}%" for g in x["gpus"]) if x.get("gpus") else "")
-                     for x in snap["pods"])
+                     (f" restarts {x['restarts']}" if x["restarts"] else "") for x in snap["pods"])
     net = f" | network {_network_text(snap['network'])}" if snap.get("network") else ""
     print(f"{snap['name']}: {snap['state']}{prog}{net} | {pods or 'no pods yet'}", flush=True)
+    for n in snap.get("nodes") or []:
+        print(_node_text(n), flush=True)
     for f in snap["findings"]:
         print(f"  ! {f['kind']} {f['pod']}: {f['detail']}" + (f"\n    fix: {f['fix']}" if f["fix"] else ""),
               flush=True)
@@ -209,8 +223,10 @@ def cmd_watch(args: argparse.Namespace) -> int:
     backend = _backend(args)
     if not isinstance(backend, Watchable):
         raise UserError(f"job watch works on Kubernetes jobs; for {backend.name} use `fsdpkit job logs -f`")
+    history = WatchHistory()
     while True:
-        snap = backend.snapshot(args.job, _ns(args), stall_after=args.stall_after, gpu=args.gpu)
+        snap = backend.snapshot(args.job, _ns(args), stall_after=args.stall_after,
+                                sample=0 if args.no_sample else args.sample_seconds, history=history)
         done = args.once or snap["state"] in ("Succeeded", "Failed")
         code = 0 if snap["state"] != "Failed" and not (args.once and snap["findings"]) else 1
         if args.json:
@@ -326,13 +342,17 @@ def build_parser() -> argparse.ArgumentParser:
     common(p)
     p.set_defaults(func=cmd_delete)
 
-    p = sub.add_parser("watch", help="live step, loss, tokens/s, pods, and problems: stall, OOM, crash loop, "
-                       "pending reason, NCCL timeout")
+    p = sub.add_parser("watch", help="live step, loss, tokens/s, pods, each node's GPU and EFA use, and problems: "
+                       "stall, OOM, crash loop, pending reason, NCCL timeout, straggler, flat EFA")
     name_args(p)
     p.add_argument("--stall-after", type=float, default=900, help="seconds without a new step that count as a stall")
     p.add_argument("--interval", type=float, default=15.0, help="seconds between looks")
     p.add_argument("--once", action="store_true", help="one look; exit 1 if there is a finding")
-    p.add_argument("--gpu", action="store_true", help="GPU utilisation and memory per pod (nvidia-smi via exec)")
+    p.add_argument("--sample-seconds", type=float, default=5.0,
+                   help="each look, sample every node's GPU utilisation and EFA traffic over this many seconds "
+                   "(one exec of sh in each pod): per-node rates, stragglers, EFA that stays flat")
+    p.add_argument("--no-sample", action="store_true", help="read pods and logs only; no exec into the pods")
+    p.add_argument("--gpu", action="store_true", help=argparse.SUPPRESS)  # older spelling: sampling is the default
     p.add_argument("--resubmit", action="store_true",
                    help="resubmit a Failed job within its resubmits budget, as `job wait` does")
     common(p)

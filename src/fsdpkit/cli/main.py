@@ -25,6 +25,8 @@ VERBS = {
     "selftest": ("fsdpkit.train.selftest", "check this environment can train (--level quick|standard|full)"),
     "image": ("fsdpkit.cli.image", "write a Dockerfile on a known-good base; find PyTorch/CUDA/EFA conflicts"),
     "infra": ("fsdpkit.cli.infra", "AWS resources for image builds: infra up|status|down|template"),
+    "metrics": ("fsdpkit.cli.metrics", "each node's GPU use over a job's lifetime from Prometheus or Amazon Managed "
+                "Prometheus (DCGM series)"),
     "report": ("fsdpkit.cli.report", "plot runs (loss, lr, tokens/s, MFU, memory, restarts) into an HTML page"),
     "skills": ("fsdpkit.cli.skills", "SKILL.md files for AI coding agents (OpenCode, Claude Code): list|install"),
     "examples": ("fsdpkit.cli.examples", "example job specs shipped with fsdpkit: examples list|show NAME --out FILE"),

@@ -3,9 +3,11 @@ of one or more runs as PNGs and one self-contained HTML page (also for a run sti
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from fsdpkit.cli.output import Parser, dispatch, emit_json
+from fsdpkit.errors import UserError
 
 
 def run(args) -> int:
@@ -14,7 +16,14 @@ def run(args) -> int:
 
     runs = load_runs([Path(p) for p in args.run_dirs])
     out = Path(args.out) if args.out else Path(args.run_dirs[0]) / "report"
-    result = write_report(runs, out)
+    cluster = None
+    if args.cluster_metrics:
+        try:
+            cluster = json.loads(Path(args.cluster_metrics).read_text())
+        except (OSError, ValueError) as e:
+            raise UserError(f"--cluster-metrics {args.cluster_metrics}: cannot read it ({e}); write it with "
+                            "`fsdpkit metrics JOB --prometheus URL --out FILE`") from None
+    result = write_report(runs, out, cluster)
     if args.json:
         return emit_json(result)
     for s, run in zip(result["runs"], runs, strict=True):
@@ -33,6 +42,8 @@ def main(argv: list[str]) -> int:
                     "self-contained HTML page.")
     parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories (with metrics.jsonl)")
     parser.add_argument("--out", help="where the HTML and PNGs go (default: FIRST_RUN_DIR/report)")
+    parser.add_argument("--cluster-metrics", metavar="FILE", help="also plot each node's GPU utilisation next to "
+                        "the trainer's tokens/s (the JSON that `fsdpkit metrics JOB --out FILE` writes)")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.set_defaults(func=run)
     return dispatch(parser, argv)

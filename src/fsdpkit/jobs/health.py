@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from fsdpkit.train import nccl_log
-from fsdpkit.train.log_lines import PROGRESS
+from fsdpkit.train.log_lines import PROGRESS, STEP
 
 _NCCL_TIMEOUT = re.compile(r"Watchdog caught collective operation timeout|NCCL communicator was aborted|"
                            r"ProcessGroupNCCL.*[Tt]imeout|NCCL timeout", re.S)
@@ -76,6 +76,20 @@ def log_progress(lines: list[str], pod: str, now: dt.datetime, stall_after: floa
     return progress, findings
 
 
+def step_time(lines: list[str]) -> float | None:
+    """Seconds per step from the last two step lines of a `timestamps=true` log (rank 0's progress
+    line or a node's own line); None with fewer than two."""
+    seen = []
+    for line in lines:
+        ts, text = _ts(line)
+        if ts is not None and (m := STEP.search(text)):
+            seen.append((int(m.group(1)), ts))
+    if len(seen) < 2 or seen[-1][0] <= seen[-2][0]:
+        return None
+    (s0, t0), (s1, t1) = seen[-2], seen[-1]
+    return round((t1 - t0).total_seconds() / (s1 - s0), 3)
+
+
 def network_verdict(lines: list[str]) -> dict[str, Any] | None:
     """The network the trainer reported before its first step (`fsdpkit: network: efa (...)`:
     transport, provider, NIC count, plugin and NCCL versions); None where the lines do not hold it."""
@@ -106,21 +120,6 @@ def pod_findings(pods: list[dict[str, Any]]) -> list[Finding]:
                 out.append(Finding("crashloop", name, f"container {cs.get('name')} is crash-looping "
                                    f"(restarts {cs.get('restartCount', 0)})",
                                    f"fsdpkit job logs JOB --replica ... --previous  (pod {name})"))
-    return out
-
-
-GPU_QUERY = ["nvidia-smi", "--query-gpu=index,utilization.gpu,memory.used,memory.total",
-             "--format=csv,noheader,nounits"]
-
-
-def parse_gpu_util(text: str) -> list[dict[str, int]]:
-    """`nvidia-smi --query-gpu=index,utilization.gpu,memory.used,memory.total --format=csv,noheader,nounits`."""
-    out = []
-    for line in text.splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) == 4 and all(p.isdigit() for p in parts):
-            i, util, used, total = map(int, parts)
-            out.append({"gpu": i, "util_pct": util, "mem_used_mib": used, "mem_total_mib": total})
     return out
 
 

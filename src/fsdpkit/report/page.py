@@ -68,16 +68,57 @@ def plot(runs: list[Run], stem: str, out: Path) -> Path | None:
     return path
 
 
+def plot_cluster(cluster: dict, runs: list[Run], out: Path) -> Path | None:
+    """Each node's GPU utilisation from Prometheus (`fsdpkit metrics --out`) over wall-clock time,
+    and on a second axis the runs' tokens/s at the same times: a dip that is the cluster's (one node)
+    and one that is the trainer's (data, checkpoints) look different side by side."""
+    nodes = [n for n in cluster.get("nodes") or [] if n.get("series", {}).get("gpu_util_pct")]
+    if not nodes:
+        return None
+    plt = _pyplot()
+    t0 = min(t for n in nodes for t, _ in n["series"]["gpu_util_pct"])
+    fig, ax = plt.subplots(figsize=(WIDTH / DPI, HEIGHT / DPI), dpi=DPI)
+    for n in nodes:
+        points = n["series"]["gpu_util_pct"]
+        ax.plot([(t - t0) / 60 for t, _ in points], [v for _, v in points], label=f"{n['node']} ({n['pod']})")
+    ax.set_ylim(0, 105)
+    ax.set_xlabel(f"minutes since {datetime.fromtimestamp(t0):%Y-%m-%d %H:%M}")
+    ax.set_ylabel("GPU utilisation (%)")
+    ax.set_title(f"GPU utilisation by node: {cluster.get('job', '')}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="lower left")
+    trainer = [(run, [r for r in run.train if "time" in r and plottable(r, "tokens_per_s")]) for run in runs]
+    if any(rows for _, rows in trainer):
+        right = ax.twinx()
+        for run, rows in trainer:
+            right.plot([(r["time"] - t0) / 60 for r in rows], [r["tokens_per_s"] for r in rows], "k--",
+                       linewidth=1, label=f"{run.name} tokens/s")
+        right.set_ylabel("tokens/s (trainer)")
+        right.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    path = out / "cluster_gpu.png"
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return path
+
+
 def _fmt(v: object, spec: str = ".4f") -> str:
     if v is None:
         return "–"
     return format(v, spec) if isinstance(v, float) else str(v)
 
 
-def write_report(runs: list[Run], out: Path) -> dict:
-    """Write OUT/<plot>.png and OUT/report.html; returns what was written and each run's summary."""
+def _title(stem: str) -> str:
+    return PLOTS[stem][0] if stem in PLOTS else "GPU utilisation by node (Prometheus)"
+
+
+def write_report(runs: list[Run], out: Path, cluster: dict | None = None) -> dict:
+    """Write OUT/<plot>.png and OUT/report.html; returns what was written and each run's summary.
+    With `cluster` (what `fsdpkit metrics --out` wrote), also each node's GPU utilisation."""
     out.mkdir(parents=True, exist_ok=True)
     plots = {stem: p for stem in PLOTS if (p := plot(runs, stem, out)) is not None}
+    if cluster is not None and (p := plot_cluster(cluster, runs, out)) is not None:
+        plots["cluster_gpu"] = p
     summaries = [r.summary() for r in runs]
     rows = "".join(
         "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in (
@@ -87,9 +128,9 @@ def write_report(runs: list[Run], out: Path) -> dict:
             _fmt(s["peak_memory_gib"], ".2f"), str(s["restarts"]))) + "</tr>"
         for s in summaries)
     figures = "".join(
-        f'<figure><a href="{p.name}"><img alt="{html.escape(PLOTS[stem][0])}" width="{WIDTH}" height="{HEIGHT}" '
+        f'<figure><a href="{p.name}"><img alt="{html.escape(_title(stem))}" width="{WIDTH}" height="{HEIGHT}" '
         f'src="data:image/png;base64,{base64.b64encode(p.read_bytes()).decode()}"></a>'
-        f"<figcaption>{html.escape(PLOTS[stem][0])} (<a href=\"{p.name}\">{p.name}</a>)</figcaption></figure>"
+        f"<figcaption>{html.escape(_title(stem))} (<a href=\"{p.name}\">{p.name}</a>)</figcaption></figure>"
         for stem, p in plots.items())
     page = f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>fsdpkit report</title>

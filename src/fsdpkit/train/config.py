@@ -27,6 +27,7 @@ from pydantic.fields import FieldInfo
 
 from fsdpkit.errors import UserError
 from fsdpkit.settings import Bool, Float, Int, Settings, Str, aliases, choices, fail, load, option, scalar_type
+from fsdpkit.train import trackers
 from fsdpkit.train.hf_config import model_config_from_hf
 from fsdpkit.train.model_config import ModelConfig
 from fsdpkit.train.presets import get_preset, get_recipe, match_preset
@@ -150,6 +151,23 @@ class LogConfig(Settings):
                                        "datasheet figure, or this CPU's matmul rate measured at start-up)", ge=1e-9)
     log_samples: Bool = option(False, "record the global index of every sample each rank trains on "
                                "(RUN_DIR/samples-rank*.jsonl), to audit data order")
+    tracker: Str | None = option(
+        None, "experiment trackers beside TensorBoard: wandb, mlflow, or wandb,mlflow (optional extras: pip install "
+        "'fsdpkit[wandb]'); keys come from the environment (WANDB_API_KEY, MLFLOW_TRACKING_URI), a resumed run "
+        "continues the same tracker run")
+    tracker_project: Str = option("fsdpkit", "the W&B project or MLflow experiment")
+
+    @field_validator("tracker")
+    @classmethod
+    def _tracker(cls, raw: str | None) -> str | None:
+        try:
+            return ",".join(trackers.parse(raw)) or None
+        except ValueError as e:
+            raise fail(str(e)) from None
+
+    @property
+    def trackers(self) -> tuple[str, ...]:
+        return trackers.parse(self.tracker)
 
 
 _EVERY = re.compile(r"^(\d+)(s|m|h)?$")

@@ -15,6 +15,8 @@ STEP_PREFIX = "Batch {step} Loss: {loss:.5f}, "
 ANY_STEP = r"Batch \d+ Loss: "
 # A step line whose loss is a finite number; the one group captures the loss.
 FINITE_STEP = r"Batch \d+ Loss: (\d+\.\d+), "
+# Any step line's step number, rank 0's or a node's (`job watch` times each node's steps by it).
+STEP = re.compile(r"Batch (\d+) Loss: ")
 # The fields `job watch` reads: step, loss (finite or not) and tokens/s.
 PROGRESS = re.compile(r"Batch (\d+) Loss: ([\d.]+|nan|inf|-inf).*?tokens/s: (\d+)")
 

@@ -16,6 +16,7 @@ import torch
 from fsdpkit.hardware.accelerators import GPU_PEAK_TFLOPS
 from fsdpkit.train.flops import flops_per_token  # noqa: F401  (re-exported)
 from fsdpkit.train.log_lines import STEP_PREFIX
+from fsdpkit.train.trackers import Trackers
 
 
 def gpu_peak_flops(device: torch.device, dtype: torch.dtype) -> float | None:
@@ -167,11 +168,13 @@ def human_line(m: dict[str, Any]) -> str:
 
 
 class MetricsWriter:
-    """Rank 0's sinks: metrics.jsonl, TensorBoard events, stdout lines and a progress bar."""
+    """Rank 0's sinks: metrics.jsonl, TensorBoard events, experiment trackers (W&B, MLflow), stdout
+    lines and a progress bar."""
 
     def __init__(self, run_dir: Path, tensorboard_dir: Path | None, progress: bool, total_steps: int,
-                 attempt: int = 0):
+                 attempt: int = 0, trackers: Trackers | None = None):
         self.attempt = attempt  # on every row, so each attempt of a resumed run is told apart
+        self.trackers = trackers
         self.jsonl = (run_dir / "metrics.jsonl").open("a", buffering=1)
         self.tb = None
         if tensorboard_dir is not None:
@@ -196,6 +199,8 @@ class MetricsWriter:
             for key, value in metrics.items():
                 if key != "step" and isinstance(value, (int, float)):
                     self.tb.add_scalar(f"{kind}/{key}", value, metrics["step"])
+        if self.trackers is not None:
+            self.trackers.log(kind, {**metrics, "attempt": self.attempt} if kind == "start" else metrics)
         if line:
             self.print(line)
 
@@ -205,9 +210,11 @@ class MetricsWriter:
             if loss is not None:
                 self.bar.set_postfix(loss=f"{loss:.4f}")
 
-    def close(self) -> None:
+    def close(self, ok: bool = True) -> None:
         if self.bar is not None:
             self.bar.close()
         if self.tb is not None:
             self.tb.close()
+        if self.trackers is not None:
+            self.trackers.close(ok)
         self.jsonl.close()

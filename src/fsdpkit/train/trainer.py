@@ -47,6 +47,7 @@ from fsdpkit.train.optim import build_optimizer, clipped_step, lr_at, set_lr
 from fsdpkit.train.pipeline import data_pipeline
 from fsdpkit.train.records import attempts, read_rows, surviving
 from fsdpkit.train.shard import autocast, build_model, compute_dtype, describe_mesh
+from fsdpkit.train.trackers import Trackers
 from fsdpkit.train.validation import Validator
 
 
@@ -326,9 +327,12 @@ def _open_sinks(run: Run, state: TrainState, notices: list[str], stack: contextl
     (run_dir / "config.yaml").write_text(yamlfile.dump(cfg.record(run_dir)))
     tb_dir = Path(lg.tensorboard_dir) if lg.tensorboard_dir else run_dir / "tensorboard"
     show_bar = lg.progress == "on" or (lg.progress == "auto" and sys.stderr.isatty())
+    trackers = Trackers(lg.trackers, run_dir, lg.tracker_project, cfg.record(run_dir), state.attempt) \
+        if lg.trackers else None
     run.writer = MetricsWriter(run_dir, tb_dir if lg.tensorboard else None, show_bar, cfg.optim.max_steps,
-                               state.attempt)
-    stack.callback(run.writer.close)
+                               state.attempt, trackers)
+    # Trackers are told whether the run ended well (an exception leaves through here too).
+    stack.push(lambda kind, _e, _tb: run.writer.close(ok=kind is None))
     # Each start of the run is marked, so readers can tell its attempts apart (a resume that repeats
     # no step included).
     run.writer.record("start", {"step": state.step, "world_size": rt.world_size,

@@ -1,5 +1,5 @@
-"""Observing Kubernetes jobs: state, list, pods and their logs, the network NCCL chose, GPU
-utilisation, and one look at a running job with its findings (`fsdpkit job watch`)."""
+"""Observing Kubernetes jobs: state, list, pods and their logs, the network NCCL chose, each node's
+GPU and EFA utilisation, and one look at a running job with its findings (`fsdpkit job watch`)."""
 
 from __future__ import annotations
 
@@ -7,15 +7,17 @@ import datetime as dt
 import json
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from fsdpkit.cluster.client import ClusterError, api_errors, is_not_found, label_selector, labels_match
 from fsdpkit.errors import UserError
 from fsdpkit.jobs import manifests
 from fsdpkit.jobs.backends.kube_api import KINDS, KubeAPI, log
-from fsdpkit.jobs.health import GPU_QUERY, log_progress, network_verdict, parse_gpu_util, pod_findings, pod_summary
+from fsdpkit.jobs.health import log_progress, network_verdict, pod_findings, pod_summary, step_time
 from fsdpkit.jobs.manifests import ATTEMPT
 from fsdpkit.jobs.status import JobStatus, state_from_conditions, trainjob_state
+from fsdpkit.jobs.utilisation import WatchHistory, asks_for_efa, efa_flat, parse_sample, sample_script, stragglers
 
 # The trainer reports its network before the first step: this much of rank 0's log holds it.
 NETWORK_HEAD = 256 * 1024
@@ -160,22 +162,57 @@ class KubeObserver(KubeAPI):
         return network_verdict(head.decode(errors="replace").splitlines())
 
     # -- watch ---------------------------------------------------------------------------------------
-    def gpu_utilisation(self, pod: str, namespace: str, container: str = manifests.CONTAINER) -> list[dict[str, int]]:
-        """nvidia-smi in the pod's container (exec), parsed; [] if it cannot be asked."""
+    def sample_node(self, pod: str, namespace: str, container: str, window: float) -> dict[str, Any]:
+        """GPU utilisation and memory and EFA bytes/s of the pod's node over `window` seconds (one exec
+        of the sample script); {"error": why} when the pod cannot be asked."""
+        from kubernetes import client
         from kubernetes.stream import stream
 
-        try:
-            out = stream(self._core().connect_get_namespaced_pod_exec, pod, namespace, container=container,
-                         command=GPU_QUERY, stdout=True, stderr=False, stdin=False, tty=False)
-        except Exception:  # no exec permission, no nvidia-smi (CPU pods), websocket blocked: not a finding
+        # stream() swaps its ApiClient's request method while it runs: one client per call, so pods
+        # are sampled in parallel threads safely.
+        with client.ApiClient(self.client.configuration) as api:
+            try:
+                out = stream(client.CoreV1Api(api).connect_get_namespaced_pod_exec, pod, namespace,
+                             container=container, command=["sh", "-c", sample_script(window)], stdout=True,
+                             stderr=False, stdin=False, tty=False, _request_timeout=window + 30)
+            except Exception as e:  # no exec permission, container gone, websocket blocked: not a finding
+                return {"error": f"cannot exec into {pod}: {str(e).splitlines()[0][:160]}"}
+        return parse_sample(out if isinstance(out, str) else "", window).to_dict()
+
+    def _pod_log_tail(self, pod: str, namespace: str, container: str, lines: int) -> str:
+        with api_errors(f"reading logs of {pod}", self.host):
+            return self._core().read_namespaced_pod_log(pod, namespace, container=container, tail_lines=lines,
+                                                        timestamps=True, _preload_content=False
+                                                        ).data.decode(errors="replace")
+
+    def _nodes(self, pods: list[dict[str, Any]], namespace: str, container: str, window: float,
+               rank0: str | None, rank0_log: str) -> list[dict[str, Any]]:
+        """Per running pod (one per node): the node's sample and its own step time from its log."""
+        running = [p for p in pods if (p.get("status") or {}).get("phase") == "Running"]
+
+        def one(p: dict[str, Any]) -> dict[str, Any]:
+            name = p["metadata"]["name"]
+            row: dict[str, Any] = {"pod": name, "node": (p.get("spec") or {}).get("nodeName")}
+            row.update(self.sample_node(name, namespace, container, window))
+            try:
+                text = rank0_log if name == rank0 else self._pod_log_tail(name, namespace, container, 50)
+            except Exception as e:  # a log that cannot be read yet: no step time
+                if not is_not_found(e) and getattr(e, "status", None) != 400:
+                    raise
+                text = ""
+            row["step_time_s"] = step_time(text.splitlines())
+            return row
+        if not running:
             return []
-        return parse_gpu_util(out if isinstance(out, str) else "")
+        with ThreadPoolExecutor(max_workers=min(16, len(running))) as pool:
+            return list(pool.map(one, running))
 
     def snapshot(self, name: str, namespace: str = "default", stall_after: float = 900,
-                 now: Any = None, gpu: bool = False) -> dict[str, Any]:
+                 now: Any = None, sample: float = 0, history: WatchHistory | None = None) -> dict[str, Any]:
         """One look at a running job: state, per-pod phase and restarts, the trainer's latest step,
         loss and tokens/s from rank 0's log, and findings (stall, OOMKilled, crash loop, pending
-        reason, NCCL timeout)."""
+        reason, NCCL timeout). With `sample` seconds, also each node's GPU and EFA rates over that
+        window and its step time, with stragglers and flat EFA among the findings."""
         kind, obj = self._require_job(name, namespace)
         st, k = self._status_of(kind, obj), KINDS[kind]
         sel = {k.pod_label: name}
@@ -187,27 +224,29 @@ class KubeObserver(KubeAPI):
         findings = pod_findings(pods)
         progress: dict[str, Any] = {}
         network = None
+        log = ""
         by_replica = {k.replica((p.get("metadata") or {}).get("labels") or {}): p for p in pods}
         rank0 = next((by_replica[r] for r in k.rank0 if r in by_replica), None)
+        rank0_name = rank0["metadata"]["name"] if rank0 is not None else None
         if rank0 is not None and (rank0.get("status") or {}).get("phase") == "Running" and not st.finished:
-            pod = rank0["metadata"]["name"]
             try:
-                with api_errors(f"reading logs of {pod}", self.host):
-                    log = self._core().read_namespaced_pod_log(pod, namespace, container=k.container,
-                                                               tail_lines=500, timestamps=True,
-                                                               _preload_content=False).data.decode(errors="replace")
-                progress, more = log_progress(log.splitlines(), pod, now or dt.datetime.now(dt.timezone.utc),
-                                              stall_after)
+                log = self._pod_log_tail(rank0_name, namespace, k.container, 500)
+                progress, more = log_progress(log.splitlines(), rank0_name,
+                                              now or dt.datetime.now(dt.timezone.utc), stall_after)
                 findings += more
-                network = network_verdict(log.splitlines()) or self._network_of(pod, namespace, k.container)
+                network = network_verdict(log.splitlines()) or self._network_of(rank0_name, namespace, k.container)
             except Exception as e:  # a log that cannot be read yet is not a finding of its own
                 if not is_not_found(e) and getattr(e, "status", None) != 400:
                     raise
-        summaries = [pod_summary(p) for p in pods]
-        if gpu:
-            for s in summaries:
-                if s["phase"] == "Running":
-                    s["gpus"] = self.gpu_utilisation(s["name"], namespace, k.container)
+        nodes = self._nodes(pods, namespace, k.container, sample, rank0_name, log) \
+            if sample and not st.finished else []
+        if nodes:
+            findings += stragglers(nodes)
+            training = "step" in progress and progress.get("last_step_age_s", stall_after + 1) <= stall_after
+            if training and any(asks_for_efa(p) for p in pods):
+                findings += efa_flat(nodes, name)
+            if history is not None:
+                history.add(nodes)
         return {"name": name, "state": st.state, "attempt": st.attempt, "message": st.message,
-                "pods": summaries, "progress": progress, "network": network,
+                "pods": [pod_summary(p) for p in pods], "nodes": nodes, "progress": progress, "network": network,
                 "findings": [f.to_dict() for f in findings]}

@@ -1,0 +1,107 @@
+"""`fsdpkit metrics JOB --prometheus URL`: each node's GPU utilisation and memory over the job's
+lifetime from Prometheus (DCGM exporter series), signed with SigV4 for Amazon Managed Prometheus;
+`--out FILE` keeps the series for `fsdpkit report RUN_DIR --cluster-metrics FILE`."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import math
+import os
+import re
+from pathlib import Path
+
+from fsdpkit.aws.sigv4 import amp_region, sigv4_auth
+from fsdpkit.cli.output import Parser, dispatch, emit_json
+from fsdpkit.errors import UserError
+from fsdpkit.jobs.backends.kube_observe import KubeObserver
+from fsdpkit.jobs.prometheus import job_utilisation
+
+_SINCE = re.compile(r"^(\d+)(m|h|d)$")
+_UNIT = {"m": 60, "h": 3600, "d": 86400}
+_BARS = "▁▂▃▄▅▆▇█"
+
+
+def _time(value: str) -> dt.datetime:
+    return dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+def _window(args: argparse.Namespace) -> tuple[dt.datetime, dt.datetime]:
+    """--since, else the job's lifetime as its operator recorded it (start to completion, or now)."""
+    now = dt.datetime.now(dt.timezone.utc)
+    if args.since:
+        m = _SINCE.match(args.since)
+        if not m:
+            raise UserError(f"--since {args.since!r}: expected minutes, hours or days (90m, 6h, 2d)")
+        return now - dt.timedelta(seconds=int(m.group(1)) * _UNIT[m.group(2)]), now
+    details = KubeObserver(args.context, args.kubeconfig).status(args.job, args.namespace).details
+    if not details.get("startTime"):
+        raise UserError(f"job {args.job} has no start time yet (not started); pass --since 2h for a window")
+    end = _time(details["completionTime"]) if details.get("completionTime") else now
+    return _time(details["startTime"]), end
+
+
+def _spark(points: list[list[float]], width: int = 40) -> str:
+    """Utilisation (0-100) over time as one line of block characters, `width` buckets."""
+    if not points:
+        return ""
+    per = max(1, math.ceil(len(points) / width))
+    means = [sum(v for _, v in points[i:i + per]) / len(points[i:i + per]) for i in range(0, len(points), per)]
+    return "".join(_BARS[min(len(_BARS) - 1, int(v / 100 * len(_BARS)))] for v in means)
+
+
+def run(args: argparse.Namespace) -> int:
+    url = args.prometheus or os.environ.get("FSDPKIT_PROMETHEUS_URL")
+    if not url:
+        raise UserError("no Prometheus to ask: pass --prometheus URL (an AMP workspace's URL, "
+                        "https://aps-workspaces.REGION.amazonaws.com/workspaces/ws-ID) or set FSDPKIT_PROMETHEUS_URL")
+    region = args.region or amp_region(url)
+    auth = sigv4_auth("aps", region, args.profile) if (args.sigv4 or amp_region(url)) else None
+    start, end = _window(args)
+    step = args.step or max(15, math.ceil((end - start).total_seconds() / 250))
+    data = job_utilisation(url.rstrip("/"), args.job, args.namespace, start, end, step, auth)
+    if args.out:
+        Path(args.out).write_text(json.dumps(data) + "\n")
+    found = data["findings"]
+    code = 1 if found else 0
+    if args.json:
+        first = found[0] if found else {}
+        return emit_json(data, code, f"straggler {first.get('pod')}: {first.get('detail')}" if found else "",
+                         hint=first.get("fix"))
+    print(f"{args.job}: {len(data['nodes'])} pods on {len({n['node'] for n in data['nodes']})} nodes, "
+          f"{data['start'][:19]} to {data['end'][:19]} every {step} s")
+    for n in data["nodes"]:
+        util, mem = n.get("gpu_util_pct"), n.get("gpu_mem_used_mib")
+        gpu = f"GPU {util['mean']:.0f}% (min {util['min']:.0f}, max {util['max']:.0f})" if util else "no GPU series"
+        memory = f", memory up to {mem['max'] / 1024:.1f} GiB per GPU" if mem else ""
+        print(f"  {n['pod']} on {n['node']}: {gpu}{memory}  {_spark(n['series'].get('gpu_util_pct', []))}")
+    for f in found:
+        print(f"  ! {f['kind']} {f['pod']}: {f['detail']}\n    fix: {f['fix']}")
+    if args.out:
+        print(f"series in {args.out} (plot them: fsdpkit report RUN_DIR --cluster-metrics {args.out})")
+    return code
+
+
+def main(argv: list[str]) -> int:
+    parser = Parser(prog="fsdpkit metrics", description="Each node's GPU utilisation and memory over a job's "
+                    "lifetime, from Prometheus (the DCGM exporter's series, as HyperPod's observability add-on or "
+                    "the GPU operator scrape them). Amazon Managed Prometheus is queried with SigV4 from the "
+                    "standard AWS credential chain. Exit 1 when a node lies far from the others (a straggler).")
+    parser.add_argument("job", metavar="NAME", help="the job (its pods are NAME-...)")
+    parser.add_argument("--prometheus", metavar="URL", help="Prometheus or AMP workspace URL (default: "
+                        "$FSDPKIT_PROMETHEUS_URL)")
+    parser.add_argument("-n", "--namespace", default="default", help="the job's namespace")
+    parser.add_argument("--since", help="a window ending now (90m, 6h, 2d) instead of the job's lifetime, which "
+                        "is read from the cluster")
+    parser.add_argument("--step", type=int, help="seconds between points (default: about 250 points)")
+    parser.add_argument("--sigv4", action="store_true", help="sign with SigV4 for a URL that does not look like "
+                        "AMP (a proxy or VPC endpoint); AMP workspace URLs are always signed")
+    parser.add_argument("--region", help="the region to sign for (default: the AMP URL's, else your session's)")
+    parser.add_argument("--profile", help="AWS profile (default: the standard credential chain)")
+    parser.add_argument("--out", help="also write the series as JSON (for fsdpkit report --cluster-metrics)")
+    parser.add_argument("--context", help="kubeconfig context, to read the job's lifetime")
+    parser.add_argument("--kubeconfig", help="kubeconfig file")
+    parser.add_argument("--json", action="store_true", help="one JSON envelope on stdout")
+    parser.set_defaults(func=run)
+    return dispatch(parser, argv)
