@@ -74,6 +74,6 @@ def test_a_wrong_signature_is_refused_in_one_line(finished_job, prometheus, tmp_
     r = metrics(finished_job, prometheus, tmp_path, "not-the-key", "--json")
     assert [ok for _, ok in prometheus.requests] == [False]
     env = json.loads(r.stdout)
-    assert r.returncode != 0 and env["error"]["code"] == "access_denied"
+    assert r.returncode == 3 and env["error"]["code"] == "access_denied"
     assert env["error"]["hint"] == "grant aps:QueryMetrics to your IAM role or user"
     assert "Traceback" not in r.stderr

@@ -59,6 +59,8 @@ def run(args: argparse.Namespace) -> int:
     region = args.region or amp_region(url)
     auth = sigv4_auth("aps", region, args.profile) if (args.sigv4 or amp_region(url)) else None
     start, end = _window(args)
+    if args.step is not None and args.step < 1:
+        raise UserError(f"--step {args.step}: seconds between points, at least 1")
     step = args.step or max(15, math.ceil((end - start).total_seconds() / 250))
     data = job_utilisation(url.rstrip("/"), args.job, args.namespace, start, end, step, auth)
     if args.out:

@@ -17,6 +17,12 @@ SERIES = {"gpu_util_pct": "DCGM_FI_DEV_GPU_UTIL", "gpu_mem_used_mib": "DCGM_FI_D
 NODE_LABEL = "Hostname"
 
 
+class PrometheusError(UserError):
+    """Prometheus refused or could not be reached: a remote failure, exit code 3 like AWS's and the cluster's."""
+
+    exit_code = 3
+
+
 def query(metric: str, job: str, namespace: str) -> str:
     """Per node and pod, the mean over the pod's GPUs. Job pods are JOB-master-0, JOB-node-0-0-x,
     JOB-pod-1, ...; names are DNS labels, so only '.' needs escaping in the regex."""
@@ -47,14 +53,15 @@ def job_utilisation(url: str, job: str, namespace: str, start: dt.datetime, end:
         except PrometheusApiClientException as e:
             text = str(e)
             if "403" in text:
-                raise UserError(f"Prometheus at {url} refused the query (403): your role needs aps:QueryMetrics on "
-                                "the workspace", hint="grant aps:QueryMetrics to your IAM role or user",
-                                code="access_denied") from None
-            raise UserError(f"Prometheus at {url} failed the query for {metric}: {text.splitlines()[0][:200]}",
-                            code="failed") from None
+                raise PrometheusError(f"Prometheus at {url} refused the query (403): your role needs "
+                                      "aps:QueryMetrics on the workspace",
+                                      hint="grant aps:QueryMetrics to your IAM role or user",
+                                      code="access_denied") from None
+            raise PrometheusError(f"Prometheus at {url} failed the query for {metric}: {text.splitlines()[0][:200]}",
+                                  code="failed") from None
         except requests.RequestException as e:
-            raise UserError(f"cannot reach Prometheus at {url} ({type(e).__name__}); check the URL and your network",
-                            code="unreachable") from None
+            raise PrometheusError(f"cannot reach Prometheus at {url} ({type(e).__name__}); check the URL and your "
+                                  "network", code="unreachable") from None
         for series in result:
             labels = series.get("metric") or {}
             row = rows.setdefault((labels.get(NODE_LABEL, "?"), labels.get("pod", "?")),

@@ -131,16 +131,23 @@ class Trackers:
         path.write_text(json.dumps(ids, indent=2) + "\n")
         self.failing: set[str] = set()
 
+    def _warn(self, name: str, what: str, e: Exception) -> None:
+        if name not in self.failing:
+            self.failing.add(name)
+            detail = str(e).splitlines()[0][:160] if str(e) else ""
+            print(f"fsdpkit: warning: {name} did not take {what} ({type(e).__name__}: {detail}); training goes on",
+                  file=sys.stderr)
+
     def log(self, kind: str, metrics: dict[str, Any]) -> None:
         for name, tracker in self.open:
             try:
                 tracker.log(kind, metrics)
             except Exception as e:  # a tracker's outage must not stop a training run
-                if name not in self.failing:
-                    self.failing.add(name)
-                    print(f"fsdpkit: warning: {name} did not take step {metrics.get('step')} ({type(e).__name__}: "
-                          f"{str(e).splitlines()[0][:160] if str(e) else ''}); training goes on", file=sys.stderr)
+                self._warn(name, f"step {metrics.get('step')}", e)
 
     def close(self, ok: bool) -> None:
-        for _, tracker in self.open:
-            tracker.close(ok)
+        for name, tracker in self.open:
+            try:
+                tracker.close(ok)
+            except Exception as e:  # nor lose the run's end: the checkpoint and summary are written
+                self._warn(name, "the run's end", e)
