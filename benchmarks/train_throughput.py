@@ -51,6 +51,7 @@ def case(section: str, impl: str, preset: str, seq: int, batch: int, world: int,
 
 
 COMPILE = ("--compile", "1")
+EAGER = ("--compile", "0")
 WIDE = ("--dim", "512", "--n_heads", "16", "--n_kv_heads", "8", "--ffn_dim", "1376")
 
 
@@ -95,19 +96,46 @@ def gpu_plan(n_gpus: int) -> list[dict]:
     def one(impl: str, seq: int, batch: int, flags: tuple[str, ...] = (), label: str = "", fsdp: bool = False) -> dict:
         return case("gpu", impl, "llama3_2_1b", seq, batch, 1, "bf16", flags, label or impl, 10, 3, fsdp)
 
-    cases = [one("fsdpkit", 2048, 4), one("fsdpkit", 2048, 4, COMPILE, "compile"), one("baseline", 2048, 4),
+    # No flags is the defaults (compile on CUDA); "eager" is the same run without compile.
+    cases = [one("fsdpkit", 2048, 4, (), "defaults"), one("fsdpkit", 2048, 4, EAGER, "eager"),
+             one("fsdpkit", 2048, 4, COMPILE, "compile"), one("baseline", 2048, 4),
              one("fsdpkit", 2048, 4, COMPILE, "compile as 1 FSDP rank", fsdp=True),
              one("fsdpkit", 2048, 8, COMPILE, "compile"), one("baseline", 2048, 8),
              one("fsdpkit", 2048, 4, (*COMPILE, "--loss_chunk_tokens", "523"), "compile chunked loss"),
              one("fsdpkit", 2048, 4, ac, "ac"), one("fsdpkit", 2048, 4, (*COMPILE, *ac), "compile+ac"),
-             one("fsdpkit", 8192, 1), one("fsdpkit", 8192, 1, COMPILE, "compile"), one("baseline", 8192, 1),
+             one("fsdpkit", 8192, 1, EAGER, "eager"), one("fsdpkit", 8192, 1, COMPILE, "compile"),
+             one("baseline", 8192, 1),
              one("fsdpkit", 8192, 1, (*COMPILE, *ac), "compile+ac")]
     cases.append(case("gpu", "fsdpkit", "llama3_1_8b", 2048, 2, 1, "bf16",
                       ("--n_layers", "4", *COMPILE, *ac), "8b 4 layers", 10, 3))
+    cases += family_plan()
     if n_gpus > 1:
         cases += [case("gpu", impl, "llama3_2_1b", 2048, 4, n_gpus, "bf16", (), impl, 10, 3)
                   for impl in ("fsdpkit", "baseline")]
     return cases
+
+
+def family_plan() -> list[dict]:
+    """Every family the presets name, at the lengths where their masks and experts cost most, on one
+    GPU with fsdpkit's defaults (compile on): Llama at 8192 packed with document masking against the
+    same without; Mistral's shape (4 layers) with its 4096-token window, full causal, and window plus
+    document masking, and transformers' Mistral beside it; Mixtral's shape with 2 of its layers
+    against transformers' Mixtral; float8 against bf16 on Llama 3.1 8B's shape (4 layers)."""
+    rows = [case("gpu", "fsdpkit", "llama3_2_1b", 8192, 1, 1, "bf16", ("--document_masking", "1"), "doc-masked", 10, 3)]
+    mistral = ("--n_layers", "4")
+    for flags, label in (((*mistral, "--sliding_window", "4096"), "window 4096"),
+                         ((*mistral, "--sliding_window", "0"), "full causal"),
+                         ((*mistral, "--sliding_window", "4096", "--document_masking", "1"), "window+doc")):
+        rows.append(case("gpu", "fsdpkit", "mathstral_7b", 8192, 1, 1, "bf16", flags, label, 10, 3))
+    rows.append(case("gpu", "baseline", "mathstral_7b", 8192, 1, 1, "bf16", (*mistral, "--sliding_window", "4096"),
+                     "window 4096", 10, 3))
+    for impl in ("fsdpkit", "baseline"):
+        rows.append(case("gpu", impl, "mixtral_8x7b", 2048, 2, 1, "bf16", ("--n_layers", "2"), "2 layers", 10, 3))
+    eight = ("--n_layers", "4", "--activation_checkpointing", "full")
+    rows += [case("gpu", "fsdpkit", "llama3_1_8b", 2048, 2, 1, "bf16", eight, "8b 4 layers bf16", 10, 3),
+             case("gpu", "fsdpkit", "llama3_1_8b", 2048, 2, 1, "bf16", (*eight, "--float8", "1"),
+                  "8b 4 layers float8", 10, 3)]
+    return rows
 
 
 # Each switch against fsdpkit's defaults (debug, seq 512, batch 16, one process).

@@ -168,6 +168,72 @@ def test_document_masking_isolates_packed_documents():
     assert (plain[:, 21:] - alone).abs().max() > 1e-3  # without masking the second sees the first
 
 
+DEVICES = ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]
+
+
+def _qkv(device, T, dtype, grad):
+    gen = torch.Generator().manual_seed(T)
+    q, k, v = (torch.randn(2, h, T, 16, generator=gen).to(device, dtype).requires_grad_(grad) for h in (4, 2, 2))
+    return q, k, v
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("T", [256, 200])  # two full 128-blocks; a partial last block
+@pytest.mark.parametrize("kind", ["documents", "window", "both"])
+def test_fused_masked_attention_matches_the_dense_reference(device, T, kind):
+    """FlexAttention with the block mask against SDPA with the dense (B, 1, T, T) mask, grouped K/V
+    heads included: forward on the CPU (FlexAttention has no CPU backward), forward and backward
+    on a GPU."""
+    from fsdpkit.train.attention import AttentionMask, document_ids, masked_attention
+
+    gen = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, 50, (2, T), generator=gen)
+    tokens[0, [30, 31, 140]] = 99  # documents end at 30, 31 (one token long) and 140; row 1 has none
+    mask = AttentionMask(T, document_ids(tokens.to(device), 99) if kind != "window" else None,
+                         48 if kind != "documents" else None)
+    gpu = device == "cuda"
+    dtype = torch.bfloat16 if gpu else torch.float32
+    q, k, v = _qkv(device, T, dtype, grad=gpu)
+    fused = masked_attention(q, k, v, mask, fused=True)
+    dense = masked_attention(q, k, v, mask, fused=False)
+    tol = 2e-2 if gpu else 1e-5
+    torch.testing.assert_close(fused, dense, rtol=0, atol=tol)
+    if gpu:
+        g = torch.randn_like(fused)
+        grads = [torch.autograd.grad(out, (q, k, v), g) for out in (fused, dense)]
+        for a, b in zip(*grads, strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=5 * tol)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_grouped_experts_match_the_loop(device):
+    """Tokens sorted by expert once and two grouped products against one expert at a time:
+    outputs and every gradient, with an expert that gets no token."""
+    from fsdpkit.train.model import Experts, grouped_mm_supported
+
+    cfg = CASES["mixtral_moe"]
+    gen = torch.Generator().manual_seed(5)
+    experts = Experts(cfg).to(device)
+    with torch.no_grad():
+        for p_ in experts.parameters():
+            p_.copy_(torch.randn(p_.shape, generator=gen) * 0.05)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    experts = experts.to(dtype)
+    x = torch.randn(40, cfg.dim, generator=gen).to(device, dtype).requires_grad_()
+    top_idx = torch.randint(0, cfg.n_experts - 1, (40, 2), generator=gen).to(device)  # expert 3: no token
+    top_w = torch.softmax(torch.randn(40, 2, generator=gen), -1).to(device, dtype)
+    assert grouped_mm_supported(x)
+    g = torch.randn(40, cfg.dim, generator=gen).to(device, dtype)
+    results = []
+    for run in (experts.forward, experts.forward_loop):
+        out = run(x, top_idx, top_w)
+        results.append((out, *torch.autograd.grad(out, (x, *experts.parameters()), g)))
+    tol = 3e-2 if dtype == torch.bfloat16 else 1e-5
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=tol)
+    assert results[0][2][3].abs().max() == 0  # the unused expert's gate/up gradient
+
+
 @pytest.mark.parametrize("tied", [False, True])
 def test_flops_per_token_counts_every_matmul_the_model_does(tied):
     """The MFU numerator is the matmul work one training token costs: torch's FLOP counter over a

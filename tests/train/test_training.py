@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from conftest import FAST, ROOT, losses, read_metrics, run_cli, write_fixture
 
@@ -130,6 +131,12 @@ def test_moe_in_bf16_under_fsdp_trains(tmp_path):
     assert "bfloat16" in r.stdout
     got = losses(run_dir)
     assert len(got) == 4 and got[-1] < got[0]
+    # Expert load: rank 0's last micro-batch, every layer's routed slots (256 tokens x top-2).
+    n_layers = yaml.safe_load((run_dir / "config.yaml").read_text())["model"]["n_layers"]
+    for row in read_metrics(run_dir):
+        assert len(row["expert_tokens"]) == 4 and sum(row["expert_tokens"]) == 256 * 2 * n_layers
+        assert row["expert_load_max_over_mean"] == max(row["expert_tokens"]) / (sum(row["expert_tokens"]) / 4)
+    assert "expert load max/mean" in r.stdout
 
 
 def test_compiled_blocks_match_eager(single_process_run, tmp_path):

@@ -398,7 +398,8 @@ def _validate_train(spec: JobSpec) -> None:
 
 def output_dirs(spec: JobSpec, root: str) -> dict[str, str]:
     """Checkpoints and run outputs of this job under `root` (the mounted storage)."""
-    return {"checkpoint_dir": f"{root}/{spec.name}/checkpoints", "run_dir": f"{root}/{spec.name}/run"}
+    return {"checkpoint_dir": f"{root}/{spec.name}/checkpoints", "run_dir": f"{root}/{spec.name}/run",
+            "compile_cache_dir": f"{root}/{spec.name}/compile-cache"}
 
 
 def train_options(spec: JobSpec, root: str | None) -> dict[str, Any]:
@@ -413,6 +414,8 @@ def train_options(spec: JobSpec, root: str | None) -> dict[str, Any]:
             opts["checkpoint_dir"] = dirs["checkpoint_dir"]
         if "run_dir" not in flat:
             opts["run_dir"] = dirs["run_dir"]
+        if "compile_cache_dir" not in flat:  # compile is on by default on GPUs: a restart starts warm
+            opts["compile_cache_dir"] = dirs["compile_cache_dir"]
         if _named(flat, "resume_from_checkpoint") is None:
             opts["resume_from_checkpoint"] = "auto"
         if spec.storage.enabled and _named(flat, "checkpoint_every") is None:

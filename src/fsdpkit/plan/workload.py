@@ -13,6 +13,7 @@ def workload(cfg: TrainConfig, world: int, device: str, nodes: int = 1) -> Workl
     kernel the trainer would pick."""
     m, par = cfg.shape, cfg.parallel
     compute = par.mixed_precision if par.mixed_precision != "auto" else ("bf16" if device == "cuda" else "fp32")
+    compiled = par.compile if par.compile is not None else device == "cuda"  # the trainer's default
     shard = world
     if par.sharding_strategy == "hybrid" and world > 1:
         replicas = par.dp_replicate or nodes
@@ -24,5 +25,5 @@ def workload(cfg: TrainConfig, world: int, device: str, nodes: int = 1) -> Workl
                     grad_accum=cfg.data.grad_accum_steps, world=world, shard=shard, compute=compute,
                     reduce=par.reduce_dtype, ac=par.activation_checkpointing, ac_every=par.ac_every,
                     cpu_offload=par.cpu_offload, prefetch=par.fsdp_prefetch, reshard=par.reshard_after_forward,
-                    loss_chunk=loss_chunk_size(m.vocab_size, par.loss_chunk_tokens, par.compile),
-                    compiled=par.compile)
+                    loss_chunk=loss_chunk_size(m.vocab_size, par.loss_chunk_tokens, compiled),
+                    compiled=compiled)

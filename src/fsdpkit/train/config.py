@@ -121,7 +121,9 @@ class ParallelConfig(Settings):
         "none", "recompute activations in backward: none, full (every block) or selective",
         alias_values={"1": "full", "0": "none", "true": "full", "false": "none"})
     ac_every: Int = option(2, "selective activation checkpointing: every Nth block", ge=1)
-    compile: Bool = option(False, "torch.compile each decoder block")
+    compile: Bool | None = option(
+        None, "torch.compile each decoder block (default: on when training on CUDA GPUs, where it is worth about "
+        "half again in MFU; off on the CPU, where compiling costs more than it saves)")
     compile_cache_dir: Str | None = option(None, "keep torch.compile's caches here (e.g. on shared storage) so a "
                                            "restarted or resubmitted job starts warm")
     loss_chunk_tokens: Int | None = option(

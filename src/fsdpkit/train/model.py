@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fsdpkit.train.attention import causal_attention, expand_kv
+from fsdpkit.train.attention import AttentionMask, causal_attention, document_ids, masked_attention
 from fsdpkit.train.model_config import ModelConfig, loss_chunk_size
 
 
@@ -76,23 +76,13 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                doc_mask: torch.Tensor | None = None) -> torch.Tensor:
+                mask: AttentionMask | None = None) -> torch.Tensor:
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        window = self.sliding_window is not None and self.sliding_window < T
-        if window or doc_mask is not None:
-            i = torch.arange(T, device=x.device)
-            offset = i[:, None] - i[None, :]
-            mask = (offset >= 0) & (offset < self.sliding_window) if window else offset >= 0
-            if doc_mask is not None:
-                mask = mask & doc_mask  # (B, 1, T, T): attend only within the same document
-            k, v = expand_kv(k, v, self.n_heads)
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        else:
-            out = causal_attention(q, k, v)
+        out = causal_attention(q, k, v) if mask is None else masked_attention(q, k, v, mask)
         return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
 
 
@@ -110,14 +100,34 @@ class MLP(nn.Module):
 
 
 class Experts(nn.Module):
-    """The experts of one MoE layer as stacked weights (E, 2F, D) and (E, D, F)."""
+    """The experts of one MoE layer as stacked weights (E, 2F, D) and (E, D, F). Tokens are sorted
+    by expert once, every expert's rows then run as one grouped matrix product per projection
+    (`F.grouped_mm`), and the weighted results are added back to their tokens."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.gate_up_proj = nn.Parameter(torch.empty(cfg.n_experts, 2 * cfg.ffn_dim, cfg.dim))
         self.down_proj = nn.Parameter(torch.empty(cfg.n_experts, cfg.dim, cfg.ffn_dim))
 
-    def forward(self, x: torch.Tensor, top_idx: torch.Tensor, top_w: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, top_idx: torch.Tensor, top_w: torch.Tensor,
+                counts: torch.Tensor | None = None) -> torch.Tensor:
+        """x (N, D), each token's top-k experts and weights (N, k); `counts`: tokens per expert."""
+        if not grouped_mm_supported(x):
+            return self.forward_loop(x, top_idx, top_w)
+        k = top_idx.shape[1]
+        order = torch.argsort(top_idx.reshape(-1), stable=True)  # (token, slot) pairs sorted by expert
+        token = order // k
+        if counts is None:
+            counts = tokens_per_expert(top_idx, self.gate_up_proj.shape[0])
+        offs = counts.cumsum(0).to(torch.int32)
+        gate, up = F.grouped_mm(x[token], self.gate_up_proj.transpose(-2, -1), offs=offs).chunk(2, dim=-1)
+        h = F.grouped_mm(F.silu(gate) * up, self.down_proj.transpose(-2, -1), offs=offs)
+        weight = top_w.reshape(-1)[order, None]
+        return torch.zeros_like(x).index_add_(0, token, (h * weight).to(x.dtype))
+
+    def forward_loop(self, x: torch.Tensor, top_idx: torch.Tensor, top_w: torch.Tensor) -> torch.Tensor:
+        """One expert at a time: where grouped products are not available, and the reference the
+        grouped path is tested against."""
         out = torch.zeros_like(x)
         for e in range(self.gate_up_proj.shape[0]):
             token, slot = torch.where(top_idx == e)
@@ -129,6 +139,22 @@ class Experts(nn.Module):
         return out
 
 
+def tokens_per_expert(top_idx: torch.Tensor, n_experts: int) -> torch.Tensor:
+    """(E,) routed slots per expert. A one-hot sum, not bincount: its shape is static, which
+    torch.compile needs."""
+    return F.one_hot(top_idx.reshape(-1), n_experts).sum(dim=0)
+
+
+def grouped_mm_supported(x: torch.Tensor) -> bool:
+    """Grouped products run on the CPU (fp32, bf16) and on CUDA in bf16 from sm80 (Ampere) on;
+    elsewhere (fp32 on a GPU, older GPUs, older torch) the experts run one at a time."""
+    if not hasattr(F, "grouped_mm"):
+        return False
+    if x.device.type == "cpu":
+        return True
+    return x.device.type == "cuda" and x.dtype == torch.bfloat16 and torch.cuda.get_device_capability(x.device)[0] >= 8
+
+
 class MoE(nn.Module):
     """Mixtral sparse MLP: softmax router, top-k experts, weights renormalised over the chosen k."""
 
@@ -138,6 +164,7 @@ class MoE(nn.Module):
         self.gate = nn.Linear(cfg.dim, cfg.n_experts, bias=False)
         self.experts = Experts(cfg)
         self.aux_loss: torch.Tensor | None = None
+        self.load: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, D = x.shape
@@ -145,10 +172,12 @@ class MoE(nn.Module):
         probs = F.softmax(self.gate(flat).float(), dim=-1)
         top_w, top_idx = torch.topk(probs, self.top_k, dim=-1)
         top_w = (top_w / top_w.sum(dim=-1, keepdim=True)).to(x.dtype)
+        counts = tokens_per_expert(top_idx, self.n_experts)
+        self.load = counts.detach()  # what the trainer reports as expert load
         # Switch-Transformer load balancing: n_experts * sum_e(fraction routed to e * mean prob of e).
-        routed = F.one_hot(top_idx, self.n_experts).float().mean(dim=(0, 1))
+        routed = counts.float() / top_idx.numel()
         self.aux_loss = self.n_experts * (routed * probs.mean(dim=0)).sum()
-        return self.experts(flat, top_idx, top_w).view(B, T, D)
+        return self.experts(flat, top_idx, top_w, counts).view(B, T, D)
 
 
 class DecoderLayer(nn.Module):
@@ -161,15 +190,15 @@ class DecoderLayer(nn.Module):
         self.checkpoint = False  # set by fsdpkit.train.shard.apply_activation_checkpointing
 
     def _forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                 doc_mask: torch.Tensor | None) -> torch.Tensor:
-        h = x + self.self_attn(self.input_layernorm(x), cos, sin, doc_mask)
+                 mask: AttentionMask | None) -> torch.Tensor:
+        h = x + self.self_attn(self.input_layernorm(x), cos, sin, mask)
         return h + self.mlp(self.post_attention_layernorm(h))
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                doc_mask: torch.Tensor | None = None) -> torch.Tensor:
+                mask: AttentionMask | None = None) -> torch.Tensor:
         if self.checkpoint and torch.is_grad_enabled():
-            return torch.utils.checkpoint.checkpoint(self._forward, x, cos, sin, doc_mask, use_reentrant=False)
-        return self._forward(x, cos, sin, doc_mask)
+            return torch.utils.checkpoint.checkpoint(self._forward, x, cos, sin, mask, use_reentrant=False)
+        return self._forward(x, cos, sin, mask)
 
 
 class Model(nn.Module):
@@ -249,15 +278,27 @@ class Transformer(nn.Module):
         if self.rope_len < T:
             raise ValueError(f"sequence of {T} tokens is longer than the RoPE table ({self.rope_len})")
         cos, sin = self.rope_cos[:T], self.rope_sin[:T]
-        doc_mask = None if eos_id is None else document_mask(tokens, eos_id)
+        mask = self.attention_mask(tokens, eos_id)
         h = self.model.embed_tokens(tokens)
         if torch.is_autocast_enabled(h.device.type):
             # One process under autocast: carry the residual stream in the compute dtype, as FSDP's
             # bf16 parameters make it, rather than in fp32 (half the activation memory and traffic).
             h = h.to(torch.get_autocast_dtype(h.device.type))
         for layer in self.model.layers:
-            h = layer(h, cos, sin, doc_mask)
+            h = layer(h, cos, sin, mask)
         return h
+
+    def attention_mask(self, tokens: torch.Tensor, eos_id: int | None) -> AttentionMask | None:
+        """The batch's mask beyond causality, built once for every layer: packed documents (with
+        `eos_id`) and the sliding window where it is shorter than the sequence; None for neither."""
+        T, w = tokens.shape[1], self.cfg.sliding_window
+        window = w if w is not None and w < T else None
+        if eos_id is None and window is None:
+            return None
+        mask = AttentionMask(T, document_ids(tokens, eos_id) if eos_id is not None else None, window)
+        if tokens.device.type == "cuda":
+            mask.block_mask(tokens.device)  # here, outside the compiled blocks, once per batch
+        return mask
 
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None,
                 eos_id: int | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
@@ -275,6 +316,12 @@ class Transformer(nn.Module):
             aux = torch.stack([layer.mlp.aux_loss for layer in self.model.layers]).mean()
             total = ce + self.cfg.router_aux_loss_coef * aux
         return ce, total
+
+    def expert_load(self) -> torch.Tensor | None:
+        """Routed slots per expert in the last forward, summed over layers; None without MoE."""
+        if not self.cfg.is_moe or self.model.layers[0].mlp.load is None:
+            return None
+        return torch.stack([layer.mlp.load for layer in self.model.layers]).sum(dim=0)
 
     def output_loss(self, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Final norm, output head and mean cross-entropy: one method, so that `--compile` can fuse
@@ -306,15 +353,6 @@ def chunked_cross_entropy(head: nn.Module, h: torch.Tensor, targets: torch.Tenso
 
 def _ce_sum(head: nn.Module, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(head(h).float(), targets, ignore_index=-100, reduction="sum")
-
-
-def document_mask(tokens: torch.Tensor, eos_id: int) -> torch.Tensor:
-    """(B, 1, T, T) bool: query i may see key j only if both lie in the same document of a packed
-    sequence (an EOS token belongs to the document it ends). Causality is applied separately.
-    RoPE is relative, so positions need no reset at document starts."""
-    is_eos = (tokens == eos_id).long()
-    doc = torch.cumsum(is_eos, dim=1) - is_eos
-    return (doc[:, :, None] == doc[:, None, :]).unsqueeze(1)
 
 
 def _fill_plain(p: torch.Tensor, init_fn: Callable[[torch.Tensor], None]) -> None:

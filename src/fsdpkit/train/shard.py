@@ -116,6 +116,9 @@ def build_model(cfg: TrainConfig, rt: Runtime) -> Transformer:
             # Inductor's and Triton's on-disk caches: a restarted job reuses the compiled kernels.
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = par.compile_cache_dir
             os.environ["TRITON_CACHE_DIR"] = os.path.join(par.compile_cache_dir, "triton")
+        # Compile is on by default on GPUs, so a block it cannot take must not stop the run: that
+        # frame runs eagerly and dynamo says so once, in a warning naming it.
+        torch._dynamo.config.suppress_errors = True
         for layer in model.model.layers:
             layer.compile()
         model.output_loss = torch.compile(model.output_loss)

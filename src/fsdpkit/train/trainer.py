@@ -194,6 +194,9 @@ def train(cfg: TrainConfig, notices: list[str] | None = None) -> TrainResult:
     notices = list(notices or [])
     nccl = network.capture_nccl_log(run_dir, dist.resolve_device_type(cfg.parallel.device))
     rt = dist.setup(cfg.parallel.device)
+    if cfg.parallel.compile is None:  # the default follows the device, now that it is known
+        cfg = cfg.model_copy(update={"parallel": cfg.parallel.model_copy(
+            update={"compile": rt.device.type == "cuda"})})
     try:
         # Before any step is spent: which network NCCL really chose (and a stop if not EFA where
         # EFA was expected).
@@ -385,7 +388,7 @@ def _after_step(run: Run, state: TrainState, window: Window, lr: float, grad_nor
     cfg, n = run.cfg, state.step
     lg, ck, last = cfg.log, cfg.checkpoint, n == cfg.optim.max_steps
     if n % lg.logging_freq == 0 or last:
-        _log_window(run, window, lr, grad_norm, n)
+        _log_window(run, window, lr, grad_norm, n, state.model)
     if (lg.validation_freq and n % lg.validation_freq == 0) or last:
         val = run.validate(state.model)
         if val is not None:
@@ -409,7 +412,7 @@ def _after_step(run: Run, state: TrainState, window: Window, lr: float, grad_nor
     return stopping
 
 
-def _log_window(run: Run, window: Window, lr: float, grad_norm: torch.Tensor, n: int) -> None:
+def _log_window(run: Run, window: Window, lr: float, grad_norm: torch.Tensor, n: int, model: Transformer) -> None:
     """The window's mean loss over ranks (the one host sync), and on rank 0 its metrics row."""
     cfg, rt = run.cfg, run.rt
     d = cfg.data
@@ -428,6 +431,9 @@ def _log_window(run: Run, window: Window, lr: float, grad_norm: torch.Tensor, n:
                     "measurement was slowed by other work on this machine)")
             m = derive(stats, run.flops_per_token, run.peak, peak_memory_bytes(rt.device))
         m["bad_records"] = run.bad_records()
+        if (load := model.expert_load()) is not None:  # rank 0's last micro-batch, every layer
+            m["expert_tokens"] = load.tolist()
+            m["expert_load_max_over_mean"] = max(m["expert_tokens"]) / (sum(m["expert_tokens"]) / len(load))
         run.writer.record("train", m, human_line(m))
         run.writer.advance(window.steps, loss)
     elif rt.local_rank == 0:
