@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from fsdpkit.cli.output import Parser, dispatch, emit_json, write_new
+from fsdpkit.cli.output import Parser, dispatch, emit_json, finding_message, print_findings, write_new
 from fsdpkit.errors import UserError
 from fsdpkit.jobs.backends import Backend, Watchable, get_backend
 from fsdpkit.jobs.capacity import capacity as check_capacity
@@ -212,9 +212,7 @@ def _print_snapshot(snap: dict) -> None:
     print(f"{snap['name']}: {snap['state']}{prog}{net} | {pods or 'no pods yet'}", flush=True)
     for n in snap.get("nodes") or []:
         print(_node_text(n), flush=True)
-    for f in snap["findings"]:
-        print(f"  ! {f['kind']} {f['pod']}: {f['detail']}" + (f"\n    fix: {f['fix']}" if f["fix"] else ""),
-              flush=True)
+    print_findings(snap["findings"])
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
@@ -234,7 +232,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
             message, hint = _ended(snap), _why(args.job)
             if snap["findings"]:
                 first = snap["findings"][0]
-                message, hint = f"{first['kind']} {first['pod']}: {first['detail']}", first.get("fix") or hint
+                message, hint = finding_message(first), first.get("fix") or hint
             emit_json(snap, code if done else 0, message, hint=hint)
         else:
             _print_snapshot(snap)

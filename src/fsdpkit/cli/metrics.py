@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 
 from fsdpkit.aws.sigv4 import amp_region, sigv4_auth
-from fsdpkit.cli.output import Parser, dispatch, emit_json
+from fsdpkit.cli.output import Parser, dispatch, emit_json, finding_message, print_findings
 from fsdpkit.errors import UserError
 from fsdpkit.jobs.backends.kube_observe import KubeObserver
 from fsdpkit.jobs.prometheus import job_utilisation
@@ -56,8 +56,8 @@ def run(args: argparse.Namespace) -> int:
     if not url:
         raise UserError("no Prometheus to ask: pass --prometheus URL (an AMP workspace's URL, "
                         "https://aps-workspaces.REGION.amazonaws.com/workspaces/ws-ID) or set FSDPKIT_PROMETHEUS_URL")
-    region = args.region or amp_region(url)
-    auth = sigv4_auth("aps", region, args.profile) if (args.sigv4 or amp_region(url)) else None
+    amp = amp_region(url)
+    auth = sigv4_auth("aps", args.region or amp, args.profile) if (args.sigv4 or amp) else None
     start, end = _window(args)
     if args.step is not None and args.step < 1:
         raise UserError(f"--step {args.step}: seconds between points, at least 1")
@@ -69,8 +69,7 @@ def run(args: argparse.Namespace) -> int:
     code = 1 if found else 0
     if args.json:
         first = found[0] if found else {}
-        return emit_json(data, code, f"straggler {first.get('pod')}: {first.get('detail')}" if found else "",
-                         hint=first.get("fix"))
+        return emit_json(data, code, finding_message(first) if found else "", hint=first.get("fix"))
     print(f"{args.job}: {len(data['nodes'])} pods on {len({n['node'] for n in data['nodes']})} nodes, "
           f"{data['start'][:19]} to {data['end'][:19]} every {step} s")
     for n in data["nodes"]:
@@ -78,8 +77,7 @@ def run(args: argparse.Namespace) -> int:
         gpu = f"GPU {util['mean']:.0f}% (min {util['min']:.0f}, max {util['max']:.0f})" if util else "no GPU series"
         memory = f", memory up to {mem['max'] / 1024:.1f} GiB per GPU" if mem else ""
         print(f"  {n['pod']} on {n['node']}: {gpu}{memory}  {_spark(n['series'].get('gpu_util_pct', []))}")
-    for f in found:
-        print(f"  ! {f['kind']} {f['pod']}: {f['detail']}\n    fix: {f['fix']}")
+    print_findings(found)
     if args.out:
         print(f"series in {args.out} (plot them: fsdpkit report RUN_DIR --cluster-metrics {args.out})")
     return code

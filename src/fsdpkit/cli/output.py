@@ -12,7 +12,8 @@ from fsdpkit.cluster import client as cluster_client
 from fsdpkit.envelope import Parser, emit_error, emit_json
 from fsdpkit.errors import Conflict, UserError
 
-__all__ = ["Parser", "confirmed", "dispatch", "emit_error", "emit_json", "progress", "write_new"]
+__all__ = ["Parser", "confirmed", "dispatch", "emit_error", "emit_json", "finding_message", "print_findings",
+           "progress", "write_new"]
 
 
 def progress(args: argparse.Namespace):
@@ -39,6 +40,17 @@ def write_new(path: Path, text: str, force: bool) -> None:
     if path.exists() and not force:
         raise Conflict(f"{path} already exists; pass --force to overwrite it, or --out elsewhere")
     path.write_text(text)
+
+
+def finding_message(f: dict) -> str:
+    """A finding (`jobs.health.Finding` as a dict) as one line: what the envelope's message says."""
+    return f"{f['kind']} {f['pod']}: {f['detail']}"
+
+
+def print_findings(findings: list[dict]) -> None:
+    """Findings under a command's human output, each with its fix."""
+    for f in findings:
+        print(f"  ! {finding_message(f)}" + (f"\n    fix: {f['fix']}" if f.get("fix") else ""), flush=True)
 
 
 def cloud_error(e: BaseException, what: str) -> UserError | None:

@@ -13,7 +13,7 @@ def workload(cfg: TrainConfig, world: int, device: str, nodes: int = 1) -> Workl
     kernel the trainer would pick."""
     m, par = cfg.shape, cfg.parallel
     compute = par.mixed_precision if par.mixed_precision != "auto" else ("bf16" if device == "cuda" else "fp32")
-    compiled = par.compile if par.compile is not None else device == "cuda"  # the trainer's default
+    compiled = par.compiles(device)
     shard = world
     if par.sharding_strategy == "hybrid" and world > 1:
         replicas = par.dp_replicate or nodes

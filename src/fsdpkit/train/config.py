@@ -139,6 +139,11 @@ class ParallelConfig(Settings):
         "auto", "before the first step, read which network NCCL chose and stop if it fell back to TCP sockets "
         "where EFA was expected (auto: on for multi-node runs on EFA nodes)")
 
+    def compiles(self, device_type: str) -> bool:
+        """Whether blocks are compiled on this device: as set, else on CUDA only (the trainer and the
+        planner both ask here)."""
+        return self.compile if self.compile is not None else device_type == "cuda"
+
 
 class LogConfig(Settings):
     logging_freq: Int = option(10, "steps between metric lines", ge=1)

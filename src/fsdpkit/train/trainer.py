@@ -196,7 +196,7 @@ def train(cfg: TrainConfig, notices: list[str] | None = None) -> TrainResult:
     rt = dist.setup(cfg.parallel.device)
     if cfg.parallel.compile is None:  # the default follows the device, now that it is known
         cfg = cfg.model_copy(update={"parallel": cfg.parallel.model_copy(
-            update={"compile": rt.device.type == "cuda"})})
+            update={"compile": cfg.parallel.compiles(rt.device.type)})})
     try:
         # Before any step is spent: which network NCCL really chose (and a stop if not EFA where
         # EFA was expected).
@@ -327,11 +327,11 @@ def _open_sinks(run: Run, state: TrainState, notices: list[str], stack: contextl
     if not rt.is_main:
         return
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(yamlfile.dump(cfg.record(run_dir)))
+    record = cfg.record(run_dir)
+    (run_dir / "config.yaml").write_text(yamlfile.dump(record))
     tb_dir = Path(lg.tensorboard_dir) if lg.tensorboard_dir else run_dir / "tensorboard"
     show_bar = lg.progress == "on" or (lg.progress == "auto" and sys.stderr.isatty())
-    trackers = Trackers(lg.trackers, run_dir, lg.tracker_project, cfg.record(run_dir), state.attempt) \
-        if lg.trackers else None
+    trackers = Trackers(lg.trackers, run_dir, lg.tracker_project, record, state.attempt) if lg.trackers else None
     run.writer = MetricsWriter(run_dir, tb_dir if lg.tensorboard else None, show_bar, cfg.optim.max_steps,
                                state.attempt, trackers)
     # Trackers are told whether the run ended well (an exception leaves through here too).

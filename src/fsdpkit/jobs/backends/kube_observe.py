@@ -23,6 +23,11 @@ from fsdpkit.jobs.utilisation import WatchHistory, asks_for_efa, efa_flat, parse
 NETWORK_HEAD = 256 * 1024
 
 
+def _not_yet(e: BaseException) -> bool:
+    """A pod's log that cannot be read yet (its container not started: 400) or any more (gone)."""
+    return is_not_found(e) or getattr(e, "status", None) == 400
+
+
 class KubeObserver(KubeAPI):
     def _status_of(self, kind: str, obj: dict[str, Any]) -> JobStatus:
         meta, status = obj.get("metadata", {}), obj.get("status") or {}
@@ -156,7 +161,7 @@ class KubeObserver(KubeAPI):
                 head = self._core().read_namespaced_pod_log(pod, namespace, container=container,
                                                             limit_bytes=NETWORK_HEAD, _preload_content=False).data
         except Exception as e:  # no container yet, or gone: no verdict yet
-            if is_not_found(e) or getattr(e, "status", None) == 400:
+            if _not_yet(e):
                 return None
             raise
         return network_verdict(head.decode(errors="replace").splitlines())
@@ -186,7 +191,7 @@ class KubeObserver(KubeAPI):
                                                         ).data.decode(errors="replace")
 
     def _nodes(self, pods: list[dict[str, Any]], namespace: str, container: str, window: float,
-               rank0: str | None, rank0_log: str) -> list[dict[str, Any]]:
+               rank0: str | None, rank0_log: list[str]) -> list[dict[str, Any]]:
         """Per running pod (one per node): the node's sample and its own step time from its log."""
         running = [p for p in pods if (p.get("status") or {}).get("phase") == "Running"]
 
@@ -195,12 +200,12 @@ class KubeObserver(KubeAPI):
             row: dict[str, Any] = {"pod": name, "node": (p.get("spec") or {}).get("nodeName")}
             row.update(self.sample_node(name, namespace, container, window))
             try:
-                text = rank0_log if name == rank0 else self._pod_log_tail(name, namespace, container, 50)
+                lines = rank0_log if name == rank0 else self._pod_log_tail(name, namespace, container, 50).splitlines()
             except Exception as e:  # a log that cannot be read yet: no step time
-                if not is_not_found(e) and getattr(e, "status", None) != 400:
+                if not _not_yet(e):
                     raise
-                text = ""
-            row["step_time_s"] = step_time(text.splitlines())
+                lines = []
+            row["step_time_s"] = step_time(lines)
             return row
         if not running:
             return []
@@ -224,19 +229,18 @@ class KubeObserver(KubeAPI):
         findings = pod_findings(pods)
         progress: dict[str, Any] = {}
         network = None
-        log = ""
+        log: list[str] = []  # rank 0's last lines, read once for progress, network and step time
         by_replica = {k.replica((p.get("metadata") or {}).get("labels") or {}): p for p in pods}
         rank0 = next((by_replica[r] for r in k.rank0 if r in by_replica), None)
         rank0_name = rank0["metadata"]["name"] if rank0 is not None else None
         if rank0 is not None and (rank0.get("status") or {}).get("phase") == "Running" and not st.finished:
             try:
-                log = self._pod_log_tail(rank0_name, namespace, k.container, 500)
-                progress, more = log_progress(log.splitlines(), rank0_name,
-                                              now or dt.datetime.now(dt.timezone.utc), stall_after)
+                log = self._pod_log_tail(rank0_name, namespace, k.container, 500).splitlines()
+                progress, more = log_progress(log, rank0_name, now or dt.datetime.now(dt.timezone.utc), stall_after)
                 findings += more
-                network = network_verdict(log.splitlines()) or self._network_of(rank0_name, namespace, k.container)
+                network = network_verdict(log) or self._network_of(rank0_name, namespace, k.container)
             except Exception as e:  # a log that cannot be read yet is not a finding of its own
-                if not is_not_found(e) and getattr(e, "status", None) != 400:
+                if not _not_yet(e):
                     raise
         nodes = self._nodes(pods, namespace, k.container, sample, rank0_name, log) \
             if sample and not st.finished else []
