@@ -2,6 +2,8 @@
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch>=2.6
+# pytest-xdist workers for `make test`; a file's tests stay on one worker (module fixtures, one Slurm).
+TEST_WORKERS ?= 2
 RUN_ARGS ?=
 BIN := $(VENV)/bin
 
@@ -30,7 +32,7 @@ run: venv
 test: venv
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 lint: venv
 	$(BIN)/ruff check .

@@ -15,6 +15,12 @@ from slurm_cluster import SlurmCluster, why_not
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# `make test` runs two pytest-xdist workers. Each worker's training processes get the worker's share
+# of the cores, as torchrun gives each rank its share: two OpenMP pools spinning on the same cores
+# slow each other down many times over.
+if _workers := int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")):
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _workers)))
+
 # Small, fast settings shared by the training tests (tiny preset, short sequences).
 FAST = ["--seq_len", "64", "--validation_freq", "0", "--validation_batches", "2", "--progress", "off"]
 

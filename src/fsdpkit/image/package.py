@@ -5,8 +5,10 @@ fsdpkit that wrote its Dockerfile, installed as a package (never the repository 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
+import tempfile
 from importlib import metadata
 from pathlib import Path
 from urllib.parse import unquote, urlparse
@@ -26,13 +28,26 @@ def checkout() -> Path | None:
     return path if path is not None and (path / "pyproject.toml").is_file() else None
 
 
+# What setuptools reads to build fsdpkit. The wheel is built from a private copy of these: setuptools
+# stages into the source tree's build/, which keeps modules deleted since an earlier build (they
+# would land in the image) and which two builds at once would share.
+_WHEEL_SOURCES = ("pyproject.toml", "README.md", "src")
+
+
 def build_wheel(src: Path, out: Path) -> Path:
-    """pip's wheel of `src` in `out` (older fsdpkit wheels there removed); its path."""
+    """pip's wheel of the checkout `src` in `out` (older fsdpkit wheels there removed); its path."""
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob("fsdpkit-*.whl"):
         old.unlink()
-    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(src)],
-                       capture_output=True, text=True)
+    with tempfile.TemporaryDirectory(prefix="fsdpkit-wheel-") as tmp:
+        for name in _WHEEL_SOURCES:
+            if (src / name).is_dir():
+                shutil.copytree(src / name, Path(tmp) / name,
+                                ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+            elif (src / name).is_file():
+                shutil.copy2(src / name, Path(tmp) / name)
+        r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), tmp],
+                           capture_output=True, text=True)
     wheels = sorted(out.glob("fsdpkit-*.whl"))
     if r.returncode != 0 or not wheels:
         last = (r.stderr.strip().splitlines() or ["no wheel written"])[-1]
