@@ -247,3 +247,15 @@ def test_a_run_records_its_resolved_config(tmp_path, cli):
     saved = yaml.safe_load((tmp_path / "r" / "config.yaml").read_text())
     assert saved["data"]["seq_len"] == 256 and saved["optim"]["warmup_steps"] == 0
     assert saved["optim"]["min_lr"] == 3e-4 and saved["log"]["validation_batches"] >= 1
+
+
+def test_precision_and_hsdp_replicas_are_resolved_in_one_place():
+    """The trainer and the planner both ask ParallelConfig: auto precision is bf16 on CUDA only, and
+    HSDP's replica groups default to one per node and must divide the world."""
+    auto = parse_args(["--sharding_strategy", "hybrid"])[0].parallel
+    assert (auto.precision("cuda"), auto.precision("cpu")) == ("bf16", "fp32")
+    assert parse_args(["--mixed_precision", "fp32"])[0].parallel.precision("cuda") == "fp32"
+    assert auto.replicas(16, 2) == 2
+    three = parse_args(["--sharding_strategy", "hybrid", "--dp_replicate", "3"])[0].parallel
+    with pytest.raises(UserError, match=r"^dp_replicate: 3 must divide the world size \(16\)$"):
+        three.replicas(16, 2)

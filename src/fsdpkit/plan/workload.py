@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from fsdpkit.errors import UserError
 from fsdpkit.plan.memory import Workload
 from fsdpkit.train.config import TrainConfig
 from fsdpkit.train.model_config import loss_chunk_size
@@ -12,14 +11,11 @@ def workload(cfg: TrainConfig, world: int, device: str, nodes: int = 1) -> Workl
     """`world` ranks on `nodes` nodes; `device` "cuda" or "cpu" decides the dtype and attention
     kernel the trainer would pick."""
     m, par = cfg.shape, cfg.parallel
-    compute = par.mixed_precision if par.mixed_precision != "auto" else ("bf16" if device == "cuda" else "fp32")
+    compute = par.precision(device)
     compiled = par.compiles(device)
     shard = world
     if par.sharding_strategy == "hybrid" and world > 1:
-        replicas = par.dp_replicate or nodes
-        if world % replicas:
-            raise UserError(f"dp_replicate: {replicas} must divide the world size ({world})")
-        shard = world // replicas
+        shard = world // par.replicas(world, nodes)
     return Workload(model=m, seq=cfg.data.seq_len, micro_batch=cfg.data.train_batch_size,
                     val_batch=cfg.data.val_batch_size,
                     grad_accum=cfg.data.grad_accum_steps, world=world, shard=shard, compute=compute,

@@ -144,6 +144,20 @@ class ParallelConfig(Settings):
         planner both ask here)."""
         return self.compile if self.compile is not None else device_type == "cuda"
 
+    def precision(self, device_type: str) -> str:
+        """The compute dtype on this device, "bf16" or "fp32": as set, else bf16 on CUDA only."""
+        if self.mixed_precision != "auto":
+            return self.mixed_precision
+        return "bf16" if device_type == "cuda" else "fp32"
+
+    def replicas(self, world: int, nodes: int) -> int:
+        """HSDP's replica groups for `world` ranks on `nodes` nodes: as set, else one per node; it
+        must divide the world."""
+        replicas = self.dp_replicate or nodes
+        if world % replicas:
+            raise UserError(f"dp_replicate: {replicas} must divide the world size ({world})")
+        return replicas
+
 
 class LogConfig(Settings):
     logging_freq: Int = option(10, "steps between metric lines", ge=1)

@@ -27,17 +27,13 @@ DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
 def compute_dtype(par: ParallelConfig, device_type: str) -> torch.dtype:
-    if par.mixed_precision == "auto":
-        return torch.bfloat16 if device_type == "cuda" else torch.float32
-    return DTYPES[par.mixed_precision]
+    return DTYPES[par.precision(device_type)]
 
 
 def build_mesh(rt: Runtime, par: ParallelConfig) -> DeviceMesh:
     """1-D mesh for full sharding; a real 2-D (replicate, shard) mesh for hybrid (HSDP)."""
     if par.sharding_strategy == "hybrid":
-        replicas = par.dp_replicate or rt.num_nodes
-        if rt.world_size % replicas:
-            raise UserError(f"dp_replicate: {replicas} must divide the world size ({rt.world_size})")
+        replicas = par.replicas(rt.world_size, rt.num_nodes)
         return init_device_mesh(rt.device.type, (replicas, rt.world_size // replicas),
                                 mesh_dim_names=("dp_replicate", "dp_shard"))
     return init_device_mesh(rt.device.type, (rt.world_size,), mesh_dim_names=("dp_shard",))
