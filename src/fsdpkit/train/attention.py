@@ -9,12 +9,14 @@ reference (FlexAttention has no CPU backward)."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 
 def causal_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
@@ -50,9 +52,8 @@ class AttentionMask:
     window: int | None = None
     _block: Any = None
 
-    def dense(self) -> Tensor:
-        """(B or 1, 1, T, T) bool: the reference form, for SDPA."""
-        device = self.doc.device if self.doc is not None else None
+    def dense(self, device: torch.device) -> Tensor:
+        """(B or 1, 1, T, T) bool on `device`: the reference form, for SDPA."""
         i = torch.arange(self.T, device=device)
         offset = i[:, None] - i[None, :]
         mask = offset >= 0
@@ -64,8 +65,6 @@ class AttentionMask:
 
     def block_mask(self, device: torch.device) -> Any:
         if self._block is None:
-            from torch.nn.attention.flex_attention import create_block_mask
-
             doc, window = self.doc, self.window
 
             def mask_mod(b: Tensor, h: Tensor, q: Tensor, kv: Tensor) -> Tensor:
@@ -84,21 +83,16 @@ class AttentionMask:
         return self._block
 
 
-_flex = None
+@functools.cache
+def _compiled_flex() -> Any:
+    return torch.compile(flex_attention, dynamic=False)
 
 
 def flex(q: Tensor, k: Tensor, v: Tensor, block_mask: Any) -> Tensor:
     """FlexAttention, compiled once on CUDA: uncompiled it is an unfused reference, not a kernel
     (which is all the CPU, forward only, gets). Inside a compiled block (--compile) the block's
     graph takes it in directly."""
-    global _flex
-    from torch.nn.attention.flex_attention import flex_attention
-
-    fn = flex_attention
-    if q.device.type == "cuda":
-        if _flex is None:
-            _flex = torch.compile(flex_attention, dynamic=False)
-        fn = _flex
+    fn = _compiled_flex() if q.device.type == "cuda" else flex_attention
     return fn(q, k, v, block_mask=block_mask, enable_gqa=k.shape[1] != q.shape[1])
 
 
@@ -110,4 +104,4 @@ def masked_attention(q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, fused
     if fused:
         return flex(q, k, v, mask.block_mask(q.device))
     k, v = expand_kv(k, v, q.shape[1])
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.dense())
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.dense(q.device))
