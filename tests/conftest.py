@@ -94,7 +94,9 @@ class KubeMock:
     """kmock's KubernetesEmulator served over HTTP, reached by the official client through a
     kubeconfig file. kmock stores objects and records requests; it ignores labelSelector, answers a
     create with an empty body, and serves neither pod logs nor nodes, so tests script those routes
-    (`route`) and play the training operator by patching `/status` as it would."""
+    (`route`) and play the training operator by patching `/status` as it would. A server-side dry
+    run (`dryRun=All`) is answered as the API server answers it: the object back, nothing stored;
+    `dry_runs` records them (path?query, body)."""
 
     RESOURCES = ("trainer.kubeflow.org/v1alpha1/trainjobs", "trainer.kubeflow.org/v1alpha1/clustertrainingruntimes",
                  "jobset.x-k8s.io/v1alpha2/jobsets",
@@ -114,6 +116,7 @@ class KubeMock:
         self._thread = threading.Thread(target=self.loop.run_until_complete, args=(self._serve(ready),), daemon=True)
         self._thread.start()
         assert ready.wait(20), "kmock did not start"
+        self.dry_runs: list[tuple[str, dict]] = []
         self.kubeconfig = tmp_path / "kubeconfig"
         self.kubeconfig.write_text(
             "apiVersion: v1\nkind: Config\ncurrent-context: kmock\n"
@@ -134,6 +137,8 @@ class KubeMock:
             async def __call__(self, raw_request):
                 if raw_request.path.endswith("/exec") and mock.exec_handler is not None:
                     return await mock._exec(raw_request)
+                if raw_request.method == "POST" and raw_request.query.get("dryRun") == "All":
+                    return await mock._dry_run(raw_request)
                 return await super().__call__(raw_request)
 
         self._stop = self._asyncio.Event()
@@ -145,6 +150,19 @@ class KubeMock:
             await self._stop.wait()
 
     exec_handler = None
+    # A server-side dry run's verdict: `refuse(path, body)` -> None to accept, or the API server's
+    # message for a 400 (what a real one says of a field its CRD does not know, say).
+    refuse = None
+
+    async def _dry_run(self, raw_request):
+        from aiohttp import web
+
+        body = await raw_request.json()
+        self.dry_runs.append((raw_request.path_qs, body))
+        if self.refuse is not None and (message := self.refuse(raw_request.path, body)):
+            return web.json_response({"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": 400,
+                                      "reason": "BadRequest", "message": message}, status=400)
+        return web.json_response(body, status=201)
 
     def serve_exec(self, handler) -> None:
         """Answer pod exec: `await handler(pod, container, command)` -> (stdout bytes, exit code),

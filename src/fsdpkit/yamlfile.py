@@ -57,12 +57,36 @@ def describe_yaml_error(e: yaml.YAMLError) -> str:
     return f"line {mark.line + 1}, column {mark.column + 1}: {what}" if mark else what
 
 
+# Plain scalars that some reader takes for something other than a string: YAML 1.2's core schema
+# (kubectl, Go's YAML libraries: `1e-08`, `0o17`, `.5`), YAML 1.1 (PyYAML, older Go: `yes`, `on`,
+# `y`, `1_000`, `1:30`). PyYAML's dumper quotes only what YAML 1.1 as PyYAML reads it would change,
+# so `1e-08` went out plain and kubectl read a number where the pod's command needs a string.
+_NOT_A_STRING = re.compile(r"""^(?:
+    [-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)?   # 1, 1.5, .5, 1e-08, 1_000
+  | [-+]?0(?:[bB][01_]+|[oO]?[0-7_]+|[xX][0-9a-fA-F_]+)                  # 0b101, 0o17, 017, 0x1f
+  | [-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+(?:\.[0-9_]*)?                     # 1:30 (base 60)
+  | [-+]?\.(?:inf|Inf|INF) | \.(?:nan|NaN|NAN)
+  | y|Y|yes|Yes|YES|n|N|no|No|NO|true|True|TRUE|false|False|FALSE|on|On|ON|off|Off|OFF
+  | ~|null|Null|NULL|=|<<
+)$""", re.X)
+
+
 class _PlainDumper(yaml.SafeDumper):
     """A dict used twice (two replicas' pod templates) is written twice, not as &id001 / *id001:
-    anchors are valid YAML but unreadable in a manifest, and some tools reject them."""
+    anchors are valid YAML but unreadable in a manifest, and some tools reject them. A string that
+    any YAML reader could take for a number, bool or null is quoted."""
 
     def ignore_aliases(self, data: Any) -> bool:
         return True
+
+
+def _represent_str(dumper: yaml.SafeDumper, data: str) -> yaml.Node:
+    if _NOT_A_STRING.match(data):
+        return dumper.represent_scalar("tag:yaml.org,2002:str", data, style="'")
+    return dumper.represent_str(data)
+
+
+_PlainDumper.add_representer(str, _represent_str)
 
 
 def dump(doc: Any) -> str:

@@ -57,7 +57,7 @@ def test_list_on_a_pvc_runs_a_helper_pod_and_removes_it(kube, tmp_path):
     def kubelet():
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            posts = [b for m, p, b in kube.requests() if m == "POST" and p.endswith("/pods")]
+            posts = [b for m, p, b in kube.requests() if m == "POST" and p.split("?")[0].endswith("/pods")]
             if posts:
                 name = posts[0]["metadata"]["name"]
                 kube.route(f"get /api/v1/namespaces/default/pods/{name}/log", listing.encode())
@@ -71,7 +71,7 @@ def test_list_on_a_pvc_runs_a_helper_pod_and_removes_it(kube, tmp_path):
     t.join()
     assert r.returncode == 0, r.stderr
     assert [x["name"] for x in json.loads(r.stdout)["data"]][:2] == ["step-00000010", "step-00000020"]
-    pod = next(b for m, p, b in kube.requests() if m == "POST" and p.endswith("/pods"))
+    pod = next(b for m, p, b in kube.requests() if m == "POST" and p.split("?")[0].endswith("/pods"))
     spec = pod["spec"]
     assert spec["containers"][0]["command"] == ["python", "-m", "fsdpkit", "ckpt", "list", "/ckpt/llama/checkpoints",
                                                 "--json"]

@@ -254,14 +254,17 @@ def test_addons_install_twice_creates_each_object_once(kube, tmp_path):
     assert [a for c, a in steps[0] if c == "trainer"] == ["exists", "created"]   # upstream's, then fsdpkit-torch
     assert [a for c, a in steps[1] if c == "trainer"] == ["exists", "exists"]
     assert "training-operator" not in actions[0]  # the legacy v1 operator only when named
-    (runtime,) = [b for m, p, b in kube.requests() if m == "POST" and p.endswith("/clustertrainingruntimes")
+    (runtime,) = [b for m, p, b in kube.requests()
+                  if m == "POST" and p.split("?")[0].endswith("/clustertrainingruntimes")
                   and b["metadata"]["name"] == "fsdpkit-torch"]
     assert not list(crd_validator("trainer.kubeflow.org_clustertrainingruntimes.yaml").iter_errors(runtime))
     assert actions[0]["kuberay"].startswith("not run (helm not installed)")
     steps = {s["component"]: s for s in json.loads(first.stdout)["data"]["steps"]}
     assert "--version 1.4.2" in steps["kuberay"]["what"]
-    posts = [p for m, p, _ in kube.requests() if m == "POST"]
-    assert sorted(p for p in posts if "kube-system" in p or "/default/" in p) == [
+    posts = [p for m, p, _ in kube.requests() if m == "POST" and ("kube-system" in p or "/default/" in p)]
+    assert all(p.endswith("?fieldValidation=Strict") for p in posts)   # fsdpkit's own creates are strict
+    posts = [p.split("?")[0] for p in posts]
+    assert sorted(posts) == [
         "/api/v1/namespaces/default/services", "/apis/apps/v1/namespaces/default/deployments",
         "/apis/apps/v1/namespaces/kube-system/daemonsets", "/apis/apps/v1/namespaces/kube-system/daemonsets"]
     created = [b for m, p, b in kube.requests() if m == "POST" and ("kube-system" in p or "/default/" in p)]

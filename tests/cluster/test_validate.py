@@ -24,7 +24,7 @@ def play(kube, path_suffix, react, count=1):
     def loop():
         handled, deadline = 0, time.monotonic() + 30
         while handled < count and time.monotonic() < deadline:
-            posts = [b for m, p, b in kube.requests() if m == "POST" and p.endswith(path_suffix)
+            posts = [b for m, p, b in kube.requests() if m == "POST" and p.split("?")[0].endswith(path_suffix)
                      and b["metadata"]["name"].startswith("fsdpkit-")]
             for body in posts[handled:]:
                 react(body)

@@ -11,6 +11,7 @@ import sys
 import time
 
 import pytest
+import yaml
 
 from conftest import ROOT, run_cli
 from job_specs import GROUP, PLURAL, TOKEN, VERSION, job_cli, set_conditions, write_spec, writes
@@ -41,9 +42,9 @@ def test_submit_creates_exactly_secret_pvc_and_job_and_no_secret_value_leaks(kub
     assert out["created"] == ["Secret/llama-tiny-hf-token", "PersistentVolumeClaim/llama-tiny-ckpt",
                               "PyTorchJob/llama-tiny"]
     posts = [(p, body) for m, p, body in kube.requests() if m == "POST"]
-    assert [p for p, _ in posts] == ["/api/v1/namespaces/default/secrets",
-                                     "/api/v1/namespaces/default/persistentvolumeclaims",
-                                     "/apis/kubeflow.org/v1/namespaces/default/pytorchjobs"]
+    assert [p for p, _ in posts] == [f"{path}?fieldValidation=Strict" for path in (
+        "/api/v1/namespaces/default/secrets", "/api/v1/namespaces/default/persistentvolumeclaims",
+        "/apis/kubeflow.org/v1/namespaces/default/pytorchjobs")]
     secret, pvc, job = (b for _, b in posts)
     # The token travels only inside the Secret ...
     assert secret["stringData"] == {"token": TOKEN}
@@ -195,7 +196,7 @@ def test_failed_job_is_resubmitted_within_its_budget_and_resumes(kube, tmp_path)
         assert time.monotonic() < deadline and waiter.poll() is None, waiter.communicate()
         time.sleep(0.2)
     assert attempt()[1] is None  # a fresh job, not the failed one patched
-    job = [b for m, p, b in kube.requests() if m == "POST" and p.endswith("/pytorchjobs")][-1]
+    job = [b for m, p, b in kube.requests() if m == "POST" and p.split("?")[0].endswith("/pytorchjobs")][-1]
     command = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["command"]
     assert command[command.index("--resume_from_checkpoint") + 1] == "auto"
     set_conditions(kube, "llama-tiny", "Created", "Running", "Failed")  # fails again: budget spent
@@ -217,11 +218,11 @@ def test_unreachable_cluster_is_one_line(tmp_path):
 
 
 def test_hyperpod_job_on_the_kubeflow_operator_carries_health_affinity_and_auto_resume(kube, tmp_path):
-    spec = write_spec(tmp_path, backend="hyperpod", instance_type="ml.p5.48xlarge",
+    spec = write_spec(tmp_path, backend="hyperpod", instance_type="ml.p5.48xlarge", namespace="kubeflow",
                       hyperpod={"operator": "kubeflow", "instance_group": "gpu-workers", "max_retry": 5})
     r = job_cli(kube, "submit", str(spec))
     assert r.returncode == 0, r.stderr
-    job = [b for m, p, b in kube.requests() if m == "POST" and p.endswith("/pytorchjobs")][-1]
+    job = [b for m, p, b in kube.requests() if m == "POST" and p.split("?")[0].endswith("/pytorchjobs")][-1]
     ann = job["metadata"]["annotations"]
     assert ann["sagemaker.amazonaws.com/enable-job-auto-resume"] == "true"
     assert ann["sagemaker.amazonaws.com/job-max-retry-count"] == "5"
@@ -234,7 +235,7 @@ def test_hyperpod_job_on_the_kubeflow_operator_carries_health_affinity_and_auto_
     assert deep["key"] == "sagemaker.amazonaws.com/deep-health-check-status"
     assert pod["nodeSelector"] == {"node.kubernetes.io/instance-type": "ml.p5.48xlarge",
                                    "sagemaker.amazonaws.com/instance-group-name": "gpu-workers"}
-    r = job_cli(kube, "status", "llama-tiny", "--json")
+    r = job_cli(kube, "status", "llama-tiny", "-n", "kubeflow", "--json")
     assert json.loads(r.stdout)["data"]["backend"] == "pytorchjob"  # read back as the PyTorchJob it is
 
 
@@ -247,7 +248,7 @@ def test_hyperpod_training_operator_job_submit_status_logs_and_wait(kube, tmp_pa
     r = job_cli(kube, "submit", str(spec), "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["data"]["created"][-1] == "HyperPodPyTorchJob/llama-tiny"
-    job = [b for m, p, b in kube.requests() if m == "POST" and p.endswith("/hyperpodpytorchjobs")][-1]
+    job = [b for m, p, b in kube.requests() if m == "POST" and p.split("?")[0].endswith("/hyperpodpytorchjobs")][-1]
     policy = job["spec"]["runPolicy"]
     assert policy["jobMaxRetryCount"] == 5 and policy["restartPolicy"]["numRestartBeforeFullJobRestart"] == 3
     assert [rule["name"] for rule in policy["logMonitoringConfiguration"]] == [
@@ -279,7 +280,7 @@ def test_hyperpod_training_operator_job_submit_status_logs_and_wait(kube, tmp_pa
 
 def test_network_check_reads_nccl_lines_from_the_logs(kube, tmp_path):
     assert job_cli(kube, "submit", str(write_spec(tmp_path, diagnose_network=True))).returncode == 0
-    job = [b for m, p, b in kube.requests() if m == "POST" and p.endswith("/pytorchjobs")][-1]
+    job = [b for m, p, b in kube.requests() if m == "POST" and p.split("?")[0].endswith("/pytorchjobs")][-1]
     env = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["env"]
     assert {"name": "NCCL_DEBUG", "value": "INFO"} in env
     make_pod(kube, "llama-tiny", "Master", 0)
@@ -335,3 +336,60 @@ def test_missing_operator_crd_is_one_line_and_rolled_back(kube, tmp_path):
         "error: creating PyTorchJob/llama-tiny: the API server does not know it")
     assert "Kubeflow training operator" in r.stderr
     assert [m for m, _ in writes(kube)].count("DELETE") == 2  # the Secret and the PVC it had created
+
+
+JOBS_PATH = "/apis/kubeflow.org/v1/namespaces/default/pytorchjobs"
+UNKNOWN_FIELD = 'PyTorchJob in version "v1" cannot be handled as a PyTorchJob: strict decoding error: unknown ' \
+    'field "spec.runPolicy.ttlSecondsAfterFinished"'
+
+
+def test_every_create_is_strict_and_an_unknown_field_is_named(kube, tmp_path):
+    """A real API server prunes a field its CRD does not know unless the create asks for strict
+    field validation; fsdpkit always asks, so an older operator refuses instead of running a job
+    without what it was told."""
+    import kmock
+
+    assert job_cli(kube, "submit", str(write_spec(tmp_path))).returncode == 0
+    posts = [p for m, p, _ in kube.requests() if m == "POST"]
+    assert len(posts) == 3 and all("fieldValidation=Strict" in p for p in posts), posts
+
+    # What an API server with an older PyTorchJob CRD answers.
+    older_crd = kmock.KubernetesError(status=400, reason="BadRequest", message=UNKNOWN_FIELD)
+    kube.route(("post " + JOBS_PATH, kmock.params(fieldValidation="Strict")), older_crd)
+    r = job_cli(kube, "submit", str(write_spec(tmp_path, name="other")))
+    assert r.returncode == 3
+    assert r.stderr.strip().splitlines()[-1] == f"error: creating PyTorchJob/other: 400 {UNKNOWN_FIELD}"
+    # What this submit made before the job was refused is gone again.
+    assert [w for w in writes(kube) if w[0] == "DELETE"] == [
+        ("DELETE", "/api/v1/namespaces/default/persistentvolumeclaims/other-ckpt"),
+        ("DELETE", "/api/v1/namespaces/default/secrets/other-hf-token")]
+
+
+def test_a_server_dry_run_has_the_api_server_check_every_object_and_stores_nothing(kube, tmp_path):
+    spec = write_spec(tmp_path)
+    r = job_cli(kube, "submit", str(spec), "--dry-run=server", "--json")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)["data"]
+    kinds = ["Secret/llama-tiny-hf-token", "PersistentVolumeClaim/llama-tiny-ckpt", "PyTorchJob/llama-tiny"]
+    assert data["dry_run"] == "server" and data["accepted"] == kinds
+    assert [p for p, _ in kube.dry_runs] == [
+        "/api/v1/namespaces/default/secrets?dryRun=All&fieldValidation=Strict",
+        "/api/v1/namespaces/default/persistentvolumeclaims?dryRun=All&fieldValidation=Strict",
+        JOBS_PATH + "?dryRun=All&fieldValidation=Strict"]
+    assert TOKEN not in json.dumps(kube.dry_runs) and TOKEN not in r.stdout   # the Secret went with its placeholder
+    assert writes(kube) == [] and kube.get_job("llama-tiny") is None
+    # The server refuses a field its CRD does not know: one line, exit 3, nothing made.
+    kube.refuse = lambda path, body: UNKNOWN_FIELD if path == JOBS_PATH else None
+    r = job_cli(kube, "submit", str(spec), "--dry-run=server")
+    assert (r.returncode, r.stderr) == (3, f"error: server dry run of PyTorchJob/llama-tiny: 400 {UNKNOWN_FIELD}\n")
+    assert writes(kube) == []
+    # A client dry run asks no server; `-o yaml` prints what would be created, as kubectl would read it.
+    r = job_cli(kube, "submit", str(spec), "--dry-run", "-o", "yaml")
+    assert r.returncode == 0, r.stderr
+    assert [f"{o['kind']}/{o['metadata']['name']}" for o in yaml.safe_load_all(r.stdout)] == kinds
+    assert len(kube.dry_runs) == 6 and writes(kube) == []   # 3 and 3 from the two server dry runs
+    # No API server behind the local backend to ask.
+    r = job_cli(kube, "submit", str(spec), "--set", "backend=local", "--set", "nodes=1", "--set",
+                "instance_type=", "--dry-run=server")
+    assert (r.returncode, r.stderr) == (2, "error: --dry-run=server: the local backend has no API server to ask; "
+                                           "use --dry-run\n")

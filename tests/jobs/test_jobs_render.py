@@ -63,15 +63,18 @@ KINDS = {
 }
 
 
-@pytest.mark.parametrize("backend", list(KINDS))
-@pytest.mark.parametrize("nodes", [n for n, _ in LAYOUTS], ids=[i for _, i in LAYOUTS])
+# hyperpodrun runs a fixed number of nodes (an elastic range is refused at render: see below).
+@pytest.mark.parametrize(("backend", "nodes"), [(b, n) for b in KINDS for n, _ in LAYOUTS
+                                                 if not (b == "hyperpod" and ":" in n)],
+                         ids=[f"{i}-{b}" for b in KINDS for n, i in LAYOUTS if not (b == "hyperpod" and ":" in n)])
 def test_every_manifest_validates_against_the_real_schemas(backend, nodes):
     """TrainJobs are checked in test_trainjob.py, with the JobSet they become."""
     validator = crd_validator("kubeflow.org_pytorchjobs.yaml")
     kind, render, own = KINDS[backend]
     checked = 0
     for instance in INSTANCES:
-        extra = {"hyperpod": {"operator": "kubeflow"}} if backend == "hyperpod-kubeflow" else {}
+        extra = {"hyperpod": {"operator": "kubeflow"}, "namespace": "kubeflow"} if backend == "hyperpod-kubeflow" \
+            else {}
         spec = spec_for(backend.split("-")[0], nodes, instance, storage={"size": "100Gi", "storage_class": "fsx-sc"},
                         cpu="8", memory="64Gi", **extra)
         objs = render(spec)
@@ -277,6 +280,66 @@ def test_hyperpod_job_kind_matches_the_official_template():
     assert container["command"][0] == "hyperpodrun"
 
 
+def test_hyperpodrun_parses_the_command_with_sigterm_and_the_checkpoint_s_time(monkeypatch):
+    """The rendered worker command through the HyperPod elastic agent's own parser and config (what
+    `hyperpodrun` runs first): SIGTERM, not its default SIGKILL, and the planned grace, not its
+    default 15 s, so the trainer's checkpoint finishes before anything is killed."""
+    import signal
+
+    agent = pytest.importorskip("hyperpod_elastic_agent.run", reason="make venv installs hyperpod-elastic-agent")
+    from torch.distributed.run import config_from_args, get_args_parser
+
+    from fsdpkit.jobs.command import job_grace
+    from fsdpkit.train.config import parse_args
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # torch's config_from_args would set it in this process
+    spec = load_spec(ROOT / "examples" / "jobs" / "hyperpod-p5.yaml")
+    pod = hyperpod.render(spec)[-1]["spec"]["replicaSpecs"][0]["template"]["spec"]
+    command = pod["containers"][0]["command"]
+    assert command[0] == "hyperpodrun"
+    # hyperpodrun is torchrun's parser plus the agent's options. torch >= 2.12's torchrun has a
+    # --shutdown-timeout of its own, and agent 1.1.3 needs torch < 2.12 (its Requires-Dist), so on this
+    # torch each parser reads its own options, unchanged: the agent's first, torchrun's the rest.
+    import argparse
+
+    def parse(argv):
+        own = argparse.ArgumentParser(add_help=False)
+        agent.add_additional_hyperpod_args(own)
+        mine, rest = own.parse_known_args(argv)
+        return argparse.Namespace(**{**vars(get_args_parser().parse_args(rest)), **vars(mine)})
+
+    args = parse(command[1:])
+    _, _, shutdown = agent.additional_hyperpod_config_from_args(args)
+    grace = job_grace(spec)
+    assert shutdown.shutdown_signal == signal.SIGTERM
+    assert shutdown.shutdown_timeout == grace.seconds - hyperpod.AGENT_MARGIN > grace.write_s * 1.2
+    assert pod["terminationGracePeriodSeconds"] == grace.seconds   # the kubelet waits longer than the agent
+    config, _entry, entry_args = config_from_args(args)
+    assert config.min_nodes == config.max_nodes == 4   # what run() asserts before it starts anything
+    assert config.nproc_per_node == 8
+    cfg, _ = parse_args(entry_args[entry_args.index("fsdpkit.train") + 1:])
+    assert cfg.checkpoint.resume_from_checkpoint == "auto" and cfg.checkpoint.checkpoint_dir.startswith("/checkpoints")
+    # Without a planned grace (no storage), Kubernetes' 30 s, and still SIGTERM.
+    bare = hyperpod.render(load_spec(ROOT / "examples" / "jobs" / "hyperpod-p5.yaml", [("storage", {})]))[-1]
+    pod = bare["spec"]["replicaSpecs"][0]["template"]["spec"]
+    args = parse(pod["containers"][0]["command"][1:])
+    assert (args.shutdown_signal, args.shutdown_timeout, pod["terminationGracePeriodSeconds"]) == ("SIGTERM", 15, 30)
+
+
+def test_an_elastic_range_hyperpodrun_refuses_is_refused_at_render():
+    with pytest.raises(UserError, match=r"^nodes: 2:4 is a range, and HyperPod's elastic agent "
+                                        r"\(hyperpod-elastic-agent==1.1.3\) starts a fixed number of nodes; give "
+                                        r"nodes: 4, or hyperpod.operator: kubeflow for an elastic PyTorchJob$"):
+        spec_for("hyperpod", "2:4", "ml.p5.48xlarge")
+    # The Kubeflow variant is elastic through torchrun, and runs where HyperPod's auto-resume acts.
+    spec = spec_for("hyperpod", "2:4", "ml.p5.48xlarge", hyperpod={"operator": "kubeflow"}, namespace="kubeflow")
+    assert hyperpod.render(spec)[-1]["spec"]["elasticPolicy"]["maxReplicas"] == 4
+    with pytest.raises(UserError, match=r"^namespace: HyperPod resumes a Kubeflow PyTorchJob only in the kubeflow "
+                                        r"namespace or one whose name starts with hyperpod, not 'default'"):
+        spec_for("hyperpod", "2", "ml.p5.48xlarge", hyperpod={"operator": "kubeflow"})
+    assert spec_for("hyperpod", "2", "ml.p5.48xlarge", hyperpod={"operator": "kubeflow", "auto_resume": False})
+
+
 @pytest.mark.parametrize("instance", ["p5.48xlarge", "p4d.24xlarge", "g5.xlarge"])
 def test_slurm_script_parses_and_carries_rendezvous_and_efa(instance):
     spec = spec_for("slurm", "4", instance, slurm={"partition": "gpu", "container_image": "nvcr.io#nvidia/pytorch"},
@@ -409,7 +472,7 @@ def test_colon_values_are_not_base_60_numbers(tmp_path):
 def test_an_older_spec_s_hyperpod_kind_names_the_operator():
     for kind, operator, made in (("HyperPodPyTorchJob", "hyperpod", "HyperPodPyTorchJob"),
                                  ("PyTorchJob", "kubeflow", "PyTorchJob")):
-        spec = spec_for("hyperpod", "2", "ml.p5.48xlarge", hyperpod={"kind": kind})
+        spec = spec_for("hyperpod", "2", "ml.p5.48xlarge", hyperpod={"kind": kind}, namespace="hyperpod-ns")
         assert spec.hyperpod.operator == operator and hyperpod.render(spec)[-1]["kind"] == made
     with pytest.raises(UserError, match=r"^hyperpod.operator: 'slurm' is not a HyperPod job operator; choose one of: "
                                         r"hyperpod, kubeflow"):

@@ -105,7 +105,7 @@ def test_ray_up_twice_makes_one_cluster_and_waits_for_the_head(kube, tmp_path):
     r = run_cli("ray", "up", str(path), "--json", env=kube.env)
     assert r.returncode == 0 and json.loads(r.stdout)["data"]["action"] == "reused"
     posts = [p for m, p, _ in kube.requests() if m == "POST"]
-    assert posts == ["/apis/ray.io/v1/namespaces/default/rayclusters"]
+    assert posts == ["/apis/ray.io/v1/namespaces/default/rayclusters?fieldValidation=Strict"]
 
     r = run_cli("ray", "up", str(write(tmp_path, nodes=4)), env=kube.env)
     assert r.returncode == 2
@@ -115,7 +115,7 @@ def test_ray_up_twice_makes_one_cluster_and_waits_for_the_head(kube, tmp_path):
     r = run_cli("ray", "submit", str(path), "--job-name", "grpo", "--entrypoint-gpus", "1", "--json", "--",
                 "python", "-m", "verl.trainer.main_ppo", env=kube.env)
     assert r.returncode == 0, r.stderr
-    job = next(b for m, p, b in kube.requests() if m == "POST" and p.endswith("/rayjobs"))
+    job = next(b for m, p, b in kube.requests() if m == "POST" and p.split("?")[0].endswith("/rayjobs"))
     assert job["spec"]["entrypoint"] == "python -m verl.trainer.main_ppo" and job["spec"]["entrypointNumGpus"] == 1
 
     r = run_cli("ray", "down", "verl", env=kube.env)

@@ -5,7 +5,6 @@ the JobSet's pods appear, conditions move, a failure is resubmitted within its b
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import subprocess
@@ -21,7 +20,7 @@ from fsdpkit.jobs.spec import load_spec
 
 from conftest import ROOT, run_cli
 from job_specs import TOKEN, job_cli, write_spec, writes
-from manifest_schemas import IMAGE, SCHEMAS, crd_validator, pod_of, validate_builtin
+from manifest_schemas import IMAGE, SCHEMAS, crd_validator, jobset_of, pod_of, validate_builtin
 
 PLURAL = "trainjobs"
 UPSTREAM = SCHEMAS / "examples" / "kubeflow-trainer_torch_distributed_runtime.yaml"
@@ -33,40 +32,6 @@ def spec_for(nodes="2", instance="p5.48xlarge", **extra):
            "secrets": [{"env": "WANDB_API_KEY", "secret": "wandb", "key": "api-key"}],
            "priority_class": "high", "train": {"preset": "tiny", "checkpoint_freq": 50}, **extra}
     return load_spec(None, list(doc.items()))
-
-
-def _merge_pod(pod, job):
-    """The runtime patch on a runtime's pod, as Trainer v2 applies it: containers by name, lists
-    appended, the rest set."""
-    t = job["spec"]["trainer"]
-    patch = job["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
-    pod_patch = patch["template"]["spec"]["template"]
-    pod.setdefault("metadata", {}).setdefault("labels", {}).update(pod_patch["metadata"]["labels"])
-    spec = pod["spec"]
-    node = next(c for c in spec["containers"] if c["name"] == trainer.NODE)
-    node.update(image=t["image"], command=t["command"], resources=t.get("resourcesPerNode", {}))
-    node["env"] = [*node.get("env", []), *t["env"],
-                   {"name": "PET_NNODES", "value": str(t["numNodes"])},
-                   {"name": "PET_NPROC_PER_NODE", "value": str(t["numProcPerNode"])}]
-    for k, v in pod_patch["spec"].items():
-        if k == "containers":
-            node["volumeMounts"] = [*node.get("volumeMounts", []), *v[0]["volumeMounts"]]
-        elif isinstance(v, list):
-            spec[k] = [*spec.get(k, []), *v]
-        else:
-            spec[k] = v
-    return pod
-
-
-def jobset_of(job, runtime):
-    """The JobSet Trainer v2 makes of `job` on `runtime`, as far as its shape goes."""
-    spec = copy.deepcopy(runtime["spec"]["template"]["spec"])
-    node = next(r for r in spec["replicatedJobs"] if r["name"] == trainer.NODE)
-    node["template"]["spec"].update(parallelism=job["spec"]["trainer"]["numNodes"],
-                                    completions=job["spec"]["trainer"]["numNodes"], completionMode="Indexed")
-    _merge_pod(node["template"]["spec"]["template"], job)
-    return {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
-            "metadata": {"name": job["metadata"]["name"], "namespace": job["metadata"]["namespace"]}, "spec": spec}
 
 
 def _errors(validator, obj):
@@ -180,9 +145,9 @@ def test_submit_status_logs_and_delete_of_a_trainjob(kube, tmp_path):
     assert json.loads(r.stdout)["data"]["created"] == [
         "Secret/llama-tiny-hf-token", "PersistentVolumeClaim/llama-tiny-ckpt", "TrainJob/llama-tiny"]
     posts = [(p, b) for m, p, b in kube.requests() if m == "POST"]
-    assert [p for p, _ in posts] == ["/api/v1/namespaces/default/secrets",
-                                     "/api/v1/namespaces/default/persistentvolumeclaims",
-                                     "/apis/trainer.kubeflow.org/v1alpha1/namespaces/default/trainjobs"]
+    assert [p for p, _ in posts] == [f"{path}?fieldValidation=Strict" for path in (
+        "/api/v1/namespaces/default/secrets", "/api/v1/namespaces/default/persistentvolumeclaims",
+        "/apis/trainer.kubeflow.org/v1alpha1/namespaces/default/trainjobs")]
     assert TOKEN not in json.dumps(posts[-1][1])
 
     states = []

@@ -203,6 +203,15 @@ def test_sigterm_saves_a_complete_checkpoint_within_grace_period(tmp_path, nproc
     assert [m["step"] for m in read_metrics(tmp_path / "run2")] == [latest.step + 1, latest.step + 2]
 
 
+def test_hyperpods_graceful_stop_signal_saves_a_checkpoint_too(tmp_path):
+    """HyperPod's elastic agent stops workers gracefully with SIGUSR1, whose default action ends a
+    process at once: the worker stops after its step and saves, as on SIGTERM."""
+    proc, _, _ = _train_until(tmp_path, "1", signal.SIGUSR1)
+    assert proc.returncode == 143
+    (latest,) = list_checkpoints(tmp_path / "ckpt")
+    assert latest.step == [m["step"] for m in read_metrics(tmp_path / "run")][-1] >= 3
+
+
 def test_ckpt_list_and_show(two_rank_run, tmp_path, cli):
     root = tmp_path / "ckpts"
     shutil.copytree(two_rank_run / "ckpt", root, ignore=shutil.ignore_patterns(".*.tmp"))

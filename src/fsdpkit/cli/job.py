@@ -78,6 +78,8 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
+    if args.output and not args.dry_run:
+        raise UserError("-o yaml prints what a dry run would create; add --dry-run")
     spec = _spec(args)
     check_hub_access(spec)
     backend = _backend(args, spec)
@@ -94,7 +96,12 @@ def cmd_submit(args: argparse.Namespace) -> int:
             return emit_json(result, 1, _ended(result["final"]), hint=_why(spec.name))
         return emit_json(result)
     if args.dry_run:
-        print(f"dry run: would create {', '.join(result.get('objects') or [str(result.get('command') or result)])}")
+        if args.output == "yaml":
+            print(backend.render(spec).text(), end="")
+            return 0
+        made = result.get("objects") or [str(result.get("command") or result.get("script") or result)]
+        checked = " (the API server accepted each)" if result.get("accepted") else ""
+        print(f"dry run: would create {', '.join(made)}{checked}; -o yaml prints them")
         return 0
     made = result.get("created") or [result.get("script") or result.get("dir")]
     print(f"submitted {spec.name} ({spec.backend}): {', '.join(map(str, made))}")
@@ -303,7 +310,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("submit", help="create the job (Secret, PVC and job on a cluster; a process locally)")
     spec_args(p)
-    p.add_argument("--dry-run", action="store_true", help="validate and show what would be created")
+    p.add_argument("--dry-run", nargs="?", const="client", choices=("client", "server"),
+                   help="validate and show what would be created; --dry-run=server also has the API server check "
+                   "every object (schema, unknown fields, admission) without storing it")
+    p.add_argument("-o", "--output", choices=("yaml",), help="with --dry-run: print the manifests (or script) "
+                   "instead of their names")
     p.add_argument("--replace", action="store_true", help="delete a job of the same name first")
     p.add_argument("--strict", action="store_true", help="refuse a job the capacity planner says cannot fit")
     p.add_argument("--wait", action="store_true", help="wait for the job to end; exit code from its result")

@@ -66,7 +66,7 @@ def ensure(api_client: Any, obj: dict[str, Any]) -> str:
     if _found(f"reading {describe(obj)}", lambda: _call(api_client, obj, "read", _preload_content=False)):
         return "exists"
     with api_errors(f"creating {describe(obj)}"):
-        _call(api_client, obj, "create", obj)
+        _call(api_client, obj, "create", obj, field_validation="Strict")
     return "created"
 
 

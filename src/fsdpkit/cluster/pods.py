@@ -40,7 +40,7 @@ def run_pods(api_client: Any, namespace: str, pods: list[dict[str, Any]], timeou
         for pod in pods:
             name = pod["metadata"]["name"]
             with api_errors(f"creating pod {name}", host):
-                core.create_namespaced_pod(namespace, pod)
+                core.create_namespaced_pod(namespace, pod, field_validation="Strict")
             created.append(name)
         deadline = time.monotonic() + timeout
         phases: dict[str, str] = {}

@@ -112,7 +112,8 @@ def validate_nccl(api_client: Any, nodes: int, instance_type: str, namespace: st
     job = nccl_mpijob(name, namespace, nodes, instance_type, image)
     try:
         with api_errors("creating the nccl-tests MPIJob", host):
-            custom.create_namespaced_custom_object("kubeflow.org", "v2beta1", namespace, "mpijobs", job)
+            custom.create_namespaced_custom_object("kubeflow.org", "v2beta1", namespace, "mpijobs", job,
+                                                   field_validation="Strict")
     except Exception as e:
         if is_not_found(e):
             raise ClusterError("the MPIJob CRD (kubeflow.org/v2beta1) is not installed; run `fsdpkit cluster addons "

@@ -1,18 +1,30 @@
-"""Will a job's training fit its GPUs: the capacity planner's verdict on a spec, and the one rule
-for a job that will not fit (a warning; with --strict an error before anything is submitted)."""
+"""Will a job's training fit its GPUs, and can it keep its work: the capacity planner's verdict on a
+spec, and the one rule for a job that will not fit or has nowhere to keep a checkpoint (a warning;
+with --strict an error before anything is submitted)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
-from fsdpkit.errors import UserError
+from fsdpkit.errors import UserError, hint_of
 from fsdpkit.jobs.spec import JobSpec, train_config
 from fsdpkit.plan.planner import Plan, advice, plan_config
 
 
 class DoesNotFit(UserError):
-    """--strict and the planner says the job will not fit."""
+    """--strict and a warning: the planner says the job will not fit, or it cannot keep a checkpoint."""
+
+
+def unkept(spec: JobSpec) -> str | None:
+    """Why a job would lose its work, where it would: several GPU nodes running fsdpkit's trainer
+    with no storage that outlives a pod, so a checkpoint is lost with its node."""
+    if spec.command is None and spec.nodes.max > 1 and spec.gpus and not spec.storage.enabled:
+        where = "storage.shared_path (a directory every node mounts)" if spec.backend == "slurm" else \
+            "storage.claim (an existing PVC such as FSx for Lustre) or storage.size"
+        return (f"storage: a {spec.nodes}-node GPU job with no storage cannot keep a checkpoint, so one lost node "
+                f"loses the whole run; give {where}")
+    return None
 
 
 def check_job(spec: JobSpec) -> tuple[Plan, str] | None:
@@ -25,7 +37,12 @@ def check_job(spec: JobSpec) -> tuple[Plan, str] | None:
 
 
 def capacity(spec: JobSpec, strict: bool, warn: Callable[[str], None]) -> dict[str, Any] | None:
-    """The verdict as data; a job that will not fit is `warn`ed about, or with `strict` refused."""
+    """The verdict as data; a job that will not fit, or cannot keep its checkpoints, is `warn`ed
+    about, or with `strict` refused."""
+    if why := unkept(spec):
+        if strict:
+            raise DoesNotFit(f"{why}; not submitted (--strict)", hint=hint_of(why))
+        warn(why)
     checked = check_job(spec)
     if checked is None:
         return None

@@ -10,8 +10,9 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from fsdpkit.cluster import pod_rules
 from fsdpkit.jobs import manifests as m
-from fsdpkit.jobs.command import trainer_flags
+from fsdpkit.jobs.command import grace_seconds, trainer_flags
 from fsdpkit.jobs.log_rules import log_monitoring
 from fsdpkit.jobs.spec import JobSpec
 
@@ -23,6 +24,8 @@ MAX_RETRY = "sagemaker.amazonaws.com/job-max-retry-count"
 AGENT_PORT = 8080  # the elastic agent's server, which the operator talks to
 # libfabric registers EFA buffers in 2 MiB pages; HyperPod's AMIs reserve them and AWS's examples ask.
 HUGEPAGES = {"hugepages-2Mi": "5120Mi"}
+DEFAULT_GRACE = 30   # Kubernetes' terminationGracePeriodSeconds when a pod names none
+AGENT_MARGIN = 15    # seconds hyperpodrun keeps for itself between its workers' deadline and SIGKILL
 
 
 def _with_required(affinity: dict[str, Any], expr: dict[str, Any]) -> None:
@@ -66,13 +69,27 @@ def pytorchjob_manifest(spec: JobSpec) -> dict[str, Any]:
     return job
 
 
+def pod_grace(spec: JobSpec) -> int:
+    """terminationGracePeriodSeconds of a HyperPod pod: the planned grace, else Kubernetes' 30 s."""
+    return grace_seconds(spec) or DEFAULT_GRACE
+
+
+def shutdown_timeout(spec: JobSpec) -> int:
+    """How long hyperpodrun lets its workers stop after SIGTERM before it kills them: the pod's grace
+    less the agent's own margin, so the agent is done before the kubelet's SIGKILL."""
+    return max(1, pod_grace(spec) - AGENT_MARGIN)
+
+
 def hyperpod_job_command(spec: JobSpec, root: str | None) -> list[str]:
     """HyperPod's training operator starts workers through its elastic agent, `hyperpodrun`
-    (pip package hyperpod-elastic-agent), which takes torchrun's place and reports to the operator."""
+    (pip package hyperpod-elastic-agent), which takes torchrun's place and reports to the operator.
+    Its defaults would end a stop with SIGKILL 15 s after it began; the workers get SIGTERM instead
+    (fsdpkit's trainer then saves a checkpoint after its step) and the time the checkpoint needs."""
     if spec.command is not None:
         return list(spec.command)
     # --tee=3 also writes each rank's output under --log_dir, which is where the agent's log monitor reads it.
     return ["hyperpodrun", f"--nnodes={spec.nodes}", f"--nproc-per-node={spec.procs}",
+            "--shutdown-signal=SIGTERM", f"--shutdown-timeout={shutdown_timeout(spec)}",
             "--server-host=0.0.0.0", f"--server-port={AGENT_PORT}", "--tee=3", "--log_dir=/tmp/hyperpod",
             "-m", "fsdpkit.train", *trainer_flags(spec, root)]
 
@@ -106,6 +123,7 @@ def run_policy(spec: JobSpec) -> dict[str, Any]:
 def hyperpod_job_manifest(spec: JobSpec) -> dict[str, Any]:
     root = spec.storage.root
     template = m.pod_template(spec, hyperpod_job_command(spec, root))
+    template["spec"]["terminationGracePeriodSeconds"] = pod_grace(spec)
     adapt_pod(spec, template)
     _agent_container(spec, template)
     replica: dict[str, Any] = {"name": "pod", "replicas": spec.nodes.max, "template": template}
@@ -121,6 +139,5 @@ def hyperpod_job_manifest(spec: JobSpec) -> dict[str, Any]:
 
 
 def render(spec: JobSpec) -> list[dict[str, Any]]:
-    objs = [o for o in m.render(spec) if o["kind"] != "PyTorchJob"]
     job = hyperpod_job_manifest(spec) if spec.hyperpod.operator == "hyperpod" else pytorchjob_manifest(spec)
-    return [*objs, job]
+    return pod_rules.check_objects([*m.support_objects(spec), job])

@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from fsdpkit.cluster import pod_rules
 from fsdpkit.jobs.command import grace_seconds, node_command, node_env
 from fsdpkit.jobs.spec import JobSpec
 
@@ -62,19 +63,22 @@ def env_list(spec: JobSpec) -> list[dict[str, Any]]:
 
 
 def resources(spec: JobSpec) -> dict[str, Any]:
-    """Extended resources (GPUs, EFA) must have requests == limits; memory is limited too so a
-    runaway process is killed by its own cgroup rather than starving the node; CPU is not limited
-    (throttling the data loader costs more than it saves)."""
+    """Extended resources (GPUs, EFA) must have requests == limits. cpu and memory are requested
+    (the spec's, else the pod's share of the instance); a memory the spec gives is the limit too,
+    so a runaway process is killed by its own cgroup rather than starving the node; CPU is not
+    limited (throttling the data loader costs more than it saves)."""
     requests: dict[str, Any] = {}
     limits: dict[str, Any] = {}
     if spec.gpus:
         requests[spec.accelerator_resource] = limits[spec.accelerator_resource] = spec.gpus
     if spec.efa:
         requests["vpc.amazonaws.com/efa"] = limits["vpc.amazonaws.com/efa"] = spec.efa
-    if spec.cpu:
-        requests["cpu"] = spec.cpu
+    if spec.cpu_request:
+        requests["cpu"] = spec.cpu_request
+    if spec.memory_request:
+        requests["memory"] = spec.memory_request
     if spec.memory:
-        requests["memory"] = limits["memory"] = spec.memory
+        limits["memory"] = spec.memory
     return {k: v for k, v in (("requests", requests), ("limits", limits)) if v}
 
 
@@ -163,12 +167,18 @@ def pytorchjob_manifest(spec: JobSpec) -> dict[str, Any]:
     }
 
 
-def render(spec: JobSpec) -> list[dict[str, Any]]:
-    """Everything `submit` creates, in creation order (the job last, so its volumes exist)."""
+def support_objects(spec: JobSpec) -> list[dict[str, Any]]:
+    """What every Kubernetes job of the spec needs before the job itself: its HF token Secret and
+    the PVC fsdpkit creates for it."""
     objs = []
     if spec.hf_secret_name:
         objs.append(secret_manifest(spec))
     if spec.created_claim:
         objs.append(pvc_manifest(spec))
-    objs.append(pytorchjob_manifest(spec))
     return objs
+
+
+def render(spec: JobSpec) -> list[dict[str, Any]]:
+    """Everything `submit` creates, in creation order (the job last, so its volumes exist); pods
+    the API server would refuse are refused here."""
+    return pod_rules.check_objects([*support_objects(spec), pytorchjob_manifest(spec)])

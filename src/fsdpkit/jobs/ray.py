@@ -103,7 +103,8 @@ class RayClient:
         else:
             try:
                 with api_errors(f"creating RayCluster/{spec.name}", self.host):
-                    self.custom.create_namespaced_custom_object(GROUP, VERSION, spec.namespace, "rayclusters", obj)
+                    self.custom.create_namespaced_custom_object(GROUP, VERSION, spec.namespace, "rayclusters", obj,
+                                                                field_validation="Strict")
             except Exception as e:
                 if is_not_found(e):
                     raise ClusterError("creating RayCluster: the ray.io/v1 CRD is not installed; install the "
@@ -142,5 +143,6 @@ class RayClient:
             raise Conflict(f"RayJob {job_name!r} already exists in {spec.namespace}; pick another --job-name")
         obj = rayjob_manifest(spec, entrypoint, job_name, entrypoint_gpus)
         with api_errors(f"creating RayJob/{job_name}", self.host):
-            self.custom.create_namespaced_custom_object(GROUP, VERSION, spec.namespace, "rayjobs", obj)
+            self.custom.create_namespaced_custom_object(GROUP, VERSION, spec.namespace, "rayjobs", obj,
+                                                        field_validation="Strict")
         return {"name": job_name, "cluster": spec.name, "namespace": spec.namespace}

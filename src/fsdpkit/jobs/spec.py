@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import re
 import typing
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -22,6 +23,7 @@ from fsdpkit import yamlfile
 from fsdpkit.errors import UserError
 from fsdpkit.hardware.instances import Instance, lookup
 from fsdpkit.image import pins
+from fsdpkit.image.dockerfile import HYPERPOD_AGENT
 from fsdpkit.plan.grace import cadence
 from fsdpkit.settings import Bool, Int, NodeRange, Nodes, Settings, Str, aliases, fail, load, option
 from fsdpkit.train.config import SECTIONS, CheckpointConfig, build
@@ -214,6 +216,16 @@ class JobSpec(Settings):
         return self.instance.efa if self.instance else 0
 
     @property
+    def cpu_request(self) -> str | None:
+        """The spec's cpu, else the pod's share of the instance's vCPUs (see `_node_share`)."""
+        return self.cpu or _node_share(self, lambda i: i.vcpus, "")
+
+    @property
+    def memory_request(self) -> str | None:
+        """The spec's memory, else the pod's share of the instance's memory (see `_node_share`)."""
+        return self.memory or _node_share(self, lambda i: i.memory_gib, "Gi")
+
+    @property
     def accelerator_resource(self) -> str:
         return self.instance.resource if self.instance else "nvidia.com/gpu"
 
@@ -232,6 +244,20 @@ class JobSpec(Settings):
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump()
+
+
+# A pod asks for this share of what its GPUs' part of the node has (the rest is the kubelet's, the
+# device plugins' and the node agents'). A pod that asks for no cpu or memory is BestEffort: the
+# first evicted under memory pressure, and the API server refuses hugepages without one of them.
+NODE_SHARE = 0.8
+
+
+def _node_share(spec: JobSpec, amount: Callable[[Instance], int], unit: str) -> str | None:
+    inst = spec.instance
+    if inst is None:
+        return None
+    part = spec.gpus / inst.accelerators if inst.accelerators and spec.gpus else 1.0
+    return f"{max(1, int(amount(inst) * NODE_SHARE * part))}{unit}"
 
 
 # -- loading ------------------------------------------------------------------------------------------
@@ -312,6 +338,12 @@ def _validate_identity(spec: JobSpec) -> None:
     if len(spec.name) > _NAME_MAX or not _NAME.match(spec.name):
         raise UserError(f"name: {spec.name!r} is not a valid job name: use at most {_NAME_MAX} lowercase letters, "
                         "digits and '-', starting with a letter and ending with a letter or digit (RFC 1123)")
+    hp = spec.hyperpod
+    if spec.backend == "hyperpod" and hp.operator == "kubeflow" and hp.auto_resume and \
+            not (spec.namespace == "kubeflow" or spec.namespace.startswith("hyperpod")):
+        raise UserError(f"namespace: HyperPod resumes a Kubeflow PyTorchJob only in the kubeflow namespace or one "
+                        f"whose name starts with hyperpod, not {spec.namespace!r}; set namespace: kubeflow (or "
+                        "hyperpod-...), or hyperpod.auto_resume: false")
     if spec.backend in CLUSTER_BACKENDS and not spec.image:
         raise UserError(f"image: the {spec.backend} backend runs a container image; give image: "
                         "(for example ACCOUNT.dkr.ecr.REGION.amazonaws.com/fsdpkit:TAG)")
@@ -322,6 +354,12 @@ def _validate_nodes(spec: JobSpec) -> None:
     if spec.nodes.elastic and spec.backend not in ("pytorchjob", "hyperpod"):
         raise UserError(f"nodes: elastic ranges need the pytorchjob or hyperpod backend, not {spec.backend} (a "
                         "TrainJob runs a fixed number of nodes)")
+    if spec.nodes.elastic and spec.backend == "hyperpod" and spec.hyperpod.operator == "hyperpod" and \
+            spec.command is None:
+        # hyperpodrun's run() asserts min_nodes == max_nodes ("Elastic cluster size is currently not supported").
+        raise UserError(f"nodes: {spec.nodes} is a range, and HyperPod's elastic agent ({HYPERPOD_AGENT}) starts a "
+                        f"fixed number of nodes; give nodes: {spec.nodes.max}, or hyperpod.operator: kubeflow for an "
+                        "elastic PyTorchJob")
     if spec.backend == "local" and spec.nodes.min != 1:
         raise UserError("nodes: the local backend runs on this machine: nodes must be 1")
     inst = spec.instance  # raises for an unknown instance type

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from fsdpkit.cluster import pod_rules
 from fsdpkit.cluster.trainer import API_VERSION, GROUP, NODE
 from fsdpkit.jobs import manifests as m
 from fsdpkit.jobs.command import node_command
@@ -58,4 +59,4 @@ def trainjob_manifest(spec: JobSpec) -> dict[str, Any]:
 
 def render(spec: JobSpec) -> list[dict[str, Any]]:
     """Secret and PVC as for every Kubernetes job, then the TrainJob."""
-    return [*[o for o in m.render(spec) if o["kind"] != "PyTorchJob"], trainjob_manifest(spec)]
+    return pod_rules.check_objects([*m.support_objects(spec), trainjob_manifest(spec)])

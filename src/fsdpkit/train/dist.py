@@ -146,6 +146,12 @@ def all_reduce_mean(t: torch.Tensor, rt: Runtime) -> torch.Tensor:
     return t
 
 
+# What asks a worker to stop after its step: SIGTERM (Kubernetes, torchrun, Slurm, hyperpodrun with
+# --shutdown-signal=SIGTERM) and SIGUSR1 (HyperPod's elastic agent when the operator stops workers
+# gracefully; its default action would end the process with no checkpoint).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
 class StopRequest:
     """Turns SIGTERM (what Kubernetes and torchrun send before killing) into a stop all ranks agree on.
 
@@ -159,7 +165,7 @@ class StopRequest:
         self.group = None
         if rt.distributed and rt.device.type == "cuda":
             self.group = dist.new_group(backend="gloo")
-        self._previous = signal.signal(signal.SIGTERM, self._handle)
+        self._previous = {s: signal.signal(s, self._handle) for s in STOP_SIGNALS}
 
     def _handle(self, signum: int, frame: object) -> None:
         self.requested = True
@@ -176,4 +182,5 @@ class StopRequest:
     def close(self) -> None:
         # Under fsdpkit's supervisor a late SIGTERM (training over, the process leaving) is moot:
         # dying of it would turn a finished run into a failed one.
-        signal.signal(signal.SIGTERM, signal.SIG_IGN if os.environ.get("FSDPKIT_SUPERVISED") else self._previous)
+        for s, previous in self._previous.items():
+            signal.signal(s, signal.SIG_IGN if os.environ.get("FSDPKIT_SUPERVISED") else previous)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from fsdpkit import yamlfile
+from fsdpkit.errors import UserError
 from fsdpkit.jobs.spec import JobSpec
 from fsdpkit.jobs.status import JobStatus
 
@@ -39,7 +40,10 @@ class Backend(Protocol):
 
     def render(self, spec: JobSpec) -> Rendered: ...
 
-    def submit(self, spec: JobSpec, replace: bool = False, dry_run: bool = False) -> dict[str, Any]: ...
+    def submit(self, spec: JobSpec, replace: bool = False, dry_run: str | None = None) -> dict[str, Any]:
+        """`dry_run`: None submits; "client" renders and says what would happen; "server" also has a
+        Kubernetes API server check every object (no other backend has one to ask)."""
+        ...
 
     def status(self, name: str, namespace: str = "default") -> JobStatus: ...
 
@@ -54,6 +58,12 @@ class Backend(Protocol):
 
     def wait(self, name: str, namespace: str = "default", timeout: float | None = None, poll: float = 10.0,
              on_change: Callable[[JobStatus], None] | None = None) -> JobStatus: ...
+
+
+def no_server(backend: str, dry_run: str) -> None:
+    """A server-side dry run where there is no Kubernetes API server to ask is the user's mistake."""
+    if dry_run == "server":
+        raise UserError(f"--dry-run=server: the {backend} backend has no API server to ask; use --dry-run")
 
 
 @runtime_checkable

@@ -1,6 +1,8 @@
 """Submitting Kubernetes jobs: create a job's objects in order (rolled back if one fails), cancel
 a job with what fsdpkit made for it, and resubmit a failed one from its own manifest. Nothing is
-sent before every input is checked, so a job is never left half-applied."""
+sent before every input is checked, so a job is never left half-applied. Every create asks for
+strict field validation: a field the cluster's CRD does not know is refused, not silently pruned
+(an operator older than the manifest would otherwise run a job without what it was told)."""
 
 from __future__ import annotations
 
@@ -21,14 +23,21 @@ class KubeSubmitter(KubeAPI):
     def render(self, spec: JobSpec) -> Rendered:
         return Rendered(manifests=manifests.render(spec))
 
-    def submit(self, spec: JobSpec, replace: bool = False, dry_run: bool = False) -> dict[str, Any]:
+    def submit(self, spec: JobSpec, replace: bool = False, dry_run: str | None = None) -> dict[str, Any]:
+        """Create the job's objects. `dry_run` "client": only render and say what would be made;
+        "server": the API server validates each create (schemas, strict fields, admission) and
+        persists nothing."""
         objs = self.render(spec).manifests
         token = os.environ.get(spec.hf_token_env) if spec.hf_token_env else None
         missing = (f"hf_token_env: ${spec.hf_token_env} is not set in this shell; export it, or drop hf_token_env "
                    "for public models") if spec.hf_token_env and not token else None
         summary = [f"{o['kind']}/{o['metadata']['name']}" for o in objs]
         if dry_run:
-            out = {"name": spec.name, "namespace": spec.namespace, "dry_run": True, "objects": summary}
+            out = {"name": spec.name, "namespace": spec.namespace, "dry_run": dry_run, "objects": summary,
+                   "manifests": objs}
+            if dry_run == "server":
+                self.require_operator(objs[-1]["kind"], spec.namespace)
+                out["accepted"] = self.server_dry_run(spec, objs)
             return {**out, "warnings": [missing]} if missing else out
         if missing:
             raise UserError(missing)
@@ -42,6 +51,30 @@ class KubeSubmitter(KubeAPI):
         created, reused = self.apply(spec, objs, token)
         return {"name": spec.name, "namespace": spec.namespace, "dry_run": False, "created": created,
                 "reused": reused}
+
+    def server_dry_run(self, spec: JobSpec, objs: list[dict[str, Any]]) -> list[str]:
+        """Each object sent as a create with dryRun=All: the API server runs every check it would
+        run for real (schema, strict fields, admission webhooks) and stores nothing. The Secret goes
+        with its placeholder, never the token. Returns KIND/NAME of what it accepted."""
+        accepted = []
+        for obj in objs:
+            kind, name = obj["kind"], obj["metadata"]["name"]
+            with api_errors(f"server dry run of {kind}/{name}", self.host):
+                self._create(spec.namespace, obj, dry_run="All")
+            accepted.append(f"{kind}/{name}")
+        return accepted
+
+    def _create(self, namespace: str, obj: dict[str, Any], **kw: Any) -> None:
+        """One create, with strict field validation."""
+        kw["field_validation"] = "Strict"
+        kind = obj["kind"]
+        if kind == "Secret":
+            self._core().create_namespaced_secret(namespace, obj, **kw)
+        elif kind == "PersistentVolumeClaim":
+            self._core().create_namespaced_persistent_volume_claim(namespace, obj, **kw)
+        else:
+            group, version, plural = KINDS[kind].find()
+            self._custom().create_namespaced_custom_object(group, version, namespace, plural, obj, **kw)
 
     def require_operator(self, kind: str, namespace: str) -> None:
         """Before anything is created: the cluster serves this job kind, else one line naming what
@@ -71,12 +104,11 @@ class KubeSubmitter(KubeAPI):
                         reused.append(f"{kind}/{name}")
                     else:
                         with api_errors(f"creating {kind}/{name}", self.host):
-                            self._core().create_namespaced_persistent_volume_claim(spec.namespace, obj)
+                            self._create(spec.namespace, obj)
                         created.append(obj)
                 else:
-                    group, version, plural = KINDS[kind].find()
                     with api_errors(f"creating {kind}/{name}", self.host):
-                        self._custom().create_namespaced_custom_object(group, version, spec.namespace, plural, obj)
+                        self._create(spec.namespace, obj)
                     created.append(obj)
         except BaseException as e:
             self._rollback(created, spec.namespace)
@@ -104,7 +136,7 @@ class KubeSubmitter(KubeAPI):
             with api_errors(f"deleting Secret/{name}", self.host):
                 core.delete_namespaced_secret(name, ns)
         with api_errors(f"creating Secret/{name}", self.host):
-            core.create_namespaced_secret(ns, secret)
+            self._create(ns, secret)
 
     def _exists_pvc(self, name: str, namespace: str) -> bool:
         try:
@@ -153,8 +185,7 @@ class KubeSubmitter(KubeAPI):
             "spec": copy.deepcopy(obj["spec"]),
         }
         fresh["metadata"]["annotations"][ATTEMPT] = str(int(fresh["metadata"]["annotations"].get(ATTEMPT, 0)) + 1)
-        group, version, plural = KINDS[kind].find()
         self._delete_object(kind, meta["name"], meta.get("namespace"))
         self._wait_gone(meta["name"], meta.get("namespace"))
         with api_errors(f"resubmitting {kind}/{meta['name']}", self.host):
-            self._custom().create_namespaced_custom_object(group, version, meta.get("namespace"), plural, fresh)
+            self._create(meta.get("namespace"), fresh)

@@ -21,7 +21,7 @@ from typing import Any
 
 from fsdpkit.errors import Conflict, NotFound, UserError
 from fsdpkit.home import home as fsdpkit_home
-from fsdpkit.jobs.backends.base import Rendered
+from fsdpkit.jobs.backends.base import Rendered, no_server
 from fsdpkit.jobs.backends.files import NETWORK_LINES, read_lines
 from fsdpkit.jobs.command import trainer_flags
 from fsdpkit.jobs.health import network_verdict
@@ -54,11 +54,12 @@ class LocalBackend:
         env = "".join(f"{k}={shlex.quote(v)} " for k, v in spec.env.items())
         return Rendered(command=f"{env}{shlex.join(cmd)}\n")
 
-    def submit(self, spec: JobSpec, replace: bool = False, dry_run: bool = False) -> dict[str, Any]:
+    def submit(self, spec: JobSpec, replace: bool = False, dry_run: str | None = None) -> dict[str, Any]:
         job_dir = self._dir(spec.name)
         cmd = self.command(spec, job_dir)
         if dry_run:
-            return {"name": spec.name, "dry_run": True, "command": cmd, "dir": str(job_dir)}
+            no_server(self.name, dry_run)
+            return {"name": spec.name, "dry_run": dry_run, "command": cmd, "dir": str(job_dir)}
         for ref in spec.secrets:  # no Kubernetes here: the value must come from this shell
             if ref.env not in os.environ:
                 raise UserError(f"secrets: {ref.env} refers to Secret {ref.secret}, which the local backend cannot "

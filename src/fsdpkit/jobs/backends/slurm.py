@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from fsdpkit.errors import Conflict, UserError
-from fsdpkit.jobs.backends.base import Rendered
+from fsdpkit.jobs.backends.base import Rendered, no_server
 from fsdpkit.jobs.backends.files import NETWORK_LINES, read_lines
 from fsdpkit.jobs.command import grace_seconds, node_command, node_env
 from fsdpkit.jobs.health import network_verdict
@@ -98,11 +98,12 @@ class SlurmBackend:
     def _path(self, spec: JobSpec) -> Path:
         return Path(spec.slurm.script_dir) / f"{spec.name}.sbatch"
 
-    def submit(self, spec: JobSpec, replace: bool = False, dry_run: bool = False) -> dict[str, Any]:
+    def submit(self, spec: JobSpec, replace: bool = False, dry_run: str | None = None) -> dict[str, Any]:
         text = script(spec)
         path = self._path(spec)
         if dry_run:
-            return {"name": spec.name, "dry_run": True, "script": str(path)}
+            no_server(self.name, dry_run)
+            return {"name": spec.name, "dry_run": dry_run, "script": str(path), "text": text}
         if path.exists() and not replace:
             raise Conflict(f"{path} already exists; pass --replace to overwrite it, or pick another name")
         path.parent.mkdir(parents=True, exist_ok=True)

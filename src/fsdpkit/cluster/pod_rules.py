@@ -1,0 +1,123 @@
+"""The API server's rules for a container's resources, checked before anything is sent: a job's CRD
+schema types `resources` as a free map, so a pod template that the Pod API refuses passes the
+CRD's own validation, the job is created, and then no pod starts (the operator's events say why,
+if anyone looks). Each rule mirrors Kubernetes' `validateResourceRequirements` and
+`ValidateResourceQuantityValue` (pkg/apis/core/validation/validation.go) and says what it cites:
+
+- quantities are not negative;
+- extended resources (`nvidia.com/gpu`, `vpc.amazonaws.com/efa`, any name with a domain other than
+  kubernetes.io) are whole numbers ("must be an integer");
+- a resource that cannot be overcommitted (extended resources, `hugepages-*`) has a limit whenever
+  it has a request ("Limit must be set for non overcommitable resources"), and the two are equal
+  ("must be equal to ... limit");
+- a request is never above its limit ("must be less than or equal to ... limit");
+- hugepages need a cpu or memory request or limit beside them ("HugePages require cpu or memory").
+
+The API server defaults a missing request to its limit before it validates; so does `check`."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+from fsdpkit.cluster.quantity import parse
+from fsdpkit.errors import UserError
+
+_NATIVE_DOMAINS = ("", "kubernetes.io")
+
+
+def is_hugepages(name: str) -> bool:
+    return name.startswith("hugepages-")
+
+
+def is_extended(name: str) -> bool:
+    """A resource named with a domain of its own (`nvidia.com/gpu`), not `requests.`-prefixed quota."""
+    domain = name.split("/", 1)[0] if "/" in name else ""
+    return domain not in _NATIVE_DOMAINS and not domain.endswith(".kubernetes.io") and \
+        not name.startswith("requests.")
+
+
+def overcommit_allowed(name: str) -> bool:
+    """cpu, memory, ephemeral-storage: a request below the limit is allowed. Not for hugepages or
+    extended resources."""
+    return not is_extended(name) and not is_hugepages(name)
+
+
+def container_errors(resources: dict[str, Any], where: str = "resources") -> list[str]:
+    """Every rule the API server would break on one container's `resources`, each as
+    `FIELD: what` (empty when it accepts them)."""
+    limits = {k: parse(v) for k, v in (resources.get("limits") or {}).items()}
+    requests = {**limits, **{k: parse(v) for k, v in (resources.get("requests") or {}).items()}}
+    errors: list[str] = []
+    for side, values in (("limits", limits), ("requests", requests)):
+        for name, q in values.items():
+            if q < 0:
+                errors.append(f"{where}.{side}[{name}]: must be greater than or equal to 0")
+            if is_extended(name) and q != q.to_integral_value():
+                errors.append(f"{where}.{side}[{name}]: must be an integer (an extended resource is counted "
+                              "in whole devices)")
+    for name, q in requests.items():
+        limit = limits.get(name)
+        if limit is None:
+            if not overcommit_allowed(name):
+                errors.append(f"{where}.limits[{name}]: Limit must be set for non overcommitable resources")
+        elif q != limit and not overcommit_allowed(name):
+            errors.append(f"{where}.requests[{name}]: must be equal to {name} limit of {_fmt(limit)}")
+        elif q > limit:
+            errors.append(f"{where}.requests[{name}]: must be less than or equal to {name} limit of {_fmt(limit)}")
+    names = set(requests) | set(limits)
+    if any(is_hugepages(n) for n in names) and not names & {"cpu", "memory"}:
+        errors.append(f"{where}: Forbidden: HugePages require cpu or memory")
+    return errors
+
+
+def pod_errors(pod_spec: dict[str, Any], where: str = "spec") -> list[str]:
+    """The rules over every container (init containers too) of a pod's spec."""
+    errors: list[str] = []
+    for kind in ("initContainers", "containers"):
+        for i, c in enumerate(pod_spec.get(kind) or []):
+            errors += container_errors(c.get("resources") or {}, f"{where}.{kind}[{i}].resources")
+    return errors
+
+
+def check(template: dict[str, Any], what: str) -> None:
+    """A pod template (`{metadata, spec}`) the API server would refuse is a one-line UserError
+    naming the object and the first rule it breaks, raised before anything is created."""
+    if errors := pod_errors(template.get("spec") or {}):
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        raise UserError(f"{what}: the API server would refuse its pods: {errors[0]}{more}")
+
+
+def templates(obj: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(where, pod template) of every pod an object makes: a Pod itself, each replica of a
+    PyTorchJob, MPIJob or HyperPodPyTorchJob, a RayCluster's head and worker groups, and a TrainJob's
+    node container as `trainer.resourcesPerNode` sets it (the runtime supplies the rest)."""
+    spec = obj.get("spec") or {}
+    kind = obj.get("kind")
+    if kind == "Pod":
+        return [("", {"spec": spec})]
+    if kind in ("PyTorchJob", "MPIJob"):
+        replicas = spec.get("pytorchReplicaSpecs" if kind == "PyTorchJob" else "mpiReplicaSpecs") or {}
+        return [(name, r["template"]) for name, r in replicas.items()]
+    if kind == "HyperPodPyTorchJob":
+        return [(r.get("name", str(i)), r["template"]) for i, r in enumerate(spec.get("replicaSpecs") or [])]
+    if kind == "RayCluster":
+        head = [("head", spec["headGroupSpec"]["template"])] if "headGroupSpec" in spec else []
+        return head + [(g.get("groupName", str(i)), g["template"]) for i, g in enumerate(spec.get("workerGroupSpecs")
+                                                                                         or [])]
+    if kind == "TrainJob" and "resourcesPerNode" in (spec.get("trainer") or {}):
+        return [("trainer", {"spec": {"containers": [{"resources": spec["trainer"]["resourcesPerNode"]}]}})]
+    return []
+
+
+def check_objects(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`check` on every pod template of every object; returns `objs` unchanged."""
+    for obj in objs:
+        name = f"{obj.get('kind')}/{(obj.get('metadata') or {}).get('name')}"
+        for where, template in templates(obj):
+            check(template, f"{name} {where}".strip())
+    return objs
+
+
+def _fmt(q: Decimal) -> str:
+    return f"{q.normalize():f}"
