@@ -22,6 +22,12 @@ $(VENV)/.installed: pyproject.toml Makefile
 	# dependencies, which pin torch, pytest and ruff to old releases; the tests load only the
 	# modules that need none of them.
 	$(BIN)/pip install -q --no-deps "sagemaker-hyperpod==3.12.0" "hyperpod-elastic-agent==1.1.3"
+	# VERL's own config checks for the GRPO recipe (tests/jobs/test_verl_recipe.py): VERL 0.5.0, the release
+	# VERL's verl0.5 images are built for, and what its config path imports, in a folder of their own
+	# (ray alone is 250 MB, and none of it belongs beside the suite's packages).
+	$(BIN)/pip install -q --no-deps --target $(VENV)/verl-check "verl==0.5.0" "ray==2.60.0" "tensordict==0.9.1" \
+		"torchdata==0.11.0" "codetiming==1.4.0" "hydra-core==1.3.8" "omegaconf==2.3.1" \
+		"antlr4-python3-runtime==4.9.3" "msgpack==1.2.4" "orjson==3.13.0" "pyvers==0.1.0"
 	touch $@
 
 venv: $(VENV)/.installed

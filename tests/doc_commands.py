@@ -20,6 +20,14 @@ def command_lines(path: Path) -> list[str]:
     return found
 
 
+def argv(line: str) -> list[str]:
+    """A documented command line as a shell runs it: argv up to a pipe or `&&`, an entrypoint after
+    `--` included."""
+    words = shlex.split(line, comments=True)
+    ends = [words.index(t) for t in ("|", "&&") if t in words]
+    return words[:min(ends)] if ends else words
+
+
 def tokens(line: str) -> list[str]:
     """A documented command line as argv, up to a pipe or `&&`, and up to a bare `--` (what follows
     is the entrypoint's own command line)."""

@@ -13,6 +13,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from doc_commands import argv as shell_argv
 from doc_commands import command_lines
 from doc_commands import tokens as argv_of
 
@@ -82,7 +83,7 @@ def test_documented_command_runs_with_help(command, capsys):
 # What a line needs that this machine lacks: such a line is not run (its flags are checked above).
 NEEDS = [
     (r"^fsdpkit (cluster (check|validate|addons|delete)|storage fsx (create|status|delete|list)"
-     r"|infra (up|down|status)|image (build|push|test)|deploy|ray (submit|down|status|exec))\b",
+     r"|infra (up|down|status)|image (build|push|test)|deploy|ray (submit\b(?!.*--dry-run)|down|status|exec))\b",
      "an AWS account or a Kubernetes cluster"),
     (r"^fsdpkit (cluster create|ray up|storage fsx storage-class)\b(?!.*--dry-run)", "an AWS account or a cluster"),
     (r"--eks-cluster|--context", "an AWS account or a cluster"),
@@ -135,7 +136,7 @@ def test_documented_command_runs_as_written(doc, line, workspaces):
     """Training runs stop after one step (--max_steps 1 added last, so it wins): what is checked is
     that the command as written finds its files, parses and runs."""
     root, env = workspaces(doc)
-    tokens = argv_of(line.split(" > ")[0])
+    tokens = shell_argv(line.split(" > ")[0])
     argv = tokens[1:] + (["--max_steps", "1", "--progress", "off"] if tokens[1] == "train" else [])
     r = run_cli(*argv, cwd=root, env=env, timeout=600)
     assert r.returncode == 0, f"{doc}: `{line}` exited {r.returncode}:\n{r.stderr[-2000:]}"

@@ -118,6 +118,29 @@ def test_ray_up_twice_makes_one_cluster_and_waits_for_the_head(kube, tmp_path):
     job = next(b for m, p, b in kube.requests() if m == "POST" and p.split("?")[0].endswith("/rayjobs"))
     assert job["spec"]["entrypoint"] == "python -m verl.trainer.main_ppo" and job["spec"]["entrypointNumGpus"] == 1
 
-    r = run_cli("ray", "down", "verl", env=kube.env)
-    assert r.returncode == 0
+    # Another cluster's RayJob (kmock ignores label selectors: the labels and clusterSelector are checked too).
+    kube.create("/apis/ray.io/v1/namespaces/default/rayjobs", {
+        "apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": {"name": "theirs", "labels": job["metadata"][
+            "labels"]}, "spec": {"entrypoint": "x", "clusterSelector": {"ray.io/cluster": "other"}}})
+    r = run_cli("ray", "down", "verl", "--dry-run", "--json", env=kube.env)
+    assert r.returncode == 0 and json.loads(r.stdout)["data"]["would_delete"] == ["RayJob/grpo", "RayCluster/verl"]
+    r = run_cli("ray", "down", "verl", env=kube.env)   # nobody at a terminal to ask, and no --yes
+    assert (r.returncode, r.stderr) == (2, "error: delete: removes RayJob/grpo, RayCluster/verl; add --yes to "
+                                           "confirm\n")
+    assert not [p for m, p, _ in kube.requests() if m == "DELETE"]
+    r = run_cli("ray", "down", "verl", "--yes", "--json", env=kube.env)
+    assert r.returncode == 0 and json.loads(r.stdout)["data"]["deleted"] == ["RayJob/grpo", "RayCluster/verl"]
+    assert [p for m, p, _ in kube.requests() if m == "DELETE"] == [
+        "/apis/ray.io/v1/namespaces/default/rayjobs/grpo", "/apis/ray.io/v1/namespaces/default/rayclusters/verl"]
     assert run_cli("ray", "status", "verl", env=kube.env).returncode == 2
+
+
+def test_ray_submit_dry_run_prints_the_rayjob_without_a_cluster(tmp_path):
+    path = write(tmp_path)
+    r = run_cli("ray", "submit", str(path), "--job-name", "grpo", "--dry-run", "--", "python3", "-m", "verl.x",
+                "trainer.logger=['console']", env={"KUBECONFIG": str(tmp_path / "none")})
+    assert r.returncode == 0, r.stderr
+    (job,) = yaml.safe_load_all(r.stdout)
+    assert not list(crd_validator("ray.io_rayjobs.yaml").iter_errors(job))
+    assert job["metadata"]["name"] == "grpo" and job["spec"]["clusterSelector"] == {"ray.io/cluster": "verl"}
+    assert job["spec"]["entrypoint"] == "python3 -m verl.x 'trainer.logger=['\"'\"'console'\"'\"']'"

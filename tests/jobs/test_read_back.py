@@ -20,6 +20,7 @@ from manifest_schemas import SCHEMAS, jobset_of, kubectl_reads, pod_of, validate
 CLUSTER = {"eks-p5", "trainjob-p5", "hyperpod-p5"}     # the examples written for a Kubernetes cluster
 BACKENDS = {"pytorchjob": [], "trainjob": [], "hyperpod": [],
             "hyperpod-kubeflow": ["--set", "hyperpod.operator=kubeflow", "--set", "namespace=kubeflow"]}
+VERL_IMAGE = "verlai/verl:app-verl0.5-transformers4.55.4-vllm0.10.0-mcore0.13.0-te2.2"
 UPSTREAM_RUNTIME = SCHEMAS / "examples" / "kubeflow-trainer_torch_distributed_runtime.yaml"
 
 
@@ -95,3 +96,21 @@ def test_strings_any_yaml_reader_would_retype_are_quoted(capsys):
                                                                                        enumerate(values)}}
     assert kubectl_reads(yamlfile.dump(doc)) == [doc]
     assert yaml.safe_load(yamlfile.dump(doc)) == doc
+
+
+def test_ray_renders_read_back_as_kubectl_reads_them(tmp_path, capsys):
+    """`ray up --dry-run` (the RayCluster) and `ray submit --dry-run` (the RayJob) of every cluster
+    example, including the VERL recipe's image, whose workers carry no EFA plugin setting."""
+    pods = 0
+    for name in sorted(CLUSTER):
+        spec = example(tmp_path, capsys, name)
+        for argv in (["ray", "up", str(spec), "--dry-run"],
+                     ["ray", "submit", str(spec), "--dry-run", "--job-name", "run", "--", "python3", "-m", "x",
+                      "trainer.logger=['console']", "lr=1e-08"]):
+            for extra in ([], ["--set", f"image={VERL_IMAGE}"]):
+                cut = argv.index("--") if "--" in argv else len(argv)
+                full = [*argv[:cut], *extra, *argv[cut:]]
+                text = cli(capsys, *full)
+                meant = json.loads(cli(capsys, *full[:cut + len(extra)], "--json", *full[cut + len(extra):]))
+                pods += read_back(text, [meant["data"]["manifest"]])
+    assert pods == len(CLUSTER) * 2 * 2   # a head and a worker group per RayCluster

@@ -10,6 +10,7 @@ from pathlib import Path
 from fsdpkit.cli.output import Parser, dispatch, emit_json
 from fsdpkit.errors import Conflict, NotFound, UserError
 from fsdpkit.image import pins
+from fsdpkit.image.dockerfile import BASES, DEFAULT_BASE
 
 
 def cmd_init(args: argparse.Namespace) -> int:
@@ -191,7 +192,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="fsdpkit image", description="Container images for training.")
     sub = parser.add_subparsers(dest="cmd", required=True, metavar="VERB", parser_class=Parser)
     p = sub.add_parser("init", help="write a Dockerfile and .dockerignore on a known-good base")
-    p.add_argument("--base", default="dlc-2.6", help="dlc-2.6 (default), dlc-2.5, pytorch-2.6")
+    p.add_argument("--base", default=DEFAULT_BASE, help=f"{DEFAULT_BASE} (default); also "
+                   f"{', '.join(k for k in BASES if k != DEFAULT_BASE)} (verl-0.5: VERL's image with EFA added, for "
+                   "`fsdpkit ray`)")
     p.add_argument("--requirements", help="the project's requirements file (default: requirements.txt when present)")
     p.add_argument("--no-requirements", action="store_true")
     p.add_argument("--fsdpkit", choices=("auto", "wheel", "release"), default="auto",

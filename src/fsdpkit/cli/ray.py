@@ -7,7 +7,7 @@ import shlex
 import sys
 
 from fsdpkit import yamlfile
-from fsdpkit.cli.output import Parser, dispatch, emit_json
+from fsdpkit.cli.output import Parser, confirmed, dispatch, emit_json
 from fsdpkit.errors import UserError
 
 
@@ -20,6 +20,7 @@ def _client(args: argparse.Namespace):
 
 
 def _spec(args: argparse.Namespace):
+    from fsdpkit.image.dockerfile import has_ofi_nccl
     from fsdpkit.jobs.spec import load_spec, parse_overrides
     from fsdpkit.yamlfile import load_mapping
 
@@ -27,7 +28,11 @@ def _spec(args: argparse.Namespace):
     # spec keeps its backend, so its pods get HyperPod's node-health rules.
     overrides = parse_overrides(args.set or [])
     backend = dict(overrides).get("backend", load_mapping(args.spec, "job spec", "fields").get("backend"))
-    return load_spec(args.spec, [*overrides, ("backend", "hyperpod" if backend == "hyperpod" else "pytorchjob")])
+    spec = load_spec(args.spec, [*overrides, ("backend", "hyperpod" if backend == "hyperpod" else "pytorchjob")])
+    if spec.nodes.max > 1 and spec.efa and has_ofi_nccl(spec.image) is False:
+        print(f"warning: {spec.image} has no aws-ofi-nccl, so NCCL between the {spec.nodes} nodes runs on TCP "
+              "sockets, not EFA; build an image with it: fsdpkit image init --base verl-0.5", file=sys.stderr)
+    return spec
 
 
 def cmd_up(args: argparse.Namespace) -> int:
@@ -60,19 +65,36 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_down(args: argparse.Namespace) -> int:
     ray, _ = _client(args)
-    ray.down(args.name, args.namespace)
+    targets = ray.down(args.name, args.namespace, dry_run=True)
+    if args.dry_run:
+        if args.json:
+            return emit_json({"dry_run": True, "would_delete": targets})
+        print(f"would delete {', '.join(targets)}")
+        return 0
+    if not confirmed(args, ", ".join(targets), f"delete {', '.join(targets)} in {args.namespace}?"):
+        return 1
+    deleted = ray.down(args.name, args.namespace)
     if args.json:
-        return emit_json({"deleted": f"RayCluster/{args.name}"})
-    print(f"deleted RayCluster/{args.name}")
+        return emit_json({"deleted": deleted})
+    print(f"deleted {', '.join(deleted)}")
     return 0
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
+    from fsdpkit.jobs.ray import rayjob_manifest
+
     if not args.rest:
         raise UserError("give the entrypoint after --, for example: fsdpkit ray submit SPEC -- python train.py")
     spec = _spec(args)
+    job_name = args.job_name or f"{spec.name}-job"
+    if args.dry_run:  # what would be created, from the spec alone: no cluster asked
+        manifest = rayjob_manifest(spec, shlex.join(args.rest), job_name, args.entrypoint_gpus)
+        if args.json:
+            return emit_json({"dry_run": True, "manifest": manifest})
+        print(yamlfile.dump(manifest), end="")
+        return 0
     ray, _ = _client(args)
-    out = ray.submit(spec, shlex.join(args.rest), args.job_name or f"{spec.name}-job", args.entrypoint_gpus)
+    out = ray.submit(spec, shlex.join(args.rest), job_name, args.entrypoint_gpus)
     if args.json:
         return emit_json(out)
     print(f"submitted RayJob {out['name']} on RayCluster {out['cluster']}")
@@ -126,16 +148,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="print the RayCluster manifest")
     common(p)
     p.set_defaults(func=cmd_up)
-    for verb, func, text in (("status", cmd_status, "the cluster's state"), ("down", cmd_down, "delete it")):
+    for verb, func, text in (("status", cmd_status, "the cluster's state"),
+                             ("down", cmd_down, "delete the RayJobs `ray submit` made on it, then the RayCluster "
+                              "(asks first)")):
         p = sub.add_parser(verb, help=text)
         p.add_argument("name")
         p.add_argument("-n", "--namespace", default="default")
+        if verb == "down":
+            p.add_argument("--dry-run", action="store_true", help="print what would be deleted")
+            p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
         common(p)
         p.set_defaults(func=func)
     p = sub.add_parser("submit", help="a RayJob on the cluster: fsdpkit ray submit SPEC -- ENTRYPOINT")
     spec_args(p)
     p.add_argument("--job-name")
     p.add_argument("--entrypoint-gpus", type=float, default=0, help="GPUs for the driver (entrypointNumGpus)")
+    p.add_argument("--dry-run", action="store_true", help="print the RayJob; nothing is sent to a cluster")
     common(p)
     p.set_defaults(func=cmd_submit)
     p = sub.add_parser("exec", help="run a command on the head pod: fsdpkit ray exec NAME -- CMD")

@@ -92,16 +92,18 @@ def ofi_nccl_env(version: str | None) -> dict[str, str]:
 
 
 def network_env(inst: Instance | None, efa_devices: int, diagnose: bool = False,
-                ofi_nccl: str | None = None) -> dict[str, str]:
+                ofi_nccl: str | None = None, plugin: bool = True) -> dict[str, str]:
     """NCCL / libfabric variables for this instance. On EFA: the efa provider, NCCL forced onto the
     OFI plugin (fsdpkit.train.network then proves it was used), and GPUDirect RDMA on where the
     hardware has it (p4d, p4de, p5*); g5/g6/g6e with EFA have no GPUDirect RDMA, so libfabric must
     not try it and NCCL's Simple protocol is the one that is safe over EFA without it.
-    `diagnose` adds NCCL's INFO log (INIT, NET) for `fsdpkit job logs --check-network`."""
+    `diagnose` adds NCCL's INFO log (INIT, NET) for `fsdpkit job logs --check-network`. Without the
+    `plugin` in the image, NCCL is not pointed at it: NCCL would stop with "network not found"
+    instead of running on TCP sockets (which the trainer then reports)."""
     env: dict[str, str] = {}
     if efa_devices > 0:
         env["FI_PROVIDER"] = "efa"
-        if inst is None or inst.resource == "nvidia.com/gpu":   # Trainium's Neuron runtime is no NCCL
+        if plugin and (inst is None or inst.resource == "nvidia.com/gpu"):   # Trainium's Neuron runtime is no NCCL
             env.update(ofi_nccl_env(ofi_nccl))
         if inst is not None and inst.rdma:
             env["FI_EFA_USE_DEVICE_RDMA"] = "1"

@@ -18,7 +18,7 @@ import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from fsdpkit.image.dockerfile import BASES, DEFAULT_BASE
+from fsdpkit.image.dockerfile import BASES, DEFAULT_BASE, has_ofi_nccl
 
 # torch 2.N pairs with torchvision 0.(N+15) and torchaudio 2.N.
 REPLACERS = ("vllm", "xformers", "deepspeed", "flash-attn", "flash_attn", "torchao", "bitsandbytes")
@@ -81,11 +81,9 @@ def _base_torch(image: str) -> str | None:
     return m.group(1) if m else None
 
 
-def _base_efa(image: str) -> bool:
-    for b in BASES.values():
-        if b.image == image:
-            return b.efa
-    return any(k in image for k in ("deep-learning-containers", "pytorch-training", "nccl-tests", "efa"))
+def _has_efa(image: str, lines: list[str]) -> bool:
+    """The base carries EFA and aws-ofi-nccl, or the Dockerfile installs them (the EFA installer)."""
+    return bool(has_ofi_nccl(image)) or any("efa_installer.sh" in ln for ln in lines)
 
 
 def _cuda_of(text: str) -> str | None:
@@ -146,7 +144,7 @@ def check(dockerfile: Path, requirements: list[Path] = ()) -> list[Conflict]:
         found += _line_conflicts(file, no, ln, str(dockerfile), image, cuda, has_constraints)
     found += _pin_conflicts(sources, dockerfile, base_torch)
     found += _family_conflicts(pins, base_torch)
-    if image and not _base_efa(image):
+    if image and not _has_efa(image, lines):
         found.append(Conflict("efa", str(dockerfile), 1 + next(i for i, ln in enumerate(lines)
                                                                if ln.strip().upper().startswith("FROM ")),
                               f"{image} has no EFA / aws-ofi-nccl: multi-node NCCL would use TCP sockets",

@@ -5,6 +5,7 @@ given to stop. One place, so PyTorchJob, HyperPod, Ray and Slurm cannot drift ap
 from __future__ import annotations
 
 from fsdpkit.hardware.instances import network_env
+from fsdpkit.image.dockerfile import has_ofi_nccl
 from fsdpkit.jobs.spec import JobSpec, train_config, train_options
 from fsdpkit.plan.grace import GracePeriod, grace_period
 from fsdpkit.plan.planner import plan_config
@@ -21,8 +22,9 @@ def node_env(spec: JobSpec) -> dict[str, str]:
     """The environment of every node's process (the spec's own `env` wins): network settings of the
     instance type, and on GPUs the allocator and flight-recorder settings, the flight recorder
     dumping to the job's shared storage (the container's /tmp is gone with the pod)."""
+    plugin = spec.ofi_nccl is not None or has_ofi_nccl(spec.image) is not False
     env = {"PYTHONUNBUFFERED": "1",
-           **network_env(spec.instance, spec.efa, spec.diagnose_network, spec.ofi_nccl)}
+           **network_env(spec.instance, spec.efa, spec.diagnose_network, spec.ofi_nccl, plugin)}
     if spec.gpus and spec.accelerator_resource == "nvidia.com/gpu":
         env.update(GPU_ENV)
         if spec.storage.root:

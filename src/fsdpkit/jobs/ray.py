@@ -1,6 +1,11 @@
 """KubeRay: a RayCluster (a CPU head plus one GPU worker group, EFA and /dev/shm like a training
 pod) and RayJobs, rendered from the same JobSpec. `up` reuses a cluster of the same spec instead of
-failing or creating a second one, and refuses one of that name made from a different spec."""
+failing or creating a second one, and refuses one of that name made from a different spec; `down`
+removes the RayJobs `submit` made on it, then the cluster.
+
+Ray workers run other programs than fsdpkit's trainer, vLLM among them (VERL's rollouts): they get
+no `expandable_segments` allocator setting, which vLLM's sleep mode (on in VERL by default) asserts
+is absent."""
 
 from __future__ import annotations
 
@@ -9,15 +14,28 @@ import json
 import time
 from typing import Any
 
-from fsdpkit.cluster.client import ClusterError, api_errors, is_not_found
+from fsdpkit.cluster import pod_rules
+from fsdpkit.cluster.client import ClusterError, api_errors, is_not_found, label_selector, labels_match
 from fsdpkit.errors import Conflict, NotFound
 from fsdpkit.jobs import manifests as m
+from fsdpkit.jobs.command import GPU_ENV
 from fsdpkit.jobs.hyperpod import adapt_pod
 from fsdpkit.jobs.spec import JobSpec
 
 GROUP, VERSION = "ray.io", "v1"
 SPEC_HASH = "fsdpkit.dev/spec-hash"
 RAY_VERSION = "2.40.0"
+CLUSTER_LABEL = "ray.io/cluster"
+ALLOCATOR = "PYTORCH_CUDA_ALLOC_CONF"
+
+
+def _without_allocator_setting(spec: JobSpec, template: dict[str, Any]) -> None:
+    """Drop fsdpkit's own allocator setting from a Ray pod (a value the spec's env gives is kept)."""
+    if ALLOCATOR in spec.env:
+        return
+    container = template["spec"]["containers"][0]
+    container["env"] = [e for e in container["env"] if not (e["name"] == ALLOCATOR and e.get("value") ==
+                                                            GPU_ENV[ALLOCATOR])]
 
 
 def _head_spec(spec: JobSpec) -> JobSpec:
@@ -33,6 +51,7 @@ def raycluster_manifest(spec: JobSpec) -> dict[str, Any]:
         {"containerPort": 6379, "name": "gcs"}, {"containerPort": 8265, "name": "dashboard"},
         {"containerPort": 10001, "name": "client"}]
     worker = m.pod_template(spec, None, container="ray-worker")
+    _without_allocator_setting(spec, worker)
     if spec.backend == "hyperpod":  # the same node-health rules as HyperPod's jobs; the CPU head in any group
         adapt_pod(spec, head, instance_group=False)
         adapt_pod(spec, worker)
@@ -52,6 +71,7 @@ def raycluster_manifest(spec: JobSpec) -> dict[str, Any]:
         },
     }
     obj["metadata"]["annotations"] = {SPEC_HASH: spec_hash(obj)}
+    pod_rules.check_objects([obj])
     return obj
 
 
@@ -68,7 +88,7 @@ def rayjob_manifest(spec: JobSpec, entrypoint: str, job_name: str, entrypoint_gp
         "spec": {
             "entrypoint": entrypoint,
             "entrypointNumGpus": entrypoint_gpus,
-            "clusterSelector": {"ray.io/cluster": spec.name},
+            "clusterSelector": {CLUSTER_LABEL: spec.name},
             "submissionMode": "K8sJobMode",
         },
     }
@@ -130,11 +150,26 @@ class RayClient:
             time.sleep(poll)
         return state
 
-    def down(self, name: str, namespace: str) -> None:
+    def made_by_submit(self, name: str, namespace: str) -> list[str]:
+        """The RayJobs `submit` made on the RayCluster `name`: fsdpkit's label for it, and its
+        clusterSelector naming it (checked here too, whatever the server did with the selector)."""
+        wanted = {**m.MANAGED_BY, m.JOB_LABEL: name}
+        with api_errors("listing RayJobs", self.host):
+            items = self.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "rayjobs",
+                                                              label_selector=label_selector(wanted))["items"]
+        return [j["metadata"]["name"] for j in items if labels_match(j["metadata"].get("labels"), wanted)
+                and (j.get("spec") or {}).get("clusterSelector", {}).get(CLUSTER_LABEL) == name]
+
+    def down(self, name: str, namespace: str, dry_run: bool = False) -> list[str]:
+        """Delete the RayJobs `submit` made on the cluster, then the RayCluster; KIND/NAME of each
+        (what would be deleted, with `dry_run`)."""
         if self.get(name, namespace) is None:
             raise NotFound(f"RayCluster {name!r} not found in {namespace}")
-        with api_errors(f"deleting RayCluster/{name}", self.host):
-            self.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, "rayclusters", name)
+        targets = [("rayjobs", j) for j in self.made_by_submit(name, namespace)] + [("rayclusters", name)]
+        for plural, obj in targets if not dry_run else ():
+            with api_errors(f"deleting {plural}/{obj}", self.host):
+                self.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, plural, obj)
+        return [f"{'RayJob' if plural == 'rayjobs' else 'RayCluster'}/{obj}" for plural, obj in targets]
 
     def submit(self, spec: JobSpec, entrypoint: str, job_name: str, entrypoint_gpus: float) -> dict[str, Any]:
         if self.get(spec.name, spec.namespace) is None:
