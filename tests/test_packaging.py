@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from doc_commands import command_lines, tokens
@@ -78,7 +79,7 @@ def test_job_init_plan_and_dry_run_from_the_installed_skill(installed):
     assert plan["nodes"] == 4 and plan["instance_type"] == "p5.48xlarge" and plan["fits"] is True
     every = plan["checkpoints"]["every"]
     assert every.endswith("m") and int(every[:-1]) >= 10   # periodic, at most 5% of the run spent saving
-    assert outputs[2]["data"]["dry_run"] is True and outputs[2]["data"]["objects"][-1] == "PyTorchJob/llama3-1-8b"
+    assert outputs[2]["data"]["dry_run"] == "client" and outputs[2]["data"]["objects"][-1] == "PyTorchJob/llama3-1-8b"
 
     r = run("job", "render", "job.yaml", "--json")
     job = json.loads(r.stdout)["data"]["manifests"][-1]
@@ -94,3 +95,80 @@ def test_job_init_plan_and_dry_run_from_the_installed_skill(installed):
     assert ck.checkpoint_dir == "/checkpoints/llama3-1-8b/checkpoints" and ck.resume_from_checkpoint == "auto"
     volumes = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["volumes"]
     assert {"name": "checkpoints", "persistentVolumeClaim": {"claimName": "fsx-claim"}} in volumes
+
+
+def _base_layer(venv: Path, layer: Path) -> None:
+    """What a base image holds before the Dockerfile runs: torch and what it requires, as installed
+    here, linked into `layer`, which the venv reads as a site directory (pip sees them installed)."""
+    import importlib.metadata as md
+    import re
+
+    todo, seen = ["torch"], set()
+    while todo:
+        name = re.split(r"[ ;<>=!~\[(]", todo.pop())[0].lower().replace("_", "-")
+        if name in seen:
+            continue
+        seen.add(name)
+        try:
+            dist = md.distribution(name)
+        except md.PackageNotFoundError:
+            continue   # an optional or platform-only requirement
+        todo += [r for r in dist.requires or [] if "extra ==" not in r]
+        for top in {f.parts[0] for f in dist.files or [] if not f.parts[0].startswith("..")}:
+            target = Path(dist.locate_file(top))
+            if target.exists() and not (layer / top).exists():
+                layer.mkdir(exist_ok=True)
+                (layer / top).symlink_to(target)
+    (site,) = venv.glob("lib/python*/site-packages")
+    (site / "base-image.pth").write_text(f"{layer}\n")
+
+
+def _image_steps(dockerfile: Path, project: Path, root: Path, env: dict[str, str]) -> None:
+    """Run a Dockerfile's instructions up to the project's own files (`COPY . ...`) as `docker build`
+    would on a machine whose Python is this venv: COPY into `root` (the image's filesystem), ENV into
+    `env`, RUN with bash; absolute paths of the image land under `root`."""
+    import re
+
+    def here(text: str) -> str:
+        return re.sub(r"(?<![\w.])/(tmp|etc)/", rf"{root}/\1/", text)
+
+    for line in dockerfile.read_text().replace("\\\n", " ").splitlines():
+        op, _, rest = line.partition(" ")
+        if op == "COPY" and rest.split()[0] == ".":
+            return
+        if op == "COPY":
+            src, dst = rest.split()
+            Path(here(dst)).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(project / src, here(dst))
+        elif op == "ENV":
+            env.update(dict(kv.split("=", 1) for kv in here(rest).split()))
+        elif op == "RUN":
+            r = subprocess.run(["bash", "-c", here(rest)], capture_output=True, text=True, env=env, timeout=600)
+            assert r.returncode == 0, f"RUN {rest}: {r.stdout[-1500:]} {r.stderr[-1500:]}"
+
+
+def test_an_image_from_an_installed_wheel_installs_fsdpkit_in_a_clean_venv(installed, tmp_path):
+    """A user with the wheel only (no checkout, and no package index that has this version): `image
+    init` packs the running fsdpkit into the build context, and the Dockerfile's own install steps
+    work in a fresh venv standing in for the base image (its torch is the base's)."""
+    run, work = installed
+    project = work / "my-project"
+    r = run("image", "init", "--out", str(project), "--no-requirements", "--json")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)["data"]
+    assert data["fsdpkit"] == ".fsdpkit/fsdpkit-0.1.0-py3-none-any.whl"
+    venv, root = tmp_path / "image-venv", tmp_path / "image-root"
+    (root / "etc").mkdir(parents=True)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    _base_layer(venv, tmp_path / "base-layer")
+    env = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path / "home"),
+           "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    _image_steps(project / "Dockerfile", project, root, env)
+    r = subprocess.run([str(venv / "bin" / "fsdpkit"), "--version"], capture_output=True, text=True, env=env)
+    assert r.returncode == 0 and r.stdout.strip() == "fsdpkit 0.1.0", r.stderr
+    where = subprocess.run([str(venv / "bin" / "python"), "-c", "import fsdpkit; print(fsdpkit.__file__)"],
+                           capture_output=True, text=True, env=env, cwd=tmp_path).stdout
+    assert where.startswith(str(venv)), where   # installed from the wheel in the build context
+    import torch
+
+    assert (root / "etc" / "pip-constraints.txt").read_text().strip() == f"torch=={torch.__version__.split('+')[0]}"

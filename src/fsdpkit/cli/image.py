@@ -198,8 +198,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--requirements", help="the project's requirements file (default: requirements.txt when present)")
     p.add_argument("--no-requirements", action="store_true")
     p.add_argument("--fsdpkit", choices=("auto", "wheel", "release"), default="auto",
-                   help="fsdpkit in the image: a wheel built from this checkout (into .fsdpkit/), or the installed "
-                   "release from the package index (auto: a wheel when running from a checkout)")
+                   help="fsdpkit in the image: a wheel of the fsdpkit that runs (into .fsdpkit/: built from its "
+                   "checkout, or packed from its installed files; auto and wheel are the same), or release: this "
+                   "version from the package index")
     p.add_argument("--hyperpod", action="store_true", help="add hyperpod-elastic-agent (HyperPodPyTorchJob)")
     p.add_argument("--out", default=".")
     p.add_argument("--force", action="store_true")
