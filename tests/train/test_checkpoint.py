@@ -12,9 +12,9 @@ import time
 import pytest
 
 from fsdpkit.report.runs import load_run
-from fsdpkit.train.checkpoint import list_checkpoints, resolve
+from fsdpkit.train.checkpoint_index import list_checkpoints, resolve
 
-from conftest import FAST, ROOT, losses, processes_naming, read_metrics, run_cli
+from conftest import FAST, ROOT, losses, processes_naming, read_metrics, run_cli, write_fixture
 
 pytestmark = pytest.mark.slow
 
@@ -129,6 +129,39 @@ def test_resume_with_another_sequence_length_and_batch_says_where_the_data_conti
     assert "resumed with a global batch of 2 sequences per step (the checkpoint's: 8): the data continues at " \
            "sample 48" in r.stdout
     assert [m["step"] for m in read_metrics(tmp_path / "run")] == [4, 5, 6]
+
+
+def test_resume_keeps_the_checkpoints_data_and_refuses_other_data_in_one_line(tmp_path):
+    """A resume that names no dataset or tokenizer continues on the checkpoint's (it did not: the
+    embedded text with the byte tokenizer, loss 3.7 -> 13.8 without a word); naming other data is
+    refused before anything starts, unless --resume_new_data says it is meant."""
+    corpus = write_fixture(tmp_path / "corpus", "jsonl")
+    ckpt, common = tmp_path / "ckpt", [*BASE, "--train_batch_size", "2", "--nproc", "1"]
+    r = run_cli("train", *common, "--max_steps", "3", "--dataset", str(corpus), "--run_dir", str(tmp_path / "a"),
+                "--checkpoint_dir", str(ckpt))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"fsdpkit: data {corpus}, tokenizer bytes, vocab 258" in r.stdout
+    r = run_cli("train", *common, "--run_dir", str(tmp_path / "b"), "--checkpoint_dir", str(ckpt), "--resume", "auto")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"fsdpkit: dataset {str(corpus)!r}, as the checkpoint in {ckpt} was trained (the default on resume)" \
+        in r.stdout
+    assert f"fsdpkit: data {corpus}, tokenizer bytes, vocab 258" in r.stdout
+    first, resumed = losses(tmp_path / "a"), losses(tmp_path / "b")
+    assert len(resumed) == 3 and max(resumed) < first[0]   # still learning the same text, not a new one
+    # Another dataset, named: one line, exit 2, nothing written.
+    r = run_cli("train", *common, "--dataset", "embedded", "--run_dir", str(tmp_path / "c"), "--checkpoint_dir",
+                str(ckpt), "--resume", "auto")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr[-3000:]
+    assert r.stderr == (f"error: resume_from_checkpoint: {ckpt / 'step-00000006'} was trained on other data than "
+                        f"this run names: dataset 'embedded' (the checkpoint's: {str(corpus)!r}); drop those options "
+                        "to continue on its data, or pass --resume_new_data 1 to change it deliberately\n")
+    assert not (tmp_path / "c").exists()
+    # Meant: allowed, and said.
+    r = run_cli("train", *common, "--max_steps", "7", "--dataset", "embedded", "--resume_new_data", "1",
+                "--run_dir", str(tmp_path / "d"), "--checkpoint_dir", str(ckpt), "--resume", "auto")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "warning: resuming" in r.stdout and "on other data, as --resume_new_data asks: dataset 'embedded'" in \
+        r.stdout and "fsdpkit: data embedded, tokenizer bytes" in r.stdout
 
 
 @pytest.mark.parametrize("nproc", ["1", "2"])

@@ -14,7 +14,7 @@ from conftest import FAST, run_cli
 transformers = pytest.importorskip("transformers")
 from safetensors.torch import load_file  # noqa: E402
 
-from fsdpkit.train import checkpoint  # noqa: E402
+from fsdpkit.train import checkpoint_index  # noqa: E402
 from fsdpkit.train.export import load_full_model  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -44,14 +44,14 @@ def hf_tensors(path) -> dict[str, torch.Tensor]:
     return load_file(str(path / "model.safetensors"))
 
 
-def train_from(hf_dir, tmp_path, name: str, nproc: str, *flags: str) -> checkpoint.CheckpointInfo:
+def train_from(hf_dir, tmp_path, name: str, nproc: str, *flags: str) -> checkpoint_index.CheckpointInfo:
     ckpt = tmp_path / f"{name}-ckpt"
     r = run_cli("train", *FAST, "--init_from_hf", str(hf_dir), "--train_batch_size", "4", "--nproc", nproc,
                 "--tensorboard", "0", "--run_dir", str(tmp_path / f"{name}-run"), "--checkpoint_dir", str(ckpt),
                 "--checkpoint_freq", "100", *flags)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "initialised from Hugging Face weights" in r.stdout
-    return checkpoint.resolve(str(ckpt))
+    return checkpoint_index.resolve(str(ckpt))
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))

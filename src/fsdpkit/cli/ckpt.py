@@ -9,7 +9,7 @@ from pathlib import Path
 
 from fsdpkit.cli.output import Parser, dispatch, emit_json
 from fsdpkit.errors import UserError
-from fsdpkit.train.checkpoint import META, describe, prunable, scan
+from fsdpkit.train.checkpoint_index import META, describe, prunable, scan
 
 
 def _gib(n: int) -> str:

@@ -1,4 +1,5 @@
-"""Sharded checkpoints with torch.distributed.checkpoint (DCP): save, find the newest, resume.
+"""Sharded checkpoints with torch.distributed.checkpoint (DCP): save, verify, resume (which
+checkpoints a directory holds is fsdpkit.train.checkpoint_index).
 
 A checkpoint is written under a hidden temporary name and renamed to `step-NNNNNNNN` by rank 0
 only after every rank has finished writing, so a directory with that name is always complete: a
@@ -9,11 +10,9 @@ and reshards on load, so a run can resume with a different number of processes.
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import time
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,26 +28,18 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from fsdpkit.errors import NotFound, UserError
+from fsdpkit.errors import UserError
+from fsdpkit.train.checkpoint_index import (
+    META,
+    NAME,
+    TMP_NAME,
+    CheckpointInfo,
+    list_checkpoints,
+    prunable,
+    resolve,
+)
 from fsdpkit.train.dist import Runtime
 from fsdpkit.train.faults import maybe_fail
-
-NAME = re.compile(r"^step-(\d+)$")
-# The reference FSDP example names its checkpoints `{model_type}-{step}steps`.
-REFERENCE_NAME = re.compile(r"^(?P<model>[A-Za-z0-9_.]+)-(?P<step>\d+)steps$")
-TMP_NAME = re.compile(r"^\.step-(\d+)\.tmp$")
-# A checkpoint found damaged at resume is set aside under this name (never deleted: it may hold
-# the only copy of a long run, and a person should decide).
-DAMAGED_NAME = re.compile(r"^step-(\d+)\.damaged(\.\d+)?$")
-META = "fsdpkit.json"
-
-
-@dataclass(frozen=True)
-class CheckpointInfo:
-    path: Path
-    step: int
-    meta: dict[str, Any]
-
 
 # Loading in one process without a process group is intended (export, single-process resume).
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
@@ -133,35 +124,6 @@ class Checkpointer:
             tmp.rename(final)  # the completion marker: atomic on one file system
             prune(self.directory, self.keep_last, self.rt)
         _barrier(self.rt)
-
-
-def list_checkpoints(directory: Path) -> list[CheckpointInfo]:
-    """Complete checkpoints in `directory`, oldest first."""
-    out = []
-    if directory.is_dir():
-        for p in directory.iterdir():
-            m = NAME.match(p.name)
-            if m and (p / META).is_file():
-                out.append(CheckpointInfo(p, int(m.group(1)), json.loads((p / META).read_text())))
-    return sorted(out, key=lambda c: c.step)
-
-
-def resolve(spec: str) -> CheckpointInfo | None:
-    """A checkpoint directory itself, or the newest complete one inside a checkpoint root."""
-    p = Path(spec)
-    if (p / META).is_file() and NAME.match(p.name):
-        return CheckpointInfo(p, int(NAME.match(p.name).group(1)), json.loads((p / META).read_text()))
-    if p.is_dir() and (TMP_NAME.match(p.name) or NAME.match(p.name) or (p / ".metadata").is_file()):
-        raise UserError(f"resume_from_checkpoint: {p} is not a complete fsdpkit checkpoint (a save that did "
-                        "not finish?); pass its parent directory to resume from the newest complete one")
-    found = list_checkpoints(p)
-    if not found and p.is_dir():
-        reference = sorted(c.name for c in p.iterdir() if REFERENCE_NAME.match(c.name))
-        if reference:
-            raise UserError(f"resume_from_checkpoint: {p} holds only checkpoints of the reference example "
-                            f"({reference[-1]}); fsdpkit cannot resume those: use another --checkpoint_dir, "
-                            "or start from exported weights with --init_from_hf")
-    return found[-1] if found else None
 
 
 def verify(path: Path) -> str | None:
@@ -270,18 +232,6 @@ def load(info: CheckpointInfo, model: torch.nn.Module, optimizer: torch.optim.Op
     set_optimizer_state_dict(model, optimizer, state["optim"])
 
 
-def prunable(directory: Path, keep: int | None, older_than_days: float | None = None) -> list[CheckpointInfo]:
-    """The one pruning rule (the trainer's keep_last and `fsdpkit ckpt prune`): complete
-    checkpoints beyond the newest `keep` and, with `older_than_days`, older than that too. The
-    newest complete checkpoint always stays, and nothing that is not a complete fsdpkit
-    checkpoint is ever listed."""
-    found = list_checkpoints(directory)
-    kept = {c.path for c in found[-keep:]} if keep else set()
-    kept |= {c.path for c in found[-1:]}
-    cutoff = time.time() - older_than_days * 86400 if older_than_days is not None else None
-    return [c for c in found if c.path not in kept and (cutoff is None or c.path.stat().st_mtime < cutoff)]
-
-
 def prune(directory: Path, keep: int, rt: Runtime) -> None:
     """keep_last: 0 keeps every checkpoint."""
     if keep <= 0 or not rt.is_main:
@@ -290,36 +240,3 @@ def prune(directory: Path, keep: int, rt: Runtime) -> None:
         shutil.rmtree(old.path, ignore_errors=True)
 
 
-def _size(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
-
-
-def describe(path: Path) -> dict[str, Any] | None:
-    """What a directory entry is as a checkpoint: fsdpkit (complete), incomplete, or reference."""
-    if not path.is_dir():
-        return None
-    name = path.name
-    if (m := NAME.match(name)) and (path / META).is_file():
-        meta = json.loads((path / META).read_text())
-        return {"name": name, "path": str(path), "kind": "fsdpkit", "step": int(m.group(1)),
-                "complete": True, "world_size": meta.get("world_size"), "loss": meta.get("loss"),
-                "preset": meta.get("preset"), "samples": meta.get("samples"), "bytes": _size(path)}
-    if (m := NAME.match(name) or TMP_NAME.match(name)):
-        return {"name": name, "path": str(path), "kind": "fsdpkit", "step": int(m.group(1)),
-                "complete": False, "bytes": _size(path)}
-    if m := DAMAGED_NAME.match(name):
-        return {"name": name, "path": str(path), "kind": "fsdpkit", "step": int(m.group(1)),
-                "complete": False, "damaged": True, "bytes": _size(path)}
-    if m := REFERENCE_NAME.match(name):
-        return {"name": name, "path": str(path), "kind": "reference", "step": int(m.group("step")),
-                "complete": (path / ".metadata").is_file(), "model_type": m.group("model"),
-                "bytes": _size(path)}
-    return None
-
-
-def scan(directory: Path) -> list[dict[str, Any]]:
-    """Every checkpoint-like entry in `directory`, by step."""
-    if not directory.is_dir():
-        raise NotFound(f"checkpoint directory not found: {directory}")
-    found = [d for p in directory.iterdir() if (d := describe(p))]
-    return sorted(found, key=lambda d: (d["step"], d["name"]))

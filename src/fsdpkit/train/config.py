@@ -27,7 +27,7 @@ from pydantic.fields import FieldInfo
 
 from fsdpkit.errors import UserError
 from fsdpkit.settings import Bool, Float, Int, Settings, Str, aliases, choices, fail, load, option, scalar_type
-from fsdpkit.train import trackers
+from fsdpkit.train import checkpoint_index, trackers
 from fsdpkit.train.hf_config import model_config_from_hf
 from fsdpkit.train.model_config import ModelConfig
 from fsdpkit.train.presets import get_preset, get_recipe, match_preset
@@ -213,6 +213,9 @@ class CheckpointConfig(Settings):
     resume_from_checkpoint: Str | None = option(
         None, "a checkpoint, a directory whose newest complete checkpoint to resume from, or 'auto' "
         "(the newest in checkpoint_dir; also what a run restarted by torchrun does)", aliases=("resume",))
+    resume_new_data: Bool = option(
+        False, "resume on another dataset or tokenizer than the checkpoint was trained on (refused otherwise: "
+        "without --dataset and --tokenizer a resume continues on the checkpoint's)")
     keep_last: Int = option(3, "complete checkpoints to keep (0: all)", ge=0)
     async_checkpoint: Bool = option(False, "write checkpoints in the background while training continues")
     init_from_hf: Str | None = option(None, "start from Hugging Face weights: a local directory with config.json "
@@ -386,10 +389,72 @@ def build(layers: list[dict[str, Any]], notices: list[str] | None = None) -> Tra
         shape = {k: getattr(first.model, k) for k in ("dim", "n_layers", "n_heads", "ffn_dim")}
         preset = match_preset(str(model_type).strip().lower(), shape) or preset
     recipe = list(get_recipe(preset).options.items())
-    cfg = load(TrainConfig, _nest([("preset", preset), *recipe, *items], index), flat=True)
+    resumed = _resumed_data(first, {index[k][1] for k, _ in items}, dict(recipe), notices)
+    cfg = load(TrainConfig, _nest([("preset", preset), *recipe, *resumed, *items], index), flat=True)
     cfg = resolve(cfg, {name for _, name in (index[k] for k, _ in items)})
     validate(cfg)
     return cfg
+
+
+# What a run learns from, which a resume keeps unless told otherwise: its text and how it is
+# tokenised. (Another vocabulary would be another model shape, which resuming refuses anyway.)
+RESUMED_DATA = (("data", "dataset"), ("data", "dataset_config_name"), ("data", "text_field"),
+                ("data", "tokenizer"), ("model", "vocab_size"))
+
+
+def resume_target(cfg: TrainConfig) -> str | None:
+    """Where a run resumes from: the option, with 'auto' meaning checkpoint_dir. A worker that
+    torchrun restarted after a failure resumes from checkpoint_dir even when no option says so."""
+    ck = cfg.checkpoint
+    if ck.resume_from_checkpoint == "auto":
+        return ck.checkpoint_dir
+    if ck.resume_from_checkpoint:
+        return ck.resume_from_checkpoint
+    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+    return ck.checkpoint_dir if restarted and ck.checkpoint_dir else None
+
+
+def _same_data(mine: Any, theirs: Any) -> bool:
+    """One value of RESUMED_DATA: paths of this machine compare by where they lead."""
+    if mine == theirs:
+        return True
+    paths = [Path(str(v)).expanduser() for v in (mine, theirs)]
+    return all(p.exists() for p in paths) and paths[0].resolve() == paths[1].resolve()
+
+
+def _resumed_data(first: TrainConfig, given: set[str], recipe: dict[str, Any],
+                  notices: list[str]) -> list[tuple[str, Any]]:
+    """On a resume, the checkpoint's data and tokenizer for what no layer gives (said where they
+    differ from the recipe's or the default); another one given is refused in one line unless
+    `resume_new_data`. Read from the checkpoint's fsdpkit.json; a checkpoint that cannot be read
+    here is resume's to report."""
+    target = resume_target(first)
+    try:
+        found = checkpoint_index.resolve(target) if target else None
+    except (UserError, OSError, ValueError):
+        found = None
+    saved = found.meta.get("config") if found is not None and isinstance(found.meta, dict) else None
+    if not isinstance(saved, dict):
+        return []
+    taken, changed = [], []
+    for section, name in RESUMED_DATA:
+        if name not in (saved.get(section) or {}):
+            continue
+        theirs, mine = saved[section][name], getattr(getattr(first, section), name)
+        if name not in given:
+            taken.append((name, theirs))
+            if theirs != recipe.get(name, mine):
+                notices.append(f"fsdpkit: {name} {theirs!r}, as the checkpoint in {found.path.parent} was trained "
+                               "(the default on resume)")
+        elif not _same_data(mine, theirs):
+            changed.append(f"{name} {mine!r} (the checkpoint's: {theirs!r})")
+    if changed and not first.checkpoint.resume_new_data:
+        raise UserError(f"resume_from_checkpoint: {found.path} was trained on other data than this run names: "
+                        f"{'; '.join(changed)}; drop those options to continue on its data, or pass "
+                        "--resume_new_data 1 to change it deliberately")
+    if changed:
+        notices.append(f"warning: resuming {found.path} on other data, as --resume_new_data asks: {'; '.join(changed)}")
+    return taken
 
 
 def resolve(cfg: TrainConfig, given: set[str] = frozenset()) -> TrainConfig:

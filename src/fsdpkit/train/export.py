@@ -13,33 +13,33 @@ import yaml
 from torch.distributed.checkpoint.api import CheckpointException
 
 from fsdpkit.errors import UserError
-from fsdpkit.train import checkpoint
+from fsdpkit.train import checkpoint, checkpoint_index
 from fsdpkit.train.data.tokenizers import ByteTokenizer, get_tokenizer
 from fsdpkit.train.hf import save_hf
 from fsdpkit.train.model import Transformer
 from fsdpkit.train.model_config import ModelConfig, RopeScaling
 
 
-def find_checkpoint(src: Path) -> checkpoint.CheckpointInfo:
+def find_checkpoint(src: Path) -> checkpoint_index.CheckpointInfo:
     """A checkpoint, the newest complete one in a checkpoint directory, or the one of a run directory."""
-    found = checkpoint.resolve(str(src))
+    found = checkpoint_index.resolve(str(src))
     if found is None and (src / "config.yaml").is_file():
         ckpt_dir = (yaml.safe_load((src / "config.yaml").read_text()).get("checkpoint") or {}).get("checkpoint_dir")
         if ckpt_dir:
-            found = checkpoint.resolve(ckpt_dir)
+            found = checkpoint_index.resolve(ckpt_dir)
     if found is None:
         raise UserError(f"export: no complete checkpoint at {src}")
     return found
 
 
-def model_config_of(info: checkpoint.CheckpointInfo) -> ModelConfig:
+def model_config_of(info: checkpoint_index.CheckpointInfo) -> ModelConfig:
     m = dict(info.meta["model"])
     if m.get("rope_scaling"):
         m["rope_scaling"] = RopeScaling(**m["rope_scaling"])
     return ModelConfig(**m)
 
 
-def load_full_model(info: checkpoint.CheckpointInfo) -> Transformer:
+def load_full_model(info: checkpoint_index.CheckpointInfo) -> Transformer:
     """The whole model in CPU memory, from a checkpoint written by any number of ranks."""
     cfg = model_config_of(info)
     with torch.device("meta"):
@@ -57,7 +57,7 @@ def load_full_model(info: checkpoint.CheckpointInfo) -> Transformer:
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
-def tokenizer_of(info: checkpoint.CheckpointInfo) -> tuple[str, dict[str, int], dict[str, bytes]]:
+def tokenizer_of(info: checkpoint_index.CheckpointInfo) -> tuple[str, dict[str, int], dict[str, bytes]]:
     """The run's tokenizer as an export carries it: (its name, config.json's token ids, its files).
     The embedded byte tokenizer has ids but no files; a Hugging Face one is written as tokenizer.json
     with its configuration, so the export loads with AutoTokenizer."""

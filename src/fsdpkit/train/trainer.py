@@ -22,7 +22,7 @@ import torch
 from fsdpkit import yamlfile
 from fsdpkit.errors import UserError
 from fsdpkit.train import checkpoint, dist, network
-from fsdpkit.train.config import TrainConfig
+from fsdpkit.train.config import TrainConfig, resume_target
 from fsdpkit.train.data import BatchStream, Prefetcher
 from fsdpkit.train.faults import maybe_fail
 from fsdpkit.train.hf import load_hf_into
@@ -95,7 +95,7 @@ def preflight(cfg: TrainConfig) -> Path:
     if not dist.under_torchrun():
         dist.check_nproc(cfg.parallel.nproc, cfg.parallel.device)
         # A checkpoint that cannot be resumed is refused before any process starts or file is written.
-        if spec := resume_spec(cfg):
+        if spec := resume_target(cfg):
             checkpoint.check_resumable(spec, model_shape_of(cfg))
     return run_dir
 
@@ -103,18 +103,6 @@ def preflight(cfg: TrainConfig) -> Path:
 def model_shape_of(cfg: TrainConfig) -> dict[str, Any]:
     """The model's shape as a checkpoint records it (plain JSON values)."""
     return json.loads(json.dumps(dataclasses.asdict(cfg.shape)))
-
-
-def resume_spec(cfg: TrainConfig) -> str | None:
-    """Where to resume from: the flag, with 'auto' meaning checkpoint_dir. A worker that torchrun
-    restarted after a failure resumes from checkpoint_dir even when no flag says so."""
-    ck = cfg.checkpoint
-    if ck.resume_from_checkpoint == "auto":
-        return ck.checkpoint_dir
-    if ck.resume_from_checkpoint:
-        return ck.resume_from_checkpoint
-    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
-    return ck.checkpoint_dir if restarted and ck.checkpoint_dir else None
 
 
 @dataclass
@@ -244,7 +232,7 @@ def _start_state(cfg: TrainConfig, rt: dist.Runtime, notices: list[str]) -> Trai
         load_hf_into(model, Path(cfg.checkpoint.init_from_hf), cfg.shape)
         notices.append(f"fsdpkit: initialised from Hugging Face weights in {cfg.checkpoint.init_from_hf}")
     state = TrainState(model, build_optimizer(model, cfg))
-    if resume_from := resume_spec(cfg):
+    if resume_from := resume_target(cfg):
         found = checkpoint.resume(resume_from, model, state.optimizer, model_shape_of(cfg), rt, notices)
         if found is None:
             notices.append(f"fsdpkit: no complete checkpoint in {resume_from}; starting from step 0")
@@ -347,6 +335,8 @@ def _open_sinks(run: Run, state: TrainState, notices: list[str], stack: contextl
     run.say(f"fsdpkit: {cfg.preset} ({count_params(mcfg) / 1e6:.2f}M params), {rt.world_size} x "
             f"{rt.device.type}, {str(run.dtype).removeprefix('torch.')}, seq {cfg.data.seq_len}, global batch "
             f"{d.train_batch_size * rt.world_size * d.grad_accum_steps}, {cfg.optim.max_steps} steps -> {run_dir}")
+    config_name = f" ({d.dataset_config_name})" if d.dataset_config_name else ""
+    run.say(f"fsdpkit: data {d.dataset}{config_name}, tokenizer {d.tokenizer}, vocab {mcfg.vocab_size}")
     peak_txt = f"{run.peak / 1e12:.3f} TFLOP/s ({run.peak_source})" if run.peak else "unknown for this device"
     run.say(f"fsdpkit: MFU denominator {peak_txt}; mesh {describe_mesh(state.model)}; activation "
             f"checkpointing {cfg.parallel.activation_checkpointing}; compile {cfg.parallel.compile}")

@@ -1,0 +1,107 @@
+"""What checkpoints a directory holds, from names and metadata alone (no torch, so configuration
+and `fsdpkit ckpt` read it without loading the trainer): the complete `step-N` checkpoints with
+their fsdpkit.json, saves that did not finish, damaged ones set aside, the reference example's, the
+newest complete one, and the one pruning rule."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fsdpkit.errors import NotFound, UserError
+
+NAME = re.compile(r"^step-(\d+)$")
+# The reference FSDP example names its checkpoints `{model_type}-{step}steps`.
+REFERENCE_NAME = re.compile(r"^(?P<model>[A-Za-z0-9_.]+)-(?P<step>\d+)steps$")
+TMP_NAME = re.compile(r"^\.step-(\d+)\.tmp$")
+# A checkpoint found damaged at resume is set aside under this name (never deleted: it may hold
+# the only copy of a long run, and a person should decide).
+DAMAGED_NAME = re.compile(r"^step-(\d+)\.damaged(\.\d+)?$")
+META = "fsdpkit.json"
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    path: Path
+    step: int
+    meta: dict[str, Any]
+
+
+def list_checkpoints(directory: Path) -> list[CheckpointInfo]:
+    """Complete checkpoints in `directory`, oldest first."""
+    out = []
+    if directory.is_dir():
+        for p in directory.iterdir():
+            m = NAME.match(p.name)
+            if m and (p / META).is_file():
+                out.append(CheckpointInfo(p, int(m.group(1)), json.loads((p / META).read_text())))
+    return sorted(out, key=lambda c: c.step)
+
+
+def resolve(spec: str) -> CheckpointInfo | None:
+    """A checkpoint directory itself, or the newest complete one inside a checkpoint root."""
+    p = Path(spec)
+    if (p / META).is_file() and NAME.match(p.name):
+        return CheckpointInfo(p, int(NAME.match(p.name).group(1)), json.loads((p / META).read_text()))
+    if p.is_dir() and (TMP_NAME.match(p.name) or NAME.match(p.name) or (p / ".metadata").is_file()):
+        raise UserError(f"resume_from_checkpoint: {p} is not a complete fsdpkit checkpoint (a save that did "
+                        "not finish?); pass its parent directory to resume from the newest complete one")
+    found = list_checkpoints(p)
+    if not found and p.is_dir():
+        reference = sorted(c.name for c in p.iterdir() if REFERENCE_NAME.match(c.name))
+        if reference:
+            raise UserError(f"resume_from_checkpoint: {p} holds only checkpoints of the reference example "
+                            f"({reference[-1]}); fsdpkit cannot resume those: use another --checkpoint_dir, "
+                            "or start from exported weights with --init_from_hf")
+    return found[-1] if found else None
+
+
+def prunable(directory: Path, keep: int | None, older_than_days: float | None = None) -> list[CheckpointInfo]:
+    """The one pruning rule (the trainer's keep_last and `fsdpkit ckpt prune`): complete
+    checkpoints beyond the newest `keep` and, with `older_than_days`, older than that too. The
+    newest complete checkpoint always stays, and nothing that is not a complete fsdpkit
+    checkpoint is ever listed."""
+    found = list_checkpoints(directory)
+    kept = {c.path for c in found[-keep:]} if keep else set()
+    kept |= {c.path for c in found[-1:]}
+    cutoff = time.time() - older_than_days * 86400 if older_than_days is not None else None
+    return [c for c in found if c.path not in kept and (cutoff is None or c.path.stat().st_mtime < cutoff)]
+
+
+def _size(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def describe(path: Path) -> dict[str, Any] | None:
+    """What a directory entry is as a checkpoint: fsdpkit (complete), incomplete, or reference."""
+    if not path.is_dir():
+        return None
+    name = path.name
+    if (m := NAME.match(name)) and (path / META).is_file():
+        meta = json.loads((path / META).read_text())
+        return {"name": name, "path": str(path), "kind": "fsdpkit", "step": int(m.group(1)),
+                "complete": True, "world_size": meta.get("world_size"), "loss": meta.get("loss"),
+                "preset": meta.get("preset"), "samples": meta.get("samples"), "bytes": _size(path)}
+    if (m := NAME.match(name) or TMP_NAME.match(name)):
+        return {"name": name, "path": str(path), "kind": "fsdpkit", "step": int(m.group(1)),
+                "complete": False, "bytes": _size(path)}
+    if m := DAMAGED_NAME.match(name):
+        return {"name": name, "path": str(path), "kind": "fsdpkit", "step": int(m.group(1)),
+                "complete": False, "damaged": True, "bytes": _size(path)}
+    if m := REFERENCE_NAME.match(name):
+        return {"name": name, "path": str(path), "kind": "reference", "step": int(m.group("step")),
+                "complete": (path / ".metadata").is_file(), "model_type": m.group("model"),
+                "bytes": _size(path)}
+    return None
+
+
+def scan(directory: Path) -> list[dict[str, Any]]:
+    """Every checkpoint-like entry in `directory`, by step."""
+    if not directory.is_dir():
+        raise NotFound(f"checkpoint directory not found: {directory}")
+    found = [d for p in directory.iterdir() if (d := describe(p))]
+    return sorted(found, key=lambda d: (d["step"], d["name"]))
