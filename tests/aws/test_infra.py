@@ -63,7 +63,10 @@ def test_up_twice_makes_one_of_each_and_down_removes_only_ours(moto):
 
     r = run_cli("infra", "status", "--json", env=env)
     assert all(json.loads(r.stdout)["data"]["resources"].values())
-    r = run_cli("infra", "down", "--json", env=env)
+    r = run_cli("infra", "down", "--json", env=env)   # the bucket goes with every object version: asked first
+    assert r.returncode == 2 and "add --yes to confirm" in json.loads(r.stdout)["error"]["message"]
+    assert all(json.loads(run_cli("infra", "status", "--json", env=env).stdout)["data"]["resources"].values())
+    r = run_cli("infra", "down", "--yes", "--json", env=env)
     assert r.returncode == 0, r.stderr
     assert len(json.loads(r.stdout)["data"]["removed"]) == 5
     assert [b["Name"] for b in s3.list_buckets()["Buckets"]] == ["not-ours"]
@@ -268,8 +271,8 @@ def test_down_keeps_a_repository_that_holds_images(moto):
     assert r.returncode == 0 and len(would) == 4 and "ecr repository fsdpkit" not in would
     status = json.loads(run_cli("infra", "status", "--json", env=env).stdout)["data"]["resources"]
     assert len(status) == 5 and all(status.values())   # nothing removed
-    r = run_cli("infra", "down", "--json", env=env)
+    r = run_cli("infra", "down", "--yes", "--json", env=env)
     assert r.returncode == 0 and "kept ecr repository fsdpkit: it holds 1 image(s)" in r.stderr
     assert [x["repositoryName"] for x in client(url, "ecr").describe_repositories()["repositories"]] == ["fsdpkit"]
-    r = run_cli("infra", "down", "--delete-images", "--json", env=env)
+    r = run_cli("infra", "down", "--delete-images", "--yes", "--json", env=env)
     assert json.loads(r.stdout)["data"]["removed"] == ["ecr repository fsdpkit"]

@@ -38,7 +38,14 @@ def test_latest_and_prune_understand_both_namings(tmp_path):
     assert json.loads(r.stdout)["data"]["name"] == "llama_v3-40steps"
     r = run_cli("ckpt", "prune", str(root), "--keep", "1", "--dry-run")
     assert r.stdout.strip() == "would delete step-00000010" and (root / "step-00000010").exists()
+    # Deleting asks first: with no terminal to ask and no --yes, one line and nothing deleted.
     r = run_cli("ckpt", "prune", str(root), "--older-than-days", "0")
+    assert (r.returncode, r.stderr) == (2, "error: delete: removes checkpoints step-00000010; add --yes to confirm\n")
+    # --keep -1 once deleted a checkpoint and exited 0 (found[-keep:]).
+    r = run_cli("ckpt", "prune", str(root), "--keep", "-1", "--yes")
+    assert r.returncode == 2 and "--keep: -1 is below 0" in r.stderr and r.stderr.count("\n") == 1
+    assert (root / "step-00000010").exists()
+    r = run_cli("ckpt", "prune", str(root), "--older-than-days", "0", "--yes")
     assert r.returncode == 0 and r.stdout.strip() == "deleted step-00000010"
     # The newest complete fsdpkit checkpoint, the unfinished save and the reference's stay.
     assert sorted(p.name for p in root.iterdir()) == [".step-00000030.tmp", "llama_v3-40steps", "step-00000020"]

@@ -144,7 +144,17 @@ def test_delete_removes_job_and_secret_and_keeps_storage_unless_asked(kube, tmp_
     # Submitting again reuses the job's PVC (its checkpoints), then --delete-storage removes it.
     r = job_cli(kube, "submit", str(write_spec(tmp_path)), "--json")
     assert json.loads(r.stdout)["data"]["reused"] == ["PersistentVolumeClaim/llama-tiny-ckpt"]
+    before = writes(kube)
+    r = job_cli(kube, "delete", "llama-tiny", "--delete-storage", "--dry-run", "--json")
+    assert json.loads(r.stdout)["data"]["would_delete"] == [
+        "PyTorchJob/llama-tiny", "Secret/llama-tiny-hf-token", "PersistentVolumeClaim/llama-tiny-ckpt"]
+    # The checkpoints go with the volume: asked first; nobody at a terminal and no --yes is a refusal.
     r = job_cli(kube, "delete", "llama-tiny", "--delete-storage", "--json")
+    assert r.returncode == 2 and json.loads(r.stdout)["error"]["message"] == (
+        "delete: removes PyTorchJob/llama-tiny, Secret/llama-tiny-hf-token, PersistentVolumeClaim/llama-tiny-ckpt; "
+        "add --yes to confirm")
+    assert writes(kube) == before
+    r = job_cli(kube, "delete", "llama-tiny", "--delete-storage", "--yes", "--json")
     assert "PersistentVolumeClaim/llama-tiny-ckpt" in json.loads(r.stdout)["data"]["deleted"]
     assert writes(kube)[-1] == ("DELETE", "/api/v1/namespaces/default/persistentvolumeclaims/llama-tiny-ckpt")
 

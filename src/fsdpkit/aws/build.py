@@ -89,6 +89,11 @@ def tag_for(strategy: str, context: Path) -> str:
     return dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
 
 
+def repository_uri(aws: Aws, name: str) -> str:
+    """An ECR repository's URI, as ECR names it (account and region of the session)."""
+    return f"{aws.account}.dkr.ecr.{aws.region}.amazonaws.com/{name}"
+
+
 def ensure_repository(aws: Aws, name: str, immutable: bool = False, say: Callable[[str], None] = print) -> str:
     """The ECR repository (scan on push, lifecycle policy, optional tag immutability); its URI."""
     ecr = aws.client("ecr")

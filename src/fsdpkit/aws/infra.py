@@ -32,6 +32,11 @@ class Names:
         return cls(f"fsdpkit-build-{aws.account}-{aws.region}", f"fsdpkit-codebuild-{aws.region}", LOG_GROUP,
                    PROJECT, repository)
 
+    def resources(self) -> list[str]:
+        """Every resource `up` makes, as plans and `status` name them."""
+        return [f"s3 bucket {self.bucket}", f"iam role {self.role}", f"log group {self.log_group}",
+                f"codebuild project {self.project}", f"ecr repository {self.repository}"]
+
 
 def buildspec() -> dict[str, Any]:
     """CodeBuild's instructions, from code: log in to ECR, build, run the image's own selftest, push."""
@@ -97,9 +102,8 @@ class Infra:
             project = bool(self.cb.batch_get_projects(names=[n.project]).get("projects"))
         with aws_errors("listing repositories", "ecr"):
             repos = {r["repositoryName"] for r in self.ecr.describe_repositories().get("repositories", [])}
-        return {f"s3 bucket {n.bucket}": bucket, f"iam role {n.role}": role,
-                f"log group {n.log_group}": any(g["logGroupName"] == n.log_group for g in groups),
-                f"codebuild project {n.project}": project, f"ecr repository {n.repository}": n.repository in repos}
+        found = (bucket, role, any(g["logGroupName"] == n.log_group for g in groups), project, n.repository in repos)
+        return dict(zip(n.resources(), found, strict=True))
 
     # -- up ----------------------------------------------------------------------------------------
     def up(self, say=print, dry_run: bool = False) -> list[str]:

@@ -64,6 +64,24 @@ def connect(region: str | None = None, profile: str | None = None, endpoint_url:
     return aws
 
 
+# A dry run shows what needs AWS to know by these names when AWS cannot be asked.
+OFFLINE_ACCOUNT, OFFLINE_REGION = "ACCOUNT", "REGION"
+
+
+def connect_for(region: str | None, profile: str | None, dry_run: bool, say=print) -> Aws:
+    """AWS for a command that can dry-run: connected when it can be; on a dry run without
+    credentials, a region or a network, an offline stand-in (said once) whose account and region
+    are placeholders, so the plan is still printed."""
+    try:
+        return connect(region, profile)
+    except UserError as e:
+        if not dry_run or e.code not in ("no_credentials", "unreachable", "bad_input"):
+            raise
+        say(f"note: dry run without AWS ({e}); ACCOUNT and REGION stand for yours")
+    region = region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or OFFLINE_REGION
+    return Aws(None, region, OFFLINE_ACCOUNT)
+
+
 NOT_FOUND = ("ResourceNotFoundException", "NoSuchEntity", "NoSuchBucket", "NotFound", "NotFoundException",
              "RepositoryNotFoundException", "ImageNotFoundException", "FileSystemNotFound", "ValidationError")
 THROTTLED = ("Throttling", "ThrottlingException", "TooManyRequestsException", "RequestLimitExceeded", "SlowDown")

@@ -7,7 +7,7 @@ import json
 import shutil
 from pathlib import Path
 
-from fsdpkit.cli.output import Parser, dispatch, emit_json
+from fsdpkit.cli.output import Parser, confirmed, dispatch, emit_json
 from fsdpkit.errors import UserError
 from fsdpkit.train.checkpoint_index import META, describe, prunable, scan
 
@@ -56,23 +56,33 @@ def cmd_latest(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_prune(args: argparse.Namespace) -> int:
-    """Delete complete fsdpkit checkpoints beyond the newest --keep, or older than --older-than-days.
-    The newest complete checkpoint is never deleted, nor anything that is not fsdpkit's."""
-    if args.keep is None and args.older_than_days is None:
-        raise UserError("prune: give --keep N and/or --older-than-days D")
+def _prune(args: argparse.Namespace, dry_run: bool) -> list[dict]:
+    """What pruning deletes (with `dry_run`, would delete), here or in a helper pod on the PVC."""
     if args.pvc:
         verb = ["prune", *(["--keep", str(args.keep)] if args.keep is not None else []),
                 *(["--older-than-days", str(args.older_than_days)] if args.older_than_days is not None else []),
-                *(["--dry-run"] if args.dry_run else [])]
-        gone = _remote(args, verb)
-    else:
-        directory = Path(args.directory)
-        scan(directory)  # a missing directory is a one-line error, not "nothing to delete"
-        gone = [describe(c.path) for c in prunable(directory, args.keep, args.older_than_days)]
-        if not args.dry_run:
-            for r in gone:
-                shutil.rmtree(r["path"])
+                "--dry-run" if dry_run else "--yes"]
+        return _remote(args, verb)
+    directory = Path(args.directory)
+    scan(directory)  # a missing directory is a one-line error, not "nothing to delete"
+    gone = [describe(c.path) for c in prunable(directory, args.keep, args.older_than_days)]
+    for r in gone if not dry_run else ():
+        shutil.rmtree(r["path"])
+    return gone
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    """Delete complete fsdpkit checkpoints beyond the newest --keep, or older than --older-than-days.
+    The newest complete checkpoint is never deleted, nor anything that is not fsdpkit's; what would
+    go is listed and confirmed first (--yes)."""
+    if args.keep is None and args.older_than_days is None:
+        raise UserError("prune: give --keep N and/or --older-than-days D")
+    gone = _prune(args, dry_run=True)
+    if not args.dry_run and gone:
+        names = ", ".join(r["name"] for r in gone)
+        if not confirmed(args, f"checkpoints {names}", f"delete {len(gone)} checkpoint(s): {names}?"):
+            return 1
+        gone = _prune(args, dry_run=False)
     if args.json:
         return emit_json(gone)
     for r in gone:
@@ -119,6 +129,27 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def _count(raw: str) -> int:
+    """--keep: a whole number of checkpoints, not negative (`--keep -1` once deleted one)."""
+    try:
+        n = int(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of checkpoints, got {raw!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{n} is below 0; give how many of the newest to keep (0 or more)")
+    return n
+
+
+def _days(raw: str) -> float:
+    try:
+        d = float(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of days, got {raw!r}") from None
+    if not d >= 0:
+        raise argparse.ArgumentTypeError(f"{raw} is not 0 or more days")
+    return d
+
+
 def _storage_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("directory", help="a directory here, or with --pvc a path inside that volume")
     p.add_argument("--pvc", help="run in a short-lived pod that mounts this PersistentVolumeClaim")
@@ -140,9 +171,10 @@ def main(argv: list[str]) -> int:
     p.set_defaults(func=cmd_latest)
     p = sub.add_parser("prune", help="delete older complete checkpoints (never the newest)")
     _storage_args(p)
-    p.add_argument("--keep", type=int, help="keep the newest N")
-    p.add_argument("--older-than-days", type=float, help="delete those older than D days")
-    p.add_argument("--dry-run", action="store_true")
+    p.add_argument("--keep", type=_count, help="keep the newest N (0 or more; the newest complete one always stays)")
+    p.add_argument("--older-than-days", type=_days, help="delete those older than D days")
+    p.add_argument("--dry-run", action="store_true", help="list what would be deleted")
+    p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     p.set_defaults(func=cmd_prune)
     p_show = sub.add_parser("show", help="one checkpoint: step, size, world size, config, loss")
     p_show.add_argument("checkpoint")

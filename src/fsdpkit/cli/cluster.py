@@ -76,6 +76,15 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from fsdpkit.cluster import validate
     from fsdpkit.cluster.client import connect
 
+    if args.dry_run:  # what would run, from the flags alone: no cluster asked
+        if args.what != "nccl" or not args.instance_type:
+            raise UserError("--dry-run prints the nccl-tests MPIJob: use it with `validate nccl --instance-type ...`")
+        job = validate.nccl_mpijob("fsdpkit-nccl-dry-run", args.namespace, args.nodes, args.instance_type,
+                                   args.image or validate.NCCL_TESTS_IMAGE)
+        if args.json:
+            return emit_json({"dry_run": True, "manifest": job})
+        print(yamlfile.dump(job), end="")
+        return 0
     api = connect(args.context, args.kubeconfig, args.eks_cluster, args.region)
     if args.what == "gpu":
         rows = validate.validate_gpu(api, args.namespace, args.image or validate.CUDA_IMAGE, poll=args.poll)
@@ -276,6 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--image", help="gpu: a CUDA base image; nccl: an image with nccl-tests, aws-ofi-nccl, MPI")
     p.add_argument("-n", "--namespace", default="default")
     p.add_argument("--poll", type=float, default=5.0, help=argparse.SUPPRESS)
+    p.add_argument("--dry-run", action="store_true", help="nccl: print the MPIJob it would run; no cluster needed")
     _kube_flags(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_validate)

@@ -96,7 +96,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     import subprocess
 
     from fsdpkit.aws import build as b
-    from fsdpkit.aws.session import connect
+    from fsdpkit.aws.session import connect_for
 
     context = Path(args.context)
     if not (context / "Dockerfile").is_file():
@@ -104,7 +104,16 @@ def cmd_build(args: argparse.Namespace) -> int:
     repo = args.repository or b.image_name(context)
     tag = b.tag_for(args.tag_strategy, context)
     say = (lambda m: print(m, file=sys.stderr, flush=True)) if args.json else (lambda m: print(m, flush=True))
-    aws = connect(args.region, args.profile)
+    aws = connect_for(args.region, args.profile, args.dry_run, say)
+    if args.dry_run:
+        local = not args.codebuild and _docker_engine()
+        uri = f"{b.repository_uri(aws, repo)}:{tag}"
+        return _plan(args, {"image": uri, "where": "local" if local else "codebuild", "steps": [
+            f"ECR repository {repo}: created if missing (scan on push, lifecycle policy)",
+            f"docker buildx build --load -t {uri} {context}" if local else
+            f"{context} zipped (.dockerignore) to the build bucket; CodeBuild builds it",
+            f"the image's own selftest (--level {args.selftest}) before it is pushed" if not local else
+            f"docker push {uri} with `fsdpkit image push`"]})
     uri = f"{b.ensure_repository(aws, repo, args.immutable_tags, say)}:{tag}"
     if not args.codebuild and _docker_engine():
         say(f"building {uri} with the local Docker engine")
@@ -115,6 +124,16 @@ def cmd_build(args: argparse.Namespace) -> int:
             say("no Docker engine here: building in AWS CodeBuild")
         out = {**b.codebuild(aws, context, uri, args.selftest, say, poll=args.poll), "where": "codebuild"}
     return _build_result(out, args.json)
+
+
+def _plan(args: argparse.Namespace, plan: dict) -> int:
+    """A dry run's plan: the steps it would take, nothing done."""
+    if args.json:
+        return emit_json({"dry_run": True, **plan})
+    print(f"dry run: {plan['image']}" + (f" ({plan['where']})" if "where" in plan else ""))
+    for step in plan["steps"]:
+        print(f"  {step}")
+    return 0
 
 
 def _build_result(out: dict, as_json: bool) -> int:
@@ -133,14 +152,20 @@ def cmd_push(args: argparse.Namespace) -> int:
     import subprocess
 
     from fsdpkit.aws import build as b
-    from fsdpkit.aws.session import aws_errors, connect
+    from fsdpkit.aws.session import aws_errors, connect_for
 
     say = (lambda m: print(m, file=sys.stderr, flush=True)) if args.json else (lambda m: print(m, flush=True))
-    aws = connect(args.region, args.profile)
+    aws = connect_for(args.region, args.profile, args.dry_run, say)
     local = args.image
     repo = args.repository or local.split("/")[-1].split(":")[0]
     tag = b.tag_for(args.tag_strategy, Path(".")) if args.tag_strategy else (local.split(":")[-1] if ":" in
                                                                             local.split("/")[-1] else "latest")
+    if args.dry_run:
+        uri = f"{b.repository_uri(aws, repo)}:{tag}"
+        return _plan(args, {"image": uri, "steps": [
+            f"ECR repository {repo}: created if missing (scan on push, lifecycle policy)",
+            f"docker login to {uri.split('/')[0]}", f"docker tag {local} {uri}", f"docker push {uri}",
+            "the pushed digest checked against ECR's and recorded: jobs with this tag run that digest"]})
     uri = f"{b.ensure_repository(aws, repo, args.immutable_tags, say)}:{tag}"
     if not _docker_engine():
         raise UserError(f"no Docker engine here to push {local} from; the repository is ready: {uri.split(':')[0]} "
@@ -215,6 +240,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     def aws_args(p):
         p.add_argument("--repository", help="ECR repository (default: the directory's / image's name)")
+        p.add_argument("--dry-run", action="store_true", help="print the plan; nothing is created, built or "
+                       "pushed (without AWS credentials too)")
         p.add_argument("--immutable-tags", action="store_true")
         p.add_argument("--region")
         p.add_argument("--profile")

@@ -6,11 +6,11 @@ import argparse
 import sys
 
 from fsdpkit import yamlfile
-from fsdpkit.cli.output import Parser, dispatch, emit_json, progress
+from fsdpkit.cli.output import Parser, confirmed, dispatch, emit_json, progress
 
 
 def cmd(args: argparse.Namespace) -> int:
-    from fsdpkit.aws.infra import Infra, cloudformation
+    from fsdpkit.aws.infra import Infra, Names, cloudformation
 
     if args.cmd == "template":
         template = cloudformation(args.repository)
@@ -18,11 +18,21 @@ def cmd(args: argparse.Namespace) -> int:
             return emit_json({"template": template})
         print(yamlfile.dump(template), end="")
         return 0
-    from fsdpkit.aws.session import connect
+    from fsdpkit.aws.session import connect, connect_for
 
-    aws = connect(args.region, args.profile)
-    infra = Infra(aws, args.repository, args.immutable_tags)
     say = progress(args)
+    if args.cmd == "up" and args.dry_run:
+        aws = connect_for(args.region, args.profile, True, say)
+        if aws.session is None:   # no AWS to ask what exists: the whole plan, as it would be made
+            plan = Names.of(aws, args.repository).resources()
+            say("dry run: plan: create what is missing of " + ", ".join(plan))
+            if args.json:
+                return emit_json({"account": aws.account, "region": aws.region, "dry_run": True,
+                                  "offline": True, "would_create": plan})
+            return 0
+    else:
+        aws = connect(args.region, args.profile)
+    infra = Infra(aws, args.repository, args.immutable_tags)
     if args.cmd == "status":
         have = infra.status()
         if args.json:
@@ -30,6 +40,12 @@ def cmd(args: argparse.Namespace) -> int:
         for k, v in have.items():
             print(f"{'present' if v else 'missing':8s} {k}")
         return 0
+    if args.cmd == "down" and not args.dry_run:
+        plan = infra.down(say, args.delete_images, dry_run=True)
+        # The bucket goes with every object version in it (build contexts, logs): asked first.
+        if plan and not confirmed(args, ", ".join(plan), f"remove {', '.join(plan)} (the bucket with every "
+                                  "object version in it)?"):
+            return 1
     done = infra.up(say, args.dry_run) if args.cmd == "up" else infra.down(say, args.delete_images, args.dry_run)
     key = ("would_create" if args.dry_run else "created") if args.cmd == "up" else \
         ("would_remove" if args.dry_run else "removed")
@@ -43,7 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "repository for building images; idempotent, tagged fsdpkit:managed=true.")
     sub = parser.add_subparsers(dest="cmd", required=True, metavar="VERB", parser_class=Parser)
     for verb, text in (("up", "create what is missing (prints the plan first)"), ("status", "what exists"),
-                       ("down", "remove what fsdpkit created, nothing else"),
+                       ("down", "remove what fsdpkit created, nothing else: the CodeBuild project, the IAM role, "
+                        "the log group, the S3 bucket with every object version, the ECR repository if it holds "
+                        "no images (asks first)"),
                        ("template", "the same resources as a CloudFormation template")):
         p = sub.add_parser(verb, help=text)
         p.add_argument("--region", help="default: your AWS session's (AWS_REGION, profile)")
@@ -54,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
         if verb == "down":
             p.add_argument("--delete-images", action="store_true", help="also remove an ECR repository that "
                            "still holds images")
+            p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
         if verb in ("up", "down"):
             p.add_argument("--dry-run", action="store_true", help="print the plan; create or remove nothing")
         p.set_defaults(func=cmd)

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from fsdpkit.cli.output import Parser, dispatch, emit_json, finding_message, print_findings, write_new
+from fsdpkit.cli.output import Parser, confirmed, dispatch, emit_json, finding_message, print_findings, write_new
 from fsdpkit.errors import UserError
 from fsdpkit.jobs.backends import Backend, Watchable, get_backend
 from fsdpkit.jobs.capacity import capacity as check_capacity
@@ -167,7 +167,18 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_delete(args: argparse.Namespace) -> int:
-    deleted = _backend(args).cancel(args.job, _ns(args), delete_storage=args.delete_storage)
+    backend = _backend(args)
+    if args.dry_run or args.delete_storage:
+        targets = backend.cancel(args.job, _ns(args), delete_storage=args.delete_storage, dry_run=True)
+        if args.dry_run:
+            if args.json:
+                return emit_json({"dry_run": True, "would_delete": targets})
+            print(f"would delete {', '.join(targets)}")
+            return 0
+        # The checkpoints on a volume fsdpkit created go with it: asked first.
+        if not confirmed(args, ", ".join(targets), f"delete {', '.join(targets)}, checkpoints included?"):
+            return 1
+    deleted = backend.cancel(args.job, _ns(args), delete_storage=args.delete_storage)
     if args.json:
         return emit_json({"deleted": deleted})
     print(f"deleted {', '.join(deleted)}")
@@ -347,7 +358,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("delete", aliases=["cancel"],
                        help="cancel and remove a job (its checkpoint storage is kept); `cancel` is the same verb")
     name_args(p)
-    p.add_argument("--delete-storage", action="store_true", help="also delete the PVC fsdpkit created for it")
+    p.add_argument("--delete-storage", action="store_true", help="also delete the PVC fsdpkit created for it, and "
+                   "the checkpoints on it (asks first; a claim the spec named is never deleted)")
+    p.add_argument("--dry-run", action="store_true", help="print what would be deleted")
+    p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     common(p)
     p.set_defaults(func=cmd_delete)
 

@@ -9,6 +9,7 @@ import time
 from decimal import Decimal
 from typing import Any
 
+from fsdpkit.cluster import pod_rules
 from fsdpkit.cluster.checks import GPU, ClusterReader, node_infos
 from fsdpkit.cluster.client import ClusterError, api_errors, is_not_found
 from fsdpkit.cluster.nccl import parse_all_reduce, verdict
@@ -85,7 +86,7 @@ def nccl_mpijob(name: str, namespace: str, nodes: int, instance_type: str, image
         "nodeSelector": {"node.kubernetes.io/instance-type": instance_type},
         "tolerations": [{"key": GPU, "operator": "Exists", "effect": "NoSchedule"}],
     }
-    return {
+    return pod_rules.check_objects([{
         "apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob",
         "metadata": {"name": name, "namespace": namespace, "labels": {"app.kubernetes.io/managed-by": "fsdpkit"}},
         "spec": {
@@ -99,7 +100,7 @@ def nccl_mpijob(name: str, namespace: str, nodes: int, instance_type: str, image
                 "Worker": {"replicas": nodes, "template": {"spec": worker}},
             },
         },
-    }
+    }])[0]
 
 
 def validate_nccl(api_client: Any, nodes: int, instance_type: str, namespace: str = "default",

@@ -157,23 +157,24 @@ class KubeSubmitter(KubeAPI):
             except Exception as e:  # keep rolling back the rest; say what is left
                 log.info(f"could not roll back {kind}/{name}: {e}; delete it by hand")
 
-    def cancel(self, name: str, namespace: str = "default", delete_storage: bool = False) -> list[str]:
+    def cancel(self, name: str, namespace: str = "default", delete_storage: bool = False,
+               dry_run: bool = False) -> list[str]:
+        """The job, then what fsdpkit made for it: its Secret, and with `delete_storage` the PVC it
+        created (never a claim it was given)."""
         kind, _obj = self._require_job(name, namespace)
-        self._delete_object(kind, name, namespace)
-        deleted = [f"{kind}/{name}"]
+        targets = [(kind, name)]
         core = self._core()
         kinds = [("Secret", core.list_namespaced_secret)]
         if delete_storage:
             kinds.append(("PersistentVolumeClaim", core.list_namespaced_persistent_volume_claim))
         sel = {**manifests.MANAGED_BY, JOB_LABEL: name}
-        for kind, lister in kinds:  # only what fsdpkit made for this job
-            with api_errors(f"listing the job's {kind}s", self.host):
+        for made, lister in kinds:  # only what fsdpkit made for this job
+            with api_errors(f"listing the job's {made}s", self.host):
                 items = lister(namespace, label_selector=label_selector(sel)).items
-            for obj in items:
-                if labels_match(obj.metadata.labels, sel):
-                    self._delete_object(kind, obj.metadata.name, namespace)
-                    deleted.append(f"{kind}/{obj.metadata.name}")
-        return deleted
+            targets += [(made, o.metadata.name) for o in items if labels_match(o.metadata.labels, sel)]
+        for target in targets if not dry_run else ():
+            self._delete_object(*target, namespace)
+        return [f"{k}/{n}" for k, n in targets]
 
 
     def resubmit(self, kind: str, obj: dict[str, Any]) -> None:

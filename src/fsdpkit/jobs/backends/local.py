@@ -147,10 +147,13 @@ class LocalBackend:
         return [self.status(d.name) for d in sorted(root.iterdir()) if (d / "spec.json").exists()] \
             if root.is_dir() else []
 
-    def cancel(self, name: str, namespace: str | None = None, delete_storage: bool = False) -> list[str]:
+    def cancel(self, name: str, namespace: str | None = None, delete_storage: bool = False,
+               dry_run: bool = False) -> list[str]:
         """SIGTERM to the whole process group: torchrun forwards it and the trainer saves a checkpoint."""
         st = self.status(name)
         job_dir = self._dir(name)
+        if dry_run:
+            return [f"{job_dir} (deleted)" if delete_storage else f"local/{name}"]
         if not st.finished:
             (job_dir / "cancelled").touch()
             with contextlib.suppress(OSError, ValueError):  # already gone

@@ -163,11 +163,13 @@ class SlurmBackend:
     def list(self, namespace: str | None = None) -> list[JobStatus]:
         return [self._status_of(j) for j in self._jobs()]
 
-    def cancel(self, name: str, namespace: str | None = None, delete_storage: bool = False) -> list[str]:
-        """scancel: Slurm sends SIGTERM to every step, and SIGKILL only after KillWait."""
+    def cancel(self, name: str, namespace: str | None = None, delete_storage: bool = False,
+               dry_run: bool = False) -> list[str]:
+        """scancel: Slurm sends SIGTERM to every step, and SIGKILL only after KillWait. The shared
+        storage is the cluster's: `delete_storage` removes nothing here."""
         st = self.status(name)
         self._need("scancel")
-        if not st.finished:
+        if not st.finished and not dry_run:
             subprocess.run(["scancel", "--name", name], check=False)
         return [f"slurm/{name} (job {st.details['job_id']})"]
 
