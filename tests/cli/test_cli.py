@@ -43,3 +43,15 @@ def test_a_near_miss_of_an_option_is_named(cli):
     r = cli("train", "--max_step", "10")
     assert r.returncode == 2 and r.stderr.strip() == (
         "error: unknown option '--max_step'; did you mean --max_steps? (see `fsdpkit train --help`)")
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly():
+    """`fsdpkit ... --json | head`: no BrokenPipeError traceback, and the exit of a process SIGPIPE ends."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    r = subprocess.run(["bash", "-c", f"'{sys.executable}' -m fsdpkit presets --json | true; "
+                        "echo ${PIPESTATUS[0]} >&2"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert r.stderr == "141\n"

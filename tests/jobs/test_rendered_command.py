@@ -157,5 +157,28 @@ def test_rendered_command_of_a_trainjob_trains_across_its_two_nodes(tmp_path):
     t = job["spec"]["trainer"]
     container = {"command": t["command"], "env": t["env"]}
     pods = [(f"rc-node-0-{i}", i, container) for i in range(t["numNodes"])]
-    run_pods(tmp_path, job, pods, names=[f"{name}.rc" for name, _, _ in pods])
+    run_pods(tmp_path, job, pods, names=[f"{name}.rc.default.svc.cluster.local" for name, _, _ in pods])
     assert read_metrics(tmp_path / "volume" / "rc" / "run", "start")[0]["world_size"] == 2
+
+
+def test_a_trainjob_s_first_node_knows_it_hosts_the_rendezvous_before_dns_does(tmp_path):
+    """torch's own check, in a pod as the kubelet makes it: hostname NAME-node-0-0 and an /etc/hosts
+    naming it with its full name, and no cluster DNS yet. The rendered endpoint is this pod; the
+    short headless name would not be (node 0 would wait as a client of a store nobody hosts)."""
+    if subprocess.run(["unshare", "--uts", "--mount", "true"], capture_output=True).returncode:
+        pytest.skip("this machine cannot make a UTS namespace (unshare --uts)")
+    job = trainjob.trainjob_manifest(spec_for(tmp_path, "2", backend="trainjob"))
+    command = job["spec"]["trainer"]["command"]
+    host = next(a for a in command if a.startswith("--rdzv-endpoint=")).split("=", 1)[1].rsplit(":", 1)[0]
+    assert host == "rc-node-0-0.rc.default.svc.cluster.local"
+    (tmp_path / "hosts").write_text("127.0.0.1 localhost\n10.1.2.3 rc-node-0-0.rc.default.svc.cluster.local "
+                                    "rc-node-0-0\n")
+    (tmp_path / "resolv.conf").write_text("nameserver 127.0.0.1\n")   # a cluster DNS that does not answer yet
+    check = ("import sys; from torch.distributed.elastic.rendezvous.utils import _matches_machine_hostname as m; "
+             "print(*(m(h) for h in sys.argv[1:]))")
+    r = subprocess.run(["unshare", "--uts", "--mount", "sh", "-c", 'hostname rc-node-0-0 && mount --bind "$0" '
+                        '/etc/hosts && mount --bind "$1" /etc/resolv.conf && shift && exec "$@"',
+                        str(tmp_path / "hosts"), str(tmp_path / "resolv.conf"), sys.executable, "-c", check, host,
+                        "rc-node-0-0.rc"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["True", "False"]

@@ -129,3 +129,19 @@ def test_slurm_submit_that_sbatch_refuses_is_one_line(tmp_path):
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: sbatch refused "), r.stderr
+
+
+def test_slurm_submit_that_reaches_no_controller_is_exit_3_and_leaves_no_script(slurm, tmp_path):
+    """The cluster's side, not the input: a controller nobody answers for (the session's Slurm, its
+    port changed) is exit 3, `unreachable`, and the script this submit wrote is gone again."""
+    conf = tmp_path / "slurm.conf"
+    conf.write_text(slurm.conf.read_text().replace("SlurmctldPort=", f"SlurmctldPort={_port()}\n# was: "))
+    spec = write_spec(tmp_path, "lonely")
+    r = subprocess.run([sys.executable, "-m", "fsdpkit", "job", "submit", str(spec), "--json"], cwd=ROOT,
+                       env={**os.environ, **slurm.env, "SLURM_CONF": str(conf)}, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 3, r.stdout + r.stderr
+    error = json.loads(r.stdout)["error"]
+    assert error["code"] == "unreachable" and error["message"].startswith(
+        "sbatch could not reach the Slurm controller (sbatch: error: ") and "SLURM_CONF" in error["message"]
+    assert not (tmp_path / "lonely.sbatch").exists()

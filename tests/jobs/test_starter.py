@@ -49,6 +49,42 @@ def test_the_commented_defaults_are_the_real_ones():
     assert f"  # checkpoint_every: {every} " in text and "\n# max_restarts: 3 " in text
 
 
+def test_init_to_stdout_under_json_keeps_the_envelope():
+    r = run_cli("job", "init", "--backend", "slurm", "--out", "-", "--json")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)["data"]   # stdout is one JSON document, the spec inside it
+    assert data["path"] is None and load_spec_dict(yaml.safe_load(data["text"])).backend == "slurm"
+
+
+def test_slurm_on_hyperpod_auto_resumes_and_runs_in_the_image_init_names():
+    """`job init --image` on Slurm runs srun in that image (pyxis's REGISTRY#IMAGE form; it was
+    dropped without a word), and HyperPod's ml. instance names turn on srun --auto-resume=1."""
+    from fsdpkit.jobs.backends.slurm import script
+
+    text = starter("slurm", "hp", "ml.p5.48xlarge", "2", IMAGE, shared_path="/fsx")
+    spec = load_spec_dict(yaml.safe_load(text))
+    assert spec.slurm.hyperpod is True and spec.image == IMAGE
+    srun = next(line for line in script(spec).splitlines() if line.startswith("srun "))
+    assert srun.startswith("srun --kill-on-bad-exit=1 --auto-resume=1 --container-image="
+                           "'123456789012.dkr.ecr.us-west-2.amazonaws.com#fsdpkit:v1' --container-mounts=/fsx:/fsx ")
+    plain = load_spec_dict(yaml.safe_load(starter("slurm", "p", "p5.48xlarge", "2", "nvcr.io/nvidia/pytorch:25.01-py3",
+                                                  shared_path="/fsx")))
+    srun = next(line for line in script(plain).splitlines() if line.startswith("srun "))
+    assert "--auto-resume" not in srun and "--container-image='nvcr.io#nvidia/pytorch:25.01-py3'" in srun
+    # Docker Hub names have no registry part; an explicit container_image wins.
+    assert load_spec_dict({"name": "d", "backend": "slurm", "image": "pytorch/pytorch:2.6"}).slurm.image(
+        "pytorch/pytorch:2.6") == "pytorch/pytorch:2.6"
+
+
+def test_a_launcher_option_under_train_is_refused_for_the_spec_s_own_field():
+    """`train.max_restarts` lost silently to the spec's max_restarts on a cluster (and won locally)."""
+    with pytest.raises(UserError, match=r"^train.max_restarts: a job's launcher takes this from the spec; set "
+                                        r"max_restarts: 5 \(a top-level field\) and drop train.max_restarts$"):
+        load_spec_dict({"name": "j", "backend": "pytorchjob", "image": IMAGE, "train": {"max_restarts": 5}})
+    with pytest.raises(UserError, match=r"^train.nproc: .* set procs_per_node: 4"):
+        load_spec_dict({"name": "j", "train": {"parallel": {"nproc": 4}}})
+
+
 def test_init_refuses_to_overwrite_and_bad_values_write_nothing(tmp_path):
     out = tmp_path / "job.yaml"
     r = run_cli("job", "init", "--backend", "pytorchjob", "--image", IMAGE, "--out", str(out), "--json")

@@ -144,6 +144,23 @@ def test_plan_reports_time_and_cost_for_a_token_budget():
     out = plan_json(*BIG, "--nodes", "8", "--tokens", "1e9", "--price-per-hour", "100")
     assert out["hours"] == pytest.approx(1e9 / out["tokens_per_s"] / 3600, rel=1e-3)
     assert out["cost"] == pytest.approx(out["hours"] * 8 * 100, rel=1e-3)
+    # A price alone is the nodes' hourly cost (it was ignored without --tokens).
+    out = plan_json(*BIG, "--nodes", "8", "--price-per-hour", "98")
+    assert out["cost_per_hour"] == 784 and "hours" not in out
+    r = run_cli("plan", *BIG, "--nodes", "8", "--price-per-hour", "98")
+    assert "cost: 784.00 USD per hour for 8 node(s) at your price" in r.stdout
+
+
+def test_a_plan_that_does_not_fit_is_a_failed_check():
+    """ok is true exactly when the exit code is 0: a plan that does not fit exits 1, the plan in
+    data, the change that fits as the hint."""
+    r = run_cli("plan", *BIG, "--nodes", "1", "--json")
+    envelope = json.loads(r.stdout)
+    assert r.returncode == 1 and envelope["ok"] is False and envelope["data"]["fits"] is False
+    assert envelope["error"]["code"] == "failed" and envelope["error"]["message"].startswith("does not fit")
+    assert envelope["error"]["hint"] == f"plan again with {envelope['data']['alternatives'][0]['change']}"
+    assert run_cli("plan", *BIG, "--nodes", "1").returncode == 1
+    assert run_cli("plan", *BIG, "--nodes", "8").returncode == 0
 
 
 @pytest.mark.parametrize(("args", "message"), [
@@ -151,6 +168,7 @@ def test_plan_reports_time_and_cost_for_a_token_budget():
     (["--preset", "debug", "--mfu", "1.5"], "mfu: 1.5 is out of range"),
     (["--preset", "debug", "--instance-type", "p9.1xlarge"], "instance_type: 'p9.1xlarge' is not in fsdpkit's table"),
     (["--preset", "nope"], "preset"),
+    (["--preset", "debug", "--price-per-hour", "-3"], "price_per_hour: -3.0 is out of range (> 0)"),
 ])
 def test_bad_plan_input_is_one_line(args, message):
     r = run_cli("plan", *args)
@@ -209,3 +227,24 @@ def test_validation_defaults_stay_within_two_percent_of_training_for_every_prese
     cfg = build([{"preset": "llama3_1_8b", "validation_batches": 16, "val_batch_size": 16, "max_steps": 1000}])
     # Passes at steps 500 and 1000 (the last is also the end), 16 x 16 sequences each, a third of a step.
     assert cfg.log.validation_batches == 16 and cfg.validation_share() == pytest.approx(2 * 16 * 16 / (3 * 1000))
+
+
+def test_a_multi_node_gpu_job_without_storage_warns_and_strict_refuses(kube, tmp_path):
+    """4 x p5 with nowhere to keep a checkpoint: one lost node is the whole run lost."""
+    from job_specs import job_cli, write_spec
+
+    spec = write_spec(tmp_path, nodes=4, storage={}, train={"preset": "tiny", "max_steps": 50})
+    r = job_cli(kube, "submit", str(spec), "--strict", "--json")
+    error = json.loads(r.stdout)["error"]
+    assert r.returncode == 2 and error["message"] == (
+        "storage: a 4-node GPU job with no storage cannot keep a checkpoint, so one lost node loses the whole run; "
+        "give storage.claim (an existing PVC such as FSx for Lustre) or storage.size; not submitted (--strict)")
+    assert error["hint"].startswith("give storage.claim")
+    assert not [m for m, _, _ in kube.requests() if m == "POST"]
+    r = job_cli(kube, "submit", str(spec), "--dry-run")
+    assert r.returncode == 0 and r.stderr.startswith("warning: storage: a 4-node GPU job with no storage")
+    # One node, or storage: nothing to say.
+    for fields in ({"nodes": 1, "storage": {}}, {"nodes": 4}):
+        r = job_cli(kube, "submit", str(write_spec(tmp_path, train={"preset": "tiny", "max_steps": 50}, **fields)),
+                    "--dry-run")
+        assert r.returncode == 0 and "storage:" not in r.stderr, r.stderr

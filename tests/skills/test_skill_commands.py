@@ -50,6 +50,8 @@ EXPECT = {
     # The recorded DCGM series hold one node at about 58% against the others' 95%: the skill says
     # what a straggler finding means.
     r"^fsdpkit metrics my-job": (1, "straggler"),
+    # The 70B on one p5 does not fit: the skill shows the plan that fails, with the change as its hint.
+    r"^fsdpkit plan --preset llama3_1_70b --instance-type p5.48xlarge --nodes 1 --json": (1, "plan again with"),
 }
 IMAGE = "000000000000.dkr.ecr.us-west-2.amazonaws.com/fsdpkit:v1"
 

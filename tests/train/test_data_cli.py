@@ -76,3 +76,18 @@ def test_bad_dataset_inputs_are_one_line(tmp_path):
     r = run_cli("train", "--dataset", "allenai/c4", "--dataset_config_name", "en", "--run_dir",
                 str(tmp_path / "run"), env={"HF_HUB_OFFLINE": "1"})
     assert r.returncode == 2 and "HF_HUB_OFFLINE=1" in r.stderr
+
+
+def test_tokenizer_train_says_when_the_text_gives_fewer_tokens_than_asked(tmp_path):
+    (tmp_path / "tiny").mkdir()
+    (tmp_path / "tiny" / "a.jsonl").write_text('{"text": "hello world hello"}\n')
+    r = run_cli("tokenizer", "train", "--dataset", str(tmp_path / "tiny"), "--vocab_size", "1000", "--out",
+                str(tmp_path / "tok"), "--json")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)["data"]
+    assert data["requested"] == 1000 and 258 <= data["vocab_size"] < 1000
+    assert data["warnings"] == [f"the text held merges for {data['vocab_size']:,} tokens, not the 1,000 asked (more "
+                                f"text learns more); train with --vocab_size {data['vocab_size']}"]
+    r = run_cli("tokenizer", "train", "--dataset", str(tmp_path / "tiny"), "--vocab_size", "1000", "--out",
+                str(tmp_path / "tok2"))
+    assert r.returncode == 0 and r.stderr.startswith("warning: the text held merges for ")

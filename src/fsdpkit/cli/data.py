@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import sys
 from pathlib import Path
 
 from fsdpkit.cli.output import Parser, dispatch, emit_json
@@ -60,8 +61,14 @@ def cmd_train_tokenizer(args: argparse.Namespace) -> int:
     from fsdpkit.train.data import HFTokenizer
 
     tok = HFTokenizer(str(out))
+    # BPE stops when the text has no pair left to merge: a small corpus learns fewer tokens than asked.
+    short = (f"the text held merges for {tok.vocab_size:,} tokens, not the {args.vocab_size:,} asked (more text "
+             f"learns more); train with --vocab_size {tok.vocab_size}") if tok.vocab_size < args.vocab_size else None
     if args.json:
-        return emit_json({"out": str(out), "vocab_size": tok.vocab_size, "eos_id": tok.eos_id})
+        return emit_json({"out": str(out), "vocab_size": tok.vocab_size, "requested": args.vocab_size,
+                          "eos_id": tok.eos_id, "warnings": [short] if short else []})
+    if short:
+        print(f"warning: {short}", file=sys.stderr)
     print(f"trained a byte-level BPE of {tok.vocab_size} tokens into {out}; use --tokenizer {out}")
     return 0
 

@@ -55,6 +55,8 @@ def cmd_init(args: argparse.Namespace) -> int:
     text = starter(args.backend, name, args.instance_type, args.nodes, args.image, args.preset, args.storage_claim,
                    args.shared_path, args.dataset, args.tokenizer)
     if args.out == "-":
+        if args.json:   # the spec goes in the envelope: stdout stays one JSON document
+            return emit_json({"path": None, "text": text, "backend": args.backend, "name": name})
         print(text, end="")
         return 0
     out = Path(args.out)
@@ -287,7 +289,8 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG or ~/.kube/config)")
 
     def spec_args(p: argparse.ArgumentParser) -> None:
-        p.add_argument("spec", nargs="?", help="job spec YAML (see docs/jobs.md); omit to start from the defaults")
+        p.add_argument("spec", nargs="?", help="job spec YAML (`fsdpkit job init` writes one with every field "
+                       "explained); omit to start from the defaults")
         p.add_argument("--set", action="append", metavar="KEY=VALUE",
                        help="override a field, dotted for sections (train.max_steps=100, hyperpod.auto_resume=false)")
         for k in _SHORTCUTS:

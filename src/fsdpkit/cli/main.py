@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from fsdpkit import __version__
@@ -49,7 +50,22 @@ next steps:
 """
 
 
+# A process whose reader went away ends as if SIGPIPE had ended it (128 + 13).
+BROKEN_PIPE = 141
+
+
 def main(argv: list[str] | None = None) -> int:
+    """The command; a reader that goes away (`--json | head`) ends it quietly, without a traceback."""
+    try:
+        code = _run(argv)
+        sys.stdout.flush()   # inside: output still buffered would otherwise fail at exit, loudly
+        return code
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return BROKEN_PIPE
+
+
+def _run(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="fsdpkit", description="FSDP2 training from laptop to cluster.",
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=NEXT_STEPS)

@@ -26,7 +26,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nodes", type=int, help="nodes (default: the job spec's, or 1)")
     p.add_argument("--mfu", type=float, default=0.4, help="model FLOPs utilisation to assume (default 0.4)")
     p.add_argument("--tokens", type=float, help="token budget: report the time (and cost) to train on it")
-    p.add_argument("--price-per-hour", type=float, help="your price per node-hour (no price list is built in)")
+    p.add_argument("--price-per-hour", type=float, help="your price per node-hour (no price list is built in): the "
+                   "hourly cost of the nodes, and with --tokens the budget's")
     p.add_argument("--currency", default="USD", help="the unit of --price-per-hour (default USD)")
     p.add_argument("--write-mb-per-s", type=float, help="checkpoint storage's write throughput, for the grace "
                    f"period a stopping job needs (default: the job spec's storage.write_mb_per_s, or "
@@ -54,6 +55,8 @@ def run(args: argparse.Namespace, train_flags: list[str]) -> int:
     cfg, instance_type, nodes, procs, write_rate = _config(args, train_flags)
     if args.tokens is not None and args.tokens <= 0:
         raise UserError(f"tokens: {args.tokens} is out of range (> 0)")
+    if args.price_per_hour is not None and args.price_per_hour <= 0:
+        raise UserError(f"price_per_hour: {args.price_per_hour} is out of range (> 0)")
     if write_rate <= 0:
         raise UserError(f"write_mb_per_s: {write_rate} is out of range (> 0)")
     p = plan_config(cfg, instance_type, nodes, args.mfu, procs)
@@ -68,10 +71,13 @@ def run(args: argparse.Namespace, train_flags: list[str]) -> int:
                           "every_steps": cfg.log.validation_freq, "share": round(cfg.validation_share(), 4)},
            "grace": grace.to_dict(), "checkpoints": checkpoints,
            "alternatives": [a.summary(args.tokens, args.price_per_hour) for a in p.alternatives]}
+    # A plan that does not fit is a check that failed: exit 1, with what to change as the hint.
+    code = 1 if p.fits is False else 0
     if args.json:
-        return emit_json(out)
+        best = next((a for a in out["alternatives"] if a["fits"]), None)
+        return emit_json(out, code, out["verdict"], hint=f"plan again with {best['change']}" if best else None)
     _print(out)
-    return 0
+    return code
 
 
 def _config(args: argparse.Namespace, train_flags: list[str]):
@@ -127,6 +133,8 @@ def _print(out: dict) -> None:
     if out["compute_s"] is not None:
         print(f"step: compute {out['compute_s']:.3f} s at {out['mfu']:.0%} MFU, communication {out['comm_s']:.3f} s "
               f"-> {out['bound']}-bound, about {out['tokens_per_s']:,} tokens/s")
+    if out.get("cost_per_hour") is not None:
+        print(f"cost: {out['cost_per_hour']:,.2f} {out['currency']} per hour for {out['nodes']} node(s) at your price")
     if out.get("hours") is not None:
         cost = f", {out['cost']:,.2f} {out['currency']} at your price" if out.get("cost") is not None else ""
         print(f"token budget: {out['hours']:,.1f} hours{cost}")

@@ -46,7 +46,8 @@ def _describe(action: argparse.Action) -> str:
             name += f" `{action.metavar or action.dest.upper()}`"
     else:
         name = f"`{action.metavar or action.dest}`"
-    text = (action.help or "").replace("%(default)s", str(action.default)).replace("\n", " ")
+    # As argparse prints it: %(default)s filled in, %% a plain %.
+    text = (action.help or "").replace("%(default)s", str(action.default)).replace("%%", "%").replace("\n", " ")
     extra = []
     if action.choices and not isinstance(action, argparse._SubParsersAction):
         extra.append("one of " + ", ".join(f"`{c}`" for c in action.choices))

@@ -133,10 +133,22 @@ class SlurmOptions(Settings):
     partition: Str | None = option(None, "sbatch --partition")
     account: Str | None = option(None, "sbatch --account")
     time: Str | None = option(None, "sbatch --time, such as 2-00:00:00")
-    container_image: Str | None = option(None, "pyxis/enroot image; empty: run on the host's Python")
+    container_image: Str | None = option(None, "pyxis/enroot image (REGISTRY#IMAGE:TAG); default: the spec's "
+                                         "image, else the host's Python")
     container_mounts: list[Str] = option(default_factory=list, help="pyxis --container-mounts")
     script_dir: Str = option(".", "where the batch script is written")
     output: Str = option("%x-%j.out", "sbatch --output")
+    hyperpod: Bool = option(False, "SageMaker HyperPod's Slurm: srun --auto-resume=1, so HyperPod replaces a faulty "
+                            "node and runs the step again, which resumes from the newest checkpoint")
+
+    def image(self, spec_image: str | None) -> str | None:
+        """The image srun runs in: container_image, else the spec's image in pyxis's form (the
+        registry, if there is one, joined to the path by '#')."""
+        if self.container_image or not spec_image:
+            return self.container_image
+        first, _, rest = spec_image.partition("/")
+        registry = rest and ("." in first or ":" in first or first == "localhost")
+        return f"{first}#{rest}" if registry else spec_image
 
 
 class JobSpec(Settings):
@@ -423,6 +435,12 @@ def _validate_train(spec: JobSpec) -> None:
     Checked on the options the job will really pass (output directories on the job's storage)."""
     root = "/local-job-dir" if spec.backend == "local" and not spec.storage.shared_path else spec.storage.root
     flat = flat_options(spec.train)
+    for name, field in LAUNCHER_OPTIONS.items():
+        if name in flat:
+            # The job's launcher (torchrun, hyperpodrun, srun) starts and restarts the processes from the
+            # spec's own field; the trainer's option would be ignored on a cluster, or win locally.
+            raise UserError(f"train.{name}: a job's launcher takes this from the spec; set {field}: "
+                            f"{flat[name]} (a top-level field) and drop train.{name}")
     every = _named(flat, "checkpoint_every")
     if every is not None and str(flat[every]) != "0" and root is None:
         raise UserError("storage: train.checkpoint_every is set but the job has no storage, so checkpoints "
@@ -432,6 +450,10 @@ def _validate_train(spec: JobSpec) -> None:
         train_config(spec)
     except UserError as e:
         raise UserError(f"train.{e}") from None
+
+
+# Trainer options a job spec owns as its own fields (what every node's launcher is given).
+LAUNCHER_OPTIONS = {"max_restarts": "max_restarts", "nproc": "procs_per_node"}
 
 
 def output_dirs(spec: JobSpec, root: str) -> dict[str, str]:

@@ -94,7 +94,10 @@ def starter(backend: str, name: str, instance_type: str | None = None, nodes: st
         top["nodes"] = int(nodes)
     storage = {k: v for k, v in (("claim", claim), ("shared_path", shared_path)) if v}
     train = {k: v for k, v in (("preset", preset), ("dataset", dataset), ("tokenizer", tokenizer)) if v}
-    doc = {**top, **({"storage": storage} if storage else {}), **({"train": train} if train else {})}
+    # HyperPod's Slurm (its ml. instance names): srun resumes a job after HyperPod replaces a node.
+    slurm = {"hyperpod": True} if backend == "slurm" and instance_type and instance_type.startswith("ml.") else {}
+    doc = {**top, **({"storage": storage} if storage else {}), **({"train": train} if train else {}),
+           **({"slurm": slurm} if slurm else {})}
     # A bad value is refused here, before anything is written. A cluster job's image may be filled in
     # later: it is checked with a stand-in and written commented out, so rendering says it is missing.
     needs_image = backend in CLUSTER_BACKENDS and not image
@@ -120,7 +123,7 @@ def starter(backend: str, name: str, instance_type: str | None = None, nodes: st
         if field in ("storage", "train") or field in _SECTION_BACKEND:
             if field in _SECTION_BACKEND and _SECTION_BACKEND[field] != backend:
                 continue
-            values = {"storage": storage, "train": train}.get(field, {})
+            values = {"storage": storage, "train": train, "slurm": slurm}.get(field, {})
             # A section with nothing set stays commented out: an empty `slurm:` would be null.
             lines.append(f"{'' if values else '# '}{field + ':':<{48 if values else 46}} # {_SECTION_HELP[field]}")
             lines += _train_lines(train, derived) if field == "train" else _section(_section_model(field), values, 2)

@@ -21,9 +21,16 @@ PATCH_MANAGER = "fsdpkit.dev/job"  # who owns the runtime patch (the list is key
 _PATCHABLE = ("volumes", "nodeSelector", "tolerations", "affinity", "terminationGracePeriodSeconds")
 
 
+# The kubelet's --cluster-domain (EKS's, and Kubernetes' default).
+CLUSTER_DOMAIN = "cluster.local"
+
+
 def rdzv_endpoint(spec: JobSpec) -> str:
-    """The first pod, by the name JobSet's headless Service gives it (NAME-node-0-0.NAME)."""
-    return f"{spec.name}-{NODE}-0-0.{spec.name}:{spec.rdzv_port}"
+    """The first pod by its full name under JobSet's headless Service. The kubelet writes that name
+    into the pod's own /etc/hosts, so node 0 knows itself as the rendezvous host (torch's
+    `_matches_machine_hostname`) before cluster DNS has its record; `NAME-node-0-0.NAME` alone
+    resolves only through DNS, and a node 0 that starts first would not host the store."""
+    return f"{spec.name}-{NODE}-0-0.{spec.name}.{spec.namespace}.svc.{CLUSTER_DOMAIN}:{spec.rdzv_port}"
 
 
 def trainjob_labels(spec: JobSpec) -> dict[str, str]:

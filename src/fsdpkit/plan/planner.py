@@ -81,6 +81,8 @@ class Plan:
             "step_s": _round(self.step_s),
             "tokens_per_s": round(self.tokens_per_s) if self.tokens_per_s else None, "mfu": self.mfu,
         }
+        if price:
+            out["cost_per_hour"] = round(self.nodes * price, 2)
         if tokens and self.tokens_per_s:
             hours = tokens / self.tokens_per_s / 3600
             out["hours"] = round(hours, 2)

@@ -25,6 +25,18 @@ from fsdpkit.jobs.health import network_verdict
 from fsdpkit.jobs.spec import JobSpec
 from fsdpkit.jobs.status import JobStatus
 
+# What sbatch says when no controller answers (Slurm's own messages): the cluster, not the input.
+_UNREACHABLE = re.compile(r"Unable to contact slurm controller|Socket timed out|Connection refused|"
+                          r"Zero Bytes were transmitted", re.I)
+
+
+class SlurmUnreachable(UserError):
+    """The Slurm controller could not be reached: exit 3, like a cluster or AWS that cannot be."""
+
+    exit_code = 3
+    code = "unreachable"
+
+
 # `Key=value` fields of one `scontrol show job -o` line.
 _FIELD = re.compile(r"(\w[\w:/]*)=(\S*)")
 # Slurm job states -> fsdpkit states
@@ -77,9 +89,9 @@ def script(spec: JobSpec) -> str:
     root = spec.storage.root
     cmd = node_command(spec, "${rdzv_endpoint}", "${SLURM_JOB_ID}", root, nnodes="${SLURM_JOB_NUM_NODES}")
     quoted = " ".join(_shell_word(a) for a in cmd)
-    srun = ["srun", "--kill-on-bad-exit=1"]
-    if s.container_image:
-        srun.append(f"--container-image={shlex.quote(s.container_image)}")
+    srun = ["srun", "--kill-on-bad-exit=1", *(["--auto-resume=1"] if s.hyperpod else [])]
+    if image := s.image(spec.image):
+        srun.append(f"--container-image={shlex.quote(image)}")
         mounts = list(s.container_mounts)
         if spec.storage.root:
             mounts.append(f"{spec.storage.root}:{spec.storage.root}")
@@ -107,6 +119,7 @@ class SlurmBackend:
         if path.exists() and not replace:
             raise Conflict(f"{path} already exists; pass --replace to overwrite it, or pick another name")
         path.parent.mkdir(parents=True, exist_ok=True)
+        earlier = path.read_text() if path.is_file() else None
         tmp = path.with_suffix(".sbatch.tmp")
         tmp.write_text(text)
         tmp.replace(path)  # never a half-written script
@@ -115,8 +128,17 @@ class SlurmBackend:
                     "hint": f"sbatch is not on PATH here; copy {path} to the cluster and run: sbatch {path.name}"}
         out = subprocess.run(["sbatch", "--parsable", str(path)], capture_output=True, text=True)
         if out.returncode != 0:
+            # Nothing was submitted: the script this submit wrote goes again (an earlier one is put back).
+            if earlier is None:
+                path.unlink(missing_ok=True)
+            else:
+                path.write_text(earlier)
             said = (out.stderr.strip() or out.stdout.strip()).splitlines()
-            raise UserError(f"sbatch refused {path}: {said[-1] if said else f'exit {out.returncode}'}")
+            why = said[-1] if said else f"exit {out.returncode}"
+            if _UNREACHABLE.search(why):
+                raise SlurmUnreachable(f"sbatch could not reach the Slurm controller ({why}); check that slurmctld "
+                                       "runs and that this is a login node of the cluster (SLURM_CONF)")
+            raise UserError(f"sbatch refused {path.name}: {why}")
         job_id = out.stdout.strip().split(";")[0]
         return {"name": spec.name, "dry_run": False, "script": str(path), "submitted": True, "job_id": job_id}
 
