@@ -25,7 +25,7 @@ CASES = {
     "train": (["train", "--nproc", "2", *FAST, "--max_steps", "2", "--tensorboard", "0", "--run_dir", "{tmp}/t"],
               ["train", "--lr", "-1"]),
     "presets": (["presets"], ["presets", "--bogus"]),
-    "plan": (["plan", "--preset", "llama3_1_70b", "--instance-type", "p5.48xlarge"], ["plan", "--nodes", "0"]),
+    "plan": (["plan", "--preset", "llama3_1_8b", "--instance-type", "p5.48xlarge"], ["plan", "--nodes", "0"]),
     "ckpt": (["ckpt", "list", "{run}/ckpt"], ["ckpt", "show", "{tmp}/missing"]),
     "export": (["export", "{run}/ckpt", "{tmp}/hf"], ["export", "{tmp}/missing", "{tmp}/hf2"]),
     "data": (["data", "prepare", "--dataset", "{tmp}/docs.jsonl", "--out", "{tmp}/shards"],

@@ -19,7 +19,8 @@ from conftest import ROOT, run_cli
 DATA = ROOT / "tests" / "data" / "images"
 CASES = [("Dockerfile.family", [], {"torch-family"}), ("Dockerfile.cuda", [], {"cuda-wheel"}),
          ("Dockerfile.noefa", [], {"efa"}),
-         ("Dockerfile.replacer", ["requirements.replacer.txt"], {"torch-replacer"})]
+         ("Dockerfile.replacer", ["requirements.replacer.txt"], {"torch-replacer"}),
+         ("Dockerfile.agent", [], {"agent-torch"})]
 
 
 @pytest.mark.parametrize(("dockerfile", "reqs", "kinds"), CASES, ids=[c[0].split(".")[1] for c in CASES])
@@ -41,7 +42,7 @@ def test_each_conflict_class_is_caught_and_fixed(tmp_path, dockerfile, reqs, kin
         assert "torchvision==0.21.*" in text and "torchaudio==2.6.*" in text
     if "cuda-wheel" in kinds:
         assert "whl/cu126" in text
-    if "efa" in kinds:
+    if "efa" in kinds or "agent-torch" in kinds:
         assert f"FROM {BASES['dlc-2.6'].image}" in text
     if "torch-replacer" in kinds:
         assert "pip install -c /etc/pip-constraints.txt vllm" in text and "> /etc/pip-constraints.txt" in text

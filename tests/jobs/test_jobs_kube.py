@@ -399,6 +399,14 @@ def test_a_server_dry_run_has_the_api_server_check_every_object_and_stores_nothi
     assert [f"{o['kind']}/{o['metadata']['name']}" for o in yaml.safe_load_all(r.stdout)] == kinds
     assert len(kube.dry_runs) == 6 and writes(kube) == []   # 3 and 3 from the two server dry runs
     # No API server behind the local backend to ask.
+    # What a submit would reuse or replace is not sent; a job that exists is refused as a real submit refuses it.
+    kube.refuse = None
+    assert job_cli(kube, "submit", str(spec)).returncode == 0
+    r = job_cli(kube, "submit", str(spec), "--dry-run=server", "--json")
+    assert r.returncode == 2 and json.loads(r.stdout)["error"]["code"] == "conflict"
+    r = job_cli(kube, "submit", str(spec), "--dry-run=server", "--replace", "--json")
+    data = json.loads(r.stdout)["data"]
+    assert r.returncode == 0 and data["existing"] == kinds and data["accepted"] == []
     r = job_cli(kube, "submit", str(spec), "--set", "backend=local", "--set", "nodes=1", "--set",
                 "instance_type=", "--dry-run=server")
     assert (r.returncode, r.stderr) == (2, "error: --dry-run=server: the local backend has no API server to ask; "

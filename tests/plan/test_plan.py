@@ -112,9 +112,12 @@ def test_communication_bytes_equal_the_collectives_of_a_real_step(tmp_path, flag
 
 
 def plan_json(*args: str) -> dict:
+    """The plan's data; exit 1 with ok false when it does not fit (a failed check), else 0."""
     r = run_cli("plan", *args, "--json")
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout)["data"]
+    envelope = json.loads(r.stdout)
+    assert r.returncode == (0 if envelope["data"]["fits"] is not False else 1), r.stderr
+    assert envelope["ok"] is (r.returncode == 0)
+    return envelope["data"]
 
 
 BIG = ["--preset", "llama3_1_70b", "--instance-type", "p5.48xlarge", "--seq_len", "4096", "--train_batch_size", "1",

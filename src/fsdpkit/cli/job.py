@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from fsdpkit.cli.output import Parser, confirmed, dispatch, emit_json, finding_message, print_findings, write_new
+from fsdpkit.cli.output import Parser, delete_asked, dispatch, emit_json, finding_message, print_findings, write_new
 from fsdpkit.errors import UserError
 from fsdpkit.jobs.backends import Backend, Watchable, get_backend
 from fsdpkit.jobs.capacity import capacity as check_capacity
@@ -170,23 +170,13 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_delete(args: argparse.Namespace) -> int:
     backend = _backend(args)
-    if args.dry_run or args.delete_storage:
-        targets = backend.cancel(args.job, _ns(args), delete_storage=args.delete_storage, dry_run=True)
-        if args.dry_run:
-            if args.json:
-                return emit_json({"dry_run": True, "would_delete": targets})
-            print(f"would delete {', '.join(targets)}")
-            return 0
-        # The checkpoints on a volume fsdpkit created go with it: asked first.
-        if not confirmed(args, ", ".join(targets), f"delete {', '.join(targets)}, checkpoints included?"):
-            return 1
-    deleted = backend.cancel(args.job, _ns(args), delete_storage=args.delete_storage)
-    if args.json:
-        return emit_json({"deleted": deleted})
-    print(f"deleted {', '.join(deleted)}")
-    if not args.delete_storage:
+    targets = backend.cancel(args.job, _ns(args), delete_storage=args.delete_storage, dry_run=True)
+    # The checkpoints on a volume fsdpkit created go with it: only that is asked first.
+    code = delete_asked(args, targets, lambda: backend.cancel(args.job, _ns(args), args.delete_storage),
+                        f"delete {', '.join(targets)}, checkpoints included?", ask=args.delete_storage)
+    if code == 0 and not (args.json or args.dry_run or args.delete_storage):
         print("its checkpoint storage is kept (pass --delete-storage to remove a volume fsdpkit created)")
-    return 0
+    return code
 
 
 def cmd_logs(args: argparse.Namespace) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from fsdpkit.aws import session as aws_session
@@ -12,8 +13,8 @@ from fsdpkit.cluster import client as cluster_client
 from fsdpkit.envelope import Parser, emit_error, emit_json
 from fsdpkit.errors import Conflict, UserError
 
-__all__ = ["Parser", "confirmed", "dispatch", "emit_error", "emit_json", "finding_message", "print_findings",
-           "progress", "write_new"]
+__all__ = ["Parser", "confirmed", "delete_asked", "dispatch", "emit_error", "emit_json", "finding_message",
+           "print_findings", "progress", "write_new"]
 
 
 def progress(args: argparse.Namespace):
@@ -33,6 +34,25 @@ def confirmed(args: argparse.Namespace, what: str, question: str) -> bool:
         return True
     print("nothing deleted")
     return False
+
+
+def delete_asked(args: argparse.Namespace, targets: list[str], delete: Callable[[], list[str]], question: str,
+                 ask: bool = True) -> int:
+    """The one flow of a verb that deletes, given what it would delete: `--dry-run` lists that and
+    stops; otherwise (with `ask`) the user confirms or passes --yes, then `delete()` runs and what
+    went is said."""
+    if args.dry_run:
+        if args.json:
+            return emit_json({"dry_run": True, "would_delete": targets})
+        print(f"would delete {', '.join(targets) or 'nothing'}")
+        return 0
+    if ask and targets and not confirmed(args, ", ".join(targets), question):
+        return 1
+    deleted = delete()
+    if args.json:
+        return emit_json({"deleted": deleted})
+    print(f"deleted {', '.join(deleted)}")
+    return 0
 
 
 def write_new(path: Path, text: str, force: bool) -> None:

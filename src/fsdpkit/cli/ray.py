@@ -7,7 +7,7 @@ import shlex
 import sys
 
 from fsdpkit import yamlfile
-from fsdpkit.cli.output import Parser, confirmed, dispatch, emit_json
+from fsdpkit.cli.output import Parser, delete_asked, dispatch, emit_json
 from fsdpkit.errors import UserError
 
 
@@ -66,18 +66,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_down(args: argparse.Namespace) -> int:
     ray, _ = _client(args)
     targets = ray.down(args.name, args.namespace, dry_run=True)
-    if args.dry_run:
-        if args.json:
-            return emit_json({"dry_run": True, "would_delete": targets})
-        print(f"would delete {', '.join(targets)}")
-        return 0
-    if not confirmed(args, ", ".join(targets), f"delete {', '.join(targets)} in {args.namespace}?"):
-        return 1
-    deleted = ray.down(args.name, args.namespace)
-    if args.json:
-        return emit_json({"deleted": deleted})
-    print(f"deleted {', '.join(deleted)}")
-    return 0
+    return delete_asked(args, targets, lambda: ray.down(args.name, args.namespace),
+                        f"delete {', '.join(targets)} in {args.namespace}?")
 
 
 def cmd_submit(args: argparse.Namespace) -> int:

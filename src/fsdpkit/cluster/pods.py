@@ -7,6 +7,7 @@ import secrets
 import time
 from typing import Any
 
+from fsdpkit.cluster import pod_rules
 from fsdpkit.cluster.client import ClusterError, api_errors, is_not_found
 
 MOUNT = "/ckpt"
@@ -30,9 +31,11 @@ def helper_manifest(name: str, namespace: str, claim: str, image: str, argv: lis
 def run_pods(api_client: Any, namespace: str, pods: list[dict[str, Any]], timeout: float = 300,
              poll: float = 1.0) -> dict[str, tuple[str, str]]:
     """Create `pods` (restartPolicy Never), wait until each has ended, return {name: (phase, log)}.
-    Every pod created here is deleted again, whatever happens."""
+    Every pod created here is deleted again, whatever happens; none is sent that the API server
+    would refuse."""
     from kubernetes import client
 
+    pod_rules.check_objects(pods)
     core = client.CoreV1Api(api_client)
     host = api_client.configuration.host
     created: list[str] = []

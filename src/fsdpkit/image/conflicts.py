@@ -9,7 +9,9 @@ Conflict classes:
 - efa: a base image without EFA / aws-ofi-nccl, where multi-node NCCL would fall back to TCP;
 - torch-pin: a requirement (or a constraints file it names) pinning another torch than the base's,
   which the image's constraints file holds: the build fails;
-- cuda-lib-pin: a pin of NCCL or Triton other than the version the base's torch release requires.
+- cuda-lib-pin: a pin of NCCL or Triton other than the version the base's torch release requires;
+- agent-torch: HyperPod's elastic agent on a torch it does not run on (1.1.3 requires torch < 2.12, whose
+  torchrun has no --shutdown-timeout of its own: on a newer one hyperpodrun cannot even parse its flags).
 """
 
 from __future__ import annotations
@@ -127,6 +129,26 @@ def _pin_conflicts(sources: list[tuple[str, int, str]], dockerfile: Path, base_t
     return out
 
 
+# hyperpod-elastic-agent releases -> the torch (major, minor) they run below (their Requires-Dist).
+AGENT_TORCH_BELOW = {"1.1.3": (2, 12)}
+
+
+def _agent_conflicts(sources: list[tuple[str, int, str]], base_torch: str | None, base: tuple[str, int]
+                     ) -> list[Conflict]:
+    """The agent pinned anywhere against the base's torch; reported at the FROM line, which the fix changes."""
+    if not base_torch:
+        return []
+    for file, no, ln in sources:
+        m = re.search(r"hyperpod-elastic-agent==([0-9.]+)", ln)
+        if m and (below := AGENT_TORCH_BELOW.get(m.group(1))) and _minor(base_torch) >= below:
+            return [Conflict("agent-torch", *base, f"hyperpod-elastic-agent {m.group(1)} ({file}:{no}) needs torch "
+                             f"< {below[0]}.{below[1]}, and the base's torch is {base_torch}: pip cannot install "
+                             "it, and its hyperpodrun would not parse its own flags",
+                             f"base the image on one with an older torch (fsdpkit image init --base {DEFAULT_BASE} "
+                             "--hyperpod)")]
+    return []
+
+
 def check(dockerfile: Path, requirements: list[Path] = ()) -> list[Conflict]:
     lines = dockerfile.read_text().splitlines()
     found: list[Conflict] = []
@@ -143,6 +165,8 @@ def check(dockerfile: Path, requirements: list[Path] = ()) -> list[Conflict]:
                 pins[m.group(1).lower()] = (m.group(2), file, no)
         found += _line_conflicts(file, no, ln, str(dockerfile), image, cuda, has_constraints)
     found += _pin_conflicts(sources, dockerfile, base_torch)
+    from_line = 1 + next((i for i, ln in enumerate(lines) if ln.strip().upper().startswith("FROM ")), 0)
+    found += _agent_conflicts(sources, base_torch, (str(dockerfile), from_line))
     found += _family_conflicts(pins, base_torch)
     if image and not _has_efa(image, lines):
         found.append(Conflict("efa", str(dockerfile), 1 + next(i for i, ln in enumerate(lines)
@@ -228,7 +252,7 @@ def _fix_pass(dockerfile: Path, requirements: list[Path]) -> list[str]:
             continue
         elif c.kind in ("torch-pin", "cuda-lib-pin"):
             row = f"# {row}  # removed by `fsdpkit image check --fix`: {c.detail.split(', but ')[1].split(':')[0]}"
-        elif c.kind == "efa":
+        elif c.kind in ("efa", "agent-torch"):
             row = re.sub(r"^(\s*FROM\s+)\S+", lambda m: m.group(1) + BASES[DEFAULT_BASE].image, row, flags=re.I)
         rows[c.line - 1] = row
         text[path] = "\n".join(rows) + "\n"

@@ -37,7 +37,7 @@ class KubeSubmitter(KubeAPI):
                    "manifests": objs}
             if dry_run == "server":
                 self.require_operator(objs[-1]["kind"], spec.namespace)
-                out["accepted"] = self.server_dry_run(spec, objs)
+                out["accepted"], out["existing"] = self.server_dry_run(spec, objs, replace)
             return {**out, "warnings": [missing]} if missing else out
         if missing:
             raise UserError(missing)
@@ -52,17 +52,25 @@ class KubeSubmitter(KubeAPI):
         return {"name": spec.name, "namespace": spec.namespace, "dry_run": False, "created": created,
                 "reused": reused}
 
-    def server_dry_run(self, spec: JobSpec, objs: list[dict[str, Any]]) -> list[str]:
-        """Each object sent as a create with dryRun=All: the API server runs every check it would
-        run for real (schema, strict fields, admission webhooks) and stores nothing. The Secret goes
-        with its placeholder, never the token. Returns KIND/NAME of what it accepted."""
-        accepted = []
+    def server_dry_run(self, spec: JobSpec, objs: list[dict[str, Any]], replace: bool) -> tuple[list[str], list[str]]:
+        """Each object a submit would create, sent as a create with dryRun=All: the API server runs
+        every check it would run for real (schema, strict fields, admission webhooks) and stores
+        nothing. The Secret goes with its placeholder, never the token. What exists already is
+        what the submit would reuse (a PVC) or replace (the Secret; the job with --replace), and is
+        not sent. Returns (accepted, existing) as KIND/NAME."""
+        if not replace and self.get_job(spec.name, spec.namespace) is not None:
+            raise Conflict(f"job {spec.name!r} already exists in namespace {spec.namespace}; pick another name, or "
+                           "pass --replace to delete it and submit again (checkpoints on its storage are kept)")
+        accepted, existing = [], []
         for obj in objs:
             kind, name = obj["kind"], obj["metadata"]["name"]
+            if self._exists(kind, name, spec.namespace):
+                existing.append(f"{kind}/{name}")
+                continue
             with api_errors(f"server dry run of {kind}/{name}", self.host):
                 self._create(spec.namespace, obj, dry_run="All")
             accepted.append(f"{kind}/{name}")
-        return accepted
+        return accepted, existing
 
     def _create(self, namespace: str, obj: dict[str, Any], **kw: Any) -> None:
         """One create, with strict field validation."""
@@ -100,7 +108,7 @@ class KubeSubmitter(KubeAPI):
                     created.append(obj)
                 elif kind == "PersistentVolumeClaim":
                     # An existing claim of this job holds the checkpoints of an earlier run: keep it.
-                    if self._exists_pvc(name, spec.namespace):
+                    if self._exists(kind, name, spec.namespace):
                         reused.append(f"{kind}/{name}")
                     else:
                         with api_errors(f"creating {kind}/{name}", self.host):
@@ -138,10 +146,14 @@ class KubeSubmitter(KubeAPI):
         with api_errors(f"creating Secret/{name}", self.host):
             self._create(ns, secret)
 
-    def _exists_pvc(self, name: str, namespace: str) -> bool:
+    def _exists(self, kind: str, name: str, namespace: str) -> bool:
+        if kind in KINDS:
+            return self.get_job(name, namespace) is not None
+        read = {"Secret": self._core().read_namespaced_secret,
+                "PersistentVolumeClaim": self._core().read_namespaced_persistent_volume_claim}[kind]
         try:
-            with api_errors(f"reading PersistentVolumeClaim/{name}", self.host):
-                self._core().read_namespaced_persistent_volume_claim(name, namespace)
+            with api_errors(f"reading {kind}/{name}", self.host):
+                read(name, namespace, _preload_content=False)
             return True
         except Exception as e:
             if is_not_found(e):
