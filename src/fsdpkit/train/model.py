@@ -108,6 +108,12 @@ class Experts(nn.Module):
         self.gate_up_proj = nn.Parameter(torch.empty(cfg.n_experts, 2 * cfg.ffn_dim, cfg.dim))
         self.down_proj = nn.Parameter(torch.empty(cfg.n_experts, cfg.dim, cfg.ffn_dim))
 
+    def weights(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Both stacks in the compute dtype. Autocast covers nn.Linear but not grouped products, so
+        one process under autocast (fp32 weights, bf16 activations) casts here; under FSDP's bf16
+        parameters, and in fp32, this is a no-op."""
+        return self.gate_up_proj.to(dtype), self.down_proj.to(dtype)
+
     def forward(self, x: torch.Tensor, top_idx: torch.Tensor, top_w: torch.Tensor,
                 counts: torch.Tensor | None = None) -> torch.Tensor:
         """x (N, D), each token's top-k experts and weights (N, k); `counts`: tokens per expert."""
@@ -119,8 +125,9 @@ class Experts(nn.Module):
         if counts is None:
             counts = tokens_per_expert(top_idx, self.gate_up_proj.shape[0])
         offs = counts.cumsum(0).to(torch.int32)
-        gate, up = F.grouped_mm(x[token], self.gate_up_proj.transpose(-2, -1), offs=offs).chunk(2, dim=-1)
-        h = F.grouped_mm(F.silu(gate) * up, self.down_proj.transpose(-2, -1), offs=offs)
+        w_gate_up, w_down = self.weights(x.dtype)
+        gate, up = F.grouped_mm(x[token], w_gate_up.transpose(-2, -1), offs=offs).chunk(2, dim=-1)
+        h = F.grouped_mm(F.silu(gate) * up, w_down.transpose(-2, -1), offs=offs)
         weight = top_w.reshape(-1)[order, None]
         return torch.zeros_like(x).index_add_(0, token, (h * weight).to(x.dtype))
 
@@ -128,12 +135,13 @@ class Experts(nn.Module):
         """One expert at a time: where grouped products are not available, and the reference the
         grouped path is tested against."""
         out = torch.zeros_like(x)
-        for e in range(self.gate_up_proj.shape[0]):
+        w_gate_up, w_down = self.weights(x.dtype)
+        for e in range(w_gate_up.shape[0]):
             token, slot = torch.where(top_idx == e)
             if token.numel() == 0:
                 continue
-            gate, up = F.linear(x[token], self.gate_up_proj[e]).chunk(2, dim=-1)
-            h = F.linear(F.silu(gate) * up, self.down_proj[e])
+            gate, up = F.linear(x[token], w_gate_up[e]).chunk(2, dim=-1)
+            h = F.linear(F.silu(gate) * up, w_down[e])
             out.index_add_(0, token, (h * top_w[token, slot, None]).to(out.dtype))
         return out
 
