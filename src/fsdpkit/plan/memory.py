@@ -18,9 +18,12 @@ fsdpkit.train.shard):
 The peak is the largest of the start of backward (all activations, no gradients yet), its end
 (all gradients, no activations) and a validation forward (no gradients; in slices of the training
 micro-batch, as the trainer runs it).
-torch.compile fuses elementwise work and saves less, so with compile on the estimate is an upper
-bound. The figure is of tensors (what the CUDA allocator's peak counts); tests/plan/test_plan.py checks
-it against the tensor peak of real runs, from torch.profiler's allocation events.
+- one process under autocast instead of FSDP: each weight's compute-dtype copy, saved for its
+  backward, and the head's gradient made in the compute dtype and summed in fp32;
+- compiled blocks: what inductor's partitioner keeps (fewer tensors; the norms recomputed).
+The figure is of tensors (what the CUDA allocator's peak counts); tests/plan/test_plan.py checks
+it against the tensor peak of real CPU runs, from torch.profiler's allocation events, and against
+peaks measured on an H100 (within 10% above, never more than 3% below).
 """
 
 from __future__ import annotations
@@ -52,7 +55,8 @@ class Workload:
     prefetch: int               # blocks gathered ahead
     reshard: bool               # reshard_after_forward: gather again in backward
     loss_chunk: int             # tokens per cross-entropy chunk (0: no chunking)
-    compiled: bool = False      # torch.compile: the unchunked loss is one fused kernel
+    compiled: bool = False      # torch.compile: blocks save what inductor keeps; the unchunked loss is one kernel
+    fused_norm: bool = False    # CUDA's fused RMSNorm kernel: saves its input and rstd, not the normalised x
 
     @property
     def tokens(self) -> int:
@@ -117,7 +121,16 @@ def block_activations(w: Workload) -> int:
     """Bytes one decoder block saves for backward (no checkpointing)."""
     m, s, cb = w.model, w.tokens, DTYPE_BYTES[w.compute]
     d = m.dim
-    norms = 2 * (2 * s * d * 4 + s * 4)        # each RMSNorm keeps its fp32 input, the normalised x and rstd
+    if w.compiled and not m.is_moe:
+        # What inductor's partitioner keeps of a compiled block, counted with saved-tensor hooks on
+        # one (CPU and H100 agree): five dim-wide tensors (the block input, the residual after
+        # attention, both norms' outputs, o_proj's input), q and the expanded K/V and the attention
+        # output, three ffn-wide SwiGLU tensors, the attention's log-sum-exp and both norms' rstd.
+        # Everything else, the fp32 norm work included, is recomputed in backward.
+        q_width = m.n_heads * m.head_dim
+        return s * (5 * d + 4 * q_width + 3 * m.ffn_dim) * cb + s * (m.n_heads * 4 + 2 * 4)
+    # Each RMSNorm keeps its fp32 input and rstd, and unfused (CPU) also the normalised x.
+    norms = 2 * ((1 if w.fused_norm else 2) * s * d * 4 + s * 4)
     attn_in = s * d * cb                        # q/k/v projections share their input
     qkv = 3 * s * d * cb                        # q, and K/V repeated to every query head for SDPA
     attn_out = 2 * s * d * cb + s * m.n_heads * 4   # kernel output, o_proj's (reshaped) input; lse
@@ -160,14 +173,22 @@ def loss_bytes(w: Workload) -> tuple[int, int]:
     per_token = V * (cb + fp32_copy(w) + 4)   # logits, their fp32 copy (none in fp32), log-softmax
     if w.compiled and (w.loss_chunk == 0 or w.loss_chunk >= n):
         # Inductor fuses the fp32 log-softmax: the logits are kept in the compute dtype, and
-        # backward adds their gradient and one fp32 working copy.
-        return n * V * cb, n * V * (4 + cb)
+        # backward writes their gradient over them (measured on an H100: the peak holds one copy).
+        return n * V * cb, 0
     if w.loss_chunk == 0 or w.loss_chunk >= n:
         # Only the fp32 log-probabilities are saved (log-softmax keeps its output, not the logits);
         # backward adds their gradient and the logits' fp32 gradient.
         return n * V * 4, n * V * 8
+    if w.compiled:
+        # Inside a compiled graph the chunks' checkpoints do not recompute: every chunk's logits
+        # stay, about 2 compute-dtype and one fp32 value per logit (measured on an H100).
+        return n * V * (2 * cb + 4), 0
     c = w.loss_chunk
     return 0, c * per_token + c * V * (4 + cb)      # one chunk recomputed, with its gradients
+
+
+def head_elements(m: ModelConfig) -> int:
+    return m.vocab_size * m.dim
 
 
 def estimate(w: Workload) -> MemoryEstimate:
@@ -178,46 +199,65 @@ def estimate(w: Workload) -> MemoryEstimate:
     host = 0
     if w.cpu_offload and w.fsdp:
         host, params, grads, optimizer = params + grads + optimizer, 0, 0, 0
-    block = unit_elements(block_shapes(w.model), shard)
-    root = unit_elements(root_shapes(w.model), shard)
+    m, s, L = w.model, w.tokens, w.model.n_layers
+    block = unit_elements(block_shapes(m), shard)
+    root = unit_elements(root_shapes(m), shard)
+    recompute = recomputed_block(w)
     accum = 0
     if w.fsdp:
         # Without resharding after forward every block stays gathered until its backward.
-        gathered = root * cb + (w.model.n_layers if not w.reshard else 1 + w.prefetch) * block * cb
+        gathered = root * cb + (L if not w.reshard else 1 + w.prefetch) * block * cb
         # Backward: one block's unsharded gradients and the reduce-scatter input.
         fsdp_bwd = block * (cb + rb)
         # The root unit is reduced last: the output head's unsharded gradient lives through the
         # whole backward; the root's reduce-scatter (embeddings and head, its parameters already
         # resharded, no block gathered any more) ends it.
-        root_grad = w.model.vocab_size * w.model.dim * cb
+        head_grad = loss_grad = head_elements(m) * cb
         root_bwd = root * (cb + rb)
         if w.grad_accum > 1:   # without gradient sync, unsharded gradients of every unit stay
-            accum = (block * w.model.n_layers + root) * cb
+            accum = (block * L + root) * cb
+        gathered += accum
+        end_copies = gathered
+        val_copies = gathered
     else:
-        # One process: autocast keeps a compute-dtype copy of each weight it has cast.
-        gathered = (block * w.model.n_layers + root) * cb if w.compute != "fp32" else 0
-        fsdp_bwd = root_grad = root_bwd = 0
-    gathered += accum
+        # One process under autocast: each weight's compute-dtype copy is saved for its backward
+        # (a checkpointed block's are made again when it is recomputed), the embedding's excepted
+        # (a lookup is not cast). Each block's copy goes with its backward.
+        cast = 0 if w.compute == "fp32" else cb
+        kept_blocks = L - checkpointed_blocks(w) + (1 if recompute else 0)
+        gathered = (kept_blocks * block + head_elements(m)) * cast
+        end_copies = val_copies = block * cast
+        fsdp_bwd = root_bwd = 0
+        # The head's gradient is made in the compute dtype and accumulated in fp32: the loss's
+        # backward holds the compute-dtype one (and with chunks the fp32 sum beside it); the fp32
+        # one then lives through the rest of backward.
+        chunked = 0 < w.loss_chunk < s and not w.compiled
+        head_grad = head_elements(m) * 4
+        loss_grad = head_elements(m) * (cb + (4 if chunked else 0))
     acts = activations(w)
     kept, loss_peak = loss_bytes(w)
-    m, s = w.model, w.tokens
     # The residual stream's gradient and its branch's, RMSNorm's two fp32 gradients, and two
     # ffn-wide SwiGLU gradients (a recomputed block frees its SwiGLU tensors as fast as their
     # gradients appear).
     working = s * (2 * m.dim + (0 if w.ac == "full" else 2 * m.ffn_dim)) * cb + 2 * s * m.dim * 4
     # Backward begins with the loss and head, then the last block: activations are all still alive.
     # The loss's tensors are gone before the first block's backward (and its recomputation) starts.
-    recompute = recomputed_block(w)
-    start = params + optimizer + gathered + root_grad + acts - recompute + max(kept + loss_peak,
-                                                                              recompute + fsdp_bwd + working)
-    end = params + optimizer + grads + max(gathered + fsdp_bwd + working, accum + root_bwd)
+    start = params + optimizer + gathered + acts - recompute + max(kept + loss_peak + loss_grad,
+                                                                   head_grad + recompute + fsdp_bwd + working)
+    # A tied embedding's gradient is made whole before it is added to the head's.
+    tied = head_elements(m) * 4 if m.tie_embeddings and not w.fsdp else 0
+    end = params + optimizer + grads + max(end_copies + fsdp_bwd + working + tied, accum + root_bwd)
     # Validation: no gradients kept, one block's forward working set (SwiGLU's ffn-wide tensors,
-    # the residual and its branch) and one chunk of logits. The trainer validates in slices of the
-    # training micro-batch, so a validation batch never holds more tokens than a training step.
+    # the residual and its branch) and one chunk of logits (compiled and unchunked: the logits in
+    # the compute dtype, the loss fused). The trainer validates in slices of the training
+    # micro-batch, so a validation batch never holds more tokens than a training step.
     v = w.seq * min(w.val_batch, w.micro_batch)
-    val_chunk = v if w.loss_chunk == 0 else min(w.loss_chunk, v)
-    val = params + optimizer + gathered + v * (3 * m.ffn_dim + 3 * m.dim) * cb \
-        + val_chunk * m.vocab_size * (cb + fp32_copy(w) + 4)
+    if w.compiled and (w.loss_chunk == 0 or w.loss_chunk >= v):
+        val_loss = v * m.vocab_size * cb
+    else:
+        val_chunk = v if w.loss_chunk == 0 else min(w.loss_chunk, v)
+        val_loss = val_chunk * m.vocab_size * (cb + fp32_copy(w) + 4)
+    val = params + optimizer + val_copies + v * (3 * m.ffn_dim + 3 * m.dim) * cb + val_loss
     peak, at = max((start, "start of backward"), (end, "end of backward"), (val, "validation"))
     return MemoryEstimate(params, grads, optimizer, gathered + max(fsdp_bwd, root_bwd), acts + kept, loss_peak,
                           working, peak, host, at)
