@@ -3,11 +3,14 @@
 # GPU benchmark. Figures go to $OUT (the device tool brings that folder back); append them here with
 #   python -m benchmarks.train_throughput --from-json <that folder>/gpu.json
 #   python -m benchmarks.optimizer_step --from-json <that folder>/optim.json
-# The machine has PyTorch but not this checkout installed, so the source tree goes on PYTHONPATH.
+# The machine has PyTorch but not this checkout installed, so the source tree goes on PYTHONPATH
+# (in front of the caller's, which brings the wheels carried over). It has no network either:
+# every case runs on local data (BENCH_ARGS=--dry-run sets the case list up without training,
+# which is how the suite checks that on a CPU).
 set -u
 OUT=${OUT:-/tmp/fsdpkit-gpu}
 mkdir -p "$OUT"
-export PYTHONPATH="$PWD/src:$PWD" PYTHONUNBUFFERED=1
+export PYTHONPATH="$PWD/src:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 SECTIONS=${SECTIONS:-smoke,optim,profile,bench}
 
@@ -31,11 +34,11 @@ fi
 if [[ $SECTIONS == *profile* ]]; then
   echo "== profile: llama3_2_1b, seq 2048 x 4, bf16, compile ${PROFILE_COMPILE:-0}"
   timeout 180 $PY -m benchmarks.profile_step --top 30 --skip 3 -- --preset llama3_2_1b --device cuda \
-    --seq_len 2048 --train_batch_size 4 --max_steps 7 --mixed_precision bf16 --compile ${PROFILE_COMPILE:-0} --run_dir /tmp/prof \
+    --dataset embedded --tokenizer bytes --seq_len 2048 --train_batch_size 4 --max_steps 7 --mixed_precision bf16 --compile ${PROFILE_COMPILE:-0} --run_dir /tmp/prof \
     2>&1 | grep -v "^Batch\|^fsdpkit" | tee "$OUT/profile.txt" | tail -40
 fi
 if [[ $SECTIONS == *bench* ]]; then
   echo "== benchmark (gpu section)"
   $PY -m benchmarks.train_throughput --only gpu --case-timeout ${CASE_TIMEOUT:-200} --no-results-md \
-    ${SELECT:+--select "$SELECT"} --out "$OUT/gpu.json" 2>&1 | tee "$OUT/bench.log" | grep --line-buffered -v "^  "
+    ${SELECT:+--select "$SELECT"} ${BENCH_ARGS:-} --out "$OUT/gpu.json" 2>&1 | tee "$OUT/bench.log" | grep --line-buffered -v "^  "
 fi

@@ -6,11 +6,16 @@
 
 Every measurement is a fresh process (under torchrun for more than one rank, and for the
 baseline, which the reference always launches with torchrun), so imports, allocator state and
-compile caches never leak from one case into the next. Each reports the median step time after
+compile caches never leak from one case into the next. Every case trains on the embedded text with
+the bytes tokenizer at the preset's own vocabulary (the head costs what it costs), so a benchmark
+never reaches the network; `--dry-run` sets up every case (configuration, data, first batch)
+without training, which is how the suite checks that. Each reports the median step time after
 warm-up, tokens/s, MFU and peak memory:
 
 - compare: fsdpkit vs the baseline (benchmarks/reference_baseline.py) for the same preset, batch,
   sequence and precision, 1 process and 2 FSDP ranks; the ratio is fsdpkit / baseline tokens/s.
+  Beside them, the compiled peer: transformers under torch.compile in one process, with fp32
+  weights under autocast and with bf16 weights.
 - curve: how fsdpkit's step time grows with sequence length and with model size.
 - ablation: each performance switch of the trainer on and off, and what it gains.
 - gpu (only with a CUDA device): llama3_2_1b at sequence 2048 and 8192 in bf16 with and without
@@ -42,12 +47,26 @@ SECTIONS = ("compare", "curve", "ablation", "gpu")
 
 
 def case(section: str, impl: str, preset: str, seq: int, batch: int, world: int, dtype: str,
-         flags: tuple[str, ...] = (), label: str = "", steps: int = 8, warmup: int = 2, fsdp: bool = False) -> dict:
+         flags: tuple[str, ...] = (), label: str = "", steps: int = 8, warmup: int = 2, fsdp: bool = False,
+         weights: str = "") -> dict:
     """One measurement. fsdpkit with one process runs unsharded, as `fsdpkit train` does; `fsdp`
-    runs it under torchrun as one FSDP2 rank instead, the way the baseline always runs."""
+    runs it under torchrun as one FSDP2 rank instead, the way the baseline always runs. The
+    compiled transformers peer (impl "transformers") has `weights` "fp32" (autocast) or "bf16"."""
     return {"section": section, "impl": impl, "preset": preset, "seq": seq, "batch": batch, "world": world,
             "dtype": dtype, "flags": list(flags), "label": label or impl, "steps": steps, "warmup": warmup,
-            "fsdp": fsdp}
+            "fsdp": fsdp, "weights": weights}
+
+
+def peer(section: str, preset: str, seq: int, batch: int, weights: str, steps: int = 8, warmup: int = 2,
+         flags: tuple[str, ...] = ()) -> dict:
+    label = {"fp32": "transformers+compile fp32 weights+autocast", "bf16": "transformers+compile bf16 weights"}
+    return case(section, "transformers", preset, seq, batch, 1, "bf16", flags, label[weights], steps, warmup,
+                weights=weights)
+
+
+# A benchmark measures training, not the hub: local text and the bytes tokenizer, the model's
+# vocabulary unchanged (a case's own flags come after, and win).
+OFFLINE_DATA = ("--dataset", "embedded", "--tokenizer", "bytes")
 
 
 COMPILE = ("--compile", "1")
@@ -65,6 +84,7 @@ def plan(smoke: bool, device: str, dtype: str, only: set[str]) -> list[dict]:
         tiny = {"steps": 2, "warmup": 1}
         if "compare" in only:
             cases += [case("compare", impl, "tiny", 64, 2, 2, dtype, **tiny) for impl in ("fsdpkit", "baseline")]
+            cases.append(peer("compare", "tiny", 32, 2, "fp32", **tiny))  # beside the curve's one process
         if "curve" in only:
             cases.append(case("curve", "fsdpkit", "tiny", 32, 2, 1, dtype, label="seq 32", **tiny))
         return cases
@@ -99,12 +119,14 @@ def gpu_plan(n_gpus: int) -> list[dict]:
     # No flags is the defaults (compile on CUDA); "eager" is the same run without compile.
     cases = [one("fsdpkit", 2048, 4, (), "defaults"), one("fsdpkit", 2048, 4, EAGER, "eager"),
              one("fsdpkit", 2048, 4, COMPILE, "compile"), one("baseline", 2048, 4),
+             peer("gpu", "llama3_2_1b", 2048, 4, "fp32", 10, 3), peer("gpu", "llama3_2_1b", 2048, 4, "bf16", 10, 3),
              one("fsdpkit", 2048, 4, COMPILE, "compile as 1 FSDP rank", fsdp=True),
              one("fsdpkit", 2048, 8, COMPILE, "compile"), one("baseline", 2048, 8),
              one("fsdpkit", 2048, 4, (*COMPILE, "--loss_chunk_tokens", "523"), "compile chunked loss"),
              one("fsdpkit", 2048, 4, ac, "ac"), one("fsdpkit", 2048, 4, (*COMPILE, *ac), "compile+ac"),
              one("fsdpkit", 8192, 1, EAGER, "eager"), one("fsdpkit", 8192, 1, COMPILE, "compile"),
              one("baseline", 8192, 1),
+             peer("gpu", "llama3_2_1b", 8192, 1, "fp32", 10, 3), peer("gpu", "llama3_2_1b", 8192, 1, "bf16", 10, 3),
              one("fsdpkit", 8192, 1, (*COMPILE, *ac), "compile+ac")]
     cases.append(case("gpu", "fsdpkit", "llama3_1_8b", 2048, 2, 1, "bf16",
                       ("--n_layers", "4", *COMPILE, *ac), "8b 4 layers", 10, 3))
@@ -135,6 +157,14 @@ def family_plan() -> list[dict]:
     rows += [case("gpu", "fsdpkit", "llama3_1_8b", 2048, 2, 1, "bf16", eight, "8b 4 layers bf16", 10, 3),
              case("gpu", "fsdpkit", "llama3_1_8b", 2048, 2, 1, "bf16", (*eight, "--float8", "1"),
                   "8b 4 layers float8", 10, 3)]
+    # float8's target shape (issue 34: >= 1.20x bf16 at 8192 x 1), each scaling, the head in float8 too.
+    long = ("--n_layers", "4", "--activation_checkpointing", "selective")
+    rows.append(case("gpu", "fsdpkit", "llama3_1_8b", 8192, 1, 1, "bf16", long, "8b 4 layers bf16", 10, 3))
+    for extra, label in ((("--float8_recipe", "tensorwise"), "float8 tensorwise"),
+                         (("--float8_recipe", "rowwise"), "float8 rowwise"),
+                         (("--float8_recipe", "tensorwise", "--float8_head", "1"), "float8 tensorwise+head")):
+        rows.append(case("gpu", "fsdpkit", "llama3_1_8b", 8192, 1, 1, "bf16", (*long, "--float8", "1", *extra),
+                         f"8b 4 layers {label}", 10, 3))
     return rows
 
 
@@ -189,6 +219,27 @@ def timed(row: dict, measured: list[float]) -> dict:
     return row
 
 
+def case_flags(c: dict, device: str, run_dir: Path) -> list[str]:
+    """The trainer flags of a case (the peers read the same configuration)."""
+    return ["--preset", c["preset"], "--seq_len", str(c["seq"]), "--train_batch_size", str(c["batch"]),
+            "--max_steps", str(c["steps"] + c["warmup"]), "--mixed_precision", c["dtype"], "--device", device,
+            "--logging_freq", "1", "--validation_freq", "0", "--validation_batches", "1", "--tensorboard", "0",
+            "--progress", "off", "--run_dir", str(run_dir), *OFFLINE_DATA, *c["flags"]]
+
+
+def set_up(c: dict, device: str, run_dir: Path) -> None:
+    """Everything a case does before its first step that could reach the network: its
+    configuration, its data and tokenizer and first batch, a peer's transformers config."""
+    from benchmarks import reference_baseline
+    from fsdpkit.train.config import parse_args
+    from fsdpkit.train.dist import Runtime
+
+    cfg, _ = parse_args(case_flags(c, device, run_dir))
+    next(reference_baseline.batches(cfg, Runtime(0, c["world"], 0, c["world"], torch.device("cpu"))))
+    if c["impl"] != "fsdpkit":
+        reference_baseline.hf_config(cfg)
+
+
 def worker(c: dict, out: Path, device: str) -> None:
     """Runs inside the case's process: train, then write this rank's step times and peak memory."""
     from fsdpkit.report.runs import load_run
@@ -198,17 +249,13 @@ def worker(c: dict, out: Path, device: str) -> None:
 
     rank = int(os.environ.get("RANK", 0))
     dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if device == "cuda" else torch.device("cpu")
-    flags = ["--preset", c["preset"], "--seq_len", str(c["seq"]), "--train_batch_size", str(c["batch"]),
-             "--max_steps", str(c["steps"] + c["warmup"]), "--mixed_precision", c["dtype"], "--device", device,
-             "--logging_freq", "1", "--validation_freq", "0", "--validation_batches", "1", "--tensorboard", "0",
-             "--progress", "off", "--run_dir", str(out / "run"), *c["flags"]]
-    cfg, _ = parse_args(flags)
+    cfg, _ = parse_args(case_flags(c, device, out / "run"))
     # Everything either trainer imports is loaded before the memory baseline is taken, so the figure
     # is what training itself holds (the model, optimizer state, activations, buffers).
     from benchmarks import reference_baseline
     from fsdpkit.train.trainer import train
 
-    if c["impl"] == "baseline":
+    if c["impl"] != "fsdpkit":
         rt = dist.setup(device)
     before = resident_bytes()
     reset_peak_memory(dev)
@@ -218,6 +265,8 @@ def worker(c: dict, out: Path, device: str) -> None:
             times = reference_baseline.train_steps(cfg, rt, dtype, c["steps"] + c["warmup"])
         finally:
             dist.teardown()
+    elif c["impl"] == "transformers":
+        times = reference_baseline.train_steps_compiled(cfg, rt, c["weights"], c["steps"] + c["warmup"])
     else:
         train(cfg)
         times = [r["step_time_s"] for r in load_run(out / "run").train] if rank == 0 else []
@@ -302,6 +351,25 @@ def speedup_text(f: dict, b: dict) -> str:
     return text + (f" (rounds {min(rounds):.2f}-{max(rounds):.2f}x)" if len(rounds) > 1 else "")
 
 
+def peer_pairs(rows: list[dict]) -> list[tuple[dict, dict]]:
+    """Each compiled transformers row with fsdpkit's one-process row of the same preset, sequence and
+    batch: its defaults where measured, else the first such row."""
+    pairs = []
+    for p in (r for r in rows if r["impl"] == "transformers"):
+        mine = [r for r in rows if r["impl"] == "fsdpkit" and r["world"] == 1 and not r.get("fsdp")
+                and (r["preset"], r["seq"], r["batch"]) == (p["preset"], p["seq"], p["batch"])]
+        mine.sort(key=lambda r: r["label"] not in ("defaults", "compile"))
+        if mine:
+            pairs.append((mine[0], p))
+    return pairs
+
+
+def peer_ratios(rows: list[dict]) -> list[dict]:
+    return [{"fsdpkit": f["label"], "peer": p["label"], "preset": f["preset"], "seq": f["seq"], "batch": f["batch"],
+             "speedup": f["tokens_per_s"] / p["tokens_per_s"],
+             "memory_ratio": f["peak_memory_bytes"] / p["peak_memory_bytes"]} for f, p in peer_pairs(rows)]
+
+
 def ratios(rows: list[dict]) -> list[dict]:
     """fsdpkit (each compared configuration) over the baseline of the same preset, size and ranks."""
     return [{"fsdpkit": f["label"], "preset": f["preset"], "seq": f["seq"], "batch": f["batch"], "world": f["world"],
@@ -325,6 +393,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--worker-out", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="set up every case (configuration, data, first batch) without training; "
+                             "with --only gpu, the GPU cases also where there is no GPU")
     args = parser.parse_args(argv)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     if args.worker:
@@ -333,6 +404,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.from_json:  # e.g. a run made on a lent GPU, whose checkout is gone
         write_results_md(json.loads(args.from_json.read_text()))
         return 0
+    if args.dry_run:
+        return dry_run(args, device)
     dtype = args.dtype
     if dtype == "auto" and device == "cpu":
         # bf16 only where this CPU multiplies it faster than fp32 (an AVX512-BF16 flag is no promise):
@@ -345,15 +418,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         dtype = "bf16" if dtype == "auto" else dtype
         peak, peak_source = measured_peak(device, dtype)
-    only = set(args.only.split(","))
     rows, failed = [], []
-    cases = plan(args.smoke, device, dtype, only)
-    if args.select:  # in the order given (on a lent GPU, the most wanted first)
-        by_key = {f"{c['impl']}:{c['label']}:{c['seq']}x{c['batch']}": c for c in cases}
-        unknown = [k for k in args.select.split(",") if k not in by_key]
-        if unknown:
-            parser.error(f"--select: no such case {unknown[0]!r}; cases: {', '.join(by_key)}")
-        cases = [by_key[k] for k in args.select.split(",")]
+    cases = selected(parser, args, plan(args.smoke, device, dtype, set(args.only.split(","))))
     # Rounds interleave the compared cases, so a slow spell of a shared machine hits all of them.
     rounds = 1 if args.smoke else args.rounds
     cases = [{**c, "round": k} for k in range(rounds) for c in cases if k == 0 or c["section"] == "compare"]
@@ -382,9 +448,40 @@ def main(argv: list[str] | None = None) -> int:
     for r in result["ratios"]:
         print(f"{r['fsdpkit']} / baseline: {r['preset']} seq {r['seq']} world {r['world']} {r['dtype']}: "
               f"{r['text']} tokens/s, {r['memory_ratio']:.2f}x peak memory")
+    for r in result["peer_ratios"]:
+        print(f"{r['fsdpkit']} / {r['peer']}: {r['preset']} seq {r['seq']} x {r['batch']}: "
+              f"{r['speedup']:.2f}x tokens/s, {r['memory_ratio']:.2f}x peak memory")
     if not args.no_results_md and not args.smoke:
         write_results_md(result)
     return 1 if failed else 0
+
+
+def selected(parser: argparse.ArgumentParser, args: argparse.Namespace, cases: list[dict]) -> list[dict]:
+    """The cases --select names, in the order given (on a lent GPU, the most wanted first)."""
+    if not args.select:
+        return cases
+    by_key = {f"{c['impl']}:{c['label']}:{c['seq']}x{c['batch']}": c for c in cases}
+    unknown = [k for k in args.select.split(",") if k not in by_key]
+    if unknown:
+        parser.error(f"--select: no such case {unknown[0]!r}; cases: {', '.join(by_key)}")
+    return [by_key[k] for k in args.select.split(",")]
+
+
+def dry_run(args: argparse.Namespace, device: str) -> int:
+    """Set up each case in this process, as its worker would on `device` (the GPU plan's device
+    for --only gpu)."""
+    only = set(args.only.split(","))
+    if only == {"gpu"}:
+        device = "cuda"
+    dtype = "bf16" if args.dtype == "auto" else args.dtype
+    cases = selected(argparse.ArgumentParser(), args, plan(args.smoke, device, dtype, only))
+    with tempfile.TemporaryDirectory() as d:
+        for c in cases:
+            set_up(c, device, Path(d) / "run")
+            print(f"[{c['section']}] {c['impl']:12} {c['label']:44} {c['preset']} seq {c['seq']} x {c['batch']}: "
+                  "set up", flush=True)
+    print(f"{len(cases)} cases set up")
+    return 0
 
 
 def summarise(rows: list[dict], failed: list[dict], smoke: bool, device: str, dtype: str, peak: float | None,
@@ -394,7 +491,8 @@ def summarise(rows: list[dict], failed: list[dict], smoke: bool, device: str, dt
     for row in rows:
         add_mfu(row, peak)
     return {"env": environment(), "smoke": smoke, "device": device, "dtype": dtype, "peak_flops": peak,
-            "peak_flops_source": peak_source, "rows": rows, "ratios": ratios(rows), "failed": failed}
+            "peak_flops_source": peak_source, "rows": rows, "ratios": ratios(rows), "peer_ratios": peer_ratios(rows),
+            "failed": failed}
 
 
 def write_results_md(result: dict) -> None:
@@ -416,6 +514,14 @@ def write_results_md(result: dict) -> None:
                     [[*base_cols, b["preset"], f"{b['seq']} x {b['batch']}", b["world"], b["dtype"], f["label"],
                                   fmt(f)[0], fmt(b)[0], speedup_text(f, b), fmt(f)[2],
                                   fmt(b)[2], fmt(f)[3], fmt(b)[3], env["commit"]] for f, b in pairs])
+    peers = peer_pairs(rows)
+    if peers:
+        append_rows("Training throughput: fsdpkit vs transformers + torch.compile, one process",
+                    [*head, "preset", "seq x batch", "dtype", "fsdpkit", "peer", "fsdpkit tok/s", "peer tok/s",
+                     "speedup", "fsdpkit MiB", "peer MiB", "commit"],
+                    [[*base_cols, f["preset"], f"{f['seq']} x {f['batch']}", f["dtype"], f["label"], p["label"],
+                      fmt(f)[0], fmt(p)[0], f"{f['tokens_per_s'] / p['tokens_per_s']:.2f}x", fmt(f)[3], fmt(p)[3],
+                      env["commit"]] for f, p in peers])
     # Everything of fsdpkit's without a baseline beside it (the curve, the switches, GPU-only cases).
     paired = {id(f) for f, _ in pairs}
     other = [r for r in rows if r["impl"] == "fsdpkit" and id(r) not in paired]

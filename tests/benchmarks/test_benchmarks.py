@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 
@@ -30,15 +32,16 @@ def test_data_and_checkpoint_benchmark_smoke(tmp_path):
 
 
 def test_train_throughput_benchmark_smoke(tmp_path):
-    """Both trainers run under torchrun with FSDP on two ranks, fsdpkit also alone; the JSON holds
-    tokens/s, MFU and peak memory for each, and the fsdpkit / baseline ratio."""
+    """Both trainers run under torchrun with FSDP on two ranks, fsdpkit also alone beside the compiled
+    transformers peer; the JSON holds tokens/s, MFU and peak memory for each, and the fsdpkit /
+    baseline and fsdpkit / peer ratios."""
     out = tmp_path / "throughput.json"
     r = subprocess.run([sys.executable, "-m", "benchmarks.train_throughput", "--smoke", "--out", str(out)],
                        cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     result = json.loads(out.read_text())
     rows = {(x["impl"], x["world"]): x for x in result["rows"]}
-    assert set(rows) == {("fsdpkit", 2), ("baseline", 2), ("fsdpkit", 1)}
+    assert set(rows) == {("fsdpkit", 2), ("baseline", 2), ("fsdpkit", 1), ("transformers", 1)}
     for row in rows.values():
         assert row["tokens_per_s"] > 0 and row["peak_memory_bytes"] > 0 and 0 < row["mfu"] < 1
         assert len(row["measured"]) == row["steps"]
@@ -46,6 +49,9 @@ def test_train_throughput_benchmark_smoke(tmp_path):
     [ratio] = result["ratios"]
     assert ratio["world"] == 2 and ratio["speedup"] > 0 and ratio["memory_ratio"] > 0
     assert "fsdpkit / baseline" in r.stdout
+    # The compiled transformers peer (fp32 weights under autocast) beside fsdpkit's one process.
+    [peer] = result["peer_ratios"]
+    assert peer["peer"] == "transformers+compile fp32 weights+autocast" and peer["speedup"] > 0
 
 
 def test_optimizer_step_benchmark_smoke(tmp_path):
@@ -99,3 +105,53 @@ def test_each_round_is_paired_with_the_baseline_run_of_the_same_round():
     merged = tt.merge_rounds(raw)
     tt.per_round_speedups(raw, merged)
     assert tt.ratios(merged)[0]["speedup_per_round"] == pytest.approx([1.2, 1.1])
+
+
+# Loaded by every Python process of the session (through PYTHONPATH, which gpu_session.sh must
+# keep): a name lookup of anything but this machine is recorded and refused, as on a lent GPU
+# machine, where nothing outside can be reached.
+NETWORK_OFF = '''
+import os, socket
+with open(os.environ["NET_LOG"] + ".processes", "a") as f:
+    f.write(f"{os.getpid()}\\n")
+_local = {None, "localhost", "127.0.0.1", "::1", "0.0.0.0", socket.gethostname()}
+_getaddrinfo = socket.getaddrinfo
+
+
+def getaddrinfo(host, *args, **kwargs):
+    if isinstance(host, bytes):
+        host = host.decode()
+    if host not in _local:
+        with open(os.environ["NET_LOG"], "a") as f:
+            f.write(f"{host}\\n")
+        raise socket.gaierror(socket.EAI_NONAME, f"network is off: {host}")
+    return _getaddrinfo(host, *args, **kwargs)
+
+
+socket.getaddrinfo = getaddrinfo
+'''
+
+
+def test_gpu_session_runs_its_case_list_with_the_network_off(tmp_path):
+    """benchmarks/gpu_session.sh's benchmark section on the CPU, every case set up as its worker
+    would (configuration, tokenizer, data, first batch, a peer's transformers config) with name
+    lookups refused: no case reaches the hub, the caller's PYTHONPATH reaches every process, and
+    the compiled transformers peer is in the list with both kinds of weights."""
+    from benchmarks.train_throughput import gpu_plan
+
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(NETWORK_OFF)
+    log = tmp_path / "net.log"
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    env.update(PYTHONPATH=str(site), NET_LOG=str(log), SECTIONS="bench", BENCH_ARGS="--dry-run",
+               OUT=str(tmp_path / "out"), PYTHON=sys.executable, HF_HOME=str(tmp_path / "hf"))
+    r = subprocess.run(["bash", "benchmarks/gpu_session.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=600)
+    bench = (tmp_path / "out" / "bench.log").read_text()
+    assert f"{len(gpu_plan(1))} cases set up" in bench, r.stdout[-3000:] + r.stderr[-3000:]
+    assert not log.exists(), f"hub reached: {log.read_text()}"
+    assert len((tmp_path / "net.log.processes").read_text().split()) >= 2  # the version line's and the bench's
+    for weights in ("fp32 weights\\+autocast", "bf16 weights"):
+        for shape in ("2048 x 4", "8192 x 1"):
+            assert re.search(rf"transformers\+compile {weights} +llama3_2_1b seq {shape}: set up", bench)
