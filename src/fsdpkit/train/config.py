@@ -132,6 +132,10 @@ class ParallelConfig(Settings):
     fsdp_prefetch: Int = option(
         1, "decoder blocks whose parameters FSDP gathers ahead, forward and backward", ge=0, le=4)
     float8: Bool = option(False, "float8 linear layers (torchao; Hopper or newer GPUs)")
+    float8_recipe: Literal["tensorwise", "rowwise"] = option(
+        "tensorwise", "float8 scaling: tensorwise (one scale per tensor, the faster) or rowwise (one per row, "
+        "closer to bf16)")
+    float8_head: Bool = option(False, "float8 in the output head too (its logits feed the loss)")
     keep_host_memory: Bool = option(True, "reuse freed host memory instead of returning it to the OS each step "
                                     "(glibc mallopt: fewer page faults per step)")
     max_restarts: Int = option(0, "with --nproc: torchrun restarts the workers this often after a failure", ge=0)

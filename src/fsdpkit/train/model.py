@@ -170,8 +170,8 @@ class MoE(nn.Module):
         self.n_experts, self.top_k = cfg.n_experts, cfg.experts_per_token
         self.gate = nn.Linear(cfg.dim, cfg.n_experts, bias=False)
         self.experts = Experts(cfg)
-        self.aux_loss: torch.Tensor | None = None
-        self.load: torch.Tensor | None = None
+        self.load: torch.Tensor | None = None          # routed slots per expert in the last forward
+        self.router_prob: torch.Tensor | None = None   # mean routing probability per expert (with grad)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, D = x.shape
@@ -180,10 +180,8 @@ class MoE(nn.Module):
         top_w, top_idx = torch.topk(probs, self.top_k, dim=-1)
         top_w = (top_w / top_w.sum(dim=-1, keepdim=True)).to(x.dtype)
         counts = tokens_per_expert(top_idx, self.n_experts)
-        self.load = counts.detach()  # what the trainer reports as expert load
-        # Switch-Transformer load balancing: n_experts * sum_e(fraction routed to e * mean prob of e).
-        routed = counts.float() / top_idx.numel()
-        self.aux_loss = self.n_experts * (routed * probs.mean(dim=0)).sum()
+        self.load = counts.detach()  # what the trainer reports as expert load, and the balancing loss reads
+        self.router_prob = probs.mean(dim=0)
         return self.experts(flat, top_idx, top_w, counts).view(B, T, D)
 
 
@@ -320,9 +318,18 @@ class Transformer(nn.Module):
         ce = self.output_loss(h, targets)
         total = ce
         if self.cfg.is_moe:
-            aux = torch.stack([layer.mlp.aux_loss for layer in self.model.layers]).mean()
-            total = ce + self.cfg.router_aux_loss_coef * aux
+            total = ce + self.cfg.router_aux_loss_coef * self.balancing_loss(tokens.numel())
         return ce, total
+
+    def balancing_loss(self, n_tokens: int) -> torch.Tensor:
+        """Switch-Transformer load balancing as transformers' Mixtral defines it, so that
+        `router_aux_loss_coef` means what it means in a Mixtral config: over every layer's tokens,
+        n_experts * sum_e(routed slots to e per token * mean routing probability of e); k (top-k)
+        when perfectly balanced."""
+        layers = [layer.mlp for layer in self.model.layers]
+        slots = torch.stack([m.load for m in layers]).sum(dim=0).float() / (n_tokens * len(layers))
+        prob = torch.stack([m.router_prob for m in layers]).mean(dim=0)
+        return self.cfg.n_experts * (slots * prob).sum()
 
     def expert_load(self) -> torch.Tensor | None:
         """Routed slots per expert in the last forward, summed over layers; None without MoE."""

@@ -70,21 +70,27 @@ def set_prefetch(layers: list[torch.nn.Module], depth: int) -> None:
         layer.set_modules_to_backward_prefetch(layers[max(0, i - depth):i][::-1])
 
 
-def apply_float8(model: Transformer, device: torch.device) -> None:
-    """Float8 matmuls with dynamic scaling in every decoder linear layer (torchao), the output head
-    excepted: its logits feed the loss and need the precision."""
+def apply_float8(model: Transformer, device: torch.device, recipe: str, head: bool) -> None:
+    """Float8 matmuls with dynamic scaling (torchao) where the GPU has float8 tensor cores."""
     if device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9):
         raise UserError("float8: needs an NVIDIA GPU with float8 tensor cores (Ada, Hopper or newer)")
+    convert_float8(model, recipe, head)
+
+
+def convert_float8(model: Transformer, recipe: str, head: bool) -> None:
+    """Every decoder linear layer to torchao's float8 training linear with `recipe`'s scaling; the
+    output head only with `head` (its logits feed the loss). Device-independent: torchao's float8
+    GEMM runs on the CPU too, which is how the suite tests this path."""
     try:
-        from torchao.float8 import convert_to_float8_training
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
     except ImportError:
         raise UserError("float8: needs torchao (pip install torchao)") from None
 
     def wanted(module: torch.nn.Module, fqn: str) -> bool:
         # float8 GEMMs need both dimensions divisible by 16
-        return fqn != "lm_head" and module.in_features % 16 == 0 and module.out_features % 16 == 0
+        return (head or fqn != "lm_head") and module.in_features % 16 == 0 and module.out_features % 16 == 0
 
-    convert_to_float8_training(model, module_filter_fn=wanted)
+    convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(recipe), module_filter_fn=wanted)
 
 
 def fill_sharded(p: torch.Tensor, init_fn: Callable[[torch.Tensor], None]) -> None:
@@ -105,7 +111,7 @@ def build_model(cfg: TrainConfig, rt: Runtime) -> Transformer:
         model = Transformer(cfg.shape, rope_len=cfg.data.seq_len)
     model.loss_chunk_tokens = loss_chunk_size(model.cfg.vocab_size, par.loss_chunk_tokens, par.compile)
     if par.float8:
-        apply_float8(model, rt.device)
+        apply_float8(model, rt.device, par.float8_recipe, par.float8_head)
     apply_activation_checkpointing(model, par.activation_checkpointing, par.ac_every)
     if par.compile:
         if par.compile_cache_dir:
