@@ -155,3 +155,18 @@ def test_gpu_session_runs_its_case_list_with_the_network_off(tmp_path):
     for weights in ("fp32 weights\\+autocast", "bf16 weights"):
         for shape in ("2048 x 4", "8192 x 1"):
             assert re.search(rf"transformers\+compile {weights} +llama3_2_1b seq {shape}: set up", bench)
+
+
+def test_bad_input_benchmark_smoke(tmp_path):
+    """The alias bomb and an oversized spec are each refused in one line, and the JSON holds the
+    seconds and peak memory of each refusal beside a small valid spec's."""
+    out = tmp_path / "bad_input.json"
+    r = subprocess.run([sys.executable, "-m", "benchmarks.bad_input", "--smoke", "--out", str(out)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    rows = {row["case"]: row for row in json.loads(out.read_text())["rows"]}
+    assert set(rows) == {"alias bomb in affinity", "6 MB spec"}, r.stdout + r.stderr
+    for row in rows.values():
+        assert row["exit_code"] == 2 and row["stderr_lines"] == 1 and row["line"].startswith("error: job spec: ")
+        assert row["seconds"] > 0 and row["peak_mib"] > 0 and row["baseline_peak_mib"] > 0
+    assert "aliases expand to more than" in rows["alias bomb in affinity"]["line"]
+    assert "fsdpkit reads YAML files of up to 4 MiB" in rows["6 MB spec"]["line"]

@@ -68,7 +68,49 @@ def inputs(tmp_path_factory) -> Path:
     spec(d / "bad-train.yaml", train={"preset": "tiny", "n_heads": 3})
     spec(d / "bad-instance.yaml", instance_type="p9.huge")
     spec(d / "secret-ref-token.yaml", secrets=[{"env": TOKEN, "secret": "s", "key": "k"}])
+    damaged_files(d)
     return d
+
+
+def damaged_files(d: Path) -> None:
+    """Files damaged the way disks, copies and editors damage them (issue 35's families)."""
+    noise = bytes(range(256)) * 4
+    for folder, name, head in (("zst", "a.jsonl.zst", b"\x28\xb5\x2f\xfd"), ("gz", "a.jsonl.gz", b"\x1f\x8b\x08\x00"),
+                               ("parquet", "a.parquet", b"PAR1")):
+        (d / folder).mkdir()
+        (d / folder / name).write_bytes(head + noise[7:300] + (b"PAR1" if folder == "parquet" else b""))
+    r = run_cli("data", "prepare", "--dataset", "embedded", "--out", str(d / "shards"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    shutil.copytree(d / "shards", d / "shards-cut")
+    shard = d / "shards-cut" / "train-00000.bin"
+    shard.write_bytes(shard.read_bytes()[:-1])  # not a whole token any more
+    shutil.copytree(d / "shards", d / "shards-short")
+    shard = d / "shards-short" / "train-00000.bin"
+    shard.write_bytes(shard.read_bytes()[:-1000])  # whole tokens, but fewer than meta.json counts
+    (d / "binary.yaml").write_bytes(noise)
+    (d / "duplicate.yaml").write_text("optim:\n  lr: 0.001\n  lr: 0.1\n")
+    (d / "duplicate-spec.yaml").write_text("name: a\nname: b\nbackend: pytorchjob\nimage: x:1\n")
+    bomb = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 9)}]\n" for i in range(9))
+    (d / "bomb.yaml").write_text("name: bomb\nbackend: pytorchjob\nimage: x:1\naffinity:\n"
+                                 + "".join(f"  {line}\n" for line in bomb.splitlines()))
+    (d / "huge.yaml").write_text("name: huge\nbackend: pytorchjob\nimage: x:1\nlabels:\n"
+                                 + "".join(f"  k{i}: v{i}\n" for i in range(300_000)))
+    (d / "tok-garbage").mkdir()
+    (d / "tok-garbage" / "tokenizer.json").write_text('{"version": "1.0", "model": {"type": "BPE", "vocab": 3')
+    (d / "hf-garbage-config").mkdir()
+    (d / "hf-garbage-config" / "config.json").write_text("{not json")
+    r = run_cli("export", str(d / "ckpt"), str(d / "hf"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    shutil.copytree(d / "hf", d / "hf-truncated")
+    weights = d / "hf-truncated" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-4096])
+    shutil.copytree(d / "hf", d / "hf-garbage-weights")
+    (d / "hf-garbage-weights" / "model.safetensors").write_bytes(noise)
+    shutil.copytree(d / "ckpt" / "step-00000001", d / "garbled" / "step-00000001")
+    (d / "garbled" / "step-00000001" / "fsdpkit.json").write_text('{"step": 1, "wor')
+    (d / "a-file").write_text("not a checkpoint")
+    (d / "garbage.kubeconfig").write_bytes(b"\x00\x01clusters: [\n")
 
 
 # id -> (argv with {in} for the inputs folder, exit code, what the one line says)
@@ -147,6 +189,49 @@ CASES = {
                                   3, "no AWS credentials found"),
     "aws-no-credentials-infra": (["infra", "status", "--region", "us-west-2"], 3, "no AWS credentials found"),
     "fsx-too-small": (["storage", "fsx", "create", "ckpt", "--size", "3000"], 2, "size"),
+    # damaged files (issue 35): one line naming the file, whatever the decoder raised
+    "data-zst-corrupt": (["train", *FAST, "--dataset", "{in}/zst"], 2, "dataset: cannot read {in}/zst/a.jsonl.zst"),
+    "data-gz-corrupt": (["train", *FAST, "--dataset", "{in}/gz"], 2, "dataset: cannot read {in}/gz/a.jsonl.gz"),
+    "data-parquet-corrupt": (["train", *FAST, "--dataset", "{in}/parquet"], 2,
+                             "dataset: cannot read {in}/parquet/a.parquet"),
+    "data-prepare-corrupt": (["data", "prepare", "--dataset", "{in}/gz", "--out", "shards"], 2,
+                             "dataset: cannot read {in}/gz/a.jsonl.gz"),
+    "shards-cut": (["train", *FAST, "--dataset", "{in}/shards-cut"], 2,
+                   "dataset: cannot read {in}/shards-cut/train-00000.bin"),
+    "shards-short": (["train", *FAST, "--dataset", "{in}/shards-short"], 2, "(a shard is truncated or replaced)"),
+    "config-binary": (["train", "--config", "{in}/binary.yaml"], 2, "binary.yaml is not text"),
+    "config-duplicate-key": (["train", "--config", "{in}/duplicate.yaml"], 2, "'lr' is given twice"),
+    "spec-duplicate-key": (["job", "render", "{in}/duplicate-spec.yaml"], 2, "'name' is given twice"),
+    "spec-alias-bomb": (["job", "render", "{in}/bomb.yaml"], 2, "aliases expand to more than"),
+    "spec-huge": (["job", "render", "{in}/huge.yaml"], 2, "fsdpkit reads YAML files of up to 4 MiB"),
+    "tokenizer-garbage": (["train", *FAST, "--tokenizer", "{in}/tok-garbage"], 2,
+                          "tokenizer: cannot read {in}/tok-garbage/tokenizer.json"),
+    "hf-garbage-config": (["train", *FAST, "--init_from_hf", "{in}/hf-garbage-config"], 2,
+                          "init_from_hf: cannot read {in}/hf-garbage-config/config.json"),
+    "hf-truncated-weights": (["train", *FAST, "--init_from_hf", "{in}/hf-truncated"], 2,
+                             "init_from_hf: cannot read {in}/hf-truncated/model.safetensors"),
+    "hf-garbage-weights": (["train", *FAST, "--init_from_hf", "{in}/hf-garbage-weights"], 2,
+                           "init_from_hf: cannot read {in}/hf-garbage-weights/model.safetensors"),
+    "hf-garbage-weights-nproc": (["train", *FAST, "--nproc", "2", "--init_from_hf", "{in}/hf-garbage-weights",
+                                  "--run_dir", "run"], 2, "cannot read {in}/hf-garbage-weights/model.safetensors"),
+    "resume-garbled-meta": (["train", *FAST, "--resume_from_checkpoint", "{in}/garbled/step-00000001"], 2,
+                            "is damaged and cannot be read (fsdpkit.json cannot be read"),
+    "ckpt-latest-garbled": (["ckpt", "latest", "{in}/garbled"], 2, "no complete checkpoint"),
+    "export-garbled": (["export", "{in}/garbled", "out"], 2, "no complete checkpoint"),
+    "export-into-file": (["export", "{in}/ckpt", "{in}/a-file"], 2, "is a file; choose a new directory"),
+    "resume-from-file": (["train", *FAST, "--resume_from_checkpoint", "{in}/a-file"], 2,
+                         "is a file, not a checkpoint"),
+    "vocab-too-large": (["train", "--vocab_size", "100000000000"], 2, "vocab_size: 100000000000 is out of range"),
+    "kubeconfig-garbage": (["cluster", "check", "--kubeconfig", "{in}/garbage.kubeconfig"], 2,
+                           "kubeconfig: cannot read {in}/garbage.kubeconfig"),
+    "tokenizer-into-checkpoints": (["tokenizer", "train", "--dataset", "{in}/small.jsonl", "--vocab_size", "300",
+                                    "--out", "{in}/ckpt"], 2, "holds checkpoints"),
+    # checks that can run in the launcher run there: no runs/ folder, no worker started
+    "nproc-bad-replicate": (["train", *FAST, "--nproc", "2", "--sharding_strategy", "hybrid", "--dp_replicate", "3"],
+                            2, "dp_replicate: 3 must divide"),
+    "nproc-float8-cpu": (["train", *FAST, "--nproc", "2", "--float8", "1", "--device", "cpu"], 2, "float8: needs"),
+    "hub-tokenizer-unreachable": (["train", *FAST, "--tokenizer", "fsdpkit-tests/no-such-tokenizer"], 2,
+                                  "tokenizer: "),
 }
 # Cases that reach an endpoint that is down: AWS credentials are given, the endpoint refuses.
 UNREACHABLE_AWS = {
@@ -186,7 +271,7 @@ def test_bad_input_is_one_line_with_its_exit_code_and_writes_nothing(case, input
     argv, code, says = CASES[case]
     before = _tree(inputs, tmp_path)
     r = _run(argv, inputs, tmp_path, {})
-    _check(r, code, says, before, _tree(inputs, tmp_path))
+    _check(r, code, says.replace("{in}", str(inputs)), before, _tree(inputs, tmp_path))
 
 
 @pytest.mark.parametrize("case", sorted(UNREACHABLE_AWS))
@@ -221,6 +306,25 @@ def test_no_credentials_under_json_is_an_envelope(inputs, tmp_path):
     error = json.loads(r.stdout)["error"]
     assert error["code"] == "no_credentials" and "no AWS credentials found" in error["message"]
     assert error["hint"].startswith("run `aws configure`")
+
+
+def test_tokenizer_train_from_bad_records_only_trains_nothing(inputs, tmp_path):
+    """Every record bad: the skips are reported as they happen, then one error; no tokenizer."""
+    r = _run(["tokenizer", "train", "--dataset", "{in}/broken.jsonl", "--text_field", "nope", "--vocab_size", "300",
+              "--out", "tok"], inputs, tmp_path, {})
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith("error: tokenizer train: ") and "gave no usable document" \
+        in r.stderr and "bad record(s) skipped" in r.stderr
+    assert not (tmp_path / "tok").exists()
+
+
+def test_yaml_reads_yes_and_on_as_strings_as_kubectl_does(tmp_path):
+    """`name: yes` was a job named 'true' (YAML 1.1's booleans); booleans still take yes and on."""
+    from fsdpkit.jobs.spec import load_spec
+
+    (tmp_path / "job.yaml").write_text("name: yes\nbackend: pytorchjob\nimage: x:1\ntrain: {compile: on}\n")
+    job = load_spec(tmp_path / "job.yaml")
+    assert job.name == "yes" and job.train["compile"] == "on"
 
 
 def test_the_table_is_wide():

@@ -42,9 +42,10 @@ def test_latest_and_prune_understand_both_namings(tmp_path):
     r = run_cli("ckpt", "prune", str(root), "--older-than-days", "0")
     assert (r.returncode, r.stderr) == (2, "error: delete: removes checkpoints step-00000010; add --yes to confirm\n")
     # --keep -1 once deleted a checkpoint and exited 0 (found[-keep:]).
+    before = {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
     r = run_cli("ckpt", "prune", str(root), "--keep", "-1", "--yes")
     assert r.returncode == 2 and "--keep: -1 is below 0" in r.stderr and r.stderr.count("\n") == 1
-    assert (root / "step-00000010").exists()
+    assert {p: p.read_bytes() for p in root.rglob("*") if p.is_file()} == before  # every byte still there
     r = run_cli("ckpt", "prune", str(root), "--older-than-days", "0", "--yes")
     assert r.returncode == 0 and r.stdout.strip() == "deleted step-00000010"
     # The newest complete fsdpkit checkpoint, the unfinished save and the reference's stay.

@@ -101,10 +101,16 @@ def test_logs_wait_for_pods_and_stream_from_the_chosen_replica(kube, tmp_path):
                       ("other-master-0", b"not this job\n")):
         kube.route(f"get /api/v1/namespaces/default/pods/{pod}/log", text)
     # Start following before any pod exists: the command must wait for them, then stream.
+    def pod_lists() -> int:
+        return sum(1 for m, p, _ in kube.requests() if m == "GET" and p.split("?")[0].endswith("/pods"))
+
+    before = pod_lists()
     proc = subprocess.Popen([sys.executable, "-m", "fsdpkit", "job", "logs", "llama-tiny", "-f"], cwd=ROOT,
                             env={**os.environ, **kube.env}, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
-    time.sleep(3)
+    deadline = time.monotonic() + 60
+    while pod_lists() == before and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)  # until it has looked once and found no pod (a loaded machine imports slowly)
     assert proc.poll() is None, proc.communicate()
     make_pod(kube, "other", "Master", 0)  # another job's pod: never read
     make_pod(kube, "llama-tiny", "Master", 0)

@@ -336,25 +336,98 @@ def test_partial_or_damaged_checkpoint_is_a_clear_error(two_rank_run, tmp_path):
         assert not (tmp_path / "run").exists()
 
 
-def test_a_damaged_newest_checkpoint_is_set_aside_and_the_older_one_resumed(two_rank_run, tmp_path):
+@pytest.mark.parametrize("damage", ["shard", "metadata"])
+def test_a_damaged_newest_checkpoint_is_set_aside_and_the_older_one_resumed(two_rank_run, tmp_path, damage):
+    """A truncated shard, or a truncated fsdpkit.json (which once stopped `--resume auto` with a
+    JSONDecodeError): the newest is set aside in one line and the run resumes exactly from the one
+    before."""
     ckpt = tmp_path / "ckpt"
-    shutil.copytree(two_rank_run / "ckpt", ckpt, ignore=shutil.ignore_patterns(".*.tmp"))
-    shard = ckpt / "step-00000006" / "__1_0.distcp"
-    shard.write_bytes(shard.read_bytes()[:100])  # what a disk that filled up mid-copy leaves
+    shutil.copytree(two_rank_run / "ckpt", ckpt, ignore=shutil.ignore_patterns(".*.tmp", ".fsdpkit.lock"))
+    damaged = ckpt / "step-00000006" / ("__1_0.distcp" if damage == "shard" else "fsdpkit.json")
+    kept = damaged.read_bytes()[:100]
+    damaged.write_bytes(kept)  # what a disk that filled up mid-copy leaves
+    r = run_cli("ckpt", "list", str(ckpt))
+    assert r.returncode == 0 and ("damaged" in r.stdout.split("step-00000006")[1].splitlines()[0]
+                                  or damage == "shard")
     stale = ckpt / ".step-00000009.tmp"  # a save a killed attempt never finished
     stale.mkdir()
     (stale / "__0_0.distcp").write_bytes(b"partial")
     r = run_cli("train", *BASE, "--train_batch_size", "4", "--nproc", "2", "--run_dir", str(tmp_path / "run"),
                 "--checkpoint_dir", str(ckpt), "--resume_from_checkpoint", "auto")
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "warning: checkpoint" in r.stdout and "__1_0.distcp is truncated (100 of" in r.stdout
+    why = "__1_0.distcp is truncated (100 of" if damage == "shard" else "fsdpkit.json cannot be read (JSONDecodeError)"
+    assert [line for line in r.stdout.splitlines() if line.startswith("warning: checkpoint")] == [
+        f"warning: checkpoint {ckpt / 'step-00000006'} is damaged ({why}" + r.stdout.split(why, 1)[1].splitlines()[0]]
     assert "set aside as step-00000006.damaged" in r.stdout and "resumed from" in r.stdout
     assert "step-00000003" in r.stdout.split("resumed from", 1)[1].splitlines()[0]
     # Kept for a person to look at, byte for byte; the run then wrote a whole step 6 again.
-    assert (ckpt / "step-00000006.damaged" / "__1_0.distcp").stat().st_size == 100
+    assert (ckpt / "step-00000006.damaged" / damaged.name).read_bytes() == kept
     assert [c.step for c in list_checkpoints(ckpt)] == [3, 6]
     assert not stale.exists()
     assert losses(tmp_path / "run") == pytest.approx(losses(two_rank_run / "run")[3:], abs=1e-5)
+
+
+def test_a_second_run_on_a_busy_checkpoint_dir_is_refused_and_kill_9_frees_it(tmp_path):
+    """Two runs on one checkpoint_dir once trained side by side and collided on the same temporary
+    checkpoint. The second is refused in one line naming the first; after `kill -9` of the first's
+    launcher (no clean-up of any kind) a new run starts at once and resumes its newest checkpoint."""
+    ckpt = tmp_path / "ckpt"
+    log = open(tmp_path / "first.log", "w")  # noqa: SIM115 (closed below)
+    first = subprocess.Popen([sys.executable, "-m", "fsdpkit", "train", *FAST, "--max_steps", "100000",
+                              "--checkpoint_every", "4", "--logging_freq", "4", "--nproc", "2", "--tensorboard", "0",
+                              "--checkpoint_dir", str(ckpt), "--run_dir", str(tmp_path / "first")],
+                             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 240
+        while not list_checkpoints(ckpt) and first.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert list_checkpoints(ckpt), (tmp_path / "first.log").read_text()[-3000:]
+        r = run_cli("train", *FAST, "--max_steps", "3", "--checkpoint_dir", str(ckpt),
+                    "--run_dir", str(tmp_path / "second"))
+        assert r.returncode == 2, r.stderr[-3000:]
+        assert r.stderr.splitlines() == [r.stderr.strip()] and r.stderr.startswith(
+            f"error: checkpoint_dir: {ckpt} is in use by another run (pid {first.pid} on ")
+        assert f"run_dir {tmp_path / 'first'}" in r.stderr and not (tmp_path / "second").exists()
+        first.kill()  # SIGKILL: the launcher gets no chance to let go of anything
+        first.wait()
+    finally:
+        first.kill()
+        log.close()
+    deadline = time.monotonic() + 60
+    while processes_naming(tmp_path / "first") and time.monotonic() < deadline:  # its workers follow it
+        time.sleep(0.5)
+    newest = list_checkpoints(ckpt)[-1]
+    r = run_cli("train", *FAST, "--max_steps", str(newest.step + 2), "--checkpoint_dir", str(ckpt),
+                "--run_dir", str(tmp_path / "third"), "--resume_from_checkpoint", "auto")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"resumed from {newest.path} at step {newest.step}" in r.stdout
+
+
+def _tmpfs_refused() -> str | None:
+    if shutil.which("unshare") is None:
+        return "unshare (util-linux) is not installed"
+    r = subprocess.run(["unshare", "--mount", "sh", "-c", "mount -t tmpfs -o size=1m tmpfs /mnt"], capture_output=True)
+    return None if r.returncode == 0 else "this machine cannot mount a tmpfs in a mount namespace"
+
+
+@pytest.mark.skipif(_tmpfs_refused() is not None, reason=str(_tmpfs_refused()))
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_a_save_into_a_full_disk_is_one_line_naming_the_disk(tmp_path, nproc):
+    """A 2 MiB file system (a tmpfs in a mount namespace of the run's own) cannot hold the first
+    checkpoint: the run ends with one line naming the full disk and the directory, from the
+    launcher too, instead of some 200 lines of DCP tracebacks."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    cmd = [sys.executable, "-m", "fsdpkit", "train", *FAST, "--max_steps", "4", "--checkpoint_every", "2",
+           "--tensorboard", "0", "--nproc", str(nproc), "--checkpoint_dir", str(disk / "ckpt"),
+           "--run_dir", str(tmp_path / "run")]
+    r = subprocess.run(["unshare", "--mount", "sh", "-c", 'mount -t tmpfs -o size=2m tmpfs "$0" && exec "$@"',
+                        str(disk), *cmd], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr and "[rank" not in r.stderr
+    [line] = [x for x in r.stderr.splitlines() if x.startswith("error:")]
+    assert line.startswith(f"error: checkpoint: saving step 2 to {disk / 'ckpt'} failed: no space left on device")
+    assert r.stderr.strip().splitlines()[-1] == line
 
 
 def test_a_damaged_checkpoint_named_directly_is_one_line_and_left_in_place(two_rank_run, tmp_path):

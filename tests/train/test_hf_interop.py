@@ -88,9 +88,14 @@ def test_import_export_round_trip_and_transformers_parity(family, tmp_path, cli)
 def test_export_refuses_non_empty_target_and_missing_checkpoint(tmp_path, cli):
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "keep.txt").write_text("mine")
+    # The target is checked first: before minutes of loading a large model.
     r = cli("export", str(tmp_path), str(tmp_path / "taken"))
-    assert r.returncode == 2 and r.stderr.startswith("error: export: no complete checkpoint")
+    assert r.returncode == 2 and r.stderr == f"error: export: {tmp_path / 'taken'} exists and is not empty; " \
+                                             "choose a new directory\n"
     assert (tmp_path / "taken" / "keep.txt").read_text() == "mine"
+    r = cli("export", str(tmp_path), str(tmp_path / "new"))
+    assert r.returncode == 2 and r.stderr.startswith("error: export: no complete checkpoint")
+    assert not (tmp_path / "new").exists()
 
 
 @pytest.mark.parametrize("nproc", ["1", "2"])

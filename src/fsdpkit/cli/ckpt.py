@@ -9,7 +9,7 @@ from pathlib import Path
 
 from fsdpkit.cli.output import Parser, confirmed, dispatch, emit_json
 from fsdpkit.errors import UserError
-from fsdpkit.train.checkpoint_index import META, describe, prunable, scan
+from fsdpkit.train.checkpoint_index import META, describe, prunable, read_meta, scan
 
 
 def _gib(n: int) -> str:
@@ -113,12 +113,12 @@ def cmd_show(args: argparse.Namespace) -> int:
     info = describe(path)
     if info is None:
         raise UserError(f"not a checkpoint: {path}")
-    meta_file = path / META
-    info["meta"] = json.loads(meta_file.read_text()) if meta_file.is_file() else None
+    info["meta"] = read_meta(path)[0] or None if (path / META).is_file() else None
     info["files"] = sorted(p.name for p in path.iterdir())
     if args.json:
         return emit_json(info)
-    for key in ("name", "path", "kind", "step", "complete", "world_size", "samples", "loss", "preset"):
+    for key in ("name", "path", "kind", "step", "complete", "damaged", "problem", "world_size", "samples", "loss",
+                "preset"):
         if info.get(key) is not None:
             print(f"{key:<11}{info[key]}")
     print(f"{'size':<11}{_gib(info['bytes'])} in {len(info['files'])} files")

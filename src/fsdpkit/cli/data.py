@@ -9,6 +9,7 @@ from pathlib import Path
 
 from fsdpkit.cli.output import Parser, dispatch, emit_json
 from fsdpkit.errors import UserError
+from fsdpkit.train import checkpoint_index
 
 
 def _source_args(p: argparse.ArgumentParser) -> None:
@@ -52,10 +53,18 @@ def cmd_train_tokenizer(args: argparse.Namespace) -> int:
         raise UserError(f"vocab_size: {args.vocab_size} is out of range; a byte-level BPE needs 258..{2**20}")
     if args.max_documents < 0:
         raise UserError(f"max_documents: {args.max_documents} is out of range; it must be >= 0 (0: all)")
+    if Path(args.out).is_dir() and checkpoint_index.scan(Path(args.out)):
+        raise UserError(f"tokenizer train: {args.out} holds checkpoints; choose a new directory for the tokenizer")
     source = _sources(args, ("train",))["train"]
     docs = source.documents(0)
     if args.max_documents:
         docs = itertools.islice(docs, args.max_documents)
+    first = next(docs, None)  # before anything is written: a dataset of bad records only trains nothing
+    if first is None:
+        bad = getattr(source, "bad_records", 0)
+        raise UserError(f"tokenizer train: {args.dataset} gave no usable document"
+                        + (f" ({bad} bad record(s) skipped)" if bad else "") + "; check --dataset and --text_field")
+    docs = itertools.chain([first], docs)
     out = train_bpe((d if isinstance(d, str) else d.decode("utf-8", "replace") for d in docs),
                     args.vocab_size, Path(args.out))
     from fsdpkit.train.data import HFTokenizer

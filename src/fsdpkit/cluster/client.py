@@ -11,6 +11,7 @@ from typing import Any
 from fsdpkit.aws import session as aws_session
 from fsdpkit.aws.eks import api_client
 from fsdpkit.errors import UserError
+from fsdpkit.readers import reading
 
 
 class ClusterError(UserError):
@@ -48,11 +49,12 @@ def connect(context: str | None = None, kubeconfig: str | None = None, eks_clust
     if not os.path.exists(first):
         raise ClusterError(f"no kubeconfig at {first}: set KUBECONFIG, or create one with "
                            "`aws eks update-kubeconfig --name CLUSTER --region REGION`", code="no_credentials")
-    try:
-        return k8s.config.new_client_from_config(config_file=first, context=context)
-    except k8s.config.ConfigException as e:
-        raise ClusterError(f"kubeconfig {first}: {str(e).splitlines()[0]}"
-                           + (" (see `kubectl config get-contexts`)" if context else "")) from None
+    with reading(first, "kubeconfig"):  # a garbled file is one line, as a bad context is
+        try:
+            return k8s.config.new_client_from_config(config_file=first, context=context)
+        except k8s.config.ConfigException as e:
+            raise ClusterError(f"kubeconfig {first}: {str(e).splitlines()[0]}"
+                               + (" (see `kubectl config get-contexts`)" if context else "")) from None
 
 
 def api_message(e: Any) -> str:

@@ -8,7 +8,7 @@ import json
 import os
 from pathlib import Path
 
-from fsdpkit.home import home
+from fsdpkit.home import home, make_dir
 
 
 def _path() -> Path:
@@ -27,7 +27,7 @@ def record(image: str, digest: str) -> str:
     pinned = f"{image.rsplit(':', 1)[0] if ':' in image.rsplit('/', 1)[-1] else image}@{digest}"
     known = {**_load(), image: pinned}
     path = _path()
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_dir(path.parent)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(known, indent=2, sort_keys=True) + "\n")
     os.replace(tmp, path)

@@ -16,7 +16,7 @@ from typing import Any
 
 from fsdpkit.cluster.checks import run_checks
 from fsdpkit.errors import Conflict, UserError
-from fsdpkit.home import home
+from fsdpkit.home import home, make_dir
 from fsdpkit.jobs.backends.kube import KubeBackend
 from fsdpkit.jobs.capacity import DoesNotFit, capacity
 from fsdpkit.jobs.hub import check_hub_access
@@ -40,7 +40,7 @@ class DeployState:
         return cls(**json.loads(path.read_text())) if path.exists() else cls()
 
     def save(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_dir(path.parent)
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps({"done": self.done, "created": self.created}))
         tmp.replace(path)

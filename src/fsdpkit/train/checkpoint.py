@@ -9,10 +9,14 @@ and reshards on load, so a run can resume with a different number of processes.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
+import os
 import shutil
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +31,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
+from torch.distributed.tensor import DTensor
 
 from fsdpkit.errors import UserError
 from fsdpkit.train.checkpoint_index import (
@@ -36,6 +41,7 @@ from fsdpkit.train.checkpoint_index import (
     CheckpointInfo,
     list_checkpoints,
     prunable,
+    read_meta,
     resolve,
 )
 from fsdpkit.train.dist import Runtime
@@ -55,6 +61,61 @@ def describe_error(e: BaseException) -> str:
             e = e[0]
     text = str(e).strip()
     return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
+
+
+class SaveFailed(UserError):
+    """A checkpoint could not be written: the disk, a quota or a permission, named with the path."""
+
+    code = "failed"
+    exit_code = 1
+
+
+_OS_CAUSES = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",
+              errno.EACCES: "permission denied", errno.EPERM: "permission denied",
+              errno.EROFS: "read-only file system"}
+
+
+def _errors(e: BaseException) -> list[BaseException]:
+    """The error and what it wraps: DCP's per-rank failures, causes and contexts."""
+    out, todo = [], [e]
+    while todo and len(out) < 50:
+        err = todo.pop()
+        if err is None or any(err is x for x in out):
+            continue
+        out.append(err)
+        for failure in (getattr(err, "failures", None) or {}).values():
+            failure = getattr(failure, "exc", failure)
+            todo.append(failure[0] if isinstance(failure, tuple) else failure)
+        todo += [err.__cause__, err.__context__]
+    return [x for x in out if isinstance(x, BaseException)]
+
+
+def _tensor_bytes(state: Any) -> int:
+    """Bytes of the tensors this rank writes (a DTensor's local shard)."""
+    if isinstance(state, dict):
+        return sum(_tensor_bytes(v) for v in state.values())
+    if isinstance(state, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in state)
+    if isinstance(state, DTensor):
+        state = state.to_local()
+    return state.numel() * state.element_size() if isinstance(state, torch.Tensor) else 0
+
+
+def save_failure(e: BaseException, directory: Path, needed: int) -> str:
+    """Why a save failed, in words: an OS error's cause, or a disk with less room than this rank's
+    share of the checkpoint (torch.save reports a full disk as a zip-writer error), else the error."""
+    for err in _errors(e):
+        if isinstance(err, OSError) and err.errno in _OS_CAUSES:
+            return f"{_OS_CAUSES[err.errno]} ({err.filename or directory})"
+    try:
+        st = os.statvfs(directory)
+    except OSError:
+        return describe_error(e)
+    free, total = st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
+    if free < needed:
+        return (f"no space left on device ({directory}: {free / 2**20:,.1f} MiB free of {total / 2**20:,.1f} MiB; "
+                f"this rank's share of the checkpoint is {needed / 2**20:,.1f} MiB)")
+    return describe_error(e)
 
 
 def _barrier(rt: Runtime) -> None:
@@ -95,23 +156,39 @@ class Checkpointer:
             shutil.rmtree(tmp, ignore_errors=True)  # left by a crash during an earlier save
         _barrier(self.rt)
         state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, optimizer)}
-        if self.async_mode:
-            future = dcp.async_save(state, checkpoint_id=str(tmp), process_group=self.group)
-            self._pending = (future, step, tmp, final, meta)
-        else:
-            dcp.save(state, checkpoint_id=str(tmp))
-            self._complete(step, tmp, final, meta)
+        with self._failing_as(step, _tensor_bytes(state)):
+            if self.async_mode:
+                future = dcp.async_save(state, checkpoint_id=str(tmp), process_group=self.group)
+                self._pending = (future, step, tmp, final, meta, _tensor_bytes(state))
+            else:
+                dcp.save(state, checkpoint_id=str(tmp))
+                self._complete(step, tmp, final, meta)
         self.blocked_s += time.perf_counter() - start
         return final
+
+    @contextlib.contextmanager
+    def _failing_as(self, step: int, needed: int) -> Iterator[None]:
+        """A save that fails says why in one line, with the path. Its hidden .tmp directory stays
+        (resume never reads it; the next run's first save clears it)."""
+        try:
+            yield
+        except UserError:
+            raise
+        except (Exception, CheckpointException) as e:  # DCP's own error is a BaseException
+            raise SaveFailed(f"checkpoint: saving step {step} to {self.directory} failed: "
+                             f"{save_failure(e, self.directory, needed)}; free space there or point "
+                             "--checkpoint_dir at a larger file system, then resume with --resume_from_checkpoint "
+                             "auto") from None
 
     def wait(self) -> None:
         """Finish a background save, if one is running, and make it visible."""
         if self._pending is None:
             return
-        future, step, tmp, final, meta = self._pending
+        future, step, tmp, final, meta, needed = self._pending
         self._pending = None
-        future.result()
-        self._complete(step, tmp, final, meta)
+        with self._failing_as(step, needed):
+            future.result()
+            self._complete(step, tmp, final, meta)
 
     def _complete(self, step: int, tmp: Path, final: Path, meta: dict[str, Any]) -> None:
         maybe_fail("save", step, self.rt.rank)
@@ -131,10 +208,9 @@ def verify(path: Path) -> str | None:
     metadata and file sizes: DCP's index must load, every file it indexes (one or more per rank)
     must be there and long enough for every entry, and fsdpkit.json must name the same step."""
     step = int(NAME.match(path.name).group(1)) if NAME.match(path.name) else None
-    try:
-        meta = json.loads((path / META).read_text())
-    except (OSError, ValueError) as e:
-        return f"{META} cannot be read ({type(e).__name__})"
+    meta, problem = read_meta(path)
+    if problem:
+        return problem
     if meta.get("step") != step:
         return f"{META} names step {meta.get('step')}, the directory step {step}"
     try:
@@ -195,7 +271,7 @@ def resume(spec: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, 
     if newest.path == Path(spec):
         load(newest, model, optimizer, model_shape)
         return newest
-    for info in reversed(list_checkpoints(Path(spec))):
+    for info in reversed(list_checkpoints(Path(spec), damaged=True)):
         problem = verify(info.path)
         if problem is None:
             try:

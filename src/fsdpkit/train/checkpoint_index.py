@@ -29,24 +29,53 @@ class CheckpointInfo:
     path: Path
     step: int
     meta: dict[str, Any]
+    problem: str | None = None  # why its fsdpkit.json cannot be read (a damaged checkpoint)
 
 
-def list_checkpoints(directory: Path) -> list[CheckpointInfo]:
-    """Complete checkpoints in `directory`, oldest first."""
+def read_meta(path: Path) -> tuple[dict[str, Any], str | None]:
+    """A checkpoint's fsdpkit.json, or ({}, what is wrong with it): a truncated or garbled file
+    makes the checkpoint damaged, never a traceback."""
+    try:
+        meta = json.loads((path / META).read_bytes())
+    except (OSError, ValueError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        return {}, f"{META} cannot be read ({type(e).__name__})"
+    if not isinstance(meta, dict):
+        return {}, f"{META} holds no mapping"
+    return meta, None
+
+
+def _info(path: Path, step: int) -> CheckpointInfo:
+    meta, problem = read_meta(path)
+    return CheckpointInfo(path, step, meta, problem)
+
+
+def list_checkpoints(directory: Path, damaged: bool = False) -> list[CheckpointInfo]:
+    """Complete checkpoints in `directory`, oldest first; with `damaged`, also those whose
+    fsdpkit.json cannot be read (their `problem` says why)."""
     out = []
     if directory.is_dir():
         for p in directory.iterdir():
             m = NAME.match(p.name)
             if m and (p / META).is_file():
-                out.append(CheckpointInfo(p, int(m.group(1)), json.loads((p / META).read_text())))
+                info = _info(p, int(m.group(1)))
+                if damaged or info.problem is None:
+                    out.append(info)
     return sorted(out, key=lambda c: c.step)
 
 
 def resolve(spec: str) -> CheckpointInfo | None:
-    """A checkpoint directory itself, or the newest complete one inside a checkpoint root."""
+    """A checkpoint directory itself, or the newest complete one inside a checkpoint root (one whose
+    metadata cannot be read is skipped there; resume sets it aside and says so)."""
     p = Path(spec)
+    if p.exists() and not p.is_dir():
+        raise UserError(f"resume_from_checkpoint: {p} is a file, not a checkpoint; pass a checkpoint directory "
+                        "or the checkpoint root that holds them")
     if (p / META).is_file() and NAME.match(p.name):
-        return CheckpointInfo(p, int(NAME.match(p.name).group(1)), json.loads((p / META).read_text()))
+        info = _info(p, int(NAME.match(p.name).group(1)))
+        if info.problem:
+            raise UserError(f"resume_from_checkpoint: {p} is damaged and cannot be read ({info.problem}); "
+                            "pass its parent directory to resume from the newest checkpoint that is whole")
+        return info
     if p.is_dir() and (TMP_NAME.match(p.name) or NAME.match(p.name) or (p / ".metadata").is_file()):
         raise UserError(f"resume_from_checkpoint: {p} is not a complete fsdpkit checkpoint (a save that did "
                         "not finish?); pass its parent directory to resume from the newest complete one")
@@ -82,7 +111,10 @@ def describe(path: Path) -> dict[str, Any] | None:
         return None
     name = path.name
     if (m := NAME.match(name)) and (path / META).is_file():
-        meta = json.loads((path / META).read_text())
+        meta, problem = read_meta(path)
+        if problem:
+            return {"name": name, "path": str(path), "kind": "fsdpkit", "step": int(m.group(1)),
+                    "complete": False, "damaged": True, "problem": problem, "bytes": _size(path)}
         return {"name": name, "path": str(path), "kind": "fsdpkit", "step": int(m.group(1)),
                 "complete": True, "world_size": meta.get("world_size"), "loss": meta.get("loss"),
                 "preset": meta.get("preset"), "samples": meta.get("samples"), "bytes": _size(path)}

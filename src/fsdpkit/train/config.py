@@ -42,12 +42,13 @@ RECIPE_WARMUP_SHARE = 0.2
 class ModelOverrides(Settings):
     """Changes to the preset's model shape; None keeps the preset's value."""
 
-    vocab_size: Int | None = option(None, "vocabulary size", ge=1)
-    dim: Int | None = option(None, "hidden size", ge=1, aliases=("hidden_width",))
-    n_layers: Int | None = option(None, "number of decoder layers", ge=1, aliases=("num_layers",))
-    n_heads: Int | None = option(None, "attention heads", ge=1, aliases=("num_heads",))
-    n_kv_heads: Int | None = option(None, "key/value heads (GQA)", ge=1, aliases=("num_key_value_heads",))
-    ffn_dim: Int | None = option(None, "MLP intermediate size", ge=1, aliases=("intermediate_size",))
+    # Upper bounds far above any published model, so a typo is refused here rather than by the allocator.
+    vocab_size: Int | None = option(None, "vocabulary size", ge=1, le=2**24)
+    dim: Int | None = option(None, "hidden size", ge=1, le=2**17, aliases=("hidden_width",))
+    n_layers: Int | None = option(None, "number of decoder layers", ge=1, le=2048, aliases=("num_layers",))
+    n_heads: Int | None = option(None, "attention heads", ge=1, le=2048, aliases=("num_heads",))
+    n_kv_heads: Int | None = option(None, "key/value heads (GQA)", ge=1, le=2048, aliases=("num_key_value_heads",))
+    ffn_dim: Int | None = option(None, "MLP intermediate size", ge=1, le=2**20, aliases=("intermediate_size",))
     rope_theta: Float | None = option(None, "RoPE base", ge=1)
     sliding_window: Int | None = option(None, "Mistral sliding attention window (0: none)", ge=0)
     n_experts: Int | None = option(
@@ -170,6 +171,8 @@ class LogConfig(Settings):
         None, f"batches per rank per validation pass (default: as many as keep validation within "
         f"{VALIDATION_SHARE:.0%} of training compute, 1 to 8)", ge=1)
     tensorboard: Bool = option(True, "write TensorBoard events to RUN_DIR/tensorboard")
+    verbose: Bool = option(False, "also print what libraries say on the way (the Hugging Face hub client's "
+                           "retries, for one)")
     tensorboard_dir: Str | None = option(None, "TensorBoard directory (default: RUN_DIR/tensorboard)")
     progress: Literal["auto", "on", "off"] = option("auto", "progress bar (auto: when attached to a terminal)")
     peak_tflops: Float | None = option(None, "the MFU denominator, TFLOP/s per device (default: the GPU's "

@@ -9,13 +9,13 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
-import yaml
 from torch.distributed.checkpoint.api import CheckpointException
 
+from fsdpkit import yamlfile
 from fsdpkit.errors import UserError
 from fsdpkit.train import checkpoint, checkpoint_index
 from fsdpkit.train.data.tokenizers import ByteTokenizer, get_tokenizer
-from fsdpkit.train.hf import save_hf
+from fsdpkit.train.hf import check_out_dir, save_hf
 from fsdpkit.train.model import Transformer
 from fsdpkit.train.model_config import ModelConfig, RopeScaling
 
@@ -24,7 +24,8 @@ def find_checkpoint(src: Path) -> checkpoint_index.CheckpointInfo:
     """A checkpoint, the newest complete one in a checkpoint directory, or the one of a run directory."""
     found = checkpoint_index.resolve(str(src))
     if found is None and (src / "config.yaml").is_file():
-        ckpt_dir = (yaml.safe_load((src / "config.yaml").read_text()).get("checkpoint") or {}).get("checkpoint_dir")
+        run_config = yamlfile.load_mapping(src / "config.yaml", "export", "a run's configuration")
+        ckpt_dir = (run_config.get("checkpoint") or {}).get("checkpoint_dir")
         if ckpt_dir:
             found = checkpoint_index.resolve(ckpt_dir)
     if found is None:
@@ -81,6 +82,7 @@ def tokenizer_of(info: checkpoint_index.CheckpointInfo) -> tuple[str, dict[str, 
 
 
 def export_hf(src: Path, out: Path, dtype: str = "fp32") -> dict[str, Any]:
+    check_out_dir(out)  # before a model is loaded: minutes for a large one
     info = find_checkpoint(src)
     try:
         tokenizer, ids, tok_files = tokenizer_of(info)

@@ -21,6 +21,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 from fsdpkit.errors import UserError
+from fsdpkit.readers import reading
 from fsdpkit.train.hf_config import hf_config_dict
 from fsdpkit.train.model_config import ModelConfig
 
@@ -65,13 +66,25 @@ def _as_umask_allows(directory: Path) -> None:
         f.chmod(0o666 & ~mask)
 
 
+def check_out_dir(out_dir: Path) -> None:
+    """An export can go to `out_dir`: a new or empty directory this process may create and write."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UserError(f"export: {out_dir} is a file; choose a new directory")
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise UserError(f"export: {out_dir} exists and is not empty; choose a new directory")
+    probe = out_dir.resolve()
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
+        raise UserError(f"export: cannot write to {probe} (permission denied); choose another directory")
+
+
 def save_hf(state: dict[str, torch.Tensor], cfg: ModelConfig, out_dir: Path, dtype: torch.dtype,
             config_extra: dict[str, Any] | None = None, files_extra: dict[str, bytes] | None = None) -> list[Path]:
     """Write config.json (plus `config_extra`: token ids), safetensors (sharded with an index past
     SHARD_BYTES) and `files_extra` (the tokenizer's files). Written to a temporary directory first
     and renamed, so `out_dir` never holds a half export."""
-    if out_dir.exists() and any(out_dir.iterdir()):
-        raise UserError(f"export: {out_dir} exists and is not empty; choose a new directory")
+    check_out_dir(out_dir)
     tmp = out_dir.with_name(f".{out_dir.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -123,22 +136,31 @@ class _HubFiles:
     def __init__(self, path: Path):
         index = path / "model.safetensors.index.json"
         if index.is_file():
-            self.where = {k: path / f for k, f in json.loads(index.read_text())["weight_map"].items()}
+            with reading(index, "init_from_hf"):
+                self.where = {k: path / f for k, f in json.loads(index.read_text())["weight_map"].items()}
         elif (path / "model.safetensors").is_file():
-            with safe_open(str(path / "model.safetensors"), framework="pt") as f:
+            with reading(path / "model.safetensors", "init_from_hf"), \
+                    safe_open(str(path / "model.safetensors"), framework="pt") as f:
                 self.where = dict.fromkeys(f.keys(), path / "model.safetensors")
         else:
             raise UserError(f"init_from_hf: no model.safetensors or index in {path}")
         self._open: dict[Path, Any] = {}
+        for file in sorted(set(self.where.values())):  # every shard's header, before any weight is read
+            with reading(file, "init_from_hf"):
+                self._open[file] = safe_open(str(file), framework="pt")
 
     def slice(self, key: str, rows: slice) -> torch.Tensor:
         """Rows `rows` (dim 0) of a tensor, reading only those bytes from disk."""
         if key not in self.where:
             raise UserError(f"init_from_hf: tensor {key} is missing from the checkpoint")
         file = self.where[key]
-        if file not in self._open:
-            self._open[file] = safe_open(str(file), framework="pt")
-        return self._open[file].get_slice(key)[rows]
+        with reading(file, "init_from_hf"):
+            return self._open[file].get_slice(key)[rows]
+
+
+def check_weights(path: Path) -> None:
+    """Every safetensors file of `path` opens (index and headers), before any process loads them."""
+    _HubFiles(path)
 
 
 def _local_rows(p: torch.Tensor) -> tuple[slice, torch.Tensor]:

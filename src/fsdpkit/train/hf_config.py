@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from fsdpkit.errors import UserError
+from fsdpkit.readers import reading
 from fsdpkit.train.model_config import ModelConfig, RopeScaling
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "mixtral": "MixtralForCausalLM"}
@@ -81,7 +82,10 @@ def model_config_from_hf(path: Path) -> ModelConfig:
     cfg_file = path / "config.json"
     if not cfg_file.is_file():
         raise UserError(f"init_from_hf: no config.json in {path}")
-    c = json.loads(cfg_file.read_text())
+    with reading(cfg_file, "init_from_hf"):
+        c = json.loads(cfg_file.read_text())
+    if not isinstance(c, dict):
+        raise UserError(f"init_from_hf: {cfg_file} holds no mapping; point at a Hugging Face model directory")
     family = c.get("model_type")
     if family not in ARCHITECTURES:
         raise UserError(f"init_from_hf: model_type {family!r} is not one of {', '.join(ARCHITECTURES)}")

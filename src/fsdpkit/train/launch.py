@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import sys
 
 from fsdpkit.envelope import emit_error, emit_json
 from fsdpkit.errors import UserError
-from fsdpkit.train import dist
+from fsdpkit.train import dist, run_lock
 from fsdpkit.train.config import TrainConfig, parse_args
 from fsdpkit.train.supervisor import (
     EXIT_STOPPED,
@@ -46,14 +47,18 @@ def launch(cfg: TrainConfig, argv: list[str], notices: list[str]):
     from fsdpkit.train.trainer import preflight, train
 
     if cfg.parallel.nproc > 1 and not dist.under_torchrun():
-        run_dir = preflight(cfg)
-        env = dict(os.environ)
+        # This process outlives every restart of the workers: it holds the checkpoint directory.
+        run_dir, lock = preflight(cfg)
+        env = {**os.environ, run_lock.HELD_ENV: "1"}
         if dist.resolve_device_type(cfg.parallel.device) == "cpu" and "OMP_NUM_THREADS" not in env:
             # torchrun would pin every process to one thread; share the cores out instead.
             env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // cfg.parallel.nproc))
         sys.stdout.flush()
         sys.stderr.flush()
-        return Supervisor(torchrun_args(cfg, argv, str(run_dir)), env).run(), None
+        try:
+            return Supervisor(torchrun_args(cfg, argv, str(run_dir)), env).run(), None
+        finally:
+            lock.release()
     result = train(cfg, notices)
     if not result.stopped_by_signal:
         return 0, result
@@ -84,6 +89,8 @@ def main(argv: list[str] | None = None, prog: str = "fsdpkit train") -> int:
         die_with_parent()  # a worker never outlives torchrun's agent
     try:
         cfg, notices = parse_args(argv, prog)
+        if cfg.log.verbose:
+            logging.getLogger("fsdpkit").setLevel(logging.DEBUG)
         with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():
             code, result = launch(cfg, argv, notices)
         if as_json and rank0 and result is not None:

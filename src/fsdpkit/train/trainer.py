@@ -21,11 +21,11 @@ import torch
 
 from fsdpkit import yamlfile
 from fsdpkit.errors import UserError
-from fsdpkit.train import checkpoint, dist, network
+from fsdpkit.train import checkpoint, dist, network, run_lock
 from fsdpkit.train.config import TrainConfig, resume_target
 from fsdpkit.train.data import BatchStream, Prefetcher
 from fsdpkit.train.faults import maybe_fail
-from fsdpkit.train.hf import load_hf_into
+from fsdpkit.train.hf import check_weights, load_hf_into
 from fsdpkit.train.host_memory import keep_freed_memory
 from fsdpkit.train.log_lines import node_line
 from fsdpkit.train.metrics import (
@@ -76,14 +76,26 @@ def check_writable(path: Path, what: str) -> None:
         raise UserError(f"{what}: {path} is not writable (no write permission on {probe})")
 
 
-def preflight(cfg: TrainConfig) -> Path:
-    """Everything that can be checked before processes start: returns the run directory."""
+def preflight(cfg: TrainConfig) -> tuple[Path, run_lock.RunLock]:
+    """Everything that can be checked before processes start: returns the run directory and the
+    checkpoint directory's lock, which this process then holds for the run (see run_lock)."""
     run_dir = Path(cfg.run_dir) if cfg.run_dir else default_run_dir(cfg)
     check_writable(run_dir, "run_dir")
     if cfg.log.tensorboard_dir:
         check_writable(Path(cfg.log.tensorboard_dir), "tensorboard_dir")
     if cfg.checkpoint.checkpoint_dir:
         check_writable(Path(cfg.checkpoint.checkpoint_dir), "checkpoint_dir")
+    lock = run_lock.hold(cfg.checkpoint.checkpoint_dir, run_dir)  # a busy directory is refused first
+    try:
+        _check_inputs(cfg)
+    except BaseException:
+        lock.release(undo=True)
+        raise
+    return run_dir, lock
+
+
+def _check_inputs(cfg: TrainConfig) -> None:
+    """The data, tokenizer, vocabulary, process count and checkpoint to resume, before any work."""
     source, tok = data_pipeline(cfg, cfg.data.train_split, verbose=False)
     vocab = cfg.shape.vocab_size
     tok_name, tok_vocab = (source.meta["tokenizer"], source.meta["vocab_size"]) if tok is None else (
@@ -92,12 +104,17 @@ def preflight(cfg: TrainConfig) -> Path:
         raise UserError(f"vocab_size: the model's {vocab} is smaller than tokenizer {tok_name!r}'s {tok_vocab}; "
                         "pass --vocab_size or another tokenizer")
     BatchStream(source, tok, cfg.data.seq_len, 1, epochs=1, shuffle_buffer=0).check_not_empty()
+    if cfg.checkpoint.init_from_hf:
+        check_weights(Path(cfg.checkpoint.init_from_hf))
     if not dist.under_torchrun():
         dist.check_nproc(cfg.parallel.nproc, cfg.parallel.device)
+        if cfg.parallel.sharding_strategy == "hybrid" and cfg.parallel.nproc > 1:
+            cfg.parallel.replicas(cfg.parallel.nproc, 1)  # the workers' mesh, refused here rather than in each
+        if cfg.parallel.float8 and dist.resolve_device_type(cfg.parallel.device) != "cuda":
+            raise UserError("float8: needs an NVIDIA GPU (Ada, Hopper or newer); it cannot run on the CPU")
         # A checkpoint that cannot be resumed is refused before any process starts or file is written.
         if spec := resume_target(cfg):
             checkpoint.check_resumable(spec, model_shape_of(cfg))
-    return run_dir
 
 
 def model_shape_of(cfg: TrainConfig) -> dict[str, Any]:
@@ -178,8 +195,14 @@ class Run:
 
 
 def train(cfg: TrainConfig, notices: list[str] | None = None) -> TrainResult:
-    run_dir = preflight(cfg)
-    notices = list(notices or [])
+    run_dir, lock = preflight(cfg)
+    try:
+        return _train(cfg, run_dir, list(notices or []))
+    finally:
+        lock.release()
+
+
+def _train(cfg: TrainConfig, run_dir: Path, notices: list[str]) -> TrainResult:
     nccl = network.capture_nccl_log(run_dir, dist.resolve_device_type(cfg.parallel.device))
     rt = dist.setup(cfg.parallel.device)
     if cfg.parallel.compile is None:  # the default follows the device, now that it is known

@@ -21,6 +21,7 @@ from typing import Any
 
 from fsdpkit.errors import Conflict, NotFound, UserError
 from fsdpkit.home import home as fsdpkit_home
+from fsdpkit.home import make_dir
 from fsdpkit.jobs.backends.base import Rendered, no_server
 from fsdpkit.jobs.backends.files import NETWORK_LINES, read_lines
 from fsdpkit.jobs.command import trainer_flags
@@ -74,7 +75,7 @@ class LocalBackend:
                 self.wait(spec.name, timeout=120, poll=0.5)
             for f in ("rc", "pid", "cancelled"):
                 (job_dir / f).unlink(missing_ok=True)
-        job_dir.mkdir(parents=True, exist_ok=True)
+        make_dir(job_dir)
         (job_dir / "spec.json").write_text(json.dumps(spec.to_dict(), indent=2))
         (job_dir / "command").write_text(shlex.join(cmd) + "\n")
         (job_dir / "attempt").write_text("0")

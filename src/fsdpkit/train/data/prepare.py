@@ -28,6 +28,15 @@ def prepare(sources: dict[str, DocumentSource], tokenizer: Tokenizer, out: Path,
     tmp = out.with_name(f".{out.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
+    try:
+        return _write(tokenizer, sources, out, tmp, dtype, shard_tokens, progress)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # a failed or interrupted prepare leaves nothing behind
+        raise
+
+
+def _write(tokenizer: Tokenizer, sources: dict[str, DocumentSource], out: Path, tmp: Path, dtype: type,
+           shard_tokens: int, progress: Callable[[int], None] | None) -> dict:
     splits: dict[str, list[str]] = {}
     counts: dict[str, int] = {}
     for split, source in sources.items():
@@ -56,7 +65,6 @@ def prepare(sources: dict[str, DocumentSource], tokenizer: Tokenizer, out: Path,
         if files:
             splits[split], counts[split] = files, total
     if "train" not in splits:
-        shutil.rmtree(tmp)
         raise UserError("data prepare: the dataset produced no training tokens")
     meta = {"format": TOKENS_FORMAT, "dtype": np.dtype(dtype).name, "tokenizer": tokenizer.name,
             "vocab_size": tokenizer.vocab_size, "eos_id": tokenizer.eos_id, "splits": splits, "tokens": counts}

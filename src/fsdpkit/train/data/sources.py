@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from fsdpkit.errors import NotFound, UserError
+from fsdpkit.readers import reading
 
 
 class DocumentSource(Protocol):
@@ -178,16 +179,17 @@ class LocalFiles:
 
     def _read(self, f: Path) -> Iterator[str]:
         fmt, compression = _format(f)
-        if fmt == ".parquet":
-            yield from self._parquet(f)
-            return
-        with _open_text(f, compression) as fh:
-            if fmt == ".txt":
-                yield fh.read()
-            elif fmt == ".jsonl":
-                yield from self._jsonl(f, fh)
-            else:
-                yield from self._json(f, fh)
+        with reading(f, "dataset"):  # a damaged .gz/.zst/.parquet is one line naming the file
+            if fmt == ".parquet":
+                yield from self._parquet(f)
+                return
+            with _open_text(f, compression) as fh:
+                if fmt == ".txt":
+                    yield fh.read()
+                elif fmt == ".jsonl":
+                    yield from self._jsonl(f, fh)
+                else:
+                    yield from self._json(f, fh)
 
     def _parquet(self, f: Path) -> Iterator[str]:
         pq = _optional("pyarrow.parquet", f)
@@ -267,15 +269,24 @@ class TokenShards:
     """Pre-tokenised shards written by `fsdpkit data prepare`: memory-mapped, random access by block."""
 
     def __init__(self, path: Path, split: str):
-        meta = json.loads((path / "meta.json").read_text())
-        if meta.get("format") != TOKENS_FORMAT:
+        with reading(path / "meta.json", "dataset"):
+            meta = json.loads((path / "meta.json").read_text())
+        if not isinstance(meta, dict) or meta.get("format") != TOKENS_FORMAT:
             raise UserError(f"dataset: {path}/meta.json is not a {TOKENS_FORMAT} token directory")
         self.name, self.meta = str(path), meta
         split_key = split if split in meta["splits"] else ("validation" if split != "train" else "train")
         if split_key not in meta["splits"]:
             raise UserError(f"dataset: {path} has no split {split!r} (has: {', '.join(meta['splits'])})")
-        self.arrays = [np.memmap(path / f, dtype=meta["dtype"], mode="r") for f in meta["splits"][split_key]]
+        self.arrays = []
+        for f in meta["splits"][split_key]:
+            with reading(path / f, "dataset"):
+                array = np.memmap(path / f, dtype=meta["dtype"], mode="r")
+            self.arrays.append(array)
         self.offsets = np.cumsum([0] + [len(a) for a in self.arrays])
+        expected = (meta.get("tokens") or {}).get(split_key)
+        if expected is not None and self.num_tokens != expected:
+            raise UserError(f"dataset: {path}: the {split_key!r} shards hold {self.num_tokens:,} tokens, meta.json "
+                            f"says {expected:,} (a shard is truncated or replaced); prepare the data again")
 
     @property
     def num_tokens(self) -> int:

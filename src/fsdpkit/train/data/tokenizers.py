@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 
 from fsdpkit.errors import NotFound, UserError
+from fsdpkit.readers import reading
 
 
 class Tokenizer(Protocol):
@@ -43,6 +47,21 @@ class ByteTokenizer:
 EOS_CANDIDATES = ("<|end_of_text|>", "<|endoftext|>", "</s>", "<|eot_id|>", "<eos>")
 
 
+@contextlib.contextmanager
+def quiet_hub() -> Iterator[None]:
+    """The hub client logs every retry (ten lines before an offline machine gives up); the error
+    that follows says what matters. `--verbose` (fsdpkit's logger at DEBUG) lets them through."""
+    from huggingface_hub.utils import logging as hub_logging  # loaded with the hub client, not before
+
+    level = hub_logging.get_verbosity()  # importing the client first: it resets its level on import
+    if not logging.getLogger("fsdpkit").isEnabledFor(logging.DEBUG):
+        hub_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hub_logging.set_verbosity(level)
+
+
 class HFTokenizer:
     """A Hugging Face `tokenizers` tokenizer from a local directory/file or the hub."""
 
@@ -55,11 +74,14 @@ class HFTokenizer:
         if path.is_dir():
             if not (path / "tokenizer.json").is_file():
                 raise UserError(f"tokenizer: {path} has no tokenizer.json")
-            self.tok = RustTokenizer.from_file(str(path / "tokenizer.json"))
+            with reading(path / "tokenizer.json", "tokenizer"):
+                self.tok = RustTokenizer.from_file(str(path / "tokenizer.json"))
             if (path / "tokenizer_config.json").is_file():
-                config = json.loads((path / "tokenizer_config.json").read_text())
+                with reading(path / "tokenizer_config.json", "tokenizer"):
+                    config = json.loads((path / "tokenizer_config.json").read_text())
         elif path.is_file():
-            self.tok = RustTokenizer.from_file(str(path))
+            with reading(path, "tokenizer"):
+                self.tok = RustTokenizer.from_file(str(path))
         elif spec.startswith((".", "/", "~")):
             raise NotFound(f"tokenizer: {spec} not found")
         else:
@@ -67,7 +89,8 @@ class HFTokenizer:
                 raise UserError(f"tokenizer: {spec!r} is on the Hugging Face hub but HF_HUB_OFFLINE=1; "
                                 "point --tokenizer at a local directory with tokenizer.json")
             try:
-                self.tok = RustTokenizer.from_pretrained(spec, token=os.environ.get("HF_TOKEN"))
+                with quiet_hub():
+                    self.tok = RustTokenizer.from_pretrained(spec, token=os.environ.get("HF_TOKEN"))
             except Exception as e:  # network, auth and not-found errors all end the same way
                 raise UserError(f"tokenizer: cannot load {spec!r} from the hub: {str(e).splitlines()[0]}") from None
         self.vocab_size = self.tok.get_vocab_size(with_added_tokens=True)
