@@ -12,7 +12,6 @@ Each case is a fresh `fsdpkit` process; its wall time and peak resident set come
 
 from __future__ import annotations
 
-import argparse
 import os
 import subprocess
 import sys
@@ -20,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import append_rows, environment, write_json
+from benchmarks.common import append_rows, arguments, environment, write_json
 
 TARGET_S = 2.0
 
@@ -56,10 +55,7 @@ def measure(spec: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--smoke", action="store_true", help="a 6 MB spec instead of 50 MB (CI)")
-    parser.add_argument("--out", type=Path, default=Path(__file__).with_name("results") / "bad_input.json")
-    parser.add_argument("--no-results-md", action="store_true", help="do not append to RESULTS.md")
+    parser = arguments(__doc__, "bad_input.json", "a 6 MB spec instead of 50 MB (CI)")
     args = parser.parse_args(argv)
     size = 6 if args.smoke else 50
     rows = []

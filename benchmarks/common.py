@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -36,6 +37,15 @@ def environment() -> dict:
         f"CPU {cpu_name()}, {os.cpu_count()} cores")
     return {"date": date.today().isoformat(), "device": device, "torch": torch.__version__,
             "python": platform.python_version(), "commit": commit, "threads": torch.get_num_threads()}
+
+
+def arguments(doc: str | None, results: str, smoke: str) -> argparse.ArgumentParser:
+    """The options every benchmark has: --smoke (what CI runs), --out (its JSON) and --no-results-md."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--smoke", action="store_true", help=smoke)
+    parser.add_argument("--out", type=Path, default=Path(__file__).with_name("results") / results)
+    parser.add_argument("--no-results-md", action="store_true", help="do not append to RESULTS.md")
+    return parser
 
 
 def write_json(path: Path, payload: dict) -> None:

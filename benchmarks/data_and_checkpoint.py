@@ -11,7 +11,6 @@ long training is blocked versus how long the write takes in the background.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import tempfile
@@ -20,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import append_rows, environment, write_json
+from benchmarks.common import append_rows, arguments, environment, write_json
 from fsdpkit.report.runs import load_run
 from fsdpkit.train import checkpoint
 from fsdpkit.train.config import parse_args
@@ -102,10 +101,7 @@ def checkpoint_bench(tmp: Path, smoke: bool) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--smoke", action="store_true", help="tiny sizes, seconds (CI)")
-    parser.add_argument("--out", type=Path, default=Path(__file__).with_name("results") / "data_checkpoint.json")
-    parser.add_argument("--no-results-md", action="store_true", help="do not append to RESULTS.md")
+    parser = arguments(__doc__, "data_checkpoint.json", "tiny sizes, seconds (CI)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)

@@ -16,7 +16,6 @@ be set against the device's bandwidth:
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import statistics
@@ -25,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import append_rows, environment, write_json
+from benchmarks.common import append_rows, arguments, environment, write_json
 from fsdpkit.train.model import Transformer
 from fsdpkit.train.optim import clipped_step, gradient_norm
 from fsdpkit.train.presets import get_preset
@@ -95,14 +94,11 @@ def run(preset: str, device: torch.device, repeats: int, warmup: int, layers: in
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--smoke", action="store_true", help="the tiny preset, a few repeats (CI)")
+    parser = arguments(__doc__, "optimizer_step.json", "the tiny preset, a few repeats (CI)")
     parser.add_argument("--preset", default="debug")
     parser.add_argument("--layers", type=int, help="fewer layers than the preset has")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--out", type=Path, default=Path(__file__).with_name("results") / "optimizer_step.json")
-    parser.add_argument("--no-results-md", action="store_true", help="do not append to RESULTS.md")
     parser.add_argument("--from-json", type=Path, help="append the rows of an earlier run's JSON to RESULTS.md")
     args = parser.parse_args(argv)
     if args.from_json:  # e.g. a run made on a lent GPU, whose checkout is gone

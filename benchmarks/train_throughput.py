@@ -41,7 +41,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import append_rows, environment, write_json
+from benchmarks.common import append_rows, arguments, environment, write_json
 
 SECTIONS = ("compare", "curve", "ablation", "gpu")
 
@@ -379,14 +379,11 @@ def ratios(rows: list[dict]) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--smoke", action="store_true", help="tiny sizes, seconds (CI)")
+    parser = arguments(__doc__, "train_throughput.json", "tiny sizes, seconds (CI)")
     parser.add_argument("--only", default=",".join(SECTIONS), help=f"sections to run, of: {', '.join(SECTIONS)}")
     parser.add_argument("--dtype", choices=("auto", "bf16", "fp32"), default="auto",
                         help="precision for both trainers (auto: bf16 on GPUs and on CPUs where it is measured faster)")
     parser.add_argument("--rounds", type=int, default=2, help="times the compare cases run, interleaved")
-    parser.add_argument("--out", type=Path, default=Path(__file__).with_name("results") / "train_throughput.json")
-    parser.add_argument("--no-results-md", action="store_true", help="do not append to RESULTS.md")
     parser.add_argument("--select", help="only these cases, as IMPL:LABEL:SEQxBATCH, comma-separated")
     parser.add_argument("--case-timeout", type=float, default=None, help="seconds before a case is stopped")
     parser.add_argument("--from-json", type=Path, help="append the rows of an earlier run's JSON to RESULTS.md")
