@@ -308,6 +308,27 @@ def test_no_credentials_under_json_is_an_envelope(inputs, tmp_path):
     assert error["hint"].startswith("run `aws configure`")
 
 
+def test_read_only_places_are_one_line(inputs, tmp_path):
+    """A read-only FSDPKIT_HOME and a read-only export target (a read-only bind mount in a mount
+    namespace of the command's own: permissions alone do not stop root, which CI runs as)."""
+    if shutil.which("unshare") is None or subprocess.run(
+            ["unshare", "--mount", "sh", "-c", f"mount --bind {tmp_path} {tmp_path}"], capture_output=True).returncode:
+        pytest.skip("this machine cannot make a read-only bind mount in a mount namespace")
+    ro = tmp_path / "ro"
+    (ro / "home").mkdir(parents=True)
+    (ro / "out").mkdir()
+    spec(tmp_path / "local.yaml", backend="local", nodes=1, instance_type=None, image=None)
+    for argv, says in ((["job", "submit", str(tmp_path / "local.yaml")], f"FSDPKIT_HOME: cannot create {ro / 'home'}"),
+                       (["export", str(inputs / "ckpt"), str(ro / "out" / "hf")],
+                        f"export: cannot write to {ro / 'out'} (read-only, or no permission)")):
+        r = subprocess.run(["unshare", "--mount", "sh", "-c", 'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" '
+                            '&& exec "$@"', str(ro), sys.executable, "-m", "fsdpkit", *argv],
+                           capture_output=True, text=True, env={**os.environ, "FSDPKIT_HOME": str(ro / "home")},
+                           cwd=tmp_path, timeout=180)
+        assert r.returncode == 2 and r.stderr.splitlines() == [r.stderr.strip()], r.stderr[-2000:]
+        assert r.stderr.startswith(f"error: {says}"), r.stderr
+
+
 def test_tokenizer_train_from_bad_records_only_trains_nothing(inputs, tmp_path):
     """Every record bad: the skips are reported as they happen, then one error; no tokenizer."""
     r = _run(["tokenizer", "train", "--dataset", "{in}/broken.jsonl", "--text_field", "nope", "--vocab_size", "300",

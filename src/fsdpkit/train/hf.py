@@ -76,7 +76,7 @@ def check_out_dir(out_dir: Path) -> None:
     while not probe.exists():
         probe = probe.parent
     if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
-        raise UserError(f"export: cannot write to {probe} (permission denied); choose another directory")
+        raise UserError(f"export: cannot write to {probe} (read-only, or no permission); choose another directory")
 
 
 def save_hf(state: dict[str, torch.Tensor], cfg: ModelConfig, out_dir: Path, dtype: torch.dtype,
