@@ -38,7 +38,7 @@ def reading(path: str | Path, what: str) -> Iterator[None]:
     so does MemoryError, which is no fault of the file."""
     try:
         yield
-    except (UserError, MemoryError, KeyboardInterrupt):
+    except (UserError, MemoryError):
         raise
     except Exception as e:  # any decoder's own error type: the file is damaged or not what it claims
         raise UserError(f"{what}: cannot read {path}: {reason(e)}; check the file, or point at another one") \

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from fsdpkit.cli.output import Parser, confirmed, dispatch, emit_json
 from fsdpkit.errors import UserError
-from fsdpkit.train.checkpoint_index import META, describe, prunable, read_meta, scan
+from fsdpkit.train.checkpoint_index import describe, prunable, read_meta, scan
 
 
 def _gib(n: int) -> str:
@@ -113,7 +113,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     info = describe(path)
     if info is None:
         raise UserError(f"not a checkpoint: {path}")
-    info["meta"] = read_meta(path)[0] or None if (path / META).is_file() else None
+    info["meta"] = read_meta(path)[0] or None  # None: missing or unreadable (describe says which)
     info["files"] = sorted(p.name for p in path.iterdir())
     if args.json:
         return emit_json(info)

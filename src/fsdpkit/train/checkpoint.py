@@ -156,10 +156,11 @@ class Checkpointer:
             shutil.rmtree(tmp, ignore_errors=True)  # left by a crash during an earlier save
         _barrier(self.rt)
         state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, optimizer)}
-        with self._failing_as(step, _tensor_bytes(state)):
+        needed = _tensor_bytes(state)
+        with self._failing_as(step, needed):
             if self.async_mode:
                 future = dcp.async_save(state, checkpoint_id=str(tmp), process_group=self.group)
-                self._pending = (future, step, tmp, final, meta, _tensor_bytes(state))
+                self._pending = (future, step, tmp, final, meta, needed)
             else:
                 dcp.save(state, checkpoint_id=str(tmp))
                 self._complete(step, tmp, final, meta)
