@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import gzip
+import importlib
 import json
 import os
 import subprocess
 import sys
+import types
+import typing
 from pathlib import Path
 
 import pytest
@@ -14,6 +17,25 @@ import pytest
 from slurm_cluster import SlurmCluster, why_not
 
 ROOT = Path(__file__).resolve().parents[1]
+# CI (.ci/run sets CI=true) has everything the suite reads: ../shared's schemas and what `make venv`
+# installs. There a missing one fails its tests; on a laptop or a fresh clone they skip and say why.
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def unavailable(reason: str) -> typing.NoReturn:
+    """Stop a test (or a test module) whose prerequisite is missing: skipped with the reason, or
+    failed in CI."""
+    if IN_CI:
+        pytest.fail(f"{reason}; CI=true, where it must be present", pytrace=False)
+    pytest.skip(reason, allow_module_level=True)
+
+
+def require(module: str) -> types.ModuleType:
+    """A test extra's module (`make venv` installs them all), or `unavailable`."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        unavailable(f"{module} cannot be imported ({e}); make venv installs it")
 
 # `make test` runs two pytest-xdist workers. Each worker's training processes get the worker's share
 # of the cores, as torchrun gives each rank its share: two OpenMP pools spinning on the same cores
@@ -252,7 +274,7 @@ def start_moto(tmp_path: Path):
     through FSDPKIT_AWS_ENDPOINT_URL with throwaway credentials and no config files)."""
     import urllib.request
 
-    moto_server = pytest.importorskip("moto.server")
+    moto_server = require("moto.server")
     server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0)
     server.start()
     host, port = server.get_host_and_port()
@@ -292,7 +314,7 @@ def slurm(tmp_path_factory):
     """A real Slurm (slurmctld and two slurmd nodes on 127.0.0.1) for the session; skipped, with the
     reason, where Slurm is not installed or the tests do not run as root."""
     if reason := why_not():
-        pytest.skip(reason)
+        unavailable(reason)
     cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"))
     cluster.start()
     yield cluster

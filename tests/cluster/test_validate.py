@@ -11,11 +11,11 @@ import pytest
 
 from fsdpkit.cluster.validate import nccl_mpijob
 
-from conftest import ROOT, run_cli
+from conftest import ROOT, require, run_cli
 from kube_objects import healthy_eks
 from manifest_schemas import validate_builtin
 
-pytest.importorskip("kmock")
+require("kmock")
 NCCL = ROOT / "tests" / "data" / "nccl"
 
 

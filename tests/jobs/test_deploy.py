@@ -12,11 +12,11 @@ import time
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, require
 from job_specs import TOKEN, set_conditions, write_spec, writes
 from kube_objects import healthy_eks, trainer_v2
 
-pytest.importorskip("kmock")
+require("kmock")
 
 SECRETS = "/api/v1/namespaces/default/secrets"
 PVCS = "/api/v1/namespaces/default/persistentvolumeclaims"

@@ -13,11 +13,11 @@ import time
 import pytest
 import yaml
 
-from conftest import ROOT, run_cli
+from conftest import ROOT, require, run_cli
 from job_specs import GROUP, PLURAL, TOKEN, VERSION, job_cli, set_conditions, write_spec, writes
 
-pytest.importorskip("kmock")
-pytest.importorskip("kubernetes")
+require("kmock")
+require("kubernetes")
 
 
 def make_pod(kube, job, rtype, index, phase="Running"):

@@ -20,7 +20,7 @@ from fsdpkit.jobs import hyperpod, manifests
 from fsdpkit.jobs.backends.slurm import script
 from fsdpkit.jobs.spec import load_spec, parse_overrides
 
-from conftest import ROOT, losses, run_cli
+from conftest import ROOT, losses, require, run_cli, unavailable
 from manifest_schemas import IMAGE, crd_validator, pod_of, validate_builtin, validate_hyperpod_job
 
 
@@ -234,7 +234,7 @@ def test_hyperpod_job_kind_matches_the_official_template():
 
     found = importlib.util.find_spec("hyperpod_pytorch_job_template")
     if found is None:
-        pytest.skip("hyperpod-pytorch-job-template is not installed")
+        unavailable("hyperpod-pytorch-job-template is not installed (make venv installs sagemaker-hyperpod)")
     # Read the files rather than import the package: its __init__ pulls in the whole HyperPod SDK.
     tpl_dir = Path(found.origin).parent / "v1_1"
     template = {}
@@ -286,7 +286,7 @@ def test_hyperpodrun_parses_the_command_with_sigterm_and_the_checkpoint_s_time(m
     default 15 s, so the trainer's checkpoint finishes before anything is killed."""
     import signal
 
-    agent = pytest.importorskip("hyperpod_elastic_agent.run", reason="make venv installs hyperpod-elastic-agent")
+    agent = require("hyperpod_elastic_agent.run")
     from torch.distributed.run import config_from_args, get_args_parser
 
     from fsdpkit.jobs.command import job_grace

@@ -13,10 +13,10 @@ import yaml
 from fsdpkit.jobs.ray import raycluster_manifest, rayjob_manifest
 from fsdpkit.jobs.spec import load_spec
 
-from conftest import run_cli
+from conftest import require, run_cli
 from manifest_schemas import IMAGE, crd_validator, pod_of, validate_builtin
 
-pytest.importorskip("kmock")
+require("kmock")
 
 
 def spec(**extra):

@@ -19,7 +19,7 @@ from fsdpkit.hardware.instances import lookup
 from fsdpkit.jobs.ray import raycluster_manifest
 from fsdpkit.jobs.spec import load_spec
 
-from conftest import ROOT
+from conftest import ROOT, unavailable
 
 DOCS = [ROOT / "docs" / "ray.md", ROOT / "src" / "fsdpkit" / "skills" / "data" / "fsdpkit-ray" / "SKILL.md"]
 VERL = Path(sys.executable).parent.parent / "verl-check"
@@ -36,7 +36,7 @@ def recipe(doc: Path) -> tuple[list[str], list[str]]:
 
 def verl_checks(overrides: list[str]) -> subprocess.CompletedProcess:
     if not (VERL / "verl").is_dir():
-        pytest.skip(f"VERL is not installed in {VERL} (make venv installs it)")
+        unavailable(f"VERL is not installed in {VERL} (make venv installs it)")
     return subprocess.run([sys.executable, str(ROOT / "tests" / "verl_config_check.py"), *overrides],
                           capture_output=True, text=True, timeout=300, cwd=ROOT,
                           env={**os.environ, "PYTHONPATH": str(VERL), "HF_HUB_OFFLINE": "1"})

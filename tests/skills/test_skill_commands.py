@@ -22,14 +22,14 @@ import pytest
 from doc_commands import command_lines
 from fake_tools import FAKE_DOCKER
 
-from conftest import ROOT, KubeMock, run_cli, start_moto
+from conftest import ROOT, KubeMock, require, run_cli, start_moto
 from job_specs import GROUP, PLURAL, VERSION, set_conditions
 from kube_objects import crd, daemonset, deployment, healthy_eks, hyperpod_operator, trainer_v2
 from prometheus_server import RecordedPrometheus
 
 pytestmark = pytest.mark.slow
-pytest.importorskip("kmock")
-pytest.importorskip("moto.server")
+require("kmock")
+require("moto.server")
 
 SKILLS = sorted((ROOT / "src" / "fsdpkit" / "skills" / "data").glob("*/SKILL.md"))
 LINES = [(p.parent.name, line) for p in SKILLS for line in command_lines(p)]

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
+from raise_sites import raise_sites, unreached
 
 from fsdpkit.errors import UserError
+from fsdpkit.train import config
 from fsdpkit.train.config import TrainConfig, parse_args, resolve
 
 # The flags a reference job manifest passes (kubernetes/llama3_1_8b-fsdp.yaml), shrunk to run here.
@@ -54,19 +57,69 @@ def test_yaml_unknown_key(tmp_path: Path):
         parse_args(["--config", str(y)])
 
 
-@pytest.mark.parametrize(
-    ("flags", "field"),
-    [
-        (["--lr_decay_style", "exponential"], "lr_decay_style"),
-        (["--warmup_steps", "50", "--max_steps", "10"], "warmup_steps"),
-        (["--experts_per_token", "3", "--n_experts", "2"], "experts_per_token"),
-        (["--lr", "abc"], "lr"),
-        (["--checkpoint_freq", "5"], "checkpoint_every"),
-    ],
-)
-def test_bad_values_name_the_field(flags, field):
-    with pytest.raises(UserError, match=field):
+# Every rule between fields (`validate`) and every refusal of the flag parser, with the one line it
+# gives: the field first, then what is allowed. Each row breaks exactly one rule.
+RULES = {
+    "heads not dividing dim": (["--dim", "130", "--n_heads", "4"], r"^n_heads: 4 must divide dim \(130\)"),
+    "kv heads not dividing heads": (["--n_heads", "4", "--n_kv_heads", "3"],
+                                    r"^n_kv_heads: 3 must divide n_heads \(4\)$"),
+    "odd head size": (["--dim", "132", "--n_heads", "4"], r"^dim/n_heads: head size 33 must be even"),
+    "more experts per token than experts": (["--n_experts", "2", "--experts_per_token", "3"],
+                                            r"^experts_per_token: 3 must be <= n_experts \(2\)$"),
+    "floor above peak": (["--lr", "1e-4", "--min_lr", "2e-4"], r"^min_lr: 0.0002 must be <= lr \(0.0001\)$"),
+    "warm-up beyond the run": (["--max_steps", "10", "--warmup_steps", "11"],
+                               r"^warmup_steps: 11 must be <= max_steps \(10\)$"),
+    "auto resume without a directory": (["--resume_from_checkpoint", "auto"],
+                                        r"^resume_from_checkpoint: 'auto' needs --checkpoint_dir"),
+    "float8 on the CPU": (["--float8", "1", "--device", "cpu"], r"^float8: needs an NVIDIA GPU"),
+    "checkpoints without a directory": (["--checkpoint_every", "10"], r"^checkpoint_every: needs --checkpoint_dir"),
+    "a time cadence without a directory": (["--checkpoint_every", "30m"], r"^checkpoint_every: needs --checkpoint_dir"),
+    "unknown flag": (["--max_step", "3"], r"^unknown option '--max_step'; did you mean --max_steps\?"),
+    "flag without a value": (["--lr"], r"^argument --lr: expected one argument \(see `fsdpkit train --help`\)$"),
+    "unknown choice": (["--lr_decay_style", "exponential"], r"^lr_decay_style: .*cosine.*linear.*constant"),
+    "not a number": (["--lr", "abc"], r"^lr: expected a number, got 'abc'"),
+    "below the range": (["--max_steps", "0"], r"^max_steps: .*>= 1"),
+    "above the range": (["--min_lr_ratio", "2"], r"^min_lr_ratio: .*<= 1"),
+    "a bad cadence": (["--checkpoint_every", "often"], r"^checkpoint_every: expected steps \(500\) or a wall time"),
+}
+# Each rule's edge, which it allows (a rule tightened by one, `>` to `>=`, fails here).
+EDGES = [
+    ["--lr", "1e-4", "--min_lr", "1e-4"],
+    ["--max_steps", "10", "--warmup_steps", "10"],
+    ["--n_experts", "2", "--experts_per_token", "2"],
+    ["--n_heads", "4", "--n_kv_heads", "4"],
+    ["--resume_from_checkpoint", "auto", "--checkpoint_dir", "ck"],
+    ["--checkpoint_every", "10", "--checkpoint_dir", "ck"],
+    ["--float8", "1", "--device", "cuda"],
+]
+
+
+@pytest.mark.parametrize("case", sorted(RULES))
+def test_each_rule_refuses_in_one_line_naming_the_field(case):
+    flags, message = RULES[case]
+    with pytest.raises(UserError) as e:
         parse_args(flags)
+    assert re.search(message, str(e.value)) and "\n" not in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("flags", EDGES, ids=" ".join)
+def test_each_rule_allows_its_edge(flags):
+    parse_args(flags)
+
+
+def test_every_refusal_of_the_config_has_a_row():
+    """Every `raise UserError` in the validators is reached by a row of RULES (or, for the refusals
+    that need a checkpoint or a world size, by the tests named here)."""
+    messages = []
+    for flags, _ in RULES.values():
+        try:
+            parse_args(flags)
+        except UserError as e:
+            messages.append(str(e))
+    sites = raise_sites(config.validate, config.parse_args, config._Parser.error)
+    assert not unreached(sites, messages)
+    # _nest's refusal of an unknown key: test_yaml_unknown_key; replicas: test_precision_and_hsdp_replicas_...;
+    # _resumed_data: tests/train/test_checkpoint.py (resume on other data).
 
 
 BAD_INPUT = {
@@ -238,15 +291,35 @@ def test_presets_list_their_recipes(cli):
     assert "torchtitan llama3 configs" in human.stdout and "Llama 2 paper" in human.stdout
 
 
-def test_a_run_records_its_resolved_config(tmp_path, cli):
-    """config.yaml holds what ran (sequence, warm-up, floor, validation size), not nulls to re-derive."""
+def test_a_run_records_what_was_given_apart_from_what_was_derived(tmp_path, cli):
+    """config.yaml holds what ran: the options given at the top, what was worked out from them under
+    `derived:` (sequence, warm-up, floor, validation size, compile, the model's shape). Reused with a
+    new --lr, as the README shows, the floor follows the new peak; a floor that was given stays."""
     import yaml
 
-    r = cli("train", "--max_steps", "2", "--progress", "off", "--tensorboard", "0", "--run_dir", str(tmp_path / "r"))
+    a, b = tmp_path / "a", tmp_path / "b"
+    r = cli("train", "--max_steps", "2", "--progress", "off", "--tensorboard", "0", "--run_dir", str(a))
     assert r.returncode == 0, r.stderr
-    saved = yaml.safe_load((tmp_path / "r" / "config.yaml").read_text())
-    assert saved["data"]["seq_len"] == 256 and saved["optim"]["warmup_steps"] == 0
-    assert saved["optim"]["min_lr"] == 3e-4 and saved["log"]["validation_batches"] >= 1
+    saved = yaml.safe_load((a / "config.yaml").read_text())
+    assert saved["optim"] == {"max_steps": 2} and saved["run_dir"] == str(a) and saved["preset"] == "tiny"
+    derived = saved["derived"]
+    assert derived["data"]["seq_len"] == 256 and derived["optim"]["warmup_steps"] == 0
+    assert derived["optim"]["min_lr"] == 3e-4 and derived["log"]["validation_batches"] >= 1
+    assert derived["parallel"]["compile"] is False and derived["model"]["dim"] == 128
+    r = cli("train", "--config", str(a / "config.yaml"), "--lr", "1e-3", "--progress", "off", "--run_dir", str(b))
+    assert r.returncode == 0, r.stderr
+    again = yaml.safe_load((b / "config.yaml").read_text())
+    assert again["optim"] == {"max_steps": 2, "lr": 1e-3} and again["derived"]["optim"]["min_lr"] == 1e-4
+    assert again["log"] == {"tensorboard": False, "progress": "off"}
+
+    given_floor = tmp_path / "floor.yaml"
+    given_floor.write_text((a / "config.yaml").read_text().replace("max_steps: 2", "max_steps: 2\n  min_lr: 1.0e-05"))
+    cfg = parse_args(["--config", str(given_floor), "--lr", "1e-3"])[0]
+    assert (cfg.optim.lr, cfg.optim.min_lr, cfg.optim.max_steps) == (1e-3, 1e-5, 2)
+    # What a resolved value was when the file was written does not leak back in as given.
+    edited = tmp_path / "edited.yaml"
+    edited.write_text((a / "config.yaml").read_text().replace("seq_len: 256", "seq_len: 64"))
+    assert parse_args(["--config", str(edited)])[0].data.seq_len == 256
 
 
 def test_precision_and_hsdp_replicas_are_resolved_in_one_place():

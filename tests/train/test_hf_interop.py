@@ -9,9 +9,9 @@ import shutil
 import pytest
 import torch
 
-from conftest import FAST, run_cli
+from conftest import FAST, require, run_cli
 
-transformers = pytest.importorskip("transformers")
+transformers = require("transformers")
 from safetensors.torch import load_file  # noqa: E402
 
 from fsdpkit.train import checkpoint_index  # noqa: E402

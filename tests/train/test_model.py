@@ -13,6 +13,8 @@ from fsdpkit.train.model import Transformer
 from fsdpkit.train.model_config import ModelConfig, RopeScaling, count_params
 from fsdpkit.train.presets import PRESETS
 
+from conftest import require
+
 # Published sizes (Meta / Mistral AI model cards), in billions.
 PUBLISHED_B = {
     "llama2_7b": 6.74, "llama2_13b": 13.02, "llama2_70b": 68.98, "llama3_1_8b": 8.03,
@@ -85,7 +87,7 @@ def test_initialisation_is_seeded_and_order_independent():
 
 # --- parity with transformers ------------------------------------------------------------------
 
-transformers = pytest.importorskip("transformers")
+transformers = require("transformers")
 
 SMALL = dict(vocab_size=96, dim=64, n_layers=2, n_heads=8, n_kv_heads=2, ffn_dim=96, max_seq_len=256)
 

@@ -21,7 +21,7 @@ from fsdpkit.train.data import (
 )
 from fsdpkit.train.data.prepare import prepare
 
-from conftest import DOCS, read_metrics, run_cli, write_fixture
+from conftest import DOCS, read_metrics, require, run_cli, write_fixture
 
 SEQ = 32
 def one_pass(source, tokenizer, rank=0, world=1, batch=2):
@@ -92,7 +92,7 @@ def test_missing_paths_and_columns_are_clear(tmp_path):
 
 def test_hub_code_path_streams_offline_from_local_data(tmp_path, monkeypatch):
     """The real `datasets.load_dataset(..., streaming=True)` path, on a local folder, offline."""
-    pytest.importorskip("datasets")
+    require("datasets")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))

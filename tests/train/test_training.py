@@ -132,7 +132,7 @@ def test_moe_in_bf16_under_fsdp_trains(tmp_path):
     got = losses(run_dir)
     assert len(got) == 4 and got[-1] < got[0]
     # Expert load: rank 0's last micro-batch, every layer's routed slots (256 tokens x top-2).
-    n_layers = yaml.safe_load((run_dir / "config.yaml").read_text())["model"]["n_layers"]
+    n_layers = yaml.safe_load((run_dir / "config.yaml").read_text())["derived"]["model"]["n_layers"]
     for row in read_metrics(run_dir):
         assert len(row["expert_tokens"]) == 4 and sum(row["expert_tokens"]) == 256 * 2 * n_layers
         assert row["expert_load_max_over_mean"] == max(row["expert_tokens"]) / (sum(row["expert_tokens"]) / 4)
@@ -166,8 +166,8 @@ def test_document_masking_trains(tmp_path):
 
 
 def test_config_yaml_reproduces_the_run(tmp_path):
-    """config.yaml holds every resolved value (run_dir, the model's shape, the schedule): `--config`
-    with it trains the same run again, loss for loss."""
+    """config.yaml holds what was given and, apart, every value derived from it (the model's shape,
+    the schedule): `--config` with it trains the same run again, loss for loss."""
     import yaml
 
     a, b = tmp_path / "a", tmp_path / "b"
@@ -175,8 +175,10 @@ def test_config_yaml_reproduces_the_run(tmp_path):
                 "--run_dir", str(a))
     assert r.returncode == 0, r.stderr[-3000:]
     saved = yaml.safe_load((a / "config.yaml").read_text())
-    assert saved["run_dir"] == str(a) and saved["model"]["n_layers"] == 2 and saved["model"]["dim"] == 128
-    assert None not in (saved["data"]["seq_len"], saved["optim"]["min_lr"], saved["log"]["validation_batches"])
+    assert saved["run_dir"] == str(a) and saved["model"] == {"n_layers": 2}
+    derived = saved["derived"]
+    assert derived["model"]["dim"] == 128
+    assert None not in (derived["data"]["seq_len"], derived["optim"]["min_lr"], derived["log"]["validation_batches"])
     r = run_cli("train", "--config", str(a / "config.yaml"), "--run_dir", str(b))
     assert r.returncode == 0, r.stderr[-3000:]
     assert losses(b) == losses(a) and len(losses(a)) == 6

@@ -261,6 +261,9 @@ class TrainConfig(Settings):
     log: LogConfig = option(default_factory=LogConfig)
     checkpoint: CheckpointConfig = option(default_factory=CheckpointConfig)
     _shape: ModelConfig | None = PrivateAttr(default=None)
+    # The fields a layer (a YAML file, a job spec, a flag) set, by name: what config.yaml records as
+    # given; what no layer set is derived again when the file is read.
+    _given: frozenset[str] = PrivateAttr(default=frozenset())
 
     @property
     def shape(self) -> ModelConfig:
@@ -283,9 +286,24 @@ class TrainConfig(Settings):
         return val / train
 
     def record(self, run_dir: Path) -> dict[str, Any]:
-        """Every value the run uses, the model's shape and run directory included: what config.yaml
-        holds, so `fsdpkit train --config RUN_DIR/config.yaml` runs the same again."""
+        """Every value the run uses, the model's shape and run directory included (a checkpoint's
+        fsdpkit.json and the run's summary hold this)."""
         return {**self.model_dump(), "run_dir": str(run_dir)}
+
+    def replay(self, run_dir: Path) -> dict[str, Any]:
+        """What config.yaml holds: the options a layer gave (with the preset and run directory) at the
+        top, and every value worked out from them (the preset's recipe and shape, the defaults, the
+        rules of `resolve`) under `derived:`, which `load_yaml` does not read back. So `fsdpkit train
+        --config RUN_DIR/config.yaml` runs the same again, and with `--lr 1e-3` the floor follows the
+        new peak, as the warm-up follows a new --max_steps and the recipe another --preset."""
+        doc, derived = self.record(run_dir), {}
+        kept = self._given | {"preset", "run_dir"}
+        for section in (None, *SECTIONS):
+            values = doc if section is None else doc[section]
+            for name in [n for n in values if n not in SECTIONS and n not in kept]:
+                (derived if section is None else derived.setdefault(section, {}))[name] = values.pop(name)
+        given = {k: v for k, v in doc.items() if v != {} or k not in SECTIONS}
+        return {**given, DERIVED_KEY: derived}
 
 
 def _shape(cfg: TrainConfig) -> ModelConfig:
@@ -303,6 +321,12 @@ def _shape(cfg: TrainConfig) -> ModelConfig:
 
 
 SECTIONS = ("model", "data", "optim", "parallel", "log", "checkpoint")
+
+# config.yaml's block of derived values: shown for the reader, skipped when the file is read again.
+DERIVED_KEY = "derived"
+REPLAY_HEAD = ("# `fsdpkit train --config THIS_FILE` runs this again; flags override it. Above `derived:`, the\n"
+               "# options given; under it, what the preset, the defaults and the rules made of them: worked\n"
+               "# out again when this file is read, so a new --lr moves min_lr with it.\n")
 
 # Reference flags that have no counterpart here: accepted so old manifests run, with a notice.
 IGNORED_REFERENCE_FLAGS = {
@@ -490,6 +514,7 @@ def resolve(cfg: TrainConfig, given: set[str] = frozenset()) -> TrainConfig:
         batches = max(1, min(8, math.floor(VALIDATION_SHARE / per_batch + 1e-9)))
         out = out.model_copy(update={"log": cfg.log.model_copy(update={"validation_batches": batches})})
     out._shape = shape
+    out._given = frozenset(given)
     return out
 
 
@@ -504,8 +529,11 @@ def recipe_values(cfg: TrainConfig) -> dict[str, Any]:
 
 
 def load_yaml(path: str | os.PathLike) -> dict[str, Any]:
-    """A YAML file of `key: value` pairs or `section: {key: value}` blocks."""
-    return load_mapping(path, "config", "option names to values")
+    """A YAML file of `key: value` pairs or `section: {key: value}` blocks. A run's config.yaml
+    lists its derived values under `derived:`; they are not options, so they are re-derived."""
+    doc = load_mapping(path, "config", "option names to values")
+    doc.pop(DERIVED_KEY, None)
+    return doc
 
 
 def to_flags(doc: dict[str, Any]) -> list[str]:

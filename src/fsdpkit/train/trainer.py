@@ -22,7 +22,7 @@ import torch
 from fsdpkit import yamlfile
 from fsdpkit.errors import UserError
 from fsdpkit.train import checkpoint, dist, network, run_lock
-from fsdpkit.train.config import TrainConfig, resume_target
+from fsdpkit.train.config import REPLAY_HEAD, TrainConfig, resume_target
 from fsdpkit.train.data import BatchStream, Prefetcher
 from fsdpkit.train.faults import maybe_fail
 from fsdpkit.train.hf import check_weights, load_hf_into
@@ -339,7 +339,7 @@ def _open_sinks(run: Run, state: TrainState, notices: list[str], stack: contextl
         return
     run_dir.mkdir(parents=True, exist_ok=True)
     record = cfg.record(run_dir)
-    (run_dir / "config.yaml").write_text(yamlfile.dump(record))
+    (run_dir / "config.yaml").write_text(REPLAY_HEAD + yamlfile.dump(cfg.replay(run_dir)))
     tb_dir = Path(lg.tensorboard_dir) if lg.tensorboard_dir else run_dir / "tensorboard"
     show_bar = lg.progress == "on" or (lg.progress == "auto" and sys.stderr.isatty())
     trackers = Trackers(lg.trackers, run_dir, lg.tracker_project, record, state.attempt) if lg.trackers else None
