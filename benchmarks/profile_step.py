@@ -1,6 +1,6 @@
 """Where a training step's time goes: fsdpkit's trainer under torch.profiler, one process.
 
-    python -m benchmarks.profile_step --preset debug --seq_len 512 --train_batch_size 16 --max_steps 6
+    python -m benchmarks.profile_step --preset debug --seq-len 512 --train-batch-size 16 --max-steps 6
     python -m benchmarks.profile_step --top 30 --trace /tmp/trace.json -- --preset llama3_2_1b --device cuda
 
 Every flag after the options below goes to the trainer as is. The table is the operators (CPU) or
@@ -31,13 +31,13 @@ def main(argv: list[str] | None = None) -> int:
     from fsdpkit.train.config import parse_args
     from fsdpkit.train.trainer import train
 
-    cfg, _ = parse_args(["--progress", "off", "--tensorboard", "0", "--validation_freq", "0", *trainer_flags])
+    cfg, _ = parse_args(["--progress", "off", "--tensorboard", "0", "--validation-freq", "0", *trainer_flags])
     dev = cfg.parallel.device
     cuda = dev == "cuda" or (dev == "auto" and torch.cuda.is_available())
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     measured = cfg.optim.max_steps - args.skip
     if measured < 1 or args.skip < 1:
-        parser.error(f"--skip must be at least 1 and --max_steps more than --skip ({args.skip})")
+        parser.error(f"--skip must be at least 1 and --max-steps more than --skip ({args.skip})")
     prof = profile(activities=activities, record_shapes=args.shapes,
                    schedule=schedule(wait=args.skip - 1, warmup=1, active=measured))
     # The profiler advances once per optimizer step: wrap the step the trainer calls.

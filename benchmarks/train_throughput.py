@@ -71,7 +71,7 @@ OFFLINE_DATA = ("--dataset", "embedded", "--tokenizer", "bytes")
 
 COMPILE = ("--compile", "1")
 EAGER = ("--compile", "0")
-WIDE = ("--dim", "512", "--n_heads", "16", "--n_kv_heads", "8", "--ffn_dim", "1376")
+WIDE = ("--dim", "512", "--n-heads", "16", "--n-kv-heads", "8", "--ffn-dim", "1376")
 
 
 def plan(smoke: bool, device: str, dtype: str, only: set[str]) -> list[dict]:
@@ -98,7 +98,7 @@ def plan(smoke: bool, device: str, dtype: str, only: set[str]) -> list[dict]:
                   for s in (128, 256, 1024)]
         cases += [case("curve", "fsdpkit", "tiny", 512, 16, 1, dtype, label="tiny", steps=4),
                   case("curve", "fsdpkit", "debug", 512, 16, 1, dtype, WIDE, "debug 2x wider", steps=4),
-                  case("curve", "fsdpkit", "debug", 512, 16, 1, dtype, ("--n_layers", "8"), "debug 2x deeper",
+                  case("curve", "fsdpkit", "debug", 512, 16, 1, dtype, ("--n-layers", "8"), "debug 2x deeper",
                        steps=4)]
     if "ablation" in only:
         cases += [case("ablation", "fsdpkit", "debug", 512, 16, 1, dtype, flags, label, steps=5)
@@ -111,7 +111,7 @@ def gpu_plan(n_gpus: int) -> list[dict]:
     and off, against the baseline; llama3_1_8b with 4 layers (the full model's AdamW state alone
     is 128 GB). With several GPUs, also FSDP over all of them. The most wanted figures come first,
     so a lease that runs out still has them."""
-    ac = ("--activation_checkpointing", "full")
+    ac = ("--activation-checkpointing", "full")
 
     def one(impl: str, seq: int, batch: int, flags: tuple[str, ...] = (), label: str = "", fsdp: bool = False) -> dict:
         return case("gpu", impl, "llama3_2_1b", seq, batch, 1, "bf16", flags, label or impl, 10, 3, fsdp)
@@ -122,14 +122,14 @@ def gpu_plan(n_gpus: int) -> list[dict]:
              peer("gpu", "llama3_2_1b", 2048, 4, "fp32", 10, 3), peer("gpu", "llama3_2_1b", 2048, 4, "bf16", 10, 3),
              one("fsdpkit", 2048, 4, COMPILE, "compile as 1 FSDP rank", fsdp=True),
              one("fsdpkit", 2048, 8, COMPILE, "compile"), one("baseline", 2048, 8),
-             one("fsdpkit", 2048, 4, (*COMPILE, "--loss_chunk_tokens", "523"), "compile chunked loss"),
+             one("fsdpkit", 2048, 4, (*COMPILE, "--loss-chunk-tokens", "523"), "compile chunked loss"),
              one("fsdpkit", 2048, 4, ac, "ac"), one("fsdpkit", 2048, 4, (*COMPILE, *ac), "compile+ac"),
              one("fsdpkit", 8192, 1, EAGER, "eager"), one("fsdpkit", 8192, 1, COMPILE, "compile"),
              one("baseline", 8192, 1),
              peer("gpu", "llama3_2_1b", 8192, 1, "fp32", 10, 3), peer("gpu", "llama3_2_1b", 8192, 1, "bf16", 10, 3),
              one("fsdpkit", 8192, 1, (*COMPILE, *ac), "compile+ac")]
     cases.append(case("gpu", "fsdpkit", "llama3_1_8b", 2048, 2, 1, "bf16",
-                      ("--n_layers", "4", *COMPILE, *ac), "8b 4 layers", 10, 3))
+                      ("--n-layers", "4", *COMPILE, *ac), "8b 4 layers", 10, 3))
     cases += family_plan()
     if n_gpus > 1:
         cases += [case("gpu", impl, "llama3_2_1b", 2048, 4, n_gpus, "bf16", (), impl, 10, 3)
@@ -143,26 +143,26 @@ def family_plan() -> list[dict]:
     same without; Mistral's shape (4 layers) with its 4096-token window, full causal, and window plus
     document masking, and transformers' Mistral beside it; Mixtral's shape with 2 of its layers
     against transformers' Mixtral; float8 against bf16 on Llama 3.1 8B's shape (4 layers)."""
-    rows = [case("gpu", "fsdpkit", "llama3_2_1b", 8192, 1, 1, "bf16", ("--document_masking", "1"), "doc-masked", 10, 3)]
-    mistral = ("--n_layers", "4")
-    for flags, label in (((*mistral, "--sliding_window", "4096"), "window 4096"),
-                         ((*mistral, "--sliding_window", "0"), "full causal"),
-                         ((*mistral, "--sliding_window", "4096", "--document_masking", "1"), "window+doc")):
+    rows = [case("gpu", "fsdpkit", "llama3_2_1b", 8192, 1, 1, "bf16", ("--document-masking", "1"), "doc-masked", 10, 3)]
+    mistral = ("--n-layers", "4")
+    for flags, label in (((*mistral, "--sliding-window", "4096"), "window 4096"),
+                         ((*mistral, "--sliding-window", "0"), "full causal"),
+                         ((*mistral, "--sliding-window", "4096", "--document-masking", "1"), "window+doc")):
         rows.append(case("gpu", "fsdpkit", "mathstral_7b", 8192, 1, 1, "bf16", flags, label, 10, 3))
-    rows.append(case("gpu", "baseline", "mathstral_7b", 8192, 1, 1, "bf16", (*mistral, "--sliding_window", "4096"),
+    rows.append(case("gpu", "baseline", "mathstral_7b", 8192, 1, 1, "bf16", (*mistral, "--sliding-window", "4096"),
                      "window 4096", 10, 3))
     for impl in ("fsdpkit", "baseline"):
-        rows.append(case("gpu", impl, "mixtral_8x7b", 2048, 2, 1, "bf16", ("--n_layers", "2"), "2 layers", 10, 3))
-    eight = ("--n_layers", "4", "--activation_checkpointing", "full")
+        rows.append(case("gpu", impl, "mixtral_8x7b", 2048, 2, 1, "bf16", ("--n-layers", "2"), "2 layers", 10, 3))
+    eight = ("--n-layers", "4", "--activation-checkpointing", "full")
     rows += [case("gpu", "fsdpkit", "llama3_1_8b", 2048, 2, 1, "bf16", eight, "8b 4 layers bf16", 10, 3),
              case("gpu", "fsdpkit", "llama3_1_8b", 2048, 2, 1, "bf16", (*eight, "--float8", "1"),
                   "8b 4 layers float8", 10, 3)]
     # float8's target shape (issue 34: >= 1.20x bf16 at 8192 x 1), each scaling, the head in float8 too.
-    long = ("--n_layers", "4", "--activation_checkpointing", "selective")
+    long = ("--n-layers", "4", "--activation-checkpointing", "selective")
     rows.append(case("gpu", "fsdpkit", "llama3_1_8b", 8192, 1, 1, "bf16", long, "8b 4 layers bf16", 10, 3))
-    for extra, label in ((("--float8_recipe", "tensorwise"), "float8 tensorwise"),
-                         (("--float8_recipe", "rowwise"), "float8 rowwise"),
-                         (("--float8_recipe", "tensorwise", "--float8_head", "1"), "float8 tensorwise+head")):
+    for extra, label in ((("--float8-recipe", "tensorwise"), "float8 tensorwise"),
+                         (("--float8-recipe", "rowwise"), "float8 rowwise"),
+                         (("--float8-recipe", "tensorwise", "--float8-head", "1"), "float8 tensorwise+head")):
         rows.append(case("gpu", "fsdpkit", "llama3_1_8b", 8192, 1, 1, "bf16", (*long, "--float8", "1", *extra),
                          f"8b 4 layers {label}", 10, 3))
     return rows
@@ -171,12 +171,12 @@ def family_plan() -> list[dict]:
 # Each switch against fsdpkit's defaults (debug, seq 512, batch 16, one process).
 ABLATIONS: list[tuple[tuple[str, ...], str]] = [
     ((), "defaults"),
-    (("--fused_optimizer", "0"), "foreach AdamW (fused off)"),
+    (("--fused-optimizer", "0"), "foreach AdamW (fused off)"),
     (("--compile", "1"), "torch.compile per block"),
-    (("--activation_checkpointing", "full"), "activation checkpointing: full"),
-    (("--activation_checkpointing", "selective"), "activation checkpointing: every 2nd block"),
-    (("--vocab_size", "32000"), "vocab 32000 chunked loss (default)"),
-    (("--vocab_size", "32000", "--loss_chunk_tokens", "0"), "vocab 32000 full fp32 logits"),
+    (("--activation-checkpointing", "full"), "activation checkpointing: full"),
+    (("--activation-checkpointing", "selective"), "activation checkpointing: every 2nd block"),
+    (("--vocab-size", "32000"), "vocab 32000 chunked loss (default)"),
+    (("--vocab-size", "32000", "--loss-chunk-tokens", "0"), "vocab 32000 full fp32 logits"),
 ]
 
 
@@ -221,10 +221,10 @@ def timed(row: dict, measured: list[float]) -> dict:
 
 def case_flags(c: dict, device: str, run_dir: Path) -> list[str]:
     """The trainer flags of a case (the peers read the same configuration)."""
-    return ["--preset", c["preset"], "--seq_len", str(c["seq"]), "--train_batch_size", str(c["batch"]),
-            "--max_steps", str(c["steps"] + c["warmup"]), "--mixed_precision", c["dtype"], "--device", device,
-            "--logging_freq", "1", "--validation_freq", "0", "--validation_batches", "1", "--tensorboard", "0",
-            "--progress", "off", "--run_dir", str(run_dir), *OFFLINE_DATA, *c["flags"]]
+    return ["--preset", c["preset"], "--seq-len", str(c["seq"]), "--train-batch-size", str(c["batch"]),
+            "--max-steps", str(c["steps"] + c["warmup"]), "--mixed-precision", c["dtype"], "--device", device,
+            "--logging-freq", "1", "--validation-freq", "0", "--validation-batches", "1", "--tensorboard", "0",
+            "--progress", "off", "--run-dir", str(run_dir), *OFFLINE_DATA, *c["flags"]]
 
 
 def set_up(c: dict, device: str, run_dir: Path) -> None:
@@ -287,7 +287,7 @@ def measured_peak(device: str, dtype: str) -> tuple[float | None, str]:
 
 def add_mfu(row: dict, peak: float | None) -> None:
     from fsdpkit.train.config import parse_args
-    from fsdpkit.train.metrics import flops_per_token
+    from fsdpkit.train.flops import flops_per_token
 
     overrides = [f for f in row["flags"] if f.startswith("--") and f.lstrip("-") in MODEL_FLAGS]
     flags = ["--preset", row["preset"]]

@@ -21,6 +21,20 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str):
         raise UserError(f"{message} (see `{self.prog} --help`)")
 
+    def add_spec_overrides(self) -> None:
+        """`--set KEY=VALUE`, the same on every command that reads a job spec."""
+        self.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                          help="override a job spec field, dotted for sections, kebab or snake case "
+                               "(train.max-steps=100, hyperpod.auto_resume=false); repeatable")
+
+    def add_training_option(self, flag: str, **kwargs: Any) -> None:
+        """A kebab-case option named after a training option: its snake-case spelling, which
+        `fsdpkit train` and a spec's `train:` use, is taken too, unlisted."""
+        action = self.add_argument(flag, **kwargs)
+        keep = {k: v for k, v in kwargs.items() if k in ("type", "choices", "metavar")}
+        self.add_argument("--" + flag[2:].replace("-", "_"), dest=action.dest, default=argparse.SUPPRESS,
+                          help=argparse.SUPPRESS, **keep)
+
 
 def _print(ok: bool, data: Any, error: dict | None) -> None:
     print(json.dumps({"ok": ok, "data": data, "error": error}, indent=2, default=str))

@@ -117,7 +117,7 @@ def option(default: Any = None, help: str = "", *, ge: float | None = None, le: 
     """A field with its help text and allowed range. `aliases` are other flag names for it (the
     reference FSDP example's); `alias_values` map a spelling to a value (`--bf16 1` -> "bf16");
     `what` names a choice in errors ("'nomad' is not a backend")."""
-    extra = {"aliases": list(aliases), "alias_values": dict(alias_values or {}), "what": what}
+    extra: dict[str, Any] = {"aliases": list(aliases), "alias_values": dict(alias_values or {}), "what": what}
     if default_factory is not None:
         return Field(default_factory=default_factory, description=help, json_schema_extra=extra)
     return Field(default, description=help, ge=ge, le=le, json_schema_extra=extra)
@@ -214,8 +214,9 @@ def describe(e: ValidationError, cls: type[BaseModel], flat: bool = False) -> st
         return f"{path}: {raw} is out of range; it must be {sign} {err['ctx'][key]}"
     parent = _model_at(cls, loc[:-1])
     if kind == "literal_error" and parent is not None:
-        f = parent.model_fields[loc[-1]]
-        return f"{path}: {raw!r} is not {_extra(f).get('what', 'allowed')}; choose one of: {', '.join(choices(f))}"
+        f = parent.model_fields[str(loc[-1])]
+        allowed = ", ".join(choices(f) or ())
+        return f"{path}: {raw!r} is not {_extra(f).get('what', 'allowed')}; choose one of: {allowed}"
     if kind == "extra_forbidden" and parent is not None:
         return f"{path}: unknown field; allowed: {', '.join(sorted(parent.model_fields))}"
     if kind == "missing":

@@ -16,12 +16,50 @@ def test_presets_lists_every_preset_with_counts(cli):
     assert human.returncode == 0 and "llama3_1_70b" in human.stdout and "70.55B" in human.stdout
 
 
-def test_train_help_lists_reference_flags(cli):
+def test_train_help_lists_kebab_case_and_says_the_reference_flags_are_taken(cli):
     r = cli("train", "--help")
     assert r.returncode == 0
-    for flag in ("--max_context_width", "--hidden_width", "--num_layers", "--sharding_strategy",
-                 "--checkpoint_dir", "--nproc", "--activation_checkpointing"):
+    for flag in ("--sharding-strategy", "--checkpoint-dir", "--nproc", "--activation-checkpointing"):
         assert flag in r.stdout
+    assert "--sharding_strategy" not in r.stdout and "--max_context_width, --num_layers" in " ".join(r.stdout.split())
+
+
+def test_every_option_follows_the_one_naming_rule():
+    """Every listed option of every command is kebab case. Snake case only unlisted: the spelling of
+    a listed option of the same command (one named after a training option), or on `train` a flag of
+    the reference FSDP example."""
+    import argparse
+    import re
+
+    from fsdpkit.cli.main import VERBS
+    from fsdpkit.cli.reference import subcommands, verb_parser
+    from fsdpkit.train.config import IGNORED_REFERENCE_FLAGS, field_index
+
+    kebab = re.compile(r"^(-[a-zA-Z0-9]|--[a-z0-9]+(-[a-z0-9]+)*)$")
+    reference = {f"--{name}" for name in [*field_index(), *IGNORED_REFERENCE_FLAGS]}
+    broken, seen, count = [], set(), 0
+
+    def walk(parser, path):
+        nonlocal count
+        actions = [a for a in parser._actions if a.option_strings and not isinstance(a, argparse._HelpAction)]
+        listed = {o for a in actions if a.help != argparse.SUPPRESS for o in a.option_strings}
+        for a in actions:
+            count += len(a.option_strings)
+            for o in a.option_strings:
+                if a.help != argparse.SUPPRESS and not kebab.match(o):
+                    broken.append(f"{path}: {o} is listed and not kebab case")
+                elif a.help == argparse.SUPPRESS and not kebab.match(o) and o.replace("_", "-") not in listed \
+                        and not (path == "train" and o in reference):
+                    broken.append(f"{path}: {o} is neither a listed option's snake case nor a reference flag")
+        for name, sub in subcommands(parser).items():
+            if id(sub) not in seen:
+                seen.add(id(sub))
+                walk(sub, f"{path} {name}")
+
+    for verb in VERBS:
+        walk(verb_parser(verb), verb)
+    assert not broken, "\n".join(broken)
+    assert count > 400   # every command was walked
 
 
 def test_unknown_verb_exits_nonzero(cli):
@@ -31,8 +69,8 @@ def test_unknown_verb_exits_nonzero(cli):
 
 def test_help_shows_typed_values_one_default_each_and_next_steps(cli):
     text = cli("train", "--help").stdout
-    assert "--lr FLOAT" in text and "--max_steps INT" in text and "--compile BOOL" in text
-    assert "--lr_decay_style {cosine,linear,constant}" in text and "--checkpoint_dir DIR" in text
+    assert "--lr FLOAT" in text and "--max-steps INT" in text and "--compile BOOL" in text
+    assert "--lr-decay-style {cosine,linear,constant}" in text and "--checkpoint-dir DIR" in text
     assert " V " not in text and "(default: None)" not in text
     assert text.count("(default:") == text.count("default:")   # never two defaults for one option
     top = cli("--help").stdout
@@ -42,7 +80,7 @@ def test_help_shows_typed_values_one_default_each_and_next_steps(cli):
 def test_a_near_miss_of_an_option_is_named(cli):
     r = cli("train", "--max_step", "10")
     assert r.returncode == 2 and r.stderr.strip() == (
-        "error: unknown option '--max_step'; did you mean --max_steps? (see `fsdpkit train --help`)")
+        "error: unknown option '--max_step'; did you mean --max-steps? (see `fsdpkit train --help`)")
 
 
 def test_a_reader_that_goes_away_ends_the_command_quietly():

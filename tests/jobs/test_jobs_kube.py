@@ -214,7 +214,7 @@ def test_failed_job_is_resubmitted_within_its_budget_and_resumes(kube, tmp_path)
     assert attempt()[1] is None  # a fresh job, not the failed one patched
     job = [b for m, p, b in kube.requests() if m == "POST" and p.split("?")[0].endswith("/pytorchjobs")][-1]
     command = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["command"]
-    assert command[command.index("--resume_from_checkpoint") + 1] == "auto"
+    assert command[command.index("--resume-from-checkpoint") + 1] == "auto"
     set_conditions(kube, "llama-tiny", "Created", "Running", "Failed")  # fails again: budget spent
     out, err = waiter.communicate(timeout=60)
     assert waiter.returncode == 1, err

@@ -198,7 +198,7 @@ def test_manifest_shape_follows_the_spec():
     assert c["resources"]["limits"] == {"nvidia.com/gpu": 8, "vpc.amazonaws.com/efa": 32}
     assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "64Gi"}} in pod["volumes"]
     assert {"name": "checkpoints", "persistentVolumeClaim": {"claimName": "fsx-claim"}} in pod["volumes"]
-    assert cmd[cmd.index("--checkpoint_dir") + 1] == "/checkpoints/t1/checkpoints"
+    assert cmd[cmd.index("--checkpoint-dir") + 1] == "/checkpoints/t1/checkpoints"
     assert pod["priorityClassName"] == "training"
     assert fixed["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
 
@@ -351,7 +351,7 @@ def test_slurm_script_parses_and_carries_rendezvous_and_efa(instance):
     assert "--rdzv-backend=c10d" in text and '"--rdzv-endpoint=${rdzv_endpoint}"' in text
     assert 'rdzv_endpoint="${head_addr:-$head_node}:29500"' in text  # the head node by its NodeAddr
     assert "--container-image='nvcr.io#nvidia/pytorch'" in text and "--container-mounts=/fsx:/fsx" in text
-    assert "--checkpoint_dir /fsx/t1/checkpoints" in text
+    assert "--checkpoint-dir /fsx/t1/checkpoints" in text
     efa = INSTANCES[instance].efa
     assert ("export FI_PROVIDER=efa" in text) == bool(efa)
     assert ("export FI_EFA_USE_DEVICE_RDMA=1" in text) == INSTANCES[instance].rdma
@@ -469,11 +469,9 @@ def test_colon_values_are_not_base_60_numbers(tmp_path):
         == (2, 4)
 
 
-def test_an_older_spec_s_hyperpod_kind_names_the_operator():
-    for kind, operator, made in (("HyperPodPyTorchJob", "hyperpod", "HyperPodPyTorchJob"),
-                                 ("PyTorchJob", "kubeflow", "PyTorchJob")):
-        spec = spec_for("hyperpod", "2", "ml.p5.48xlarge", hyperpod={"kind": kind}, namespace="hyperpod-ns")
-        assert spec.hyperpod.operator == operator and hyperpod.render(spec)[-1]["kind"] == made
+def test_a_hyperpod_operator_is_one_of_two():
     with pytest.raises(UserError, match=r"^hyperpod.operator: 'slurm' is not a HyperPod job operator; choose one of: "
                                         r"hyperpod, kubeflow"):
         spec_for("hyperpod", "2", "ml.p5.48xlarge", hyperpod={"operator": "slurm"})
+    with pytest.raises(UserError, match=r"^hyperpod.kind: unknown field"):
+        spec_for("hyperpod", "2", "ml.p5.48xlarge", hyperpod={"kind": "PyTorchJob"})

@@ -155,3 +155,14 @@ def test_every_refusal_of_the_spec_has_a_row(tmp_path):
                         spec._validate_nodes, spec._validate_storage, spec._validate_environment,
                         spec._validate_train, spec._set_dotted, spec.parse_overrides)
     assert not unreached(sites, messages)
+
+
+def test_set_takes_a_field_in_kebab_or_snake_case_and_keeps_the_user_s_own_keys(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(BASE))
+    pairs = ["train.max-steps=7", "storage.storage-class=efs-sc", "gpus-per-node=4", "env.my_var=1",
+             "node-selector.gpu-class=h100", "hyperpod.auto_resume=false"]
+    spec = load_spec(path, parse_overrides(pairs))
+    assert spec.train["max_steps"] == 7 and spec.storage.storage_class == "efs-sc" and spec.gpus == 4
+    assert spec.env == {"my_var": "1"} and spec.node_selector == {"gpu-class": "h100"}
+    assert spec.hyperpod.auto_resume is False

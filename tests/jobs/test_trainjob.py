@@ -69,7 +69,7 @@ def test_a_trainjob_carries_the_job_in_trainer_fields_and_one_patch():
     # torchrun under fsdpkit's supervisor, rendezvous on the first pod by the name JobSet gives it.
     assert t["command"][:6] == ["fsdpkit-torchrun", "--nnodes=4", "--nproc-per-node=8", "--rdzv-backend=c10d",
                                 "--rdzv-endpoint=t1-node-0-0.t1.default.svc.cluster.local:29500", "--rdzv-id=t1"]
-    assert t["command"][t["command"].index("--resume_from_checkpoint") + 1] == "auto"
+    assert t["command"][t["command"].index("--resume-from-checkpoint") + 1] == "auto"
     env = {e["name"]: e for e in t["env"]}
     assert env["FI_PROVIDER"]["value"] == "efa"
     assert env["HF_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "t1-hf-token", "key": "token"}

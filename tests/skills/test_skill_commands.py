@@ -224,7 +224,7 @@ def test_skill_commands_run_as_written(skill, world):
         t0 = time.monotonic()
         r = run_cli(*argv, cwd=folder, env=env, timeout=600)
         print(f"{time.monotonic() - t0:6.1f}s exit {r.returncode}  {line}")
-        if skill == "fsdpkit-checkpoints" and argv[:2] == ["train", "--max_steps"] and r.returncode == 0:
+        if skill == "fsdpkit-checkpoints" and argv[:2] == ["train", "--max-steps"] and r.returncode == 0:
             # The volume the helper pod mounts holds this job's checkpoints.
             _mirror(folder / "ckpts", folder / "volume" / "my-job" / "checkpoints")
         code, says = next((v for rx, v in EXPECT.items() if re.search(rx, line)), (0, None))

@@ -160,7 +160,7 @@ def test_resume_keeps_the_checkpoints_data_and_refuses_other_data_in_one_line(tm
     r = run_cli("train", *common, "--max_steps", "7", "--dataset", "embedded", "--resume_new_data", "1",
                 "--run_dir", str(tmp_path / "d"), "--checkpoint_dir", str(ckpt), "--resume", "auto")
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "warning: resuming" in r.stdout and "on other data, as --resume_new_data asks: dataset 'embedded'" in \
+    assert "warning: resuming" in r.stdout and "on other data, as --resume-new-data asks: dataset 'embedded'" in \
         r.stdout and "fsdpkit: data embedded, tokenizer bytes" in r.stdout
 
 
@@ -223,7 +223,7 @@ def test_sigterm_saves_a_complete_checkpoint_within_grace_period(tmp_path, nproc
     assert proc.returncode == 143
     envelope = json.loads(out)
     assert envelope["ok"] is False and envelope["data"]["stopped_by_signal"] is True
-    assert envelope["error"]["code"] == "failed" and "--resume_from_checkpoint auto" in envelope["error"]["hint"]
+    assert envelope["error"]["code"] == "failed" and "--resume-from-checkpoint auto" in envelope["error"]["hint"]
     assert not processes_naming(tmp_path / "run")   # the workers and torchrun's agent are gone too
     (latest,) = list_checkpoints(tmp_path / "ckpt")
     assert latest.step >= 3 and latest.meta["world_size"] == int(nproc)

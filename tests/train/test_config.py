@@ -10,7 +10,7 @@ from raise_sites import raise_sites, unreached
 
 from fsdpkit.errors import UserError
 from fsdpkit.train import config
-from fsdpkit.train.config import TrainConfig, parse_args, resolve
+from fsdpkit.train.config import TrainOptions, parse_args, resolve
 
 # The flags a reference job manifest passes (kubernetes/llama3_1_8b-fsdp.yaml), shrunk to run here.
 REFERENCE_FLAGS = [
@@ -37,7 +37,7 @@ def test_reference_flags_map_to_fields():
 def test_defaults_come_from_one_place():
     cfg, _ = parse_args([])
     # The dataclass defaults, with the derived values written in (what config.yaml then records).
-    assert cfg == resolve(TrainConfig())
+    assert cfg == resolve(TrainOptions())
     assert cfg.data.seq_len == 256 and cfg.data.val_batch_size == 16 and cfg.optim.min_lr == 3e-4
     assert cfg.preset == "tiny" and cfg.data.dataset == "embedded"
 
@@ -70,11 +70,11 @@ RULES = {
     "warm-up beyond the run": (["--max_steps", "10", "--warmup_steps", "11"],
                                r"^warmup_steps: 11 must be <= max_steps \(10\)$"),
     "auto resume without a directory": (["--resume_from_checkpoint", "auto"],
-                                        r"^resume_from_checkpoint: 'auto' needs --checkpoint_dir"),
+                                        r"^resume_from_checkpoint: 'auto' needs --checkpoint-dir"),
     "float8 on the CPU": (["--float8", "1", "--device", "cpu"], r"^float8: needs an NVIDIA GPU"),
-    "checkpoints without a directory": (["--checkpoint_every", "10"], r"^checkpoint_every: needs --checkpoint_dir"),
-    "a time cadence without a directory": (["--checkpoint_every", "30m"], r"^checkpoint_every: needs --checkpoint_dir"),
-    "unknown flag": (["--max_step", "3"], r"^unknown option '--max_step'; did you mean --max_steps\?"),
+    "checkpoints without a directory": (["--checkpoint_every", "10"], r"^checkpoint_every: needs --checkpoint-dir"),
+    "a time cadence without a directory": (["--checkpoint_every", "30m"], r"^checkpoint_every: needs --checkpoint-dir"),
+    "unknown flag": (["--max_step", "3"], r"^unknown option '--max_step'; did you mean --max-steps\?"),
     "flag without a value": (["--lr"], r"^argument --lr: expected one argument \(see `fsdpkit train --help`\)$"),
     "unknown choice": (["--lr_decay_style", "exponential"], r"^lr_decay_style: .*cosine.*linear.*constant"),
     "not a number": (["--lr", "abc"], r"^lr: expected a number, got 'abc'"),

@@ -32,7 +32,7 @@ def test_no_weight_decay_on_norms_and_embeddings(tied):
 
 def schedule(*flags: str) -> list[float]:
     cfg, _ = parse_args(["--max_steps", "100", "--lr", "1.0", "--min_lr", "0.1", *flags])
-    return [lr_at(s, cfg) for s in range(100)]
+    return [lr_at(s, cfg.optim) for s in range(100)]
 
 
 def test_warmup_then_cosine_to_floor():
@@ -52,7 +52,7 @@ def test_linear_and_constant():
 def test_warmup_fraction_is_the_reference_meaning():
     cfg, _ = parse_args(["--max_steps", "1000", "--warmup", "0.01"])
     assert cfg.optim.warmup_steps == 10
-    assert torch.isclose(torch.tensor(lr_at(9, cfg)), torch.tensor(cfg.optim.lr))
+    assert torch.isclose(torch.tensor(lr_at(9, cfg.optim)), torch.tensor(cfg.optim.lr))
 
 
 def _two_layers(init: dict | None = None) -> torch.nn.Module:
@@ -70,7 +70,7 @@ def test_clipped_step_is_clip_grad_norm_then_adamw(fused):
     init = _two_layers().state_dict()
     cfg = parse_args(["--fused_optimizer", fused, "--weight_decay", "0.1"])[0]
     ours, ref = _two_layers(init), _two_layers(init)
-    opt = build_optimizer(ours, cfg)
+    opt = build_optimizer(ours, cfg.optim)
     ref_opt = torch.optim.AdamW(param_groups(ref, 0.1), lr=cfg.optim.lr, betas=(cfg.optim.beta1, cfg.optim.beta2),
                                 eps=cfg.optim.eps, foreach=False)
     max_norm = 0.5
@@ -94,7 +94,7 @@ def test_clipped_step_is_clip_grad_norm_then_adamw(fused):
 def test_a_step_with_nonfinite_gradients_is_skipped(fused):
     torch.manual_seed(0)
     model = _two_layers()
-    opt = build_optimizer(model, parse_args(["--fused_optimizer", fused])[0])
+    opt = build_optimizer(model, parse_args(["--fused_optimizer", fused])[0].optim)
     model(torch.randn(4, 8)).sum().backward()
     clipped_step(opt, 1.0)  # one good step, so there are moments to keep
     model.zero_grad()

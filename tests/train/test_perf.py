@@ -109,7 +109,7 @@ def test_fused_and_foreach_adamw_take_the_same_step():
     for fused in ("1", "0"):
         model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2))
         model.load_state_dict(init)
-        opt = build_optimizer(model, parse_args(["--fused_optimizer", fused])[0])
+        opt = build_optimizer(model, parse_args(["--fused_optimizer", fused])[0].optim)
         for _ in range(3):
             model(torch.ones(4, 8)).square().sum().backward()
             opt.step()
@@ -213,6 +213,6 @@ def test_validation_runs_in_slices_of_the_training_batch_with_the_same_loss():
         model.init_weights(seed=0)
         seen[rows] = []
         model.register_forward_pre_hook(lambda _m, args, rows=rows: seen[rows].append(args[0].shape[0]))
-        losses[rows] = Validator(cfg, rt)(model)
+        losses[rows] = Validator(cfg.data, cfg.log.validation_batches, cfg.seed, cfg.parallel, rt)(model)
     assert seen == {4: [4, 4], 3: [3, 1, 3, 1]}
     assert losses[3] == pytest.approx(losses[4], rel=1e-6)

@@ -212,7 +212,7 @@ def test_an_mfu_above_100_percent_is_never_printed(tmp_path):
                 "--run_dir", str(run_dir))
     assert r.returncode == 0, r.stderr[-3000:]
     assert not re.findall(r"MFU: [\d.]+%", r.stdout)
-    assert r.stdout.count("MFU: n/a (above the peak: see --peak_tflops)") == 6
+    assert r.stdout.count("MFU: n/a (above the peak: see --peak-tflops)") == 6
     assert all(m["mfu"] is None and m["mfu_above_peak"] for m in read_metrics(run_dir))
 
 

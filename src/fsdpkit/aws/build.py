@@ -162,6 +162,7 @@ def codebuild(aws: Aws, context: Path | None, image_uri: str, selftest: str = "q
         kw = {"sourceTypeOverride": "NO_SOURCE",
               "buildspecOverride": yamlfile.dump(test_buildspec(image_uri, selftest))}
     else:
+        assert context is not None  # only a test of a pushed image has no context
         data = zip_context(context)
         key = f"contexts/{hashlib.sha256(data).hexdigest()[:16]}.zip"
         with aws_errors(f"uploading the build context to s3://{n.bucket}/{key}", "s3"):

@@ -44,7 +44,7 @@ class SigV4(requests.auth.AuthBase):
         from botocore.auth import SigV4Auth
         from botocore.awsrequest import AWSRequest
 
-        r.url = _aws_query(r.url)
+        r.url = _aws_query(r.url or "")
         signed = AWSRequest(method=r.method, url=r.url, data=r.body or b"")
         SigV4Auth(self.credentials.get_frozen_credentials(), self.service, self.region).add_auth(signed)
         r.headers.update({k: v for k, v in signed.headers.items() if k.lower() in _SIGNED})

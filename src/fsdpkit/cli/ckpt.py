@@ -6,6 +6,7 @@ import argparse
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 from fsdpkit.cli.output import Parser, confirmed, dispatch, emit_json
 from fsdpkit.errors import UserError
@@ -16,7 +17,7 @@ def _gib(n: int) -> str:
     return f"{n / 2**30:.3f} GiB" if n >= 2**20 else f"{n / 1024:.1f} KiB"
 
 
-def _remote(args: argparse.Namespace, verb: list[str]) -> object:
+def _remote(args: argparse.Namespace, verb: list[str]) -> Any:
     """Run the same verb in a helper pod that mounts the PVC; return its --json data."""
     from fsdpkit.cluster.client import connect
     from fsdpkit.cluster.pods import MOUNT, run_in_pod
@@ -65,7 +66,7 @@ def _prune(args: argparse.Namespace, dry_run: bool) -> list[dict]:
         return _remote(args, verb)
     directory = Path(args.directory)
     scan(directory)  # a missing directory is a one-line error, not "nothing to delete"
-    gone = [describe(c.path) for c in prunable(directory, args.keep, args.older_than_days)]
+    gone = [d for c in prunable(directory, args.keep, args.older_than_days) if (d := describe(c.path))]
     for r in gone if not dry_run else ():
         shutil.rmtree(r["path"])
     return gone

@@ -148,9 +148,9 @@ def cmd_create_delete(args: argparse.Namespace) -> int:
     say = progress(args)
     command = eksctl.eksctl_command(args.cmd, args.config)
     if args.dry_run:
-        out = {"cluster": name, "region": region, "placement_groups": groups, "command": command, "ran": False}
         if args.json:
-            return emit_json(out)
+            return emit_json({"cluster": name, "region": region, "placement_groups": groups, "command": command,
+                              "ran": False})
         verb = "create" if args.cmd == "create" else "delete (fsdpkit's own only)"
         for g in groups:
             print(f"would {verb} placement group {g}")
@@ -163,7 +163,7 @@ def cmd_create_delete(args: argparse.Namespace) -> int:
 
     aws = connect(region, args.profile)
     ec2 = aws.client("ec2")
-    out: dict = {"cluster": name, "region": region}
+    out: dict[str, Any] = {"cluster": name, "region": region}
     if args.cmd == "create":
         with aws_errors("creating the placement group", "ec2"):
             out["placement_groups_created"] = eksctl.ensure_placement_groups(ec2, groups, say)

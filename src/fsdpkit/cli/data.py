@@ -12,11 +12,11 @@ from fsdpkit.errors import UserError
 from fsdpkit.train import checkpoint_index
 
 
-def _source_args(p: argparse.ArgumentParser) -> None:
+def _source_args(p: Parser) -> None:
     p.add_argument("--dataset", required=True, help="local file/folder, or a hub dataset (hf:NAME)")
-    p.add_argument("--dataset_config_name", default=None, help="hub dataset configuration")
-    p.add_argument("--text_field", default="text", help="field or column holding the text")
-    p.add_argument("--on_bad_record", choices=["skip", "fail"], default="skip")
+    p.add_training_option("--dataset-config-name", default=None, help="hub dataset configuration")
+    p.add_training_option("--text-field", default="text", help="field or column holding the text")
+    p.add_training_option("--on-bad-record", choices=["skip", "fail"], default="skip")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
@@ -63,7 +63,7 @@ def cmd_train_tokenizer(args: argparse.Namespace) -> int:
     if first is None:
         bad = getattr(source, "bad_records", 0)
         raise UserError(f"tokenizer train: {args.dataset} gave no usable document"
-                        + (f" ({bad} bad record(s) skipped)" if bad else "") + "; check --dataset and --text_field")
+                        + (f" ({bad} bad record(s) skipped)" if bad else "") + "; check --dataset and --text-field")
     docs = itertools.chain([first], docs)
     out = train_bpe((d if isinstance(d, str) else d.decode("utf-8", "replace") for d in docs),
                     args.vocab_size, Path(args.out))
@@ -72,7 +72,7 @@ def cmd_train_tokenizer(args: argparse.Namespace) -> int:
     tok = HFTokenizer(str(out))
     # BPE stops when the text has no pair left to merge: a small corpus learns fewer tokens than asked.
     short = (f"the text held merges for {tok.vocab_size:,} tokens, not the {args.vocab_size:,} asked (more text "
-             f"learns more); train with --vocab_size {tok.vocab_size}") if tok.vocab_size < args.vocab_size else None
+             f"learns more); train with --vocab-size {tok.vocab_size}") if tok.vocab_size < args.vocab_size else None
     if args.json:
         return emit_json({"out": str(out), "vocab_size": tok.vocab_size, "requested": args.vocab_size,
                           "eos_id": tok.eos_id, "warnings": [short] if short else []})
@@ -94,8 +94,8 @@ def main(argv: list[str], prog: str = "fsdpkit data") -> int:
     else:
         p = sub.add_parser("train", help="train a byte-level BPE tokenizer on local text")
         _source_args(p)
-        p.add_argument("--vocab_size", type=int, default=8192, help="vocabulary size")
-        p.add_argument("--max_documents", type=int, default=0, help="use at most this many documents (0: all)")
+        p.add_training_option("--vocab-size", type=int, default=8192, help="vocabulary size")
+        p.add_training_option("--max-documents", type=int, default=0, help="use at most this many documents (0: all)")
         p.add_argument("--out", required=True, help="directory for tokenizer.json")
         p.set_defaults(func=cmd_train_tokenizer)
     return dispatch(parser, argv)

@@ -29,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog="fsdpkit deploy", description="One command: check the cluster -> storage -> secret -> "
                "submit -> watch. After a failure, run it again to continue from the failed step.")
     p.add_argument("spec", help="job spec YAML (trainjob, pytorchjob or hyperpod backend)")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE")
+    p.add_spec_overrides()
     p.add_argument("--skip", help="comma-separated steps to skip: check,storage,secret,submit,watch")
     p.add_argument("--fresh", action="store_true", help="ignore the progress of an earlier failed deploy")
     p.add_argument("--strict", action="store_true", help="stop at the check step when the capacity planner says "

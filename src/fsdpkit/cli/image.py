@@ -23,7 +23,7 @@ def cmd_init(args: argparse.Namespace) -> int:
         if args.requirements:  # named, so meant
             raise UserError(f"--requirements: {out / reqs} not found (or pass --no-requirements)")
         reqs = None  # the default file is simply not there: nothing of the project's to install
-    files = {out / "Dockerfile": None, out / ".dockerignore": DOCKERIGNORE}
+    files = {out / "Dockerfile": "", out / ".dockerignore": DOCKERIGNORE}   # the Dockerfile's text comes below
     # Files exactly as an earlier `image init` wrote them are written again (adding --hyperpod, say):
     # nothing of the user's is lost. Anything else needs --force.
     existing = [str(p) for p in files if p.exists() and not _as_written(p, args.base, reqs)]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from fsdpkit.cli.output import Parser, delete_asked, dispatch, emit_json, finding_message, print_findings, write_new
 from fsdpkit.errors import UserError
-from fsdpkit.jobs.backends import Backend, Watchable, get_backend
+from fsdpkit.jobs.backends import Backend, Watchable, get_backend, wait
 from fsdpkit.jobs.capacity import capacity as check_capacity
 from fsdpkit.jobs.hub import check_hub_access
 from fsdpkit.jobs.spec import BACKENDS, CLUSTER_BACKENDS, JobSpec, load_spec, parse_overrides
@@ -90,8 +90,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
     if capacity is not None:
         result["plan"] = capacity
     if args.wait and not args.dry_run:
-        st = backend.wait(spec.name, spec.namespace, poll=args.poll,
-                          on_change=None if args.json else _print_status)
+        st = wait(backend, spec.name, spec.namespace, poll=args.poll,
+                  on_change=None if args.json else _print_status)
         result["final"] = st.to_dict()
     if args.json:
         if args.wait and not args.dry_run and result["final"]["state"] != "Succeeded":
@@ -153,7 +153,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     rows: list[JobStatus] = []
     for name in backends:
         try:
-            rows += get_backend(name, context=args.context, kubeconfig=args.kubeconfig).list(_ns(args))
+            rows += get_backend(name, context=args.context, kubeconfig=args.kubeconfig).jobs(_ns(args))
         except ClusterError as e:
             if args.backend:  # asked for the cluster explicitly: its failure is the answer
                 raise
@@ -246,19 +246,17 @@ def cmd_watch(args: argparse.Namespace) -> int:
             emit_json(snap, code if done else 0, message, hint=hint)
         else:
             _print_snapshot(snap)
-        if snap["state"] == "Failed" and not args.once and args.resubmit:
-            # The job's own budget (resubmits: in its spec) decides; wait() resubmits if it allows.
-            st = backend.wait(args.job, _ns(args), timeout=0, poll=0)
-            if st.attempt > snap["attempt"]:
-                continue
+        # The job's own budget (resubmits: in its spec) decides whether it starts again.
+        if snap["state"] == "Failed" and not args.once and args.resubmit and backend.resubmit(args.job, _ns(args)):
+            continue
         if done:
             return code
         time.sleep(args.interval)
 
 
 def cmd_wait(args: argparse.Namespace) -> int:
-    st = _backend(args).wait(args.job, _ns(args), timeout=args.timeout, poll=args.poll,
-                             on_change=None if args.json else _print_status)
+    st = wait(_backend(args), args.job, _ns(args), timeout=args.timeout, poll=args.poll,
+              on_change=None if args.json else _print_status)
     code = 0 if st.state == "Succeeded" else 124 if not st.finished else 1
     if args.json:
         timed_out = f"job {args.job} still {st.state} after {args.timeout:g} s" if code == 124 else ""
@@ -278,11 +276,10 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--context", help="kubeconfig context (default: the current one)")
             p.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG or ~/.kube/config)")
 
-    def spec_args(p: argparse.ArgumentParser) -> None:
+    def spec_args(p: Parser) -> None:
         p.add_argument("spec", nargs="?", help="job spec YAML (`fsdpkit job init` writes one with every field "
                        "explained); omit to start from the defaults")
-        p.add_argument("--set", action="append", metavar="KEY=VALUE",
-                       help="override a field, dotted for sections (train.max_steps=100, hyperpod.auto_resume=false)")
+        p.add_spec_overrides()
         for k in _SHORTCUTS:
             p.add_argument(f"--{k.replace('_', '-')}", dest=k, help=f"override {k}")
 

@@ -39,7 +39,7 @@ VERBS = {
 NEXT_STEPS = """\
 next steps:
   fsdpkit train                                  train the default job here (CPU or GPU, no network)
-  fsdpkit train --nproc 2 --max_steps 100        the same as 2 FSDP2 processes
+  fsdpkit train --nproc 2 --max-steps 100        the same as 2 FSDP2 processes
   fsdpkit presets                                models and the training recipe each carries
   fsdpkit plan --preset llama3_1_8b --instance-type p5.48xlarge --nodes 4
                                                  will it fit, how fast, what to change

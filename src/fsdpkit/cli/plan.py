@@ -16,9 +16,9 @@ GIB = 2**30
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog="fsdpkit plan", description="Memory per GPU, communication per step, throughput, time and "
                "cost for a training config on an instance type, from the same config that runs the job. "
-               "Trainer flags (fsdpkit train --help) may follow, e.g. --seq_len 8192 --activation_checkpointing full.")
+               "Trainer flags (fsdpkit train --help) may follow, e.g. --seq-len 8192 --activation-checkpointing full.")
     # The job spec, if any, comes first; it is taken apart from the parser because trainer flags
-    # with values (--seq_len 4096) would otherwise be read as it.
+    # with values (--seq-len 4096) would otherwise be read as it.
     p.usage = "fsdpkit plan [JOBSPEC] [options] [trainer flags]"
     p.add_argument("--preset", help="model preset (without a job spec)")
     p.add_argument("--config", help="a training YAML (as `fsdpkit train --config`)")
@@ -32,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--write-mb-per-s", type=float, help="checkpoint storage's write throughput, for the grace "
                    f"period a stopping job needs (default: the job spec's storage.write_mb_per_s, or "
                    f"{DEFAULT_WRITE_MB_S})")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="job spec override")
+    p.add_spec_overrides()
     p.add_argument("--json", action="store_true")
     return p
 

@@ -61,5 +61,5 @@ def show(args) -> int:
         print(f"{r['name']:<14}{c['lr']:>8.2g}{c['min_lr']:>9.2g}{c['warmup_steps']:>7}{c['weight_decay']:>5}"
               f"{c['grad_clip']:>5}{c['seq_len']:>6}{c['train_batch_size']:>6}{c['validation_share']:>6.1%}  "
               f"{c['tokenizer']} ({c['source']})")
-    print("\nwarm-up and validation shown for the default 300 steps; --max_steps scales them")
+    print("\nwarm-up and validation shown for the default 300 steps; --max-steps scales them")
     return 0

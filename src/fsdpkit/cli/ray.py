@@ -127,9 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--kubeconfig")
         p.add_argument("--json", action="store_true")
 
-    def spec_args(p):
+    def spec_args(p: Parser) -> None:
         p.add_argument("spec", help="job spec YAML (image, nodes, instance_type, storage, ...)")
-        p.add_argument("--set", action="append", metavar="KEY=VALUE")
+        p.add_spec_overrides()
 
     p = sub.add_parser("up", help="create the RayCluster, or reuse it if it exists with the same spec")
     spec_args(p)

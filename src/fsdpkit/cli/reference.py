@@ -77,11 +77,11 @@ def _section(parser: argparse.ArgumentParser, depth: int, description: str | Non
         lines.append(_describe(action))
     if lines[-1]:
         lines.append("")
-    if action := _subparsers_action(parser):
+    if subs := _subparsers_action(parser):
         # A subcommand without a description of its own is described by its help line.
-        helps = {a.dest: a.help for a in action._choices_actions}
+        helps = {a.dest: a.help for a in subs._choices_actions}
         seen: set[int] = set()
-        for name, sub in action.choices.items():
+        for name, sub in subs.choices.items():
             if id(sub) not in seen:  # an alias (`job cancel` for `job delete`) is the same parser
                 seen.add(id(sub))
                 lines += _section(sub, depth + 1, helps.get(name))

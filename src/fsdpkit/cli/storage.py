@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from fsdpkit import yamlfile
 from fsdpkit.cli.output import Parser, confirmed, dispatch, emit_json, progress
@@ -106,20 +107,19 @@ def cmd_delete(args: argparse.Namespace) -> int:
 
     if args.dry_run:
         fs = fsx.find(_aws(args), args.name)
-        out = {"file_system": fsx.summary(fs) if fs else None,
-               "kubernetes": [] if args.no_k8s else [describe(o) for o in static_volume(args.name, args.namespace,
-                                                                                         "", "", "", 0)]}
+        summary = fsx.summary(fs) if fs else None
+        objects = [] if args.no_k8s else [describe(o) for o in static_volume(args.name, args.namespace, "", "", "", 0)]
         if args.json:
-            return emit_json(out)
-        for what in out["kubernetes"]:
+            return emit_json({"file_system": summary, "kubernetes": objects})
+        for what in objects:
             print(f"would delete {what} (if present)")
-        print(f"would delete FSx {out['file_system']['file_system_id']}" if fs else f"no FSx named {args.name}")
+        print(f"would delete FSx {summary['file_system_id']}" if summary else f"no FSx named {args.name}")
         return 0
     if not confirmed(args, f"FSx {args.name} and every file on it",
                      f"delete FSx file system {args.name} and all its files?"):
         return 1
     say = progress(args)
-    out: dict = {"kubernetes": []}
+    out: dict[str, Any] = {"kubernetes": []}
     if not args.no_k8s:  # the claim first, so no new pod mounts a file system on its way out
         api = _kube(args)
         for obj in reversed(static_volume(args.name, args.namespace, "", "", "", 0)):

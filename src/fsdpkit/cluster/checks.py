@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from decimal import Decimal
 from typing import Any
@@ -21,22 +22,26 @@ DEEP_HEALTH = "sagemaker.amazonaws.com/deep-health-check-status"
 
 # Each component ships under different labels depending on how it was installed; looking for only
 # one of them gives false "missing" verdicts.
-NVIDIA_PLUGIN_LABELS = [
+# Label sets any one of which marks a component (a value of None: the key alone).
+LabelSets = Sequence[Mapping[str, str | None]]
+NVIDIA_PLUGIN_LABELS: LabelSets = [
     {"name": "nvidia-device-plugin-ds"},                         # static manifest (nvidia-device-plugin.yml)
     {"app.kubernetes.io/name": "nvidia-device-plugin"},          # Helm chart (also HyperPod's dependencies)
     {"app": "nvidia-device-plugin-daemonset"},                   # NVIDIA GPU operator
 ]
-EFA_PLUGIN_LABELS = [
+EFA_PLUGIN_LABELS: LabelSets = [
     {"name": "aws-efa-k8s-device-plugin"},                       # eks-charts / static manifest
     {"app.kubernetes.io/name": "aws-efa-k8s-device-plugin"},     # Helm chart
 ]
-TRAINING_OPERATOR_LABELS = [
+TRAINING_OPERATOR_LABELS: LabelSets = [
     {"control-plane": "kubeflow-training-operator"},
     {"app.kubernetes.io/name": "training-operator"},
 ]
 # The HyperPod training operator's controller (an EKS add-on of HyperPod clusters, namespace aws-hyperpod).
-HYPERPOD_OPERATOR_LABELS = [{"hp-training-control-plane": None}, {"app.kubernetes.io/name": "hp-training-operator"}]
-KUBERAY_LABELS = [{"app.kubernetes.io/name": "kuberay-operator"}, {"app.kubernetes.io/component": "kuberay-operator"}]
+HYPERPOD_OPERATOR_LABELS: LabelSets = [
+    {"hp-training-control-plane": None}, {"app.kubernetes.io/name": "hp-training-operator"}]
+KUBERAY_LABELS: LabelSets = [
+    {"app.kubernetes.io/name": "kuberay-operator"}, {"app.kubernetes.io/component": "kuberay-operator"}]
 
 # Well-known remedies: the text shown to the user, and the command `cluster check --fix` runs once
 # the user confirms it.
@@ -155,12 +160,12 @@ def node_infos(nodes: list[dict[str, Any]], pods: list[dict[str, Any]]) -> list[
         alloc = {k: parse(v) for k, v in (status.get("allocatable") or {}).items()
                  if k in ("cpu", "memory", GPU, EFA, NEURON)}
         out.append(NodeInfo(meta.get("name", "?"), labels.get(INSTANCE_TYPE, "?"), ready, alloc,
-                            dict(allocated.get(meta.get("name"), {})), labels,
+                            dict(allocated.get(str(meta.get("name")), {})), labels,
                             bool((n.get("spec") or {}).get("unschedulable"))))
     return sorted(out, key=lambda i: i.name)
 
 
-def _daemonset_check(name: str, daemonsets: list[dict[str, Any]], label_sets: list[dict[str, str]],
+def _daemonset_check(name: str, daemonsets: list[dict[str, Any]], label_sets: LabelSets,
                      fix: str, needed: bool) -> Check:
     found = [d for d in daemonsets
              if any(labels_match((d.get("metadata") or {}).get("labels"), ls) for ls in label_sets)]
@@ -178,7 +183,7 @@ def _daemonset_check(name: str, daemonsets: list[dict[str, Any]], label_sets: li
 
 
 def _operator_check(name: str, crd: str, crds: set[str], deployments: list[dict[str, Any]],
-                    label_sets: list[dict[str, str | None]], fix: str, needed: bool) -> Check:
+                    label_sets: LabelSets, fix: str, needed: bool) -> Check:
     if crd not in crds:
         return Check(name, "fail" if needed else "warn", f"CRD {crd} not installed", fix)
     found = [d for d in deployments
@@ -276,7 +281,7 @@ def run_checks(api_client: Any) -> Report:
     nodes = node_infos(nodes_raw, pods)
     daemonsets = r.items("daemonsets", r.apps.list_daemon_set_for_all_namespaces)
     deployments = r.items("deployments", r.apps.list_deployment_for_all_namespaces)
-    crds = {(c.get("metadata") or {}).get("name") for c in r.items("CRDs", r.ext.list_custom_resource_definition)}
+    crds = {str((c.get("metadata") or {}).get("name")) for c in r.items("CRDs", r.ext.list_custom_resource_definition)}
     classes = r.items("storage classes", r.storage.list_storage_class)
     drivers = {(d.get("metadata") or {}).get("name") for d in r.items("CSI drivers", r.storage.list_csi_driver)}
 

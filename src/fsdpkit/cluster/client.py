@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from fsdpkit.aws import session as aws_session
@@ -111,7 +111,7 @@ def is_not_found(e: BaseException) -> bool:
     return getattr(e, "status", None) == 404
 
 
-def labels_match(labels: dict[str, str] | None, wanted: dict[str, str | None]) -> bool:
+def labels_match(labels: Mapping[str, str] | None, wanted: Mapping[str, str | None]) -> bool:
     """Every wanted label (a wanted value of None asks only that the key is there). Also checked
     on our side after a labelSelector query, so a server (or proxy) that ignores the selector
     cannot mix objects."""

@@ -15,7 +15,8 @@ UPSTREAM_RUNTIME = "torch-distributed"
 # Labels JobSet and the Job controller put on each pod of a TrainJob.
 JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
-CONTROLLER_LABELS = [{"app.kubernetes.io/name": "trainer", "app.kubernetes.io/component": "manager"}]
+CONTROLLER_LABELS: list[dict[str, str | None]] = [
+    {"app.kubernetes.io/name": "trainer", "app.kubernetes.io/component": "manager"}]
 # The controller with its CRDs and JobSet, then upstream's runtimes (torch-distributed among them).
 INSTALL = (f'kubectl apply --server-side -k "https://github.com/kubeflow/trainer.git/manifests/overlays/manager?ref='
            f'{RELEASE}" && kubectl -n kubeflow-system wait --for=condition=Available --timeout=300s '

@@ -17,6 +17,7 @@ Conflict classes:
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -93,7 +94,7 @@ def _cuda_of(text: str) -> str | None:
     return f"{m.group(1)}.{m.group(2)}" if m else None
 
 
-def _with_constraints(requirements: list[Path]) -> list[Path]:
+def _with_constraints(requirements: Sequence[Path]) -> list[Path]:
     """The requirements files and the constraints files they name (`-c FILE`), each once."""
     out: list[Path] = []
     todo = list(requirements)
@@ -149,7 +150,7 @@ def _agent_conflicts(sources: list[tuple[str, int, str]], base_torch: str | None
     return []
 
 
-def check(dockerfile: Path, requirements: list[Path] = ()) -> list[Conflict]:
+def check(dockerfile: Path, requirements: Sequence[Path] = ()) -> list[Conflict]:
     lines = dockerfile.read_text().splitlines()
     found: list[Conflict] = []
     image = next((ln.split()[1] for ln in lines if ln.strip().upper().startswith("FROM ")), "")
@@ -210,7 +211,7 @@ def _family_conflicts(pins: dict[str, tuple[str, str, int]], base_torch: str | N
     return found
 
 
-def fix(dockerfile: Path, requirements: list[Path] = ()) -> list[str]:
+def fix(dockerfile: Path, requirements: Sequence[Path] = ()) -> list[str]:
     """Rewrite the files so `check` finds nothing; returns the files changed. Fixes can uncover
     others (a new base has another CUDA), so passes repeat until the check is clean."""
     changed: set[str] = set()
@@ -221,7 +222,7 @@ def fix(dockerfile: Path, requirements: list[Path] = ()) -> list[str]:
     return sorted(changed)
 
 
-def _fix_pass(dockerfile: Path, requirements: list[Path]) -> list[str]:
+def _fix_pass(dockerfile: Path, requirements: Sequence[Path]) -> list[str]:
     conflicts = check(dockerfile, requirements)
     changed: set[str] = set()
     text = {p: p.read_text() for p in [dockerfile, *_with_constraints(requirements)]}
@@ -234,11 +235,16 @@ def _fix_pass(dockerfile: Path, requirements: list[Path]) -> list[str]:
         if c.kind == "torch-family":
             torch_v = next((m.group(2) for p in text for m in map(_PIN.match, re.split(r"[\s\"']+", text[p]))
                             if m and m.group(1).lower() == "torch"), _base_torch(image))
+            assert torch_v is not None  # check() reports this kind only where torch's version is known
             want = expected_pair(torch_v)
-            row = re.sub(r"(torchvision|torchaudio)\s*==\s*[0-9][0-9a-z.+]*",
-                         lambda m, want=want: f"{m.group(1)}=={want[m.group(1).lower()]}.*", row)
+
+            def pinned(m: re.Match[str], want: dict[str, str] = want) -> str:
+                return f"{m.group(1)}=={want[m.group(1).lower()]}.*"
+            row = re.sub(r"(torchvision|torchaudio)\s*==\s*[0-9][0-9a-z.+]*", pinned, row)
         elif c.kind == "cuda-wheel":
-            tag = "cu" + _base_cuda(image).replace(".", "")
+            cuda = _base_cuda(image)
+            assert cuda is not None  # check() reports this kind only where the base's CUDA is known
+            tag = "cu" + cuda.replace(".", "")
             row = re.sub(r"whl/cu\d+", f"whl/{tag}", row)
             row = re.sub(r"\+cu\d+", f"+{tag}", row)
         elif c.kind == "torch-replacer" and path == dockerfile:

@@ -30,7 +30,8 @@ def unkept(spec: JobSpec) -> str | None:
 def check_job(spec: JobSpec) -> tuple[Plan, str] | None:
     """The plan for a job spec's training on its GPUs and the one-line verdict; None when there is
     nothing to plan (its own command, no instance type, not NVIDIA GPUs)."""
-    if spec.command is not None or not spec.instance_type or spec.instance.resource != "nvidia.com/gpu":
+    inst = spec.instance
+    if spec.command is not None or inst is None or inst.resource != "nvidia.com/gpu":
         return None
     p = plan_config(train_config(spec), spec.instance_type, spec.nodes.max, procs_per_node=spec.procs)
     return p, advice(p)

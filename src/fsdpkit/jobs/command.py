@@ -10,6 +10,7 @@ from fsdpkit.jobs.spec import JobSpec, train_config, train_options
 from fsdpkit.plan.grace import GracePeriod, grace_period
 from fsdpkit.plan.planner import plan_config
 from fsdpkit.train.config import TrainConfig, build, recipe_values, to_flags
+from fsdpkit.train.supervisor import torchrun_args
 
 # Set on every GPU node: the caching allocator grows segments instead of fragmenting (fewer
 # out-of-memory stops at long sequences), and NCCL's flight recorder keeps the last collectives of
@@ -57,19 +58,12 @@ def grace_seconds(spec: JobSpec) -> int | None:
     return grace.seconds if grace else None
 
 
-def torchrun_args(spec: JobSpec, rdzv_endpoint: str, rdzv_id: str, nnodes: str | None = None) -> list[str]:
-    """torchrun with c10d rendezvous only: no --master-addr (mixing the two is a classic hang), under
-    fsdpkit's supervisor (`fsdpkit-torchrun`, fsdpkit.train.supervisor): SIGTERM gives the workers
-    the whole grace period to checkpoint and ends in exit 143, and no worker outlives it."""
-    return [
-        "fsdpkit-torchrun",
-        f"--nnodes={nnodes or spec.nodes}",
-        f"--nproc-per-node={spec.procs}",
-        "--rdzv-backend=c10d",
-        f"--rdzv-endpoint={rdzv_endpoint}",
-        f"--rdzv-id={rdzv_id}",
-        f"--max-restarts={spec.max_restarts}",
-    ]
+def launcher_args(spec: JobSpec, rdzv_endpoint: str, rdzv_id: str, nnodes: str | None = None) -> list[str]:
+    """torchrun with c10d rendezvous under fsdpkit's supervisor (`fsdpkit-torchrun`,
+    fsdpkit.train.supervisor): SIGTERM gives the workers the whole grace period to checkpoint and
+    ends in exit 143, and no worker outlives it."""
+    return ["fsdpkit-torchrun", *torchrun_args(spec.procs, spec.max_restarts, nnodes or str(spec.nodes),
+                                               (rdzv_endpoint, rdzv_id))]
 
 
 def node_command(spec: JobSpec, rdzv_endpoint: str, rdzv_id: str, root: str | None,
@@ -77,7 +71,7 @@ def node_command(spec: JobSpec, rdzv_endpoint: str, rdzv_id: str, root: str | No
     """argv of the program on each node."""
     if spec.command is not None:
         return list(spec.command)
-    return [*torchrun_args(spec, rdzv_endpoint, rdzv_id, nnodes), "-m", "fsdpkit.train",
+    return [*launcher_args(spec, rdzv_endpoint, rdzv_id, nnodes), "-m", "fsdpkit.train",
             *trainer_flags(spec, root)]
 
 

@@ -17,6 +17,7 @@ from typing import Any
 from fsdpkit.cluster.checks import run_checks
 from fsdpkit.errors import Conflict, UserError
 from fsdpkit.home import home, make_dir
+from fsdpkit.jobs.backends.base import Backend, wait
 from fsdpkit.jobs.backends.kube import KubeBackend
 from fsdpkit.jobs.capacity import DoesNotFit, capacity
 from fsdpkit.jobs.hub import check_hub_access
@@ -50,14 +51,15 @@ class StepFailed(UserError):
     exit_code = 1
 
 
-def deploy(spec: JobSpec, backend: KubeBackend, skip: set[str], say: Callable[[str], None], stall_after: float = 900,
+def deploy(spec: JobSpec, backend: Backend, skip: set[str], say: Callable[[str], None], stall_after: float = 900,
            poll: float = 15.0, fresh: bool = False, strict: bool = False) -> dict[str, Any]:
     token = _preconditions(spec, skip)
+    assert isinstance(backend, KubeBackend)  # a cluster backend's, as the preconditions make sure
     path = state_path(spec)
     state = DeployState() if fresh else DeployState.load(path)
     if state.done:
         say(f"resuming: already done: {', '.join(state.done)}")
-    objs = {o["kind"]: o for o in backend.render(spec).manifests}
+    objs = {o["kind"]: o for o in backend.render(spec).objects()}
     results: dict[str, Any] = {}
     for step in STEPS:
         if step in skip or step in state.done:
@@ -132,7 +134,7 @@ def _apply(step: str, spec: JobSpec, backend: KubeBackend, objs: dict[str, dict]
 
 
 def _watch(spec: JobSpec, backend: KubeBackend, poll: float, say: Callable[[str], None]) -> str:
-    final = backend.wait(spec.name, spec.namespace, poll=poll, on_change=lambda st: say(
+    final = wait(backend, spec.name, spec.namespace, poll=poll, on_change=lambda st: say(
         f"  {st.name}: {st.state}" + (f" ({st.message})" if st.message else "")))
     if final.state != "Succeeded":
         raise StepFailed(f"job {spec.name} ended {final.state}: {final.message or 'see its logs'} "

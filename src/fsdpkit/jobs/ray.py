@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import time
 from typing import Any
 
 from fsdpkit.cluster import pod_rules
@@ -20,6 +19,7 @@ from fsdpkit.errors import Conflict, NotFound
 from fsdpkit.jobs import manifests as m
 from fsdpkit.jobs.command import GPU_ENV
 from fsdpkit.jobs.hyperpod import adapt_pod
+from fsdpkit.jobs.polling import poll_until
 from fsdpkit.jobs.spec import JobSpec
 
 GROUP, VERSION = "ray.io", "v1"
@@ -58,7 +58,7 @@ def raycluster_manifest(spec: JobSpec) -> dict[str, Any]:
     # KubeRay requires every rayStartParams value to be a string (a bare 8080 is rejected).
     head_params = {"dashboard-host": "0.0.0.0", "metrics-export-port": "8080", "num-gpus": "0"}
     worker_params = {"metrics-export-port": "8080", "num-gpus": str(spec.gpus)}
-    obj = {
+    obj: dict[str, Any] = {
         "apiVersion": f"{GROUP}/{VERSION}", "kind": "RayCluster",
         "metadata": {"name": spec.name, "namespace": spec.namespace, "labels": m.labels(spec)},
         "spec": {
@@ -142,12 +142,10 @@ class RayClient:
         return (obj.get("status") or {}).get("state") or "pending"
 
     def wait_ready(self, name: str, namespace: str, timeout: float, poll: float) -> str:
-        deadline = time.monotonic() + timeout
-        while (state := self.state(name, namespace)) != "ready":
-            if time.monotonic() > deadline:
-                raise ClusterError(f"RayCluster {name!r} is not ready after {timeout:.0f} s (state {state}); "
-                                   f"kubectl -n {namespace} describe raycluster {name}", code="timeout")
-            time.sleep(poll)
+        state = poll_until(lambda: self.state(name, namespace), lambda s: s == "ready", timeout, poll)
+        if state != "ready":
+            raise ClusterError(f"RayCluster {name!r} is not ready after {timeout:.0f} s (state {state}); "
+                               f"kubectl -n {namespace} describe raycluster {name}", code="timeout")
         return state
 
     def made_by_submit(self, name: str, namespace: str) -> list[str]:

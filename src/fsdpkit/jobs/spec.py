@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import re
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -112,16 +112,6 @@ class HyperPodOptions(Settings):
     loss_threshold: Int | None = option(
         None, "a loss above this for 3 logging lines in a row is a bad run (default: twice the loss of a uniform "
         "guess, 2 ln(vocab))", ge=1)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _old_kind(cls, raw: Any) -> Any:
-        """`kind:` of earlier specs names the operator by the job kind it made."""
-        if isinstance(raw, dict) and "kind" in raw and "operator" not in raw:
-            raw = dict(raw)
-            kind = raw.pop("kind")
-            raw["operator"] = {"HyperPodPyTorchJob": "hyperpod", "PyTorchJob": "kubeflow"}.get(kind, kind)
-        return raw
 
 
 class TrainJobOptions(Settings):
@@ -273,8 +263,19 @@ def _node_share(spec: JobSpec, amount: Callable[[Instance], int], unit: str) -> 
 
 
 # -- loading ------------------------------------------------------------------------------------------
+# Spec fields whose keys are the user's own (variable names, Kubernetes labels): kept as written by --set.
+_VERBATIM = ("env", "node_selector", "affinity")
+
+
 def _set_dotted(doc: dict, dotted: str, value: Any) -> None:
-    *parents, leaf = dotted.split(".")
+    """`--set a.b=v`. A field's name may be given in kebab case as on the command line
+    (`train.max-steps`, `storage.storage-class`), except inside a mapping of the user's own keys."""
+    parts = dotted.split(".")
+    for i, part in enumerate(parts):
+        if i and parts[i - 1].replace("-", "_") in _VERBATIM:
+            break
+        parts[i] = part.replace("-", "_")
+    *parents, leaf = parts
     target = doc
     for p in parents:
         target = target.setdefault(p, {})
@@ -297,7 +298,7 @@ def parse_overrides(pairs: list[str]) -> list[tuple[str, Any]]:
     return out
 
 
-def load_spec(path: str | Path | None, overrides: list[tuple[str, Any]] = (), pin_image: bool = False) -> JobSpec:
+def load_spec(path: str | Path | None, overrides: Sequence[tuple[str, Any]] = (), pin_image: bool = False) -> JobSpec:
     """Read a spec file (or start from the defaults), apply overrides, validate. With `pin_image`,
     an image this machine pushed (`fsdpkit image push`) runs as the digest it was pushed as, unless
     the image was given as an override."""

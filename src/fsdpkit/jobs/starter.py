@@ -17,7 +17,7 @@ from pydantic import BaseModel
 from fsdpkit.errors import NotFound
 from fsdpkit.jobs.spec import CLUSTER_BACKENDS, JobSpec, load_spec_dict, train_config
 from fsdpkit.settings import Settings
-from fsdpkit.train.config import TrainConfig
+from fsdpkit.train.config import TrainOptions
 
 _EXAMPLES = "examples"
 # The backend each optional section belongs to, and what each section is.
@@ -123,7 +123,8 @@ def starter(backend: str, name: str, instance_type: str | None = None, nodes: st
         if field in ("storage", "train") or field in _SECTION_BACKEND:
             if field in _SECTION_BACKEND and _SECTION_BACKEND[field] != backend:
                 continue
-            values = {"storage": storage, "train": train, "slurm": slurm}.get(field, {})
+            sections: dict[str, dict[str, Any]] = {"storage": storage, "train": train, "slurm": slurm}
+            values = sections.get(field, {})
             # A section with nothing set stays commented out: an empty `slurm:` would be null.
             lines.append(f"{'' if values else '# '}{field + ':':<{48 if values else 46}} # {_SECTION_HELP[field]}")
             lines += _train_lines(train, derived) if field == "train" else _section(_section_model(field), values, 2)
@@ -135,7 +136,11 @@ def starter(backend: str, name: str, instance_type: str | None = None, nodes: st
 
 
 def _section_model(field: str) -> type[Settings]:
-    section = JobSpec.model_fields[field].annotation
+    return _section_model_of(JobSpec, field)
+
+
+def _section_model_of(model: type[Settings], field: str) -> type[Settings]:
+    section = model.model_fields[field].annotation
     assert isinstance(section, type) and issubclass(section, Settings), field
     return section
 
@@ -143,7 +148,7 @@ def _section_model(field: str) -> type[Settings]:
 def _train_lines(values: dict[str, Any], derived: dict[str, Any]) -> list[str]:
     lines = []
     for name, group in _TRAIN_OPTIONS:
-        model = TrainConfig.model_fields[group].annotation if group else TrainConfig
+        model = _section_model_of(TrainOptions, group) if group else TrainOptions
         active = name in values
         value = values[name] if active else derived.get(name, _default(model, name))
         lines.append(_line(2, name, value, _help(model, name), active))

@@ -36,7 +36,7 @@ _SYNONYMS = {"Complete": "Succeeded", "Completed": "Succeeded"}
 def state_from_conditions(conditions: list[dict[str, Any]]) -> tuple[str, str]:
     """A job operator's conditions (Created, Running, Restarting, Succeeded or Complete(d), Failed,
     Suspended) -> (state, message). A final condition wins; otherwise the newest one that is True."""
-    true = [{**c, "type": _SYNONYMS.get(c.get("type"), c.get("type"))} for c in conditions or []
+    true = [{**c, "type": _SYNONYMS.get(str(c.get("type")), c.get("type"))} for c in conditions or []
             if str(c.get("status")) == "True"]
     for final in ("Failed", "Succeeded"):
         for c in true:

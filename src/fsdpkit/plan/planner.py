@@ -61,7 +61,9 @@ class Plan:
     @property
     def step_s(self) -> float | None:
         """Seconds per optimizer step: compute and communication overlap; offload's copies add."""
-        return None if self.compute_s is None else max(self.compute_s, self.comm_s) + self.offload_s
+        if self.compute_s is None or self.comm_s is None:
+            return None
+        return max(self.compute_s, self.comm_s) + self.offload_s
 
     def summary(self, tokens: float | None = None, price: float | None = None) -> dict[str, Any]:
         w = self.workload
@@ -128,21 +130,21 @@ def _changes(w: Workload, nodes: int, per_node: int) -> list[tuple[str, Workload
     out: list[tuple[str, Workload, int]] = []
     flags: list[str] = []
     if w.ac != "full":
-        flags.append("--activation_checkpointing full")
+        flags.append("--activation-checkpointing full")
         w = dataclasses.replace(w, ac="full")
         out.append((" ".join(flags), w, nodes))
     # A smaller micro-batch; not made up for with more accumulation: under FSDP, accumulating
     # without a reduce-scatter per micro-step keeps unsharded gradients of the whole model.
     while w.micro_batch > 1:
         w = dataclasses.replace(w, micro_batch=w.micro_batch // 2)
-        out.append((" ".join([*flags, f"--train_batch_size {w.micro_batch}"]), w, nodes))
+        out.append((" ".join([*flags, f"--train-batch-size {w.micro_batch}"]), w, nodes))
     flags = [out[-1][0]] if out else []
     for n in sorted({nodes * 2, nodes * 4, nodes * 8} | set(range(nodes + 1, nodes + 8))):
         world = n * per_node
         replicas = w.world // w.shard
         scaled = dataclasses.replace(w, world=world, shard=world // replicas if replicas > 1 else world)
         out.append((" ".join([*flags, f"nodes={n}"]).strip(), scaled, n))
-    out.append((" ".join([*flags, "--cpu_offload true"]).strip(), dataclasses.replace(w, cpu_offload=True), nodes))
+    out.append((" ".join([*flags, "--cpu-offload true"]).strip(), dataclasses.replace(w, cpu_offload=True), nodes))
     return out
 
 
@@ -166,9 +168,9 @@ def plan(w: Workload, inst: Instance | None, nodes: int, mfu: float, flops_per_t
         base.alternatives.sort(key=lambda p: -(p.tokens_per_s or 0) / p.nodes)
         del base.alternatives[3:]
     elif base.bound == "network":
-        tries = [(dataclasses.replace(w, micro_batch=w.micro_batch * 2), f"--train_batch_size {w.micro_batch * 2}")]
+        tries = [(dataclasses.replace(w, micro_batch=w.micro_batch * 2), f"--train-batch-size {w.micro_batch * 2}")]
         if nodes > 1 and w.shard == w.world:
-            tries.insert(0, (dataclasses.replace(w, shard=per_node), "--sharding_strategy hybrid"))
+            tries.insert(0, (dataclasses.replace(w, shard=per_node), "--sharding-strategy hybrid"))
         for cw, change in tries:
             alt = evaluate(cw, inst, nodes, mfu, flops_per_token, change)
             if alt.fits:
@@ -178,11 +180,11 @@ def plan(w: Workload, inst: Instance | None, nodes: int, mfu: float, flops_per_t
 
 def advice(p: Plan) -> str:
     """One line: the verdict and, if it does not fit, the first change that does."""
-    if p.fits is None:
+    if p.fits is None or p.usable_bytes is None:
         return f"needs {p.memory.peak / GIB:.1f} GiB per rank (give --instance-type to compare with a GPU)"
     if p.fits:
         return (f"fits: {p.memory.peak / GIB:.1f} of {p.usable_bytes / GIB:.1f} GiB usable per GPU; "
-                f"{p.bound}-bound, about {p.tokens_per_s:,.0f} tokens/s at {p.mfu:.0%} MFU")
+                f"{p.bound}-bound, about {p.tokens_per_s or 0:,.0f} tokens/s at {p.mfu:.0%} MFU")
     why = (f"needs {p.memory.peak / GIB:.1f} GiB per GPU, {p.usable_bytes / GIB:.1f} usable"
            if p.memory.peak > p.usable_bytes else "the host cannot hold the offloaded state")
     if not p.alternatives:

@@ -24,10 +24,11 @@ from fsdpkit.train.supervisor import SUPERVISED, USER_ERROR
 
 
 def _log_file(worker_args: list[str]) -> Path:
-    """RUN_DIR/launcher.log when the workers are given --run_dir, else a file in the temp dir."""
+    """RUN_DIR/launcher.log when the workers are given --run-dir, else a file in the temp dir."""
     for i, a in enumerate(worker_args):
-        run_dir = a.split("=", 1)[1] if a.startswith("--run_dir=") else (
-            worker_args[i + 1] if a == "--run_dir" and i + 1 < len(worker_args) else None)
+        name, eq, value = a.partition("=")
+        run_dir = None if name not in ("--run-dir", "--run_dir") else value if eq else (
+            worker_args[i + 1] if i + 1 < len(worker_args) else None)
         if run_dir:
             try:
                 Path(run_dir).mkdir(parents=True, exist_ok=True)

@@ -77,7 +77,8 @@ _OS_CAUSES = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota
 
 def _errors(e: BaseException) -> list[BaseException]:
     """The error and what it wraps: DCP's per-rank failures, causes and contexts."""
-    out, todo = [], [e]
+    out: list[BaseException] = []
+    todo: list[BaseException | None] = [e]
     while todo and len(out) < 50:
         err = todo.pop()
         if err is None or any(err is x for x in out):
@@ -178,7 +179,7 @@ class Checkpointer:
         except (Exception, CheckpointException) as e:  # DCP's own error is a BaseException
             raise SaveFailed(f"checkpoint: saving step {step} to {self.directory} failed: "
                              f"{save_failure(e, self.directory, needed)}; free space there or point "
-                             "--checkpoint_dir at a larger file system, then resume with --resume_from_checkpoint "
+                             "--checkpoint-dir at a larger file system, then resume with --resume-from-checkpoint "
                              "auto") from None
 
     def wait(self) -> None:
@@ -208,7 +209,7 @@ def verify(path: Path) -> str | None:
     """What is wrong with a checkpoint that carries the complete name, or None. Reads only
     metadata and file sizes: DCP's index must load, every file it indexes (one or more per rank)
     must be there and long enough for every entry, and fsdpkit.json must name the same step."""
-    step = int(NAME.match(path.name).group(1)) if NAME.match(path.name) else None
+    step = int(m.group(1)) if (m := NAME.match(path.name)) else None
     meta, problem = read_meta(path)
     if problem:
         return problem
@@ -289,18 +290,17 @@ def resume(spec: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, 
 def check_shape(info: CheckpointInfo, model_shape: dict[str, Any]) -> None:
     """The checkpoint holds a model of this shape (read from its fsdpkit.json alone)."""
     theirs = dict(info.meta.get("model") or {})
-    if isinstance(theirs.get("rope_scaling"), dict):  # written before rope types other than llama3 existed
-        theirs["rope_scaling"] = {"rope_type": "llama3", **theirs["rope_scaling"]}
     if theirs != model_shape:
         diff = ", ".join(f"{k} {theirs.get(k)} (this run: {v})" for k, v in model_shape.items() if theirs.get(k) != v)
         raise UserError(f"resume_from_checkpoint: {info.path} holds a model of another shape: {diff}; resume with "
-                        "the same model settings, or point --checkpoint_dir elsewhere")
+                        "the same model settings, or point --checkpoint-dir elsewhere")
 
 
 def load(info: CheckpointInfo, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
          model_shape: dict[str, Any]) -> None:
     check_shape(info, model_shape)
-    state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, optimizer)}
+    state: dict[str, Any] = {"model": get_model_state_dict(model),
+                             "optim": get_optimizer_state_dict(model, optimizer)}
     try:
         dcp.load(state, checkpoint_id=str(info.path))
     except (Exception, CheckpointException) as e:  # DCP's own error is a BaseException

@@ -70,8 +70,8 @@ def resolve(spec: str) -> CheckpointInfo | None:
     if p.exists() and not p.is_dir():
         raise UserError(f"resume_from_checkpoint: {p} is a file, not a checkpoint; pass a checkpoint directory "
                         "or the checkpoint root that holds them")
-    if (p / META).is_file() and NAME.match(p.name):
-        info = _info(p, int(NAME.match(p.name).group(1)))
+    if (p / META).is_file() and (m := NAME.match(p.name)):
+        info = _info(p, int(m.group(1)))
         if info.problem:
             raise UserError(f"resume_from_checkpoint: {p} is damaged and cannot be read ({info.problem}); "
                             "pass its parent directory to resume from the newest checkpoint that is whole")
@@ -84,8 +84,8 @@ def resolve(spec: str) -> CheckpointInfo | None:
         reference = sorted(c.name for c in p.iterdir() if REFERENCE_NAME.match(c.name))
         if reference:
             raise UserError(f"resume_from_checkpoint: {p} holds only checkpoints of the reference example "
-                            f"({reference[-1]}); fsdpkit cannot resume those: use another --checkpoint_dir, "
-                            "or start from exported weights with --init_from_hf")
+                            f"({reference[-1]}); fsdpkit cannot resume those: use another --checkpoint-dir, "
+                            "or start from exported weights with --init-from-hf")
     return found[-1] if found else None
 
 

@@ -19,6 +19,7 @@ import math
 import os
 import re
 import typing
+from collections.abc import Set
 from pathlib import Path
 from typing import Any, Literal
 
@@ -246,10 +247,9 @@ class CheckpointConfig(Settings):
         return parse_every(self.checkpoint_every)[1]
 
 
-class TrainConfig(Settings):
-    """Every option of a run. Made by `build`, which resolves the derived values into the fields:
-    after it, `data.seq_len`, `optim.warmup_steps`, `optim.min_lr`, `data.val_batch_size`,
-    `log.validation_batches` and every field of `model` hold what the run uses."""
+class TrainOptions(Settings):
+    """Every option of a run, as the layers give them: a field left None is derived by `resolve`.
+    The flags, a YAML file's keys and a job spec's `train:` are these fields."""
 
     preset: Str = option("tiny", "model preset (see `fsdpkit presets`)")
     run_dir: Str | None = option(None, "directory for metrics, config and events (default: runs/<time>-<preset>)")
@@ -272,18 +272,51 @@ class TrainConfig(Settings):
             self._shape = _shape(self)
         return self._shape
 
-    def validation_passes(self) -> int:
-        """Validation passes in a whole run: every validation_freq steps, and once at the end."""
-        n, freq = self.optim.max_steps, self.log.validation_freq
-        return n // freq + (1 if n % freq else 0) if freq else 1
 
-    def validation_share(self, batches: int | None = None) -> float:
-        """Validation's FLOPs as a share of training's: a forward is a third of a training step's
-        work per token (2 of 6 FLOPs per parameter)."""
-        batches = batches or self.log.validation_batches or 1
-        val = self.validation_passes() * batches * (self.data.val_batch_size or self.data.train_batch_size)
-        train = 3 * self.optim.max_steps * self.data.train_batch_size * self.data.grad_accum_steps
-        return val / train
+class ResolvedModel(ModelOverrides):
+    """The model's whole shape, every field known."""
+
+    vocab_size: Int
+    dim: Int
+    n_layers: Int
+    n_heads: Int
+    n_kv_heads: Int
+    ffn_dim: Int
+    rope_theta: Float
+    sliding_window: Int
+    n_experts: Int
+    experts_per_token: Int
+    init_std: Float
+    family: Literal["llama", "mistral", "mixtral"]
+
+
+class ResolvedData(DataConfig):
+    seq_len: Int
+    val_batch_size: Int
+
+
+class ResolvedOptim(OptimConfig):
+    min_lr: Float
+    warmup_steps: Int
+
+
+class ResolvedLog(LogConfig):
+    validation_batches: Int
+
+
+class TrainConfig(TrainOptions):
+    """A run's options with every derived value resolved into its field (`resolve`, through
+    `build`): what the components are given, each its own section, and what a run records."""
+
+    model: ResolvedModel
+    data: ResolvedData
+    optim: ResolvedOptim
+    log: ResolvedLog
+
+    def validation_share(self) -> float:
+        """Validation's FLOPs as a share of training's."""
+        return _validation_share(self.optim.max_steps, self.log.validation_freq, self.log.validation_batches,
+                                 self.data.val_batch_size, self.data.train_batch_size, self.data.grad_accum_steps)
 
     def record(self, run_dir: Path) -> dict[str, Any]:
         """Every value the run uses, the model's shape and run directory included (a checkpoint's
@@ -295,8 +328,9 @@ class TrainConfig(Settings):
         top, and every value worked out from them (the preset's recipe and shape, the defaults, the
         rules of `resolve`) under `derived:`, which `load_yaml` does not read back. So `fsdpkit train
         --config RUN_DIR/config.yaml` runs the same again, and with `--lr 1e-3` the floor follows the
-        new peak, as the warm-up follows a new --max_steps and the recipe another --preset."""
-        doc, derived = self.record(run_dir), {}
+        new peak, as the warm-up follows a new --max-steps and the recipe another --preset."""
+        doc = self.record(run_dir)
+        derived: dict[str, Any] = {}
         kept = self._given | {"preset", "run_dir"}
         for section in (None, *SECTIONS):
             values = doc if section is None else doc[section]
@@ -306,7 +340,14 @@ class TrainConfig(Settings):
         return {**given, DERIVED_KEY: derived}
 
 
-def _shape(cfg: TrainConfig) -> ModelConfig:
+def _validation_share(steps: int, freq: int, batches: int, val_batch: int, train_batch: int, accum: int) -> float:
+    """Validation's FLOPs as a share of training's: a pass every `freq` steps and once at the end,
+    where a forward is a third of a training step's work per token (2 of 6 FLOPs per parameter)."""
+    passes = steps // freq + (1 if steps % freq else 0) if freq else 1
+    return passes * batches * val_batch / (3 * steps * train_batch * accum)
+
+
+def _shape(cfg: TrainOptions) -> ModelConfig:
     if cfg.checkpoint.init_from_hf:
         base = model_config_from_hf(Path(cfg.checkpoint.init_from_hf))
     else:
@@ -330,16 +371,14 @@ REPLAY_HEAD = ("# `fsdpkit train --config THIS_FILE` runs this again; flags over
 
 # Reference flags that have no counterpart here: accepted so old manifests run, with a notice.
 IGNORED_REFERENCE_FLAGS = {
-    # fsdpkit's own earlier option (config.yaml files of older runs carry it): attention is SDPA everywhere.
-    "attention": "attention is PyTorch's scaled_dot_product_attention on every device",
     "resid_pdrop": "the model uses no dropout",
     "embd_pdrop": "the model uses no dropout",
     "attn_pdrop": "the model uses no dropout",
     "summary_first_pdrop": "the model uses no dropout",
     "rotary_pct": "RoPE covers the whole head (Llama family)",
     "rotary_emb_base": "the reference passes it only to GPT-NeoX; Llama, Mistral and Mixtral keep their published "
-                       "RoPE base (change it with --rope_theta)",
-    "offload_activations": "use --activation_checkpointing instead",
+                       "RoPE base (change it with --rope-theta)",
+    "offload_activations": "use --activation-checkpointing instead",
     "activation_loading_horizon": "FSDP1 option without an FSDP2 counterpart",
     "limit_all_gathers": "FSDP1 option; FSDP2 bounds all-gathers itself",
     "same_seed": "every rank shares the seed; data order is derived per rank",
@@ -351,7 +390,13 @@ IGNORED_REFERENCE_FLAGS = {
 
 
 def _section_classes() -> dict[str | None, type[Settings]]:
-    return {None: TrainConfig, **{s: TrainConfig.model_fields[s].annotation for s in SECTIONS}}
+    return {None: TrainOptions, **{s: _section_of(TrainOptions, s) for s in SECTIONS}}
+
+
+def _section_of(cls: type[Settings], name: str) -> type[Settings]:
+    section = cls.model_fields[name].annotation
+    assert isinstance(section, type) and issubclass(section, Settings), name
+    return section
 
 
 def _fields(cls: type[Settings]) -> list[tuple[str, FieldInfo]]:
@@ -369,11 +414,18 @@ def field_index() -> dict[str, tuple[str | None, str]]:
     return index
 
 
-def _did_you_mean(name: str) -> str:
-    """`; did you mean --max_steps?` for a near miss of an option name, else nothing."""
+def flag(name: str) -> str:
+    """The flag of a field (or of an alias, the field's own): kebab case, `--max-steps`."""
+    return "--" + field_index().get(name, (None, name))[1].replace("_", "-")
+
+
+def _did_you_mean(name: str, as_flag: bool = True) -> str:
+    """`; did you mean --max-steps?` (a YAML key: `max_steps`) for a near miss of an option, else nothing."""
     bare = name.split("=", 1)[0].lstrip("-").replace("-", "_")
     close = difflib.get_close_matches(bare, [*field_index(), *IGNORED_REFERENCE_FLAGS, "config"], n=1, cutoff=0.75)
-    return f"; did you mean --{close[0]}?" if close else ""
+    if not close:
+        return ""
+    return f"; did you mean {flag(close[0]) if as_flag else field_index().get(close[0], (None, close[0]))[1]}?"
 
 
 def _items(doc: dict[str, Any]) -> list[tuple[str, Any]]:
@@ -392,7 +444,7 @@ def _nest(items: list[tuple[str, Any]], index: dict[str, tuple[str | None, str]]
     doc: dict[str, Any] = {}
     for key, value in items:
         if key not in index:
-            raise UserError(f"unknown option {key!r}{_did_you_mean(key)} (see `fsdpkit train --help`)")
+            raise UserError(f"unknown option {key!r}{_did_you_mean(key, as_flag=False)} (see `fsdpkit train --help`)")
         section, name = index[key]
         (doc if section is None else doc.setdefault(section, {}))[name] = value
     return doc
@@ -413,7 +465,7 @@ def build(layers: list[dict[str, Any]], notices: list[str] | None = None) -> Tra
         else:
             items.append((key, value))
     given = _nest(items, index)
-    first = load(TrainConfig, given, flat=True)   # types and ranges, before the preset is chosen
+    first = load(TrainOptions, given, flat=True)   # types and ranges, before the preset is chosen
     preset = first.preset
     model_type = next((v for k, v in reversed(items) if index[k][1] == "family"), None)
     if "preset" not in given and model_type is not None:
@@ -421,7 +473,7 @@ def build(layers: list[dict[str, Any]], notices: list[str] | None = None) -> Tra
         preset = match_preset(str(model_type).strip().lower(), shape) or preset
     recipe = list(get_recipe(preset).options.items())
     resumed = _resumed_data(first, {index[k][1] for k, _ in items}, dict(recipe), notices)
-    cfg = load(TrainConfig, _nest([("preset", preset), *recipe, *resumed, *items], index), flat=True)
+    cfg = load(TrainOptions, _nest([("preset", preset), *recipe, *resumed, *items], index), flat=True)
     cfg = resolve(cfg, {name for _, name in (index[k] for k, _ in items)})
     validate(cfg)
     return cfg
@@ -433,7 +485,7 @@ RESUMED_DATA = (("data", "dataset"), ("data", "dataset_config_name"), ("data", "
                 ("data", "tokenizer"), ("model", "vocab_size"))
 
 
-def resume_target(cfg: TrainConfig) -> str | None:
+def resume_target(cfg: TrainOptions) -> str | None:
     """Where a run resumes from: the option, with 'auto' meaning checkpoint_dir. A worker that
     torchrun restarted after a failure resumes from checkpoint_dir even when no option says so."""
     ck = cfg.checkpoint
@@ -453,7 +505,7 @@ def _same_data(mine: Any, theirs: Any) -> bool:
     return all(p.exists() for p in paths) and paths[0].resolve() == paths[1].resolve()
 
 
-def _resumed_data(first: TrainConfig, given: set[str], recipe: dict[str, Any],
+def _resumed_data(first: TrainOptions, given: set[str], recipe: dict[str, Any],
                   notices: list[str]) -> list[tuple[str, Any]]:
     """On a resume, the checkpoint's data and tokenizer for what no layer gives (said where they
     differ from the recipe's or the default); another one given is refused in one line unless
@@ -465,7 +517,7 @@ def _resumed_data(first: TrainConfig, given: set[str], recipe: dict[str, Any],
     except (UserError, OSError, ValueError):
         found = None
     saved = found.meta.get("config") if found is not None and isinstance(found.meta, dict) else None
-    if not isinstance(saved, dict):
+    if found is None or not isinstance(saved, dict):
         return []
     taken, changed = [], []
     for section, name in RESUMED_DATA:
@@ -482,18 +534,18 @@ def _resumed_data(first: TrainConfig, given: set[str], recipe: dict[str, Any],
     if changed and not first.checkpoint.resume_new_data:
         raise UserError(f"resume_from_checkpoint: {found.path} was trained on other data than this run names: "
                         f"{'; '.join(changed)}; drop those options to continue on its data, or pass "
-                        "--resume_new_data 1 to change it deliberately")
+                        "--resume-new-data 1 to change it deliberately")
     if changed:
-        notices.append(f"warning: resuming {found.path} on other data, as --resume_new_data asks: {'; '.join(changed)}")
+        notices.append(f"warning: resuming {found.path} on other data, as --resume-new-data asks: {'; '.join(changed)}")
     return taken
 
 
-def resolve(cfg: TrainConfig, given: set[str] = frozenset()) -> TrainConfig:
+def resolve(cfg: TrainOptions, given: Set[str] = frozenset()) -> TrainConfig:
     """The config with every derived value written into its field (sequence length, warm-up,
     learning-rate floor, validation batch size and count, the model's shape), so it holds what the
     run does. `given` names the fields a layer set: a recipe's warm-up, not given, is capped for a
     short run."""
-    o, d, shape = cfg.optim, cfg.data, _shape(cfg)
+    o, d, lg, shape = cfg.optim, cfg.data, cfg.log, _shape(cfg)
     warmup_steps = o.warmup_steps
     if "warmup_steps" not in given and warmup_steps is not None:   # the recipe's
         # The user's fraction wins over the recipe's steps; else the recipe's, capped.
@@ -501,18 +553,23 @@ def resolve(cfg: TrainConfig, given: set[str] = frozenset()) -> TrainConfig:
     if warmup_steps is None:
         warmup_steps = round(o.warmup * o.max_steps)
     min_lr = o.min_lr if o.min_lr is not None else float(f"{o.lr * o.min_lr_ratio:.12g}")  # 3e-5, not 2.99..e-05
-    data = d.model_copy(update={"seq_len": d.seq_len or min(shape.max_seq_len, 2048),
-                                "val_batch_size": d.val_batch_size or d.train_batch_size})
-    out = cfg.model_copy(update={
-        "data": data,
-        "optim": o.model_copy(update={"warmup_steps": warmup_steps, "min_lr": min_lr}),
-        "model": cfg.model.model_copy(update={**{k: getattr(shape, k) for k in ModelOverrides.model_fields},
-                                              "sliding_window": shape.sliding_window or 0}),
-    })
-    if cfg.log.validation_batches is None:
-        per_batch = out.validation_share(1)
+    data = ResolvedData(**{**d.model_dump(), "seq_len": d.seq_len or min(shape.max_seq_len, 2048),
+                           "val_batch_size": d.val_batch_size or d.train_batch_size})
+    batches = lg.validation_batches
+    if batches is None:
+        per_batch = _validation_share(o.max_steps, lg.validation_freq, 1, data.val_batch_size, data.train_batch_size,
+                                      data.grad_accum_steps)
         batches = max(1, min(8, math.floor(VALIDATION_SHARE / per_batch + 1e-9)))
-        out = out.model_copy(update={"log": cfg.log.model_copy(update={"validation_batches": batches})})
+    out = TrainConfig(
+        **{k: getattr(cfg, k) for k in ("preset", "run_dir", "seed")},
+        model=ResolvedModel(**{k: getattr(shape, k) for k in ModelOverrides.model_fields}
+                            | {"sliding_window": shape.sliding_window or 0}),
+        data=data,
+        optim=ResolvedOptim(**{**o.model_dump(), "warmup_steps": warmup_steps, "min_lr": min_lr}),
+        parallel=cfg.parallel,
+        log=ResolvedLog(**{**lg.model_dump(), "validation_batches": batches}),
+        checkpoint=cfg.checkpoint,
+    )
     out._shape = shape
     out._given = frozenset(given)
     return out
@@ -537,12 +594,13 @@ def load_yaml(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def to_flags(doc: dict[str, Any]) -> list[str]:
-    """The same mapping as `--key value` flags, sections flattened (every field name is unique)."""
+    """The same mapping as `--key value` flags, sections flattened (every field name is unique), each
+    under its field's kebab-case flag whatever name (an alias) the mapping used."""
     flags: list[str] = []
     for key, value in doc.items():
         items = value.items() if key in SECTIONS and isinstance(value, dict) else [(key, value)]
         for k, v in items:
-            flags += [f"--{k}", "none" if v is None else str(v).lower() if isinstance(v, bool) else str(v)]
+            flags += [flag(k), "none" if v is None else str(v).lower() if isinstance(v, bool) else str(v)]
     return flags
 
 
@@ -575,7 +633,9 @@ def build_parser(prog: str = "fsdpkit train") -> argparse.ArgumentParser:
     """The training flags, generated from the fields (so help and defaults cannot drift)."""
     parser = _Parser(
         prog=prog, allow_abbrev=False,
-        description="Train a Llama-family model with FSDP2. With no flags: the embedded default run.",
+        description="Train a Llama-family model with FSDP2. With no flags: the embedded default run. Each option "
+                    "is also taken in snake case (--max_steps), as are the reference FSDP example's flags "
+                    "(--max_context_width, --num_layers, --model_type, ...).",
     )
     parser.add_argument("--config", help="YAML file with option values (flags override it)")
     # Read by fsdpkit.train.launch (how to report), not a training option.
@@ -584,12 +644,15 @@ def build_parser(prog: str = "fsdpkit train") -> argparse.ArgumentParser:
     for section, cls in _section_classes().items():
         group = parser.add_argument_group(section or "run")
         for name, f in _fields(cls):
-            names = [f"--{name}"]
-            if "_" in name:
-                names.append(f"--{name.replace('_', '-')}")
-            names += [f"--{a}" for a in aliases(f)]
-            group.add_argument(*names, dest=name, default=argparse.SUPPRESS, metavar=_metavar(name, f),
+            # The one naming rule: kebab case. The field's own snake-case name and the reference's
+            # flags stay accepted, unlisted, so job manifests and YAML-minded users keep working.
+            kebab = flag(name)
+            group.add_argument(kebab, dest=name, default=argparse.SUPPRESS, metavar=_metavar(name, f),
                                help=_help(f).replace("%", "%%"))
+            hidden = [f"--{n}" for n in (name, *aliases(f)) if f"--{n}" != kebab]
+            if hidden:
+                group.add_argument(*hidden, dest=name, default=argparse.SUPPRESS, metavar=_metavar(name, f),
+                                   help=argparse.SUPPRESS)
     ignored = parser.add_argument_group("accepted for compatibility with the reference, ignored")
     for name in IGNORED_REFERENCE_FLAGS:
         ignored.add_argument(f"--{name}", dest=f"ignored__{name}", default=argparse.SUPPRESS,
@@ -631,8 +694,8 @@ def validate(cfg: TrainConfig) -> None:
     if o.warmup_steps > o.max_steps:
         raise UserError(f"warmup_steps: {o.warmup_steps} must be <= max_steps ({o.max_steps})")
     if cfg.checkpoint.resume_from_checkpoint == "auto" and not cfg.checkpoint.checkpoint_dir:
-        raise UserError("resume_from_checkpoint: 'auto' needs --checkpoint_dir to know where to look")
+        raise UserError("resume_from_checkpoint: 'auto' needs --checkpoint-dir to know where to look")
     if cfg.parallel.float8 and cfg.parallel.device == "cpu":
         raise UserError("float8: needs an NVIDIA GPU (Ada, Hopper or newer); it cannot run with --device cpu")
     if (cfg.checkpoint.every_steps or cfg.checkpoint.every_seconds) and not cfg.checkpoint.checkpoint_dir:
-        raise UserError("checkpoint_every: needs --checkpoint_dir to know where checkpoints go")
+        raise UserError("checkpoint_every: needs --checkpoint-dir to know where checkpoints go")

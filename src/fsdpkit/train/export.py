@@ -14,7 +14,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from fsdpkit import yamlfile
 from fsdpkit.errors import UserError
 from fsdpkit.train import checkpoint, checkpoint_index
-from fsdpkit.train.data.tokenizers import ByteTokenizer, get_tokenizer
+from fsdpkit.train.data.tokenizers import HFTokenizer, get_tokenizer
 from fsdpkit.train.hf import check_out_dir, save_hf
 from fsdpkit.train.model import Transformer
 from fsdpkit.train.model_config import ModelConfig, RopeScaling
@@ -67,7 +67,7 @@ def tokenizer_of(info: checkpoint_index.CheckpointInfo) -> tuple[str, dict[str, 
     ids = {"eos_token_id": int(tok.eos_id)}
     if (bos := getattr(tok, "bos_id", None)) is not None:
         ids["bos_token_id"] = int(bos)
-    if isinstance(tok, ByteTokenizer):
+    if not isinstance(tok, HFTokenizer):
         return name, ids, {}
     files = {"tokenizer.json": tok.tok.to_str().encode()}
     folder = Path(name)

@@ -18,7 +18,7 @@ def hf_config_dict(cfg: ModelConfig) -> dict[str, Any]:
     if cfg.family == "mixtral" and not cfg.is_moe:
         # transformers would load such a config with freshly initialised experts, warning only.
         raise UserError("export: the model is of the mixtral family but has no experts (n_experts 0): a "
-                        "MixtralForCausalLM needs them; train with --n_experts, or as --model_type llama")
+                        "MixtralForCausalLM needs them; train with --n-experts, or as --model_type llama")
     family = "mixtral" if cfg.is_moe else cfg.family
     out: dict[str, Any] = {
         "architectures": [ARCHITECTURES[family]],

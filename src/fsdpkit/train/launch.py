@@ -19,10 +19,11 @@ from fsdpkit.train.supervisor import (
     hand_over_error,
     report_stopped,
     supervised,
+    torchrun_args,
 )
 
 
-def torchrun_args(cfg: TrainConfig, argv: list[str], run_dir: str) -> list[str]:
+def agent_args(cfg: TrainConfig, argv: list[str], run_dir: str) -> list[str]:
     """torchrun's arguments for this machine, then the worker's module and the same flags; the run
     directory is fixed here so every process agrees on it. `--nproc` is dropped: torchrun's own
     parser would take it for a prefix of its `--nproc-per-node`, and the workers do not need it."""
@@ -34,10 +35,8 @@ def torchrun_args(cfg: TrainConfig, argv: list[str], run_dir: str) -> list[str]:
             skip = True
         elif not arg.startswith("--nproc="):
             rest.append(arg)
-    return [
-        "--standalone", f"--nproc_per_node={cfg.parallel.nproc}", f"--max-restarts={cfg.parallel.max_restarts}",
-        "-m", "fsdpkit.train", *rest, "--run_dir", run_dir,
-    ]
+    return [*torchrun_args(cfg.parallel.nproc, cfg.parallel.max_restarts), "-m", "fsdpkit.train", *rest,
+            "--run-dir", run_dir]
 
 
 def launch(cfg: TrainConfig, argv: list[str], notices: list[str]):
@@ -56,7 +55,7 @@ def launch(cfg: TrainConfig, argv: list[str], notices: list[str]):
         sys.stdout.flush()
         sys.stderr.flush()
         try:
-            return Supervisor(torchrun_args(cfg, argv, str(run_dir)), env).run(), None
+            return Supervisor(agent_args(cfg, argv, str(run_dir)), env).run(), None
         finally:
             lock.release()
     result = train(cfg, notices)
@@ -98,7 +97,7 @@ def main(argv: list[str] | None = None, prog: str = "fsdpkit train") -> int:
             stopped = result.stopped_by_signal
             emit_json(summary(result), EXIT_STOPPED if stopped else code,
                       f"stopped by SIGTERM at step {result.steps}" if stopped else None,
-                      hint="run it again with --resume_from_checkpoint auto to continue" if stopped else None)
+                      hint="run it again with --resume-from-checkpoint auto to continue" if stopped else None)
         return code
     except UserError as e:
         if not (dist.under_torchrun() and hand_over_error(e)) and rank0:

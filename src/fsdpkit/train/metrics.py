@@ -14,7 +14,6 @@ from typing import Any
 import torch
 
 from fsdpkit.hardware.accelerators import GPU_PEAK_TFLOPS
-from fsdpkit.train.flops import flops_per_token  # noqa: F401  (re-exported)
 from fsdpkit.train.log_lines import STEP_PREFIX
 from fsdpkit.train.trackers import Trackers
 
@@ -157,7 +156,7 @@ def derive(s: StepStats, flops_tok: float, peak: float | None, mem: int) -> dict
 def human_line(m: dict[str, Any]) -> str:
     """The reference's line (`Batch N Loss: ..., Speed: ... samples/sec, lr: ...`) plus new fields."""
     mfu = f"{100 * m['mfu']:.2f}%" if m.get("mfu") is not None else \
-        "n/a (above the peak: see --peak_tflops)" if m.get("mfu_above_peak") else "n/a"
+        "n/a (above the peak: see --peak-tflops)" if m.get("mfu_above_peak") else "n/a"
     return (
         STEP_PREFIX.format(step=m["step"], loss=m["loss"]) + f"Speed: {m['samples_per_s']:.2f} samples/sec, "
         f"lr: {m['lr']:.6f}, grad_norm: {m['grad_norm']:.3f}, tokens/s: {m['tokens_per_s']:.0f}, "

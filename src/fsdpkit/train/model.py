@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import zlib
 from collections.abc import Callable
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -219,6 +220,9 @@ class Model(nn.Module):
 class Transformer(nn.Module):
     """Decoder-only language model. `rope_len` sizes the RoPE table (the training sequence length)."""
 
+    rope_cos: torch.Tensor   # buffers (register_buffer), declared for the type checker
+    rope_sin: torch.Tensor
+
     def __init__(self, cfg: ModelConfig, rope_len: int | None = None):
         super().__init__()
         self.cfg = cfg
@@ -233,7 +237,7 @@ class Transformer(nn.Module):
         self.register_buffer("rope_sin", torch.empty(self.rope_len, cfg.head_dim // 2), persistent=False)
 
     # -- initialisation ---------------------------------------------------------------------------
-    def to_empty(self, *, device: torch.device | str | None, recurse: bool = True) -> Transformer:
+    def to_empty(self, *, device: torch.device | str | int | None, recurse: bool = True) -> Transformer:
         super().to_empty(device=device, recurse=recurse)
         # Moving off the meta device replaces each module's Parameter, which unties a shared head
         # (FSDP2 swaps tensors in place and keeps it): tie it again.
@@ -326,16 +330,23 @@ class Transformer(nn.Module):
         `router_aux_loss_coef` means what it means in a Mixtral config: over every layer's tokens,
         n_experts * sum_e(routed slots to e per token * mean routing probability of e); k (top-k)
         when perfectly balanced."""
-        layers = [layer.mlp for layer in self.model.layers]
-        slots = torch.stack([m.load for m in layers]).sum(dim=0).float() / (n_tokens * len(layers))
-        prob = torch.stack([m.router_prob for m in layers]).mean(dim=0)
+        layers = self._moe_layers()
+        loads = [m.load for m in layers if m.load is not None]
+        slots = torch.stack(loads).sum(dim=0).float() / (n_tokens * len(layers))
+        prob = torch.stack([m.router_prob for m in layers if m.router_prob is not None]).mean(dim=0)
         return self.cfg.n_experts * (slots * prob).sum()
 
     def expert_load(self) -> torch.Tensor | None:
         """Routed slots per expert in the last forward, summed over layers; None without MoE."""
-        if not self.cfg.is_moe or self.model.layers[0].mlp.load is None:
-            return None
-        return torch.stack([layer.mlp.load for layer in self.model.layers]).sum(dim=0)
+        loads = [m.load for m in self._moe_layers() if m.load is not None] if self.cfg.is_moe else []
+        return torch.stack(loads).sum(dim=0) if loads else None
+
+    def _moe_layers(self) -> list[MoE]:
+        return [layer.mlp for layer in self.blocks() if isinstance(layer.mlp, MoE)]
+
+    def blocks(self) -> list[DecoderLayer]:
+        """The decoder blocks, in order (what activation checkpointing, compile and FSDP wrap)."""
+        return [cast(DecoderLayer, layer) for layer in self.model.layers]
 
     def output_loss(self, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Final norm, output head and mean cross-entropy: one method, so that `--compile` can fuse
@@ -349,7 +360,7 @@ class Transformer(nn.Module):
         return self(tokens, targets, eos_id)
 
 
-def chunked_cross_entropy(head: nn.Module, h: torch.Tensor, targets: torch.Tensor, chunk: int | None) -> torch.Tensor:
+def chunked_cross_entropy(head: nn.Linear, h: torch.Tensor, targets: torch.Tensor, chunk: int | None) -> torch.Tensor:
     """Mean cross-entropy of head(h) against targets (-100 ignored) without materialising the full
     (tokens x vocab) fp32 logits: each chunk's logits are computed, reduced and dropped, and
     recomputed in backward (activation checkpointing of the head), so the peak holds one chunk."""
@@ -369,7 +380,7 @@ def _ce_sum(head: nn.Module, h: torch.Tensor, targets: torch.Tensor) -> torch.Te
     return F.cross_entropy(head(h).float(), targets, ignore_index=-100, reduction="sum")
 
 
-def _fill_plain(p: torch.Tensor, init_fn: Callable[[torch.Tensor], None]) -> None:
+def _fill_plain(p: torch.Tensor, init_fn: Callable[[torch.Tensor], object]) -> None:
     init_fn(p)
 
 

@@ -66,7 +66,7 @@ def decide(verdicts: list[NetworkVerdict], require: str, nodes: int, expected: b
         rank, why = verdicts.index(worst), worst.detail or "see RUN_DIR/nccl"
         raise UserError(f"require_efa: NCCL chose {worst.transport}, not EFA, on rank {rank} ({why}): the image needs "
                         "aws-ofi-nccl and libfabric on its library path, and the pod vpc.amazonaws.com/efa devices "
-                        "(fsdpkit cluster validate nccl); --require_efa off runs anyway")
+                        "(fsdpkit cluster validate nccl); --require-efa off runs anyway")
     return worst
 
 
@@ -87,5 +87,5 @@ def check(rt: Runtime, require: str, log: Path | None) -> NetworkVerdict | None:
     if rt.distributed and rt.world_size > 1:
         gathered: list[dict | None] = [None] * rt.world_size
         tdist.all_gather_object(gathered, mine.to_dict())
-        verdicts = [NetworkVerdict(**v) for v in gathered]
+        verdicts = [NetworkVerdict(**v) for v in gathered if v is not None]
     return decide(verdicts, require, rt.num_nodes, efa_expected())

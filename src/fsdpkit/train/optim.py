@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from fsdpkit.train.config import TrainConfig
+from fsdpkit.train.config import OptimConfig, ResolvedOptim
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -25,8 +25,7 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
-    o = cfg.optim
+def build_optimizer(model: nn.Module, o: OptimConfig) -> torch.optim.Optimizer:
     # Fused: one kernel over all parameters (far fewer launches than foreach).
     impl = {"fused": True} if o.fused_optimizer else {"foreach": True}
     return torch.optim.AdamW(param_groups(model, o.weight_decay), lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps,
@@ -54,6 +53,7 @@ def clipped_step(optimizer: torch.optim.Optimizer, max_norm: float) -> torch.Ten
     params = [p for group in optimizer.param_groups for p in group["params"]]
     norm = gradient_norm(params)
     if optimizer.defaults.get("fused"):
+        # Attributes the fused AdamW kernel reads (torch.optim.adamw._fused_adamw), not declared on Optimizer.
         optimizer.grad_scale = (norm / max_norm).clamp(min=1.0).float() if max_norm else None
         optimizer.found_inf = (~norm.isfinite()).float()
     elif not norm.isfinite():  # the for-each kernels cannot skip on the device: one read-back a step
@@ -64,10 +64,9 @@ def clipped_step(optimizer: torch.optim.Optimizer, max_norm: float) -> torch.Ten
     return norm
 
 
-def lr_at(step: int, cfg: TrainConfig) -> float:
+def lr_at(step: int, o: ResolvedOptim) -> float:
     """Learning rate for optimizer step `step` (0-based): linear warm-up, then decay to min_lr."""
-    o = cfg.optim
-    warmup = cfg.optim.warmup_steps
+    warmup = o.warmup_steps
     if step < warmup:
         return o.lr * (step + 1) / warmup
     if o.lr_decay_style == "constant":
@@ -78,7 +77,7 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
         factor = 1.0 - progress
     else:
         factor = 0.5 * (1.0 + math.cos(math.pi * progress))
-    floor = cfg.optim.min_lr
+    floor = o.min_lr
     return floor + (o.lr - floor) * factor
 
 

@@ -3,12 +3,11 @@ the preflight check."""
 
 from __future__ import annotations
 
-from fsdpkit.train.config import TrainConfig
+from fsdpkit.train.config import DataConfig
 from fsdpkit.train.data import TokenShards, get_source, get_tokenizer
 
 
-def data_pipeline(cfg: TrainConfig, split: str, verbose: bool):
+def data_pipeline(d: DataConfig, seed: int, split: str, verbose: bool):
     """The source of a split and its tokenizer (None for token shards, which are tokenised already)."""
-    d = cfg.data
-    source = get_source(d.dataset, split, cfg.seed, d.text_field, d.dataset_config_name, d.on_bad_record, verbose)
+    source = get_source(d.dataset, split, seed, d.text_field, d.dataset_config_name, d.on_bad_record, verbose)
     return source, None if isinstance(source, TokenShards) else get_tokenizer(d.tokenizer)

@@ -63,7 +63,7 @@ def hold(checkpoint_dir: str | None, run_dir: Path) -> RunLock:
             holder = _holder(handle)
             handle.close()
             raise Conflict(f"checkpoint_dir: {directory} is in use by another run ({holder}); wait for it to end, "
-                           "or pass another --checkpoint_dir") from None
+                           "or pass another --checkpoint-dir") from None
         handle.close()
         print(f"warning: checkpoint_dir: cannot lock {path} ({e.strerror}); nothing stops a second run from "
               "using the same directory", file=sys.stderr)

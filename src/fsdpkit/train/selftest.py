@@ -126,8 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     ok, results = run(args.level)
     if args.json:
         failed = [r for r in results if r["status"] == "fail"]
-        return emit_json(results, 0 if ok else 1, failed and f"selftest failed: {failed[0]['check']}: "
-                         f"{str(failed[0]['detail'])[:300]}", hint="fsdpkit image check Dockerfile finds PyTorch/"
+        message = f"selftest failed: {failed[0]['check']}: {str(failed[0]['detail'])[:300]}" if failed else None
+        return emit_json(results, 0 if ok else 1, message, hint="fsdpkit image check Dockerfile finds PyTorch/"
                          "CUDA/EFA conflicts in an image's definition")
     else:
         for r in results:

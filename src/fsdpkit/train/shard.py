@@ -11,17 +11,18 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable
+from typing import cast
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from fsdpkit.errors import UserError
-from fsdpkit.train.config import ParallelConfig, TrainConfig
+from fsdpkit.train.config import ParallelConfig
 from fsdpkit.train.dist import Runtime
 from fsdpkit.train.model import Transformer
-from fsdpkit.train.model_config import loss_chunk_size
+from fsdpkit.train.model_config import ModelConfig, loss_chunk_size
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -40,26 +41,25 @@ def build_mesh(rt: Runtime, par: ParallelConfig) -> DeviceMesh:
 
 
 def apply_activation_checkpointing(model: Transformer, mode: str, every: int) -> None:
-    for i, layer in enumerate(model.model.layers):
+    for i, layer in enumerate(model.blocks()):
         layer.checkpoint = mode == "full" or (mode == "selective" and i % every == 0)
 
 
 def apply_fsdp(model: Transformer, mesh: DeviceMesh, par: ParallelConfig, device_type: str) -> None:
     param_dtype = compute_dtype(par, device_type)
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=DTYPES[par.reduce_dtype])
-    kwargs = {"mesh": mesh, "mp_policy": mp}
-    if par.cpu_offload:
-        kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=device_type == "cuda")
-    layers = model.model.layers
+    offload = CPUOffloadPolicy(pin_memory=device_type == "cuda") if par.cpu_offload else OffloadPolicy()
+    layers = model.blocks()
     for i, layer in enumerate(layers):
         # The last block's parameters are needed again at once by backward: keep them gathered.
         reshard = par.reshard_after_forward and i < len(layers) - 1
-        fully_shard(layer, reshard_after_forward=reshard, **kwargs)
-    fully_shard(model, reshard_after_forward=par.reshard_after_forward, **kwargs)
-    set_prefetch(list(layers), par.fsdp_prefetch)
+        fully_shard(layer, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp, offload_policy=offload)
+    fully_shard(model, mesh=mesh, reshard_after_forward=par.reshard_after_forward, mp_policy=mp,
+                offload_policy=offload)
+    set_prefetch([cast(FSDPModule, layer) for layer in layers], par.fsdp_prefetch)
 
 
-def set_prefetch(layers: list[torch.nn.Module], depth: int) -> None:
+def set_prefetch(layers: list[FSDPModule], depth: int) -> None:
     """Issue the all-gathers of the next `depth` blocks when a block starts (forward) and of the
     previous `depth` blocks in backward, so communication overlaps compute even when the CPU is
     not running ahead of the GPU (FSDP2 on its own prefetches one block in backward only)."""
@@ -88,7 +88,8 @@ def convert_float8(model: Transformer, recipe: str, head: bool) -> None:
 
     def wanted(module: torch.nn.Module, fqn: str) -> bool:
         # float8 GEMMs need both dimensions divisible by 16
-        return (head or fqn != "lm_head") and module.in_features % 16 == 0 and module.out_features % 16 == 0
+        return isinstance(module, torch.nn.Linear) and (head or fqn != "lm_head") and \
+            module.in_features % 16 == 0 and module.out_features % 16 == 0
 
     convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(recipe), module_filter_fn=wanted)
 
@@ -105,11 +106,12 @@ def fill_sharded(p: torch.Tensor, init_fn: Callable[[torch.Tensor], None]) -> No
     local.copy_(shard)
 
 
-def build_model(cfg: TrainConfig, rt: Runtime) -> Transformer:
-    par = cfg.parallel
+def build_model(shape: ModelConfig, par: ParallelConfig, rope_len: int, seed: int, rt: Runtime) -> Transformer:
+    """The model of this shape, initialised from `seed`, with the parallel section's wrappings:
+    float8, activation checkpointing, compiled blocks, FSDP2 over the runtime's mesh."""
     with torch.device("meta"):
-        model = Transformer(cfg.shape, rope_len=cfg.data.seq_len)
-    model.loss_chunk_tokens = loss_chunk_size(model.cfg.vocab_size, par.loss_chunk_tokens, par.compile)
+        model = Transformer(shape, rope_len=rope_len)
+    model.loss_chunk_tokens = loss_chunk_size(model.cfg.vocab_size, par.loss_chunk_tokens, bool(par.compile))
     if par.float8:
         apply_float8(model, rt.device, par.float8_recipe, par.float8_head)
     apply_activation_checkpointing(model, par.activation_checkpointing, par.ac_every)
@@ -121,15 +123,15 @@ def build_model(cfg: TrainConfig, rt: Runtime) -> Transformer:
         # Compile is on by default on GPUs, so a block it cannot take must not stop the run: that
         # frame runs eagerly and dynamo says so once, in a warning naming it.
         torch._dynamo.config.suppress_errors = True
-        for layer in model.model.layers:
+        for layer in model.blocks():
             layer.compile()
-        model.output_loss = torch.compile(model.output_loss)
+        model.output_loss = torch.compile(model.output_loss)  # type: ignore[method-assign]  # the loss, compiled
     if rt.distributed:
         apply_fsdp(model, build_mesh(rt, par), par, rt.device.type)
     # Offloaded shards live on the CPU; unsharded (single-process) models always sit on the device.
     init_device = torch.device("cpu") if par.cpu_offload and rt.distributed else rt.device
     model.to_empty(device=init_device)
-    model.init_weights(seed=cfg.seed, fill=fill_sharded)
+    model.init_weights(seed=seed, fill=fill_sharded)
     return model
 
 
@@ -139,12 +141,13 @@ def describe_mesh(model: torch.nn.Module) -> str:
     if not isinstance(p, DTensor):
         return "none (one process, unsharded)"
     mesh = p.device_mesh
-    return " x ".join(f"{n}={s}" for n, s in zip(mesh.mesh_dim_names, mesh.shape, strict=True))
+    names = mesh.mesh_dim_names or tuple(f"dim{i}" for i in range(mesh.ndim))
+    return " x ".join(f"{n}={s}" for n, s in zip(names, mesh.shape, strict=True))
 
 
-def autocast(cfg: TrainConfig, rt: Runtime) -> contextlib.AbstractContextManager:
+def autocast(par: ParallelConfig, rt: Runtime) -> contextlib.AbstractContextManager:
     """Mixed precision for the unsharded single-process path (FSDP2 casts parameters itself)."""
-    dtype = compute_dtype(cfg.parallel, rt.device.type)
+    dtype = compute_dtype(par, rt.device.type)
     if rt.distributed or dtype == torch.float32:
         return contextlib.nullcontext()
     return torch.autocast(rt.device.type, dtype=dtype)

@@ -95,6 +95,16 @@ def _signal(pids: list[int], sig: int) -> None:
             os.kill(pid, sig)
 
 
+def torchrun_args(nproc: int, max_restarts: int, nnodes: str = "1",
+                  rendezvous: tuple[str, str] | None = None) -> list[str]:
+    """torchrun's own flags, for every launch fsdpkit makes. Without `rendezvous`, one machine
+    (`--standalone`: a rendezvous on a free local port). With it, (endpoint, id): c10d rendezvous
+    only, no --master-addr (mixing the two is a classic hang)."""
+    where = ["--standalone"] if rendezvous is None else [
+        "--rdzv-backend=c10d", f"--rdzv-endpoint={rendezvous[0]}", f"--rdzv-id={rendezvous[1]}"]
+    return [f"--nnodes={nnodes}", f"--nproc-per-node={nproc}", *where, f"--max-restarts={max_restarts}"]
+
+
 class Supervisor:
     """Runs the agent (torchrun's arguments, then the worker's module and flags) and answers signals."""
 
@@ -126,6 +136,7 @@ class Supervisor:
             _signal([*children(self.proc.pid), self.proc.pid], signal.SIGKILL)
 
     def _wait(self, timeout: float = 0.5) -> int | None:
+        assert self.proc is not None  # waited on only once started
         try:
             return self.proc.wait(timeout)
         except subprocess.TimeoutExpired:

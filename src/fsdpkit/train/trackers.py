@@ -11,8 +11,9 @@ import os
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from fsdpkit.errors import UserError
 
@@ -23,7 +24,7 @@ IDS = "trackers.json"
 STEP_KEY = "trainer/step"
 
 
-def parse(raw: str) -> tuple[str, ...]:
+def parse(raw: str | None) -> tuple[str, ...]:
     """"wandb", "mlflow", "wandb,mlflow" or "" (none); ValueError naming the allowed ones."""
     names = tuple(dict.fromkeys(n.strip().lower() for n in str(raw or "").split(",") if n.strip()))
     unknown = [n for n in names if n not in TRACKERS]
@@ -117,7 +118,15 @@ class MlflowTracker:
         self.client.set_terminated(self.run_id, "FINISHED" if ok else "FAILED")
 
 
-OPEN = {"wandb": WandbTracker, "mlflow": MlflowTracker}
+class Tracker(Protocol):
+    """What the run tells an experiment tracker: each metrics record, and how the run ended."""
+
+    def log(self, kind: str, metrics: dict[str, Any]) -> None: ...
+
+    def close(self, ok: bool) -> None: ...
+
+
+OPEN: dict[str, Callable[..., Tracker]] = {"wandb": WandbTracker, "mlflow": MlflowTracker}
 
 
 class Trackers:

@@ -15,9 +15,10 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
+from torch.distributed.fsdp import FSDPModule
 
 from fsdpkit import yamlfile
 from fsdpkit.errors import UserError
@@ -25,6 +26,7 @@ from fsdpkit.train import checkpoint, dist, network, run_lock
 from fsdpkit.train.config import REPLAY_HEAD, TrainConfig, resume_target
 from fsdpkit.train.data import BatchStream, Prefetcher
 from fsdpkit.train.faults import maybe_fail
+from fsdpkit.train.flops import flops_per_token
 from fsdpkit.train.hf import check_weights, load_hf_into
 from fsdpkit.train.host_memory import keep_freed_memory
 from fsdpkit.train.log_lines import node_line
@@ -33,7 +35,6 @@ from fsdpkit.train.metrics import (
     StepStats,
     cpu_bf16_gemm_ratio,
     derive,
-    flops_per_token,
     human_line,
     measure_cpu_peak_flops,
     minor_page_faults,
@@ -96,13 +97,13 @@ def preflight(cfg: TrainConfig) -> tuple[Path, run_lock.RunLock]:
 
 def _check_inputs(cfg: TrainConfig) -> None:
     """The data, tokenizer, vocabulary, process count and checkpoint to resume, before any work."""
-    source, tok = data_pipeline(cfg, cfg.data.train_split, verbose=False)
+    source, tok = data_pipeline(cfg.data, cfg.seed, cfg.data.train_split, verbose=False)
     vocab = cfg.shape.vocab_size
     tok_name, tok_vocab = (source.meta["tokenizer"], source.meta["vocab_size"]) if tok is None else (
         tok.name, tok.vocab_size)
     if tok_vocab > vocab:
         raise UserError(f"vocab_size: the model's {vocab} is smaller than tokenizer {tok_name!r}'s {tok_vocab}; "
-                        "pass --vocab_size or another tokenizer")
+                        "pass --vocab-size or another tokenizer")
     BatchStream(source, tok, cfg.data.seq_len, 1, epochs=1, shuffle_buffer=0).check_not_empty()
     if cfg.checkpoint.init_from_hf:
         check_weights(Path(cfg.checkpoint.init_from_hf))
@@ -230,7 +231,7 @@ def _run(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path, notices: list[str]) 
         window = Window.on(rt.device)
         state.model.train()
         for step in range(state.step, cfg.optim.max_steps):
-            lr = lr_at(step, cfg)
+            lr = lr_at(step, cfg.optim)
             set_lr(state.optimizer, lr)
             grad_norm = _train_step(run, state, window)
             if grad_norm is None:  # the data ran out (--epochs)
@@ -250,11 +251,11 @@ def _run(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path, notices: list[str]) 
 def _start_state(cfg: TrainConfig, rt: dist.Runtime, notices: list[str]) -> TrainState:
     """The model (from Hugging Face weights if asked), its optimizer, and the newest checkpoint's
     state when resuming."""
-    model = build_model(cfg, rt)
+    model = build_model(cfg.shape, cfg.parallel, cfg.data.seq_len, cfg.seed, rt)
     if cfg.checkpoint.init_from_hf:
         load_hf_into(model, Path(cfg.checkpoint.init_from_hf), cfg.shape)
         notices.append(f"fsdpkit: initialised from Hugging Face weights in {cfg.checkpoint.init_from_hf}")
-    state = TrainState(model, build_optimizer(model, cfg))
+    state = TrainState(model, build_optimizer(model, cfg.optim))
     if resume_from := resume_target(cfg):
         found = checkpoint.resume(resume_from, model, state.optimizer, model_shape_of(cfg), rt, notices)
         if found is None:
@@ -294,14 +295,14 @@ def _open_run(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path, state: TrainSta
               stack: contextlib.ExitStack) -> Run:
     """Data, validation, performance figures, sinks and the checkpointer of this start of the run."""
     d = cfg.data
-    source, tok = data_pipeline(cfg, d.train_split, verbose=rt.is_main)
+    source, tok = data_pipeline(d, cfg.seed, d.train_split, verbose=rt.is_main)
     batches = BatchStream(source, tok, cfg.data.seq_len, d.train_batch_size, rt.rank, rt.world_size, cfg.seed,
                           epochs=d.epochs, skip_blocks=state.samples)
     stream = Prefetcher(batches, d.prefetch, pin_memory=rt.device.type == "cuda") if d.prefetch else iter(batches)
     if isinstance(stream, Prefetcher):
         stack.callback(stream.close)
     eos_id = (source.meta["eos_id"] if tok is None else tok.eos_id) if d.document_masking else None
-    validate = Validator(cfg, rt)
+    validate = Validator(cfg.data, cfg.log.validation_batches, cfg.seed, cfg.parallel, rt)
     if validate.batches == 0:
         notices.append(f"warning: the {d.val_split!r} split holds less than one global validation batch "
                        f"({cfg.data.val_batch_size} x {rt.world_size} blocks of {cfg.data.seq_len + 1} tokens); "
@@ -310,9 +311,9 @@ def _open_run(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path, state: TrainSta
     peak, peak_source = peak_flops(rt.device, dtype, cfg.log.peak_tflops)
     # Only rank 0 prints notices, so only rank 0 spends the 0.3 s measuring fp32 for this one.
     bf16_on_cpu = rt.is_main and peak_source == "measured-gemm" and dtype == torch.bfloat16
-    if bf16_on_cpu and (ratio := cpu_bf16_gemm_ratio(peak)) < 1:
+    if bf16_on_cpu and peak is not None and (ratio := cpu_bf16_gemm_ratio(peak)) < 1:
         notices.append(f"warning: on this CPU bf16 matrix products run at {ratio:.2f}x the fp32 rate (measured); "
-                       "--mixed_precision fp32 is faster here")
+                       "--mixed-precision fp32 is faster here")
     run = Run(cfg, rt, run_dir, TrainResult(run_dir=run_dir, steps=state.step), stream, eos_id, validate,
               (source, validate.source), dtype, flops_per_token(cfg.shape, cfg.data.seq_len), peak,
               peak_source, start_step=state.step)
@@ -322,14 +323,14 @@ def _open_run(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path, state: TrainSta
     _open_sinks(run, state, notices, stack)
     run.stop = dist.StopRequest(rt)
     stack.callback(run.stop.close)
-    if cfg.checkpoint.checkpoint_dir:
+    if ck_dir := cfg.checkpoint.checkpoint_dir:
         ck = cfg.checkpoint
-        run.checkpointer = checkpoint.Checkpointer(Path(ck.checkpoint_dir), rt, ck.keep_last, ck.async_checkpoint)
+        run.checkpointer = checkpoint.Checkpointer(Path(ck_dir), rt, ck.keep_last, ck.async_checkpoint)
     return run
 
 
 def _open_sinks(run: Run, state: TrainState, notices: list[str], stack: contextlib.ExitStack) -> None:
-    """Each rank's sample log (--log_samples) and rank 0's metrics writer, config.yaml and start lines."""
+    """Each rank's sample log (--log-samples) and rank 0's metrics writer, config.yaml and start lines."""
     cfg, rt, run_dir, lg = run.cfg, run.rt, run.run_dir, run.cfg.log
     if lg.log_samples:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -343,10 +344,10 @@ def _open_sinks(run: Run, state: TrainState, notices: list[str], stack: contextl
     tb_dir = Path(lg.tensorboard_dir) if lg.tensorboard_dir else run_dir / "tensorboard"
     show_bar = lg.progress == "on" or (lg.progress == "auto" and sys.stderr.isatty())
     trackers = Trackers(lg.trackers, run_dir, lg.tracker_project, record, state.attempt) if lg.trackers else None
-    run.writer = MetricsWriter(run_dir, tb_dir if lg.tensorboard else None, show_bar, cfg.optim.max_steps,
-                               state.attempt, trackers)
+    writer = run.writer = MetricsWriter(run_dir, tb_dir if lg.tensorboard else None, show_bar, cfg.optim.max_steps,
+                                        state.attempt, trackers)
     # Trackers are told whether the run ended well (an exception leaves through here too).
-    stack.push(lambda kind, _e, _tb: run.writer.close(ok=kind is None))
+    stack.push(lambda kind, _e, _tb: writer.close(ok=kind is None))
     # Each start of the run is marked, so readers can tell its attempts apart (a resume that repeats
     # no step included).
     run.writer.record("start", {"step": state.step, "world_size": rt.world_size,
@@ -381,8 +382,8 @@ def _train_step(run: Run, state: TrainState, window: Window) -> torch.Tensor | N
         x, y = x.to(rt.device, non_blocking=True), y.to(rt.device, non_blocking=True)
         if rt.distributed and accum > 1:
             # Reduce-scatter gradients once per optimizer step, not once per micro-step.
-            model.set_requires_gradient_sync(micro == accum - 1)
-        with autocast(cfg, rt):
+            cast(FSDPModule, model).set_requires_gradient_sync(micro == accum - 1)
+        with autocast(cfg.parallel, rt):
             ce, total = model.loss(x, y, run.eos_id)
         (total / accum).backward()
         window.loss_sum += ce.detach().float() / accum
@@ -409,7 +410,9 @@ def _after_step(run: Run, state: TrainState, window: Window, lr: float, grad_nor
             if run.writer:
                 run.writer.record("val", {"step": n, "val_loss": val}, f"Batch {n} Validation loss: {val:.5f}")
         window.restart_clock()
-    time_due = bool(ck.every_seconds) and time.monotonic() - run.saved_clock >= ck.every_seconds
+    every = ck.every_seconds
+    time_due = every is not None and time.monotonic() - run.saved_clock >= every
+    assert run.stop is not None  # made by _open_run, before the first step
     stopping, time_due = run.stop.agreed(time_due)
     # With a checkpoint directory the last step is always saved, on checkpoint_every or not.
     due = (ck.every_steps and n % ck.every_steps == 0) or time_due or last
@@ -420,7 +423,7 @@ def _after_step(run: Run, state: TrainState, window: Window, lr: float, grad_nor
         if run.checkpointer:
             run.checkpointer.wait()
         run.result.stopped_by_signal = True
-        saved = "checkpoint saved" if ck.checkpoint_dir else "no --checkpoint_dir, nothing saved"
+        saved = "checkpoint saved" if ck.checkpoint_dir else "no --checkpoint-dir, nothing saved"
         run.say(f"fsdpkit: stopping at step {n} on SIGTERM ({saved})")
     return stopping
 
@@ -437,7 +440,7 @@ def _log_window(run: Run, window: Window, lr: float, grad_norm: torch.Tensor, n:
     run.result.losses.append((n, loss))
     if run.writer:
         m = derive(stats, run.flops_per_token, run.peak, peak_memory_bytes(rt.device))
-        if m["mfu_above_peak"] and run.peak_source == "measured-gemm":
+        if m["mfu_above_peak"] and run.peak_source == "measured-gemm" and run.peak is not None:
             # Faster than the CPU's measured peak: other work slowed that measurement.
             run.peak = max(run.peak, measure_cpu_peak_flops(run.dtype))
             run.say(f"fsdpkit: MFU denominator re-measured: {run.peak / 1e12:.3f} TFLOP/s (the start-up "
@@ -460,6 +463,7 @@ def _save(run: Run, state: TrainState) -> None:
     cfg = run.cfg
     meta = {"samples": state.samples, "model": model_shape_of(cfg), "preset": cfg.preset,
             "loss": run.result.losses[-1][1] if run.result.losses else None, "config": cfg.record(run.run_dir)}
+    assert run.checkpointer is not None  # saving is asked only of a run with a checkpoint directory
     path = run.checkpointer.save(state.step, state.model, state.optimizer, meta)
     run.saved_at, run.saved_clock = state.step, time.monotonic()
     how = "writing in the background" if cfg.checkpoint.async_checkpoint else "saved"

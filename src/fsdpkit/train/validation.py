@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from fsdpkit.train import dist
-from fsdpkit.train.config import TrainConfig
+from fsdpkit.train.config import ParallelConfig, ResolvedData
 from fsdpkit.train.data import BatchStream
 from fsdpkit.train.model import Transformer
 from fsdpkit.train.pipeline import data_pipeline
@@ -16,19 +16,20 @@ from fsdpkit.train.shard import autocast
 class Validator:
     """Mean loss over the first N held-out batches, the same batches every time, averaged over ranks."""
 
-    def __init__(self, cfg: TrainConfig, rt: dist.Runtime):
-        source, tok = data_pipeline(cfg, cfg.data.val_split, verbose=rt.is_main)
+    def __init__(self, d: ResolvedData, batches: int, seed: int, par: ParallelConfig, rt: dist.Runtime):
+        """`batches` per pass at most (log.validation_batches); `par` for the compute dtype."""
+        source, tok = data_pipeline(d, seed, d.val_split, verbose=rt.is_main)
         self.source = source
-        self.stream = BatchStream(source, tok, cfg.data.seq_len, cfg.data.val_batch_size, rt.rank,
-                                  rt.world_size, cfg.seed, shuffle_buffer=0, epochs=1)
+        self.stream = BatchStream(source, tok, d.seq_len, d.val_batch_size, rt.rank, rt.world_size, seed,
+                                  shuffle_buffer=0, epochs=1)
         # Every rank must run the same number of forwards (FSDP collectives): count on each rank,
         # deterministically, how many whole global batches the held-out split holds.
-        available = self.stream.count_blocks() // (cfg.data.val_batch_size * rt.world_size)
-        self.batches = min(cfg.log.validation_batches, available)
+        available = self.stream.count_blocks() // (d.val_batch_size * rt.world_size)
+        self.batches = min(batches, available)
         self.eos_id = None
-        if cfg.data.document_masking:
+        if d.document_masking:
             self.eos_id = source.meta["eos_id"] if tok is None else tok.eos_id
-        self.cfg, self.rt = cfg, rt
+        self.rows, self.par, self.rt = d.train_batch_size, par, rt
 
     @torch.no_grad()
     def __call__(self, model: Transformer) -> float | None:
@@ -40,11 +41,11 @@ class Validator:
         # training step (a 16-sequence batch of 8192 tokens has 34 GB of bf16 logits at a 128k
         # vocabulary, where the compiled loss is not chunked). Blocks are full, so the batch's mean
         # is the slices' means weighted by their sizes.
-        rows = self.cfg.data.train_batch_size
+        rows = self.rows
         for _, (x, y, _idx) in zip(range(self.batches), self.stream, strict=False):
             for start in range(0, x.shape[0], rows):
                 part = slice(start, start + rows)
-                with autocast(self.cfg, self.rt):
+                with autocast(self.par, self.rt):
                     ce, _ = model.loss(x[part].to(self.rt.device), y[part].to(self.rt.device), self.eos_id)
                 total += ce.float() * (x[part].shape[0] / x.shape[0])
         model.train()

@@ -4,12 +4,14 @@ logger; the CLI shows it on stderr."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from fsdpkit import yamlfile
 from fsdpkit.errors import UserError
+from fsdpkit.jobs.polling import poll_until
 from fsdpkit.jobs.spec import JobSpec
 from fsdpkit.jobs.status import JobStatus
 
@@ -26,6 +28,12 @@ class Rendered:
     @property
     def kind(self) -> str:
         return "manifests" if self.manifests is not None else "script" if self.script is not None else "command"
+
+    def objects(self) -> list[dict[str, Any]]:
+        """The Kubernetes objects of a cluster backend's render."""
+        if self.manifests is None:
+            raise TypeError(f"this render is a {self.kind}, not Kubernetes objects")
+        return self.manifests
 
     def as_json(self) -> dict[str, Any]:
         return {self.kind: getattr(self, self.kind)}
@@ -47,7 +55,7 @@ class Backend(Protocol):
 
     def status(self, name: str, namespace: str = "default") -> JobStatus: ...
 
-    def list(self, namespace: str = "default") -> list[JobStatus]: ...
+    def jobs(self, namespace: str = "default") -> list[JobStatus]: ...
 
     def cancel(self, name: str, namespace: str = "default", delete_storage: bool = False,
                dry_run: bool = False) -> list[str]:
@@ -60,8 +68,23 @@ class Backend(Protocol):
 
     def network(self, name: str, namespace: str = "default") -> dict[str, Any] | None: ...
 
-    def wait(self, name: str, namespace: str = "default", timeout: float | None = None, poll: float = 10.0,
-             on_change: Callable[[JobStatus], None] | None = None) -> JobStatus: ...
+    def resubmit(self, name: str, namespace: str = "default") -> bool:
+        """Start a Failed job again (it resumes from its newest checkpoint) if its own budget
+        (`resubmits:` in its spec) allows; whether it did."""
+        ...
+
+
+def wait(backend: Backend, name: str, namespace: str = "default", timeout: float | None = None, poll: float = 10.0,
+         on_change: Callable[[JobStatus], None] | None = None, resubmit: bool = True) -> JobStatus:
+    """Poll until the job ends, or `timeout` seconds pass. A job that ends Failed (beyond what its
+    operator retries) is resubmitted while its budget lasts, with `resubmit`, and waited for again."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        st = poll_until(lambda: backend.status(name, namespace), lambda s: s.finished, left, poll, on_change,
+                        key=lambda s: (s.state, s.attempt))
+        if not (st.state == "Failed" and resubmit and backend.resubmit(name, namespace)):
+            return st
 
 
 def no_server(backend: str, dry_run: str) -> None:

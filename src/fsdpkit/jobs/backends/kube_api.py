@@ -4,7 +4,6 @@ finding, deleting and waiting out a job by name."""
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -13,6 +12,7 @@ from fsdpkit.cluster import trainer
 from fsdpkit.cluster.client import ClusterError, api_errors, connect, is_not_found
 from fsdpkit.errors import NotFound
 from fsdpkit.jobs.manifests import CONTAINER, JOB_LABEL, KF_JOB_NAME, KF_REPLICA_INDEX, KF_REPLICA_TYPE
+from fsdpkit.jobs.polling import poll_until
 
 log = logging.getLogger(__name__)
 
@@ -129,10 +129,7 @@ class KubeAPI:
                                                                propagation_policy="Foreground")
 
     def _wait_gone(self, name: str, namespace: str, timeout: float = 120, poll: float = 1.0) -> None:
-        deadline = time.monotonic() + timeout
-        while self.get_job(name, namespace) is not None:
-            if time.monotonic() > deadline:
-                raise ClusterError(f"job {name!r} is still being deleted after {timeout:.0f} s; try again later",
-                                   code="timeout")
-            time.sleep(poll)
+        if poll_until(lambda: self.get_job(name, namespace), lambda job: job is None, timeout, poll) is not None:
+            raise ClusterError(f"job {name!r} is still being deleted after {timeout:.0f} s; try again later",
+                               code="timeout")
 

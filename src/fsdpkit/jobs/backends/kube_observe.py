@@ -51,7 +51,7 @@ class KubeObserver(KubeAPI):
         kind, obj = self._require_job(name, namespace)
         return self._status_of(kind, obj)
 
-    def list(self, namespace: str = "default") -> list[JobStatus]:
+    def jobs(self, namespace: str = "default") -> list[JobStatus]:
         out = []
         for kind, k in KINDS.items():
             group, version, plural = k.find()
@@ -232,8 +232,8 @@ class KubeObserver(KubeAPI):
         log: list[str] = []  # rank 0's last lines, read once for progress, network and step time
         by_replica = {k.replica((p.get("metadata") or {}).get("labels") or {}): p for p in pods}
         rank0 = next((by_replica[r] for r in k.rank0 if r in by_replica), None)
-        rank0_name = rank0["metadata"]["name"] if rank0 is not None else None
-        if rank0 is not None and (rank0.get("status") or {}).get("phase") == "Running" and not st.finished:
+        rank0_name: str | None = rank0["metadata"]["name"] if rank0 is not None else None
+        if rank0_name and rank0 and (rank0.get("status") or {}).get("phase") == "Running" and not st.finished:
             try:
                 log = self._pod_log_tail(rank0_name, namespace, k.container, 500).splitlines()
                 progress, more = log_progress(log, rank0_name, now or dt.datetime.now(dt.timezone.utc), stall_after)

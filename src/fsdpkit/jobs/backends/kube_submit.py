@@ -27,7 +27,7 @@ class KubeSubmitter(KubeAPI):
         """Create the job's objects. `dry_run` "client": only render and say what would be made;
         "server": the API server validates each create (schemas, strict fields, admission) and
         persists nothing."""
-        objs = self.render(spec).manifests
+        objs = self.render(spec).objects()
         token = os.environ.get(spec.hf_token_env) if spec.hf_token_env else None
         missing = (f"hf_token_env: ${spec.hf_token_env} is not set in this shell; export it, or drop hf_token_env "
                    "for public models") if spec.hf_token_env and not token else None
@@ -189,7 +189,8 @@ class KubeSubmitter(KubeAPI):
         return [f"{k}/{n}" for k, n in targets]
 
 
-    def resubmit(self, kind: str, obj: dict[str, Any]) -> None:
+    def recreate(self, kind: str, obj: dict[str, Any]) -> None:
+        """The job made again from its own manifest, its attempt counted."""
         meta = obj["metadata"]
         fresh = {
             "apiVersion": obj.get("apiVersion"), "kind": kind,

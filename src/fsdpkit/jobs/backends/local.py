@@ -14,7 +14,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from fsdpkit.jobs.backends.base import Rendered, no_server
 from fsdpkit.jobs.backends.files import NETWORK_LINES, read_lines
 from fsdpkit.jobs.command import trainer_flags
 from fsdpkit.jobs.health import network_verdict
+from fsdpkit.jobs.polling import poll_until
 from fsdpkit.jobs.spec import JobSpec, load_spec_dict
 from fsdpkit.jobs.status import JobStatus
 
@@ -48,7 +48,7 @@ class LocalBackend:
         # Outputs in the job's own directory (FSDPKIT_HOME/jobs/NAME), or under a shared path if given.
         root = spec.storage.shared_path or str(job_dir.parent)
         return [sys.executable, "-m", "fsdpkit", "train", "--nproc", str(spec.procs),
-                "--max_restarts", str(spec.max_restarts), *trainer_flags(spec, root)]
+                "--max-restarts", str(spec.max_restarts), *trainer_flags(spec, root)]
 
     def render(self, spec: JobSpec) -> Rendered:
         cmd = self.command(spec, self._dir(spec.name))
@@ -72,7 +72,7 @@ class LocalBackend:
                                 "pass --replace to start it again (its checkpoints are kept and resumed)")
             if not st.finished:
                 self.cancel(spec.name)
-                self.wait(spec.name, timeout=120, poll=0.5)
+                poll_until(lambda: self.status(spec.name), lambda st: st.finished, 120, 0.5)
             for f in ("rc", "pid", "cancelled"):
                 (job_dir / f).unlink(missing_ok=True)
         make_dir(job_dir)
@@ -97,15 +97,16 @@ class LocalBackend:
         (job_dir / "pid").write_text(str(proc.pid))
         return proc.pid
 
-    def _resubmit_if_allowed(self, st: JobStatus) -> bool:
+    def resubmit(self, name: str, namespace: str | None = None) -> bool:
         """Start a Failed job again (it resumes from its newest checkpoint) while its budget lasts."""
-        job_dir = self._dir(st.name)
+        st = self.status(name)
+        job_dir = self._dir(name)
         spec_doc = json.loads((job_dir / "spec.json").read_text())
         attempt = int((job_dir / "attempt").read_text() or 0) if (job_dir / "attempt").exists() else 0
         if st.state != "Failed" or attempt >= int(spec_doc.get("resubmits", 0)):
             return False
         spec = load_spec_dict(spec_doc)
-        log.info(f"job {st.name} failed ({st.message}); resubmitting, attempt {attempt + 1} of {spec.resubmits}")
+        log.info(f"job {name} failed ({st.message}); resubmitting, attempt {attempt + 1} of {spec.resubmits}")
         (job_dir / "rc").unlink(missing_ok=True)
         (job_dir / "attempt").write_text(str(attempt + 1))
         self._launch(job_dir, shlex.split((job_dir / "command").read_text()), spec, attempt + 1)
@@ -128,7 +129,7 @@ class LocalBackend:
         if not job_dir.is_dir():
             raise NotFound(f"job {name!r} not found in {home()} (see `fsdpkit job list --backend local`)")
         rc_file = job_dir / "rc"
-        details = {"dir": str(job_dir), "log": str(job_dir / "log")}
+        details: dict[str, Any] = {"dir": str(job_dir), "log": str(job_dir / "log")}
         if rc_file.exists() and rc_file.read_text().strip():
             rc = int(rc_file.read_text().strip())
             details["exit_code"] = rc
@@ -143,7 +144,7 @@ class LocalBackend:
         return JobStatus(name, self.name, "Failed", "the process ended without recording an exit code",
                          details=details)
 
-    def list(self, namespace: str | None = None) -> list[JobStatus]:
+    def jobs(self, namespace: str | None = None) -> list[JobStatus]:
         root = home()
         return [self.status(d.name) for d in sorted(root.iterdir()) if (d / "spec.json").exists()] \
             if root.is_dir() else []
@@ -173,17 +174,3 @@ class LocalBackend:
         self.status(name)
         yield from read_lines(self._dir(name) / "log", follow, lambda: self.status(name).finished, poll)
 
-    def wait(self, name: str, namespace: str | None = None, timeout: float | None = None, poll: float = 2.0,
-             on_change=None) -> JobStatus:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        last = None
-        while True:
-            st = self.status(name)
-            if st.state != last and on_change:
-                on_change(st)
-            last = st.state
-            if st.state == "Failed" and self._resubmit_if_allowed(st):
-                continue
-            if st.finished or (deadline is not None and time.monotonic() > deadline):
-                return st
-            time.sleep(poll)

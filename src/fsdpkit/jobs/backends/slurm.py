@@ -12,7 +12,6 @@ import re
 import shlex
 import shutil
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -182,7 +181,7 @@ class SlurmBackend:
                                  f"{state} exit {exit_code}", details={"job_id": job_id})
         raise UserError(f"no Slurm job named {name!r} (see `fsdpkit job list --backend slurm`)")
 
-    def list(self, namespace: str | None = None) -> list[JobStatus]:
+    def jobs(self, namespace: str | None = None) -> list[JobStatus]:
         return [self._status_of(j) for j in self._jobs()]
 
     def cancel(self, name: str, namespace: str | None = None, delete_storage: bool = False,
@@ -207,15 +206,7 @@ class SlurmBackend:
                             "longer holds it; its --output is set in the spec's slurm.output)")
         yield from read_lines(Path(st.details["stdout"]), follow, lambda: self.status(name).finished, poll)
 
-    def wait(self, name: str, namespace: str | None = None, timeout: float | None = None, poll: float = 10.0,
-             on_change=None) -> JobStatus:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        last = None
-        while True:
-            st = self.status(name)
-            if on_change and (st.state, st.attempt) != last:
-                on_change(st)
-            last = (st.state, st.attempt)
-            if st.finished or (deadline is not None and time.monotonic() > deadline):
-                return st
-            time.sleep(poll)
+    def resubmit(self, name: str, namespace: str | None = None) -> bool:
+        """Slurm requeues a job itself after a node failure or preemption (`--requeue` in the script, from
+        `resubmits:`); fsdpkit starts nothing again."""
+        return False

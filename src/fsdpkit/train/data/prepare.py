@@ -40,7 +40,9 @@ def _write(tokenizer: Tokenizer, sources: dict[str, DocumentSource], out: Path, 
     splits: dict[str, list[str]] = {}
     counts: dict[str, int] = {}
     for split, source in sources.items():
-        files, buf, total = [], [], 0
+        files: list[str] = []
+        buf: list[np.ndarray] = []
+        total = 0
         pending = 0
 
         def flush(split=split, files=files) -> None:

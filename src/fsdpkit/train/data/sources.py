@@ -163,7 +163,7 @@ class LocalFiles:
 
     def _bad(self, where: str, why: str) -> None:
         if self.on_bad_record == "fail":
-            raise UserError(f"dataset: {where}: {why} (use --on_bad_record skip to skip such records)")
+            raise UserError(f"dataset: {where}: {why} (use --on-bad-record skip to skip such records)")
         if not self._counts_bad or where in self._bad_seen:
             return
         self._bad_seen.add(where)
@@ -178,7 +178,9 @@ class LocalFiles:
         return record[self.text_field]
 
     def _read(self, f: Path) -> Iterator[str]:
-        fmt, compression = _format(f)
+        found = _format(f)
+        assert found is not None  # the files were listed by their format
+        fmt, compression = found
         with reading(f, "dataset"):  # a damaged .gz/.zst/.parquet is one line naming the file
             if fmt == ".parquet":
                 yield from self._parquet(f)
@@ -196,7 +198,7 @@ class LocalFiles:
         pf = pq.ParquetFile(f)
         if self.text_field not in pf.schema_arrow.names:
             raise UserError(f"dataset: {f} has no column {self.text_field!r} (columns: "
-                            f"{', '.join(pf.schema_arrow.names)}); set --text_field")
+                            f"{', '.join(pf.schema_arrow.names)}); set --text-field")
         for batch in pf.iter_batches(columns=[self.text_field], batch_size=1024):
             yield from (t for t in batch.column(0).to_pylist() if isinstance(t, str))
 
@@ -229,7 +231,7 @@ class LocalFiles:
 
 
 class HubDataset:
-    """A Hugging Face `datasets` dataset, streamed (`--dataset allenai/c4 --dataset_config_name en`).
+    """A Hugging Face `datasets` dataset, streamed (`--dataset allenai/c4 --dataset-config-name en`).
 
     Loading is deferred to the first epoch so that checking a configuration does not download.
     HF_TOKEN is passed for gated datasets; it is never logged.

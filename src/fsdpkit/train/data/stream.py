@@ -14,6 +14,7 @@ order world-size invariant); token shards are read by random access, each rank o
 from __future__ import annotations
 
 import contextlib
+import functools
 import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -52,15 +53,17 @@ class BatchStream:
     def blocks(self, allow_empty: bool = False) -> Iterator[np.ndarray]:
         """The global stream of seq_len+1-token blocks of a document source, documents separated by EOS.
         A pass that yields no block is an error naming its cause, unless `allow_empty` (counting)."""
+        source, tokenizer = self.source, self.tokenizer
+        assert not isinstance(source, TokenShards) and tokenizer is not None  # token shards are read by index
         n = self.seq_len + 1
         epoch = 0
         while self.epochs is None or epoch < self.epochs:
             buf = np.empty(0, dtype=np.int64)
             produced = documents = 0
-            for doc in self.source.documents(epoch):
+            for doc in source.documents(epoch):
                 documents += 1
-                ids = self.tokenizer.encode(doc)
-                buf = np.concatenate([buf, ids.astype(np.int64), [self.tokenizer.eos_id]])
+                ids = tokenizer.encode(doc)
+                buf = np.concatenate([buf, ids.astype(np.int64), [tokenizer.eos_id]])
                 full = len(buf) // n
                 if full:
                     yield from buf[: full * n].reshape(full, n)
@@ -69,13 +72,13 @@ class BatchStream:
             if produced == 0:
                 if allow_empty:
                     return
-                split = getattr(self.source, "split", None)
+                split = getattr(source, "split", None)
+                bad = getattr(source, "bad_records", 0)
                 if documents == 0:
-                    raise UserError(f"dataset: {self.source.name} has no documents"
+                    raise UserError(f"dataset: {source.name} has no documents"
                                     + (f" in its {split!r} split" if split else "")
-                                    + (f" ({self.source.bad_records} bad records skipped)"
-                                       if getattr(self.source, "bad_records", 0) else ""))
-                raise UserError(f"dataset: {self.source.name} holds fewer than {n} tokens ({documents} "
+                                    + (f" ({bad} bad records skipped)" if bad else ""))
+                raise UserError(f"dataset: {source.name} holds fewer than {n} tokens ({documents} "
                                 f"document(s), {len(buf)} tokens); lower seq_len")
             epoch += 1
 
@@ -97,16 +100,18 @@ class BatchStream:
 
     def _indexed(self) -> Iterator[Callable[[], np.ndarray]]:
         """Token shards: a seeded permutation of all blocks per epoch, each block read on demand."""
+        source = self.source
+        assert isinstance(source, TokenShards)
         n = self.seq_len + 1
-        total = self.source.num_blocks(n)
+        total = source.num_blocks(n)
         if total == 0:
-            raise UserError(f"dataset: {self.source.name} holds fewer than {n} tokens; lower seq_len")
+            raise UserError(f"dataset: {source.name} holds fewer than {n} tokens; lower seq_len")
         epoch = 0
         while self.epochs is None or epoch < self.epochs:
             order = (np.random.default_rng([self.seed, epoch]).permutation(total)
                      if self.shuffle_buffer > 0 else np.arange(total))
             for i in order:
-                yield lambda i=int(i): self.source.block(i, n)
+                yield functools.partial(source.block, int(i), n)
             epoch += 1
 
     def _global(self) -> Iterator[np.ndarray | Callable[[], np.ndarray]]:

@@ -98,11 +98,10 @@ class HFTokenizer:
         if isinstance(eos, dict):
             eos = eos.get("content")
         candidates = [eos] if eos else list(EOS_CANDIDATES)
-        ids = [self.tok.token_to_id(t) for t in candidates if t]
-        ids = [i for i in ids if i is not None]
+        ids: list[int] = [i for t in candidates if t and (i := self.tok.token_to_id(t)) is not None]
         if not ids:
             raise UserError(f"tokenizer: {spec!r} has no end-of-text token (looked for {', '.join(candidates)})")
-        self.eos_id = ids[0]
+        self.eos_id: int = ids[0]
         bos = config.get("bos_token")
         bos = bos.get("content") if isinstance(bos, dict) else bos
         self.bos_id = self.tok.token_to_id(bos) if bos else None
