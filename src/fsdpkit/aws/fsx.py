@@ -17,6 +17,7 @@ from typing import Any
 
 from fsdpkit.aws.session import Aws, AwsError, aws_errors
 from fsdpkit.errors import UserError
+from fsdpkit.polling import poll_until
 
 THROUGHPUT = {"SCRATCH_2": (), "PERSISTENT_1": (50, 100, 200), "PERSISTENT_2": (125, 250, 500, 1000)}
 NAME_TAG = "fsdpkit:fsx"
@@ -140,27 +141,33 @@ def wait_available(aws: Aws, file_system_id: str, say: Callable[[str], None], ti
     """Poll until AVAILABLE, reporting each lifecycle change and the time so far (creation takes
     5-15 minutes); a FAILED / MISCONFIGURED file system is an error with FSx's own reason."""
     fsx = aws.client("fsx")
-    start, last = time.monotonic(), None
-    while True:
+    start = time.monotonic()
+
+    def look() -> dict[str, Any]:
         with aws_errors(f"reading FSx file system {file_system_id}", "fsx"):
             found = fsx.describe_file_systems(FileSystemIds=[file_system_id]).get("FileSystems", [])
         if not found:
             raise AwsError(f"FSx file system {file_system_id} disappeared while waiting (deleted elsewhere?)")
-        fs = found[0]
-        state = fs.get("Lifecycle", "UNKNOWN")
-        elapsed = time.monotonic() - start
-        if state != last:
-            say(f"FSx {file_system_id}: {state} after {int(elapsed) // 60}m{int(elapsed) % 60:02d}s")
-            last = state
-        if state == "AVAILABLE":
-            return fs
-        if state in FAILED:
-            reason = (fs.get("FailureDetails") or {}).get("Message", "no reason given")
-            raise AwsError(f"FSx file system {file_system_id} is {state}: {reason}")
-        if elapsed > timeout:
-            raise AwsError(f"FSx file system {file_system_id} still {state} after {int(timeout)} s; it keeps "
-                           f"going: `fsdpkit storage fsx status` shows when it is ready", code="timeout")
-        time.sleep(poll)
+        return dict(found[0])
+
+    def changed(fs: dict[str, Any]) -> None:
+        elapsed = int(time.monotonic() - start)
+        say(f"FSx {file_system_id}: {_lifecycle(fs)} after {elapsed // 60}m{elapsed % 60:02d}s")
+
+    fs = poll_until(look, lambda fs: _lifecycle(fs) == "AVAILABLE" or _lifecycle(fs) in FAILED, timeout, poll,
+                    changed, key=_lifecycle)
+    state = _lifecycle(fs)
+    if state == "AVAILABLE":
+        return fs
+    if state in FAILED:
+        reason = (fs.get("FailureDetails") or {}).get("Message", "no reason given")
+        raise AwsError(f"FSx file system {file_system_id} is {state}: {reason}")
+    raise AwsError(f"FSx file system {file_system_id} still {state} after {int(timeout)} s; it keeps going: "
+                   "`fsdpkit storage fsx status` shows when it is ready", code="timeout")
+
+
+def _lifecycle(fs: dict[str, Any]) -> str:
+    return str(fs.get("Lifecycle", "UNKNOWN"))
 
 
 def link_s3(aws: Aws, fs: dict[str, Any], s3: str, say: Callable[[str], None]) -> str:

@@ -19,8 +19,8 @@ from fsdpkit.errors import Conflict, NotFound
 from fsdpkit.jobs import manifests as m
 from fsdpkit.jobs.command import GPU_ENV
 from fsdpkit.jobs.hyperpod import adapt_pod
-from fsdpkit.jobs.polling import poll_until
 from fsdpkit.jobs.spec import JobSpec
+from fsdpkit.polling import poll_until
 
 GROUP, VERSION = "ray.io", "v1"
 SPEC_HASH = "fsdpkit.dev/spec-hash"

@@ -26,7 +26,7 @@ from fsdpkit.image import pins
 from fsdpkit.image.dockerfile import HYPERPOD_AGENT
 from fsdpkit.plan.grace import cadence
 from fsdpkit.settings import Bool, Int, NodeRange, Nodes, Settings, Str, aliases, fail, load, option
-from fsdpkit.train.config import SECTIONS, CheckpointConfig, build
+from fsdpkit.train.config import SECTIONS, CheckpointConfig, TrainConfig, build
 from fsdpkit.yamlfile import describe_yaml_error, load_mapping
 
 log = logging.getLogger(__name__)
@@ -425,16 +425,22 @@ def _validate_environment(spec: JobSpec) -> None:
         raise UserError(f"ofi_nccl: {spec.ofi_nccl!r} is not an aws-ofi-nccl version (for example 1.14.0)")
 
 
-def train_config(spec: JobSpec) -> Any:
+def train_config(spec: JobSpec) -> TrainConfig:
     """The TrainConfig the job's nodes will run (output directories on the job's storage)."""
-    root = "/local-job-dir" if spec.backend == "local" and not spec.storage.shared_path else spec.storage.root
-    return build([train_options(spec, root)])
+    return build([train_options(spec, output_root(spec))])
+
+
+def output_root(spec: JobSpec) -> str | None:
+    """Where the job's outputs go, as validation sees it: its storage, or for a local job without a
+    shared path its own directory (a stand-in path here: the local backend passes the real one);
+    None where nothing keeps them."""
+    return "/local-job-dir" if spec.backend == "local" and not spec.storage.shared_path else spec.storage.root
 
 
 def _validate_train(spec: JobSpec) -> None:
     """The trainer's own rules, run here so a bad option fails before submission, not in a pod.
     Checked on the options the job will really pass (output directories on the job's storage)."""
-    root = "/local-job-dir" if spec.backend == "local" and not spec.storage.shared_path else spec.storage.root
+    root = output_root(spec)
     flat = flat_options(spec.train)
     for name, field in LAUNCHER_OPTIONS.items():
         if name in flat:

@@ -11,9 +11,9 @@ from typing import Any, Protocol, runtime_checkable
 
 from fsdpkit import yamlfile
 from fsdpkit.errors import UserError
-from fsdpkit.jobs.polling import poll_until
 from fsdpkit.jobs.spec import JobSpec
 from fsdpkit.jobs.status import JobStatus
+from fsdpkit.polling import poll_until
 
 
 @dataclass(frozen=True)

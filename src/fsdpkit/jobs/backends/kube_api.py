@@ -12,7 +12,7 @@ from fsdpkit.cluster import trainer
 from fsdpkit.cluster.client import ClusterError, api_errors, connect, is_not_found
 from fsdpkit.errors import NotFound
 from fsdpkit.jobs.manifests import CONTAINER, JOB_LABEL, KF_JOB_NAME, KF_REPLICA_INDEX, KF_REPLICA_TYPE
-from fsdpkit.jobs.polling import poll_until
+from fsdpkit.polling import poll_until
 
 log = logging.getLogger(__name__)
 

@@ -18,6 +18,7 @@ from fsdpkit.jobs.health import log_progress, network_verdict, pod_findings, pod
 from fsdpkit.jobs.manifests import ATTEMPT
 from fsdpkit.jobs.status import JobStatus, state_from_conditions, trainjob_state
 from fsdpkit.jobs.utilisation import WatchHistory, asks_for_efa, efa_flat, parse_sample, sample_script, stragglers
+from fsdpkit.polling import poll_until
 
 # The trainer reports its network before the first step: this much of rank 0's log holds it.
 NETWORK_HEAD = 256 * 1024
@@ -99,16 +100,15 @@ class KubeObserver(KubeAPI):
         Waits for the pods to exist and their containers to start before reading."""
         kind, _ = self._require_job(name, namespace)
         deadline = time.monotonic() + wait
-        said = False
-        while not (pods := self.pods(name, namespace, kind)):
-            if time.monotonic() > deadline:
-                raise ClusterError(f"job {name!r} has no pods after {wait:.0f} s; see `fsdpkit job status {name}` "
-                                   f"and `kubectl describe {kind.lower()} {name}` for scheduling problems",
-                                   code="timeout")
-            if not said:
+
+        def told(pods: list[Any]) -> None:
+            if not pods:
                 log.info(f"waiting for the pods of {name} ...")
-                said = True
-            time.sleep(poll)
+
+        pods = poll_until(lambda: self.pods(name, namespace, kind), bool, wait, poll, told, key=bool)
+        if not pods:
+            raise ClusterError(f"job {name!r} has no pods after {wait:.0f} s; see `fsdpkit job status {name}` "
+                               f"and `kubectl describe {kind.lower()} {name}` for scheduling problems", code="timeout")
         chosen = self._pick(pods, replica, kind)
         prefix = len(chosen) > 1
         for pod in chosen:

@@ -25,9 +25,9 @@ from fsdpkit.jobs.backends.base import Rendered, no_server
 from fsdpkit.jobs.backends.files import NETWORK_LINES, read_lines
 from fsdpkit.jobs.command import trainer_flags
 from fsdpkit.jobs.health import network_verdict
-from fsdpkit.jobs.polling import poll_until
 from fsdpkit.jobs.spec import JobSpec, load_spec_dict
 from fsdpkit.jobs.status import JobStatus
+from fsdpkit.polling import poll_until
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,8 @@
 """The one way fsdpkit waits on something another system does (a job to end, a RayCluster to be
-ready, a deleted job to be gone): look, then look again after a delay that starts at a second and
-doubles up to `poll`, so what fails at once (an image that cannot be pulled, a bad flag) is seen in
-seconds and a long wait costs few API calls."""
+ready, a deleted job to be gone, a job's pods to appear, an FSx file system to be available):
+look, then look again after a delay that starts at a second and doubles up to `poll`, so what
+fails at once (an image that cannot be pulled, a bad flag) is seen in seconds and a long wait
+costs few API calls."""
 
 from __future__ import annotations
 

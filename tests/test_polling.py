@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from fsdpkit.jobs.polling import poll_until
+from fsdpkit.polling import poll_until
 
 
 def test_it_looks_until_done_and_reports_each_change_once():
