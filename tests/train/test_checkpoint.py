@@ -154,7 +154,7 @@ def test_resume_keeps_the_checkpoints_data_and_refuses_other_data_in_one_line(tm
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr[-3000:]
     assert r.stderr == (f"error: resume_from_checkpoint: {ckpt / 'step-00000006'} was trained on other data than "
                         f"this run names: dataset 'embedded' (the checkpoint's: {str(corpus)!r}); drop those options "
-                        "to continue on its data, or pass --resume_new_data 1 to change it deliberately\n")
+                        "to continue on its data, or pass --resume-new-data 1 to change it deliberately\n")
     assert not (tmp_path / "c").exists()
     # Meant: allowed, and said.
     r = run_cli("train", *common, "--max_steps", "7", "--dataset", "embedded", "--resume_new_data", "1",

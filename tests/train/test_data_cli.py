@@ -87,7 +87,7 @@ def test_tokenizer_train_says_when_the_text_gives_fewer_tokens_than_asked(tmp_pa
     data = json.loads(r.stdout)["data"]
     assert data["requested"] == 1000 and 258 <= data["vocab_size"] < 1000
     assert data["warnings"] == [f"the text held merges for {data['vocab_size']:,} tokens, not the 1,000 asked (more "
-                                f"text learns more); train with --vocab_size {data['vocab_size']}"]
+                                f"text learns more); train with --vocab-size {data['vocab_size']}"]
     r = run_cli("tokenizer", "train", "--dataset", str(tmp_path / "tiny"), "--vocab_size", "1000", "--out",
                 str(tmp_path / "tok2"))
     assert r.returncode == 0 and r.stderr.startswith("warning: the text held merges for ")

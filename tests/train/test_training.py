@@ -178,7 +178,8 @@ def test_config_yaml_reproduces_the_run(tmp_path):
     assert saved["run_dir"] == str(a) and saved["model"] == {"n_layers": 2}
     derived = saved["derived"]
     assert derived["model"]["dim"] == 128
-    assert None not in (derived["data"]["seq_len"], derived["optim"]["min_lr"], derived["log"]["validation_batches"])
+    assert saved["data"]["seq_len"] == 64 and saved["log"]["validation_batches"] == 2   # given (FAST)
+    assert derived["data"]["val_batch_size"] == 4 and derived["optim"]["min_lr"] == 0.0004
     r = run_cli("train", "--config", str(a / "config.yaml"), "--run_dir", str(b))
     assert r.returncode == 0, r.stderr[-3000:]
     assert losses(b) == losses(a) and len(losses(a)) == 6
