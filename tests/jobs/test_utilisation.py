@@ -103,7 +103,7 @@ def nodes(kube, tmp_path):
 
     def traffic():
         while not stop.wait(0.05):
-            for node in fake.values():
+            for node in list(fake.values()):   # a copy: the test adds nodes while this runs
                 if node.flowing:
                     node.bump(5_000_000)  # 100 MB/s per counter
 
