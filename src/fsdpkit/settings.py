@@ -142,6 +142,13 @@ def scalar_type(f: FieldInfo) -> tuple[Any, bool]:
     return tp, optional
 
 
+def section_of(cls: type[Settings], name: str) -> type[Settings]:
+    """The Settings class of one of `cls`'s sections (a field whose type is itself Settings)."""
+    section = cls.model_fields[name].annotation
+    assert isinstance(section, type) and issubclass(section, Settings), name
+    return section
+
+
 def choices(f: FieldInfo) -> tuple[str, ...] | None:
     tp, _ = scalar_type(f)
     return typing.get_args(tp) if typing.get_origin(tp) is Literal else None

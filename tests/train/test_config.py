@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from raise_sites import raise_sites, unreached
 
+from fsdpkit.envelope import Parser
 from fsdpkit.errors import UserError
 from fsdpkit.train import config
 from fsdpkit.train.config import TrainOptions, parse_args, resolve
@@ -116,7 +117,7 @@ def test_every_refusal_of_the_config_has_a_row():
             parse_args(flags)
         except UserError as e:
             messages.append(str(e))
-    sites = raise_sites(config.validate, config.parse_args, config._Parser.error)
+    sites = raise_sites(config.validate, config.parse_args, Parser.error)
     assert not unreached(sites, messages)
     # _nest's refusal of an unknown key: test_yaml_unknown_key; replicas: test_precision_and_hsdp_replicas_...;
     # _resumed_data: tests/train/test_checkpoint.py (resume on other data).

@@ -16,7 +16,7 @@ from pydantic import BaseModel
 
 from fsdpkit.errors import NotFound
 from fsdpkit.jobs.spec import CLUSTER_BACKENDS, JobSpec, load_spec_dict, train_config
-from fsdpkit.settings import Settings
+from fsdpkit.settings import Settings, section_of
 from fsdpkit.train.config import TrainOptions
 
 _EXAMPLES = "examples"
@@ -127,7 +127,8 @@ def starter(backend: str, name: str, instance_type: str | None = None, nodes: st
             values = sections.get(field, {})
             # A section with nothing set stays commented out: an empty `slurm:` would be null.
             lines.append(f"{'' if values else '# '}{field + ':':<{48 if values else 46}} # {_SECTION_HELP[field]}")
-            lines += _train_lines(train, derived) if field == "train" else _section(_section_model(field), values, 2)
+            lines += (_train_lines(train, derived) if field == "train"
+                      else _section(section_of(JobSpec, field), values, 2))
             continue
         active = field in top
         lines.append(_line(0, field, top[field] if active else _default(JobSpec, field), _help(JobSpec, field),
@@ -135,20 +136,12 @@ def starter(backend: str, name: str, instance_type: str | None = None, nodes: st
     return "\n".join(lines) + "\n"
 
 
-def _section_model(field: str) -> type[Settings]:
-    return _section_model_of(JobSpec, field)
-
-
-def _section_model_of(model: type[Settings], field: str) -> type[Settings]:
-    section = model.model_fields[field].annotation
-    assert isinstance(section, type) and issubclass(section, Settings), field
-    return section
 
 
 def _train_lines(values: dict[str, Any], derived: dict[str, Any]) -> list[str]:
     lines = []
     for name, group in _TRAIN_OPTIONS:
-        model = _section_model_of(TrainOptions, group) if group else TrainOptions
+        model = section_of(TrainOptions, group) if group else TrainOptions
         active = name in values
         value = values[name] if active else derived.get(name, _default(model, name))
         lines.append(_line(2, name, value, _help(model, name), active))

@@ -15,10 +15,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import functools
 import math
 import os
 import re
-import typing
 from collections.abc import Set
 from pathlib import Path
 from typing import Any, Literal
@@ -26,8 +26,22 @@ from typing import Any, Literal
 from pydantic import PrivateAttr, field_validator
 from pydantic.fields import FieldInfo
 
+from fsdpkit.envelope import Parser
 from fsdpkit.errors import UserError
-from fsdpkit.settings import Bool, Float, Int, Settings, Str, aliases, choices, fail, load, option, scalar_type
+from fsdpkit.settings import (
+    Bool,
+    Float,
+    Int,
+    Settings,
+    Str,
+    aliases,
+    choices,
+    fail,
+    load,
+    option,
+    scalar_type,
+    section_of,
+)
 from fsdpkit.train import checkpoint_index, trackers
 from fsdpkit.train.hf_config import model_config_from_hf
 from fsdpkit.train.model_config import ModelConfig
@@ -390,13 +404,7 @@ IGNORED_REFERENCE_FLAGS = {
 
 
 def _section_classes() -> dict[str | None, type[Settings]]:
-    return {None: TrainOptions, **{s: _section_of(TrainOptions, s) for s in SECTIONS}}
-
-
-def _section_of(cls: type[Settings], name: str) -> type[Settings]:
-    section = cls.model_fields[name].annotation
-    assert isinstance(section, type) and issubclass(section, Settings), name
-    return section
+    return {None: TrainOptions, **{s: section_of(TrainOptions, s) for s in SECTIONS}}
 
 
 def _fields(cls: type[Settings]) -> list[tuple[str, FieldInfo]]:
@@ -404,6 +412,7 @@ def _fields(cls: type[Settings]) -> list[tuple[str, FieldInfo]]:
     return [(name, f) for name, f in cls.model_fields.items() if name not in SECTIONS]
 
 
+@functools.cache
 def field_index() -> dict[str, tuple[str | None, str]]:
     """Every flag name and alias -> (section, field name)."""
     index: dict[str, tuple[str | None, str]] = {}
@@ -414,9 +423,14 @@ def field_index() -> dict[str, tuple[str | None, str]]:
     return index
 
 
+def _field_name(name: str) -> str:
+    """The field a flag name or alias names (a name no field has: itself)."""
+    return field_index().get(name, (None, name))[1]
+
+
 def flag(name: str) -> str:
     """The flag of a field (or of an alias, the field's own): kebab case, `--max-steps`."""
-    return "--" + field_index().get(name, (None, name))[1].replace("_", "-")
+    return "--" + _field_name(name).replace("_", "-")
 
 
 def _did_you_mean(name: str, as_flag: bool = True) -> str:
@@ -425,7 +439,7 @@ def _did_you_mean(name: str, as_flag: bool = True) -> str:
     close = difflib.get_close_matches(bare, [*field_index(), *IGNORED_REFERENCE_FLAGS, "config"], n=1, cutoff=0.75)
     if not close:
         return ""
-    return f"; did you mean {flag(close[0]) if as_flag else field_index().get(close[0], (None, close[0]))[1]}?"
+    return f"; did you mean {flag(close[0]) if as_flag else _field_name(close[0])}?"
 
 
 def _items(doc: dict[str, Any]) -> list[tuple[str, Any]]:
@@ -604,13 +618,6 @@ def to_flags(doc: dict[str, Any]) -> list[str]:
     return flags
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse that reports a mistake as a UserError (one line, exit 2) instead of a usage dump."""
-
-    def error(self, message: str) -> typing.NoReturn:
-        raise UserError(f"{message} (see `{self.prog} --help`)")
-
-
 def _metavar(name: str, f: FieldInfo) -> str:
     """What a flag takes, by type: {a,b} for choices, INT, FLOAT, BOOL, DIR, or STR."""
     if options := choices(f):
@@ -631,7 +638,7 @@ def _help(f: FieldInfo) -> str:
 
 def build_parser(prog: str = "fsdpkit train") -> argparse.ArgumentParser:
     """The training flags, generated from the fields (so help and defaults cannot drift)."""
-    parser = _Parser(
+    parser = Parser(
         prog=prog, allow_abbrev=False,
         description="Train a Llama-family model with FSDP2. With no flags: the embedded default run. Each option "
                     "is also taken in snake case (--max_steps), as are the reference FSDP example's flags "
