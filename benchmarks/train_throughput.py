@@ -286,22 +286,16 @@ def measured_peak(device: str, dtype: str) -> tuple[float | None, str]:
 
 
 def add_mfu(row: dict, peak: float | None) -> None:
+    """MFU from the shape the case trained: its whole flag list read by the trainer's own parser, so
+    a `--n-layers` or `--sliding-window` of the case counts as it did in the run."""
     from fsdpkit.train.config import parse_args
     from fsdpkit.train.flops import flops_per_token
 
-    overrides = [f for f in row["flags"] if f.startswith("--") and f.lstrip("-") in MODEL_FLAGS]
-    flags = ["--preset", row["preset"]]
-    for f in overrides:
-        i = row["flags"].index(f)
-        flags += row["flags"][i:i + 2]
-    mcfg = parse_args(flags)[0].shape
-    row["flops_per_token"] = flops_per_token(mcfg, row["seq"])
+    shape = parse_args(case_flags(row, row.get("device") or "cpu", Path("unused")))[0].shape
+    row["flops_per_token"] = flops_per_token(shape, row["seq"])
     # Per device on a GPU; on a CPU the ranks share one machine, whose GEMM rate is the denominator.
     per = row["world"] if row.get("device") == "cuda" else 1
     row["mfu"] = row["flops_per_token"] * row["tokens_per_s"] / per / peak if peak else None
-
-
-MODEL_FLAGS = {"dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size"}
 
 
 def case_key(r: dict) -> str:
@@ -399,7 +393,10 @@ def main(argv: list[str] | None = None) -> int:
         worker(json.loads(args.worker), args.worker_out, device)
         return 0
     if args.from_json:  # e.g. a run made on a lent GPU, whose checkout is gone
-        write_results_md(json.loads(args.from_json.read_text()))
+        result = json.loads(args.from_json.read_text())
+        for row in result["rows"]:  # this checkout's FLOP count, for a run whose own had a fault
+            add_mfu(row, result["peak_flops"])
+        write_results_md(result)
         return 0
     if args.dry_run:
         return dry_run(args, device)

@@ -170,3 +170,24 @@ def test_bad_input_benchmark_smoke(tmp_path):
         assert row["seconds"] > 0 and row["peak_mib"] > 0 and row["baseline_peak_mib"] > 0
     assert "aliases expand to more than" in rows["alias bomb in affinity"]["line"]
     assert "fsdpkit reads YAML files of up to 4 MiB" in rows["6 MB spec"]["line"]
+
+
+def test_mfu_counts_the_shape_the_case_trained():
+    """A case's own `--n-layers` and `--sliding-window` are the run's shape, so they are its FLOPs: a
+    Mixtral with 2 of its 32 layers does about a sixteenth of the full model's work per token."""
+    from benchmarks.train_throughput import add_mfu, case
+    from fsdpkit.train.config import parse_args
+    from fsdpkit.train.flops import flops_per_token
+
+    def flops(preset: str, seq: int, *flags: str) -> float:
+        row = case("gpu", "fsdpkit", preset, seq, 2, 1, "bf16", flags)
+        row.update(tokens_per_s=1000.0, device="cuda")
+        add_mfu(row, 1e15)
+        assert row["mfu"] == pytest.approx(row["flops_per_token"] * 1000.0 / 1e15)
+        return row["flops_per_token"]
+
+    two = flops("mixtral_8x7b", 2048, "--n-layers", "2")
+    assert two == flops_per_token(parse_args(["--preset", "mixtral_8x7b", "--n-layers", "2"])[0].shape, 2048)
+    assert two < flops("mixtral_8x7b", 2048) / 10
+    assert flops("mathstral_7b", 8192, "--n-layers", "4", "--sliding-window", "4096") < \
+        flops("mathstral_7b", 8192, "--n-layers", "4", "--sliding-window", "0")

@@ -9,7 +9,6 @@ import asyncio
 import json
 import os
 import shutil
-import threading
 from pathlib import Path
 
 import pytest
@@ -54,31 +53,34 @@ def test_stragglers_are_far_from_the_median():
 
 
 # -- the exec path, end to end -------------------------------------------------------------------------
+BYTES_PER_S = 100_000_000  # per counter on a flowing node, as NCCL traffic would move them
+
+
 class FakeNode:
-    """One node's /sys/class/infiniband (4 EFA devices) and nvidia-smi; `flowing` nodes' counters
-    grow while the test runs, as NCCL traffic would make them."""
+    """One node's /sys/class/infiniband (4 EFA devices) and nvidia-smi. On a `flowing` node the
+    sample script's own `sleep` is this node's: it sleeps, then moves every EFA counter on by
+    BYTES_PER_S for each second slept, so the bytes in a window are exact however busy the machine."""
 
     def __init__(self, root: Path, gpu_util: int, flowing: bool):
-        self.root, self.flowing = root, flowing
-        self.files = []
+        self.root = root
         for dev in ("rdmap16s27", "rdmap32s27", "rdmap144s27", "rdmap160s27"):
             counters = root / "class" / "infiniband" / dev / "ports" / "1" / "hw_counters"
             counters.mkdir(parents=True)
             for name in (*EFA_COUNTERS, "rx_drops"):
                 (counters / name).write_text("1000\n")
-                self.files.append(counters / name)
         (root / "bin").mkdir()
         smi = root / "bin" / "nvidia-smi"
         rows = "".join(f"{i}, {gpu_util}, 61000, 81559\\n" for i in range(8))
         smi.write_text(f"#!/bin/sh\nprintf '{rows}'\n")
         smi.chmod(0o755)
-
-    def bump(self, by: int) -> None:
-        for f in self.files:
-            if f.name in EFA_COUNTERS:
-                tmp = f.with_suffix(".tmp")
-                tmp.write_text(f"{int(f.read_text()) + by}\n")
-                os.replace(tmp, f)  # whole values only, as sysfs reads are
+        if flowing:
+            # Runs inside the pod's mount namespace, where /sys/class is this node's tree.
+            sleep = root / "bin" / "sleep"
+            sleep.write_text(
+                '#!/bin/sh\n/bin/sleep "$1" || exit\n'
+                f'for c in {" ".join(EFA_COUNTERS)}; do for f in /sys/class/infiniband/*/ports/1/hw_counters/$c; do '
+                f'read -r v < "$f"; echo $((v + {BYTES_PER_S} * $1)) > "$f.tmp"; mv "$f.tmp" "$f"; done; done\n')
+            sleep.chmod(0o755)
 
 
 @pytest.fixture
@@ -99,16 +101,6 @@ def nodes(kube, tmp_path):
         return out, proc.returncode
 
     kube.serve_exec(kubelet)
-    stop = threading.Event()
-
-    def traffic():
-        while not stop.wait(0.05):
-            for node in list(fake.values()):   # a copy: the test adds nodes while this runs
-                if node.flowing:
-                    node.bump(5_000_000)  # 100 MB/s per counter
-
-    thread = threading.Thread(target=traffic, daemon=True)
-    thread.start()
 
     def add(name, rtype, index, node_name, gpu_util, flowing, seconds_per_step):
         fake[name] = FakeNode(tmp_path / name, gpu_util, flowing)
@@ -126,9 +118,7 @@ def nodes(kube, tmp_path):
                   else f"node {index + 1}") for i in range(3)]
         kube.route(f"get /api/v1/namespaces/default/pods/{name}/log", ("\n".join(lines) + "\n").encode())
 
-    yield add
-    stop.set()
-    thread.join(5)
+    return add
 
 
 def watch(kube, *extra):
@@ -159,8 +149,8 @@ def test_watch_samples_every_node_and_names_the_straggler(running, nodes):
     assert all(cmd[2] == sample_script(1) for _, _, cmd in kube.execs)
     for n in by_pod.values():
         assert n["node"].startswith("ip-10-1-0-1") and n["efa_devices"] == 4 and n["window_s"] >= 1
-        # 6 counters x 4 devices at about 100 MB/s each; the clock of a busy test machine varies.
-        assert 5 < n["efa_gbit_s"] < 40, n
+        # 6 counters x 4 devices moved 100 MB each in the window the script timed itself.
+        assert n["efa_gbit_s"] == pytest.approx(24 * BYTES_PER_S * 8 / 1e9 / n["window_s"], rel=0.01), n
         assert n["gpu_mem_used_gib"] == pytest.approx(8 * 61000 / 1024, abs=0.1)
     assert (by_pod["llama-tiny-master-0"]["gpu_util_pct"], by_pod["llama-tiny-worker-1"]["gpu_util_pct"]) == (97, 31)
     assert by_pod["llama-tiny-worker-0"]["step_time_s"] == pytest.approx(2.0, abs=0.01)
