@@ -21,13 +21,13 @@ import torch
 
 from benchmarks.common import append_rows, arguments, environment, write_json
 from fsdpkit.report.runs import load_run
-from fsdpkit.train import checkpoint
+from fsdpkit.train.checkpoint import checkpointer
 from fsdpkit.train.config import parse_args
 from fsdpkit.train.data import BatchStream, ByteTokenizer, EmbeddedCorpus, HFTokenizer, get_source, train_bpe
 from fsdpkit.train.data.prepare import prepare
-from fsdpkit.train.dist import Runtime
-from fsdpkit.train.model import Transformer
+from fsdpkit.train.model.transformer import Transformer
 from fsdpkit.train.optim import build_optimizer
+from fsdpkit.train.runtime.dist import Runtime
 
 
 def loader_tokens_per_s(source, tokenizer, seq_len: int, batch: int, batches: int) -> float:
@@ -81,7 +81,7 @@ def checkpoint_bench(tmp: Path, smoke: bool) -> dict:
     meta = {"samples": 0, "model": {}, "preset": "bench"}
     out: dict = {"params": sum(p.numel() for p in model.parameters())}
     for mode in ("sync", "async"):
-        ck = checkpoint.Checkpointer(tmp / f"ckpt-{mode}", rt, async_mode=mode == "async")
+        ck = checkpointer.Checkpointer(tmp / f"ckpt-{mode}", rt, async_mode=mode == "async")
         start = time.perf_counter()
         path = ck.save(1, model, opt, meta)
         blocked = time.perf_counter() - start
@@ -89,7 +89,7 @@ def checkpoint_bench(tmp: Path, smoke: bool) -> dict:
         total = time.perf_counter() - start
         size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
         out[mode] = {"blocked_s": blocked, "total_s": total, "bytes": size, "gb_per_s": size / total / 1e9}
-    info = checkpoint.resolve(str(tmp / "ckpt-sync"))
+    info = checkpointer.resolve(str(tmp / "ckpt-sync"))
     start = time.perf_counter()
     state = {"model": model.state_dict()}
     import torch.distributed.checkpoint as dcp

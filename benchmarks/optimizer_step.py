@@ -25,9 +25,9 @@ from pathlib import Path
 import torch
 
 from benchmarks.common import append_rows, arguments, environment, write_json
-from fsdpkit.train.model import Transformer
+from fsdpkit.train.model.presets import get_preset
+from fsdpkit.train.model.transformer import Transformer
 from fsdpkit.train.optim import clipped_step, gradient_norm
-from fsdpkit.train.presets import get_preset
 
 
 def timer(device: torch.device, fn, repeats: int, warmup: int) -> float:

@@ -25,8 +25,8 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from fsdpkit.train.config import TrainConfig
 from fsdpkit.train.data import BatchStream, get_source, get_tokenizer
-from fsdpkit.train.dist import Runtime
-from fsdpkit.train.hf_config import hf_config_dict
+from fsdpkit.train.model.hf_config import hf_config_dict
+from fsdpkit.train.runtime.dist import Runtime
 
 
 def hf_config(cfg: TrainConfig) -> Any:

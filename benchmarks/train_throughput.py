@@ -232,7 +232,7 @@ def set_up(c: dict, device: str, run_dir: Path) -> None:
     configuration, its data and tokenizer and first batch, a peer's transformers config."""
     from benchmarks import reference_baseline
     from fsdpkit.train.config import parse_args
-    from fsdpkit.train.dist import Runtime
+    from fsdpkit.train.runtime.dist import Runtime
 
     cfg, _ = parse_args(case_flags(c, device, run_dir))
     next(reference_baseline.batches(cfg, Runtime(0, c["world"], 0, c["world"], torch.device("cpu"))))
@@ -243,9 +243,9 @@ def set_up(c: dict, device: str, run_dir: Path) -> None:
 def worker(c: dict, out: Path, device: str) -> None:
     """Runs inside the case's process: train, then write this rank's step times and peak memory."""
     from fsdpkit.report.runs import load_run
-    from fsdpkit.train import dist
     from fsdpkit.train.config import parse_args
-    from fsdpkit.train.metrics import peak_memory_bytes, reset_peak_memory, resident_bytes
+    from fsdpkit.train.observe.metrics import peak_memory_bytes, reset_peak_memory, resident_bytes
+    from fsdpkit.train.runtime import dist
 
     rank = int(os.environ.get("RANK", 0))
     dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if device == "cuda" else torch.device("cpu")
@@ -276,7 +276,7 @@ def worker(c: dict, out: Path, device: str) -> None:
 
 # --- the run -----------------------------------------------------------------------------------------
 def measured_peak(device: str, dtype: str) -> tuple[float | None, str]:
-    from fsdpkit.train.metrics import gpu_peak_flops, measure_cpu_peak_flops
+    from fsdpkit.train.observe.metrics import gpu_peak_flops, measure_cpu_peak_flops
 
     torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
     if device == "cuda":
@@ -289,7 +289,7 @@ def add_mfu(row: dict, peak: float | None) -> None:
     """MFU from the shape the case trained: its whole flag list read by the trainer's own parser, so
     a `--n-layers` or `--sliding-window` of the case counts as it did in the run."""
     from fsdpkit.train.config import parse_args
-    from fsdpkit.train.flops import flops_per_token
+    from fsdpkit.train.model.flops import flops_per_token
 
     shape = parse_args(case_flags(row, row.get("device") or "cpu", Path("unused")))[0].shape
     row["flops_per_token"] = flops_per_token(shape, row["seq"])

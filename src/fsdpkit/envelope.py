@@ -27,13 +27,19 @@ class Parser(argparse.ArgumentParser):
                           help="override a job spec field, dotted for sections, kebab or snake case "
                                "(train.max-steps=100, hyperpod.auto_resume=false); repeatable")
 
-    def add_training_option(self, flag: str, **kwargs: Any) -> None:
-        """A kebab-case option named after a training option: its snake-case spelling, which
-        `fsdpkit train` and a spec's `train:` use, is taken too, unlisted."""
-        action = self.add_argument(flag, **kwargs)
-        keep = {k: v for k, v in kwargs.items() if k in ("type", "choices", "metavar")}
-        self.add_argument("--" + flag[2:].replace("-", "_"), dest=action.dest, default=argparse.SUPPRESS,
-                          help=argparse.SUPPRESS, **keep)
+    def add_training_option(self, flag: str, *aliases: str, group: argparse._ActionsContainer | None = None,
+                            **kwargs: Any) -> None:
+        """A kebab-case option named after a training option, listed (in `group` if given): its
+        snake-case spelling, which a YAML file and a spec's `train:` use, and `aliases` (the
+        reference FSDP example's names) are taken too, unlisted. The one place the naming rule is
+        applied, for `fsdpkit train` and for the commands that share its options."""
+        action = (group or self).add_argument(flag, **kwargs)
+        hidden = [h for h in dict.fromkeys(["--" + flag[2:].replace("-", "_"), *(f"--{a}" for a in aliases)])
+                  if h != flag]
+        if hidden:
+            keep = {k: v for k, v in kwargs.items() if k in ("type", "choices", "metavar", "action", "nargs")}
+            (group or self).add_argument(*hidden, dest=action.dest, default=argparse.SUPPRESS,
+                                         help=argparse.SUPPRESS, **keep)
 
 
 def _print(ok: bool, data: Any, error: dict | None) -> None:

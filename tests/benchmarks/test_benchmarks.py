@@ -177,7 +177,7 @@ def test_mfu_counts_the_shape_the_case_trained():
     Mixtral with 2 of its 32 layers does about a sixteenth of the full model's work per token."""
     from benchmarks.train_throughput import add_mfu, case
     from fsdpkit.train.config import parse_args
-    from fsdpkit.train.flops import flops_per_token
+    from fsdpkit.train.model.flops import flops_per_token
 
     def flops(preset: str, seq: int, *flags: str) -> float:
         row = case("gpu", "fsdpkit", preset, seq, 2, 1, "bf16", flags)

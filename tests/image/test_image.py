@@ -138,7 +138,7 @@ def test_a_user_project_gets_a_dockerfile_that_installs_fsdpkit_as_a_package(tmp
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)],
                    check=True)
-    assert (target / "fsdpkit" / "train" / "supervisor.py").is_file() and (target / "fsdpkit" / "train" /
+    assert (target / "fsdpkit" / "train" / "runtime" / "supervisor.py").is_file() and (target / "fsdpkit" / "train" /
                                                                             "__main__.py").is_file()
 
 

@@ -40,7 +40,7 @@ def test_local_submit_trains_two_processes_and_finishes(tmp_path):
     run_dir = job_dir / "run"
     got = losses(run_dir)
     assert len(got) == 6 and got[-1] < got[0]
-    # The checkpoints, and the lock the run held on their directory (fsdpkit.train.run_lock).
+    # The checkpoints, and the lock the run held on their directory (fsdpkit.train.runtime.run_lock).
     assert sorted(p.name for p in (job_dir / "checkpoints").iterdir()) == [
         ".fsdpkit.lock", *(f"step-000000{n}0" for n in (1, 2, 3))]
     assert re.search(r"params\), 2 x ", (job_dir / "log").read_text())  # two ranks trained

@@ -16,7 +16,7 @@ from fsdpkit.jobs.spec import BACKENDS, JobSpec, load_spec_dict
 from fsdpkit.jobs.starter import example, examples, starter
 from fsdpkit.plan.grace import cadence
 from fsdpkit.train.config import parse_args
-from fsdpkit.train.presets import get_preset
+from fsdpkit.train.model.presets import get_preset
 
 from conftest import run_cli
 

@@ -12,7 +12,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from fsdpkit.train.config import parse_args
-from fsdpkit.train.dist import leave
+from fsdpkit.train.runtime.dist import leave
 from fsdpkit.train.trainer import train
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from torch.profiler import ProfilerActivity, profile
 
 from fsdpkit.train.config import parse_args
-from fsdpkit.train.dist import leave
+from fsdpkit.train.runtime.dist import leave
 from fsdpkit.train.trainer import train
 
 

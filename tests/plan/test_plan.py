@@ -252,7 +252,7 @@ def test_plan_shows_the_recipe_the_validation_share_and_the_grace_period_the_job
 
 def test_validation_defaults_stay_within_two_percent_of_training_for_every_preset():
     from fsdpkit.train.config import build
-    from fsdpkit.train.presets import PRESETS
+    from fsdpkit.train.model.presets import PRESETS
 
     for preset in PRESETS:
         for steps in (50, 300, 10000):

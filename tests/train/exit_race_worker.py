@@ -4,7 +4,7 @@ Rank 0 starts an all-reduce its peer joins late and keeps the tensor but not the
 holds the GIL (long switch interval, busy loop) so that gloo's thread, done with the work, is
 left waiting for it when the process ends. An object whose finalizer sleeps lets that thread take
 the GIL during interpreter finalization, as gc and module teardown do in a real run.
-`plain` returns normally; `leave` ends through fsdpkit.train.dist.leave.
+`plain` returns normally; `leave` ends through fsdpkit.train.runtime.dist.leave.
 """
 
 import sys
@@ -13,7 +13,7 @@ import time
 import torch
 import torch.distributed as tdist
 
-from fsdpkit.train.dist import leave
+from fsdpkit.train.runtime.dist import leave
 
 
 class _SlowFinalizer:

@@ -120,7 +120,7 @@ def test_every_refusal_of_the_config_has_a_row():
     sites = raise_sites(config.validate, config.parse_args, Parser.error)
     assert not unreached(sites, messages)
     # _nest's refusal of an unknown key: test_yaml_unknown_key; replicas: test_precision_and_hsdp_replicas_...;
-    # _resumed_data: tests/train/test_checkpoint.py (resume on other data).
+    # _resumed_data: tests/train/checkpoint/test_checkpoint.py (resume on other data).
 
 
 BAD_INPUT = {
@@ -250,8 +250,8 @@ def test_mixtral_model_type_alone_means_eight_experts_top_two():
 
 
 def test_export_refuses_a_mixtral_family_model_without_experts():
-    from fsdpkit.train.hf_config import hf_config_dict
-    from fsdpkit.train.model_config import ModelConfig
+    from fsdpkit.train.model.config import ModelConfig
+    from fsdpkit.train.model.hf_config import hf_config_dict
 
     dense = ModelConfig(vocab_size=258, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=96, max_seq_len=64,
                         family="mixtral")

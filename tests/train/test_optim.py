@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from fsdpkit.train.config import parse_args
-from fsdpkit.train.model import Transformer
+from fsdpkit.train.model.presets import PRESETS
+from fsdpkit.train.model.transformer import Transformer
 from fsdpkit.train.optim import build_optimizer, clipped_step, lr_at, param_groups
-from fsdpkit.train.presets import PRESETS
 
 
 @pytest.mark.parametrize("tied", [False, True])

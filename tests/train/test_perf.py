@@ -9,10 +9,10 @@ import torch
 import torch.nn.functional as F
 
 from fsdpkit.errors import UserError
-from fsdpkit.train.attention import causal_attention
 from fsdpkit.train.config import parse_args
-from fsdpkit.train.metrics import peak_memory_bytes, reset_peak_memory
-from fsdpkit.train.model import chunked_cross_entropy, loss_chunk_size
+from fsdpkit.train.model.attention import causal_attention
+from fsdpkit.train.model.transformer import chunked_cross_entropy, loss_chunk_size
+from fsdpkit.train.observe.metrics import peak_memory_bytes, reset_peak_memory
 from fsdpkit.train.optim import build_optimizer
 
 
@@ -140,7 +140,7 @@ def test_peak_memory_window_is_reset():
 # allocated and touched (a forward), then all freed (a backward); minor faults counted per step.
 _STEPS = """
 import resource, sys, torch
-from fsdpkit.train.host_memory import keep_freed_memory
+from fsdpkit.train.runtime.host_memory import keep_freed_memory
 if sys.argv[1] == "1":
     assert keep_freed_memory()
 sizes = [(1 + (7 * i) % 30) << 18 for i in range(24)]  # float32 elements: 1..30 MiB each
@@ -191,7 +191,7 @@ def test_float8_on_the_cpu_is_refused_up_front():
 
 
 def test_glibc_settings_from_the_environment_are_left_alone(monkeypatch):
-    from fsdpkit.train.host_memory import keep_freed_memory
+    from fsdpkit.train.runtime.host_memory import keep_freed_memory
 
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "131072")
     assert keep_freed_memory() is False
@@ -200,8 +200,8 @@ def test_glibc_settings_from_the_environment_are_left_alone(monkeypatch):
 def test_validation_runs_in_slices_of_the_training_batch_with_the_same_loss():
     """A validation batch larger than the training micro-batch is cut into slices of it, so
     validation never needs more memory than a training step, and the loss does not change."""
-    from fsdpkit.train import dist
-    from fsdpkit.train.model import Transformer
+    from fsdpkit.train.model.transformer import Transformer
+    from fsdpkit.train.runtime import dist
     from fsdpkit.train.validation import Validator
 
     rt = dist.setup("cpu")

@@ -187,7 +187,7 @@ def test_config_yaml_reproduces_the_run(tmp_path):
 
 def test_a_run_with_a_checkpoint_dir_saves_its_last_step(tmp_path):
     """Without --checkpoint_freq, and when the data runs out before max_steps."""
-    from fsdpkit.train.checkpoint_index import list_checkpoints
+    from fsdpkit.train.checkpoint.catalog import list_checkpoints
 
     r = run_cli("train", *FAST, *STEPS, "--train_batch_size", "2", "--run_dir", str(tmp_path / "r1"),
                 "--checkpoint_dir", str(tmp_path / "ck1"))

@@ -10,7 +10,7 @@ from typing import Any
 
 from fsdpkit.cli.output import Parser, confirmed, dispatch, emit_json
 from fsdpkit.errors import UserError
-from fsdpkit.train.checkpoint_index import describe, prunable, read_meta, scan
+from fsdpkit.train.checkpoint.catalog import describe, prunable, read_meta, scan
 
 
 def _gib(n: int) -> str:

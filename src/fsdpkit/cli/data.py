@@ -9,7 +9,7 @@ from pathlib import Path
 
 from fsdpkit.cli.output import Parser, dispatch, emit_json
 from fsdpkit.errors import UserError
-from fsdpkit.train import checkpoint_index
+from fsdpkit.train.checkpoint import catalog
 
 
 def _source_args(p: Parser) -> None:
@@ -53,7 +53,7 @@ def cmd_train_tokenizer(args: argparse.Namespace) -> int:
         raise UserError(f"vocab_size: {args.vocab_size} is out of range; a byte-level BPE needs 258..{2**20}")
     if args.max_documents < 0:
         raise UserError(f"max_documents: {args.max_documents} is out of range; it must be >= 0 (0: all)")
-    if Path(args.out).is_dir() and checkpoint_index.scan(Path(args.out)):
+    if Path(args.out).is_dir() and catalog.scan(Path(args.out)):
         raise UserError(f"tokenizer train: {args.out} holds checkpoints; choose a new directory for the tokenizer")
     source = _sources(args, ("train",))["train"]
     docs = source.documents(0)

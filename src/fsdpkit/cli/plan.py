@@ -8,7 +8,7 @@ import sys
 from fsdpkit.cli.output import Parser, emit_error, emit_json
 from fsdpkit.errors import UserError
 from fsdpkit.plan.grace import DEFAULT_WRITE_MB_S, cadence, grace_period
-from fsdpkit.train.presets import RECIPES, canonical
+from fsdpkit.train.model.presets import RECIPES, canonical
 
 GIB = 2**30
 

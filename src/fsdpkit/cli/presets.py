@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from fsdpkit.cli.output import Parser, dispatch, emit_json
 from fsdpkit.train.config import build
-from fsdpkit.train.model_config import count_params
-from fsdpkit.train.presets import PRESETS, RECIPES
+from fsdpkit.train.model.config import count_params
+from fsdpkit.train.model.presets import PRESETS, RECIPES
 
 
 def recipe(name: str) -> dict:

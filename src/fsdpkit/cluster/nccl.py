@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from fsdpkit.hardware.instances import Instance
-from fsdpkit.train import nccl_log
+from fsdpkit.train.observe import nccl_log
 
 _ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+(\w+)\s+(\w+)\s+(-?\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\S+)"
                   r"\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\S+)\s*$")
@@ -21,7 +21,7 @@ class NcclResult:
     rows: list[dict[str, float]] = field(default_factory=list)  # size, busbw (out-of-place), busbw_inplace
     avg_busbw: float | None = None
     hosts: int = 0
-    network: str = "unknown"       # efa | socket | unknown (fsdpkit.train.nccl_log)
+    network: str = "unknown"       # efa | socket | unknown (fsdpkit.train.observe.nccl_log)
     provider: str | None = None    # libfabric provider NCCL selected
     nics: int | None = None        # network devices NCCL found
     wrong: int = 0                 # rows with data errors (#wrong > 0)

@@ -1,4 +1,4 @@
-"""Accelerator peak FLOP/s as plain data: the trainer's MFU denominator (fsdpkit.train.metrics)
+"""Accelerator peak FLOP/s as plain data: the trainer's MFU denominator (fsdpkit.train.observe.metrics)
 and the capacity planner's (fsdpkit.plan) read the same figures."""
 
 # Dense (no sparsity) peak TFLOP/s per GPU for bf16 and tf32 tensor-core math, from NVIDIA's data

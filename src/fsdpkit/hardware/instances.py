@@ -94,7 +94,7 @@ def ofi_nccl_env(version: str | None) -> dict[str, str]:
 def network_env(inst: Instance | None, efa_devices: int, diagnose: bool = False,
                 ofi_nccl: str | None = None, plugin: bool = True) -> dict[str, str]:
     """NCCL / libfabric variables for this instance. On EFA: the efa provider, NCCL forced onto the
-    OFI plugin (fsdpkit.train.network then proves it was used), and GPUDirect RDMA on where the
+    OFI plugin (fsdpkit.train.parallel.network then proves it was used), and GPUDirect RDMA on where the
     hardware has it (p4d, p4de, p5*); g5/g6/g6e with EFA have no GPUDirect RDMA, so libfabric must
     not try it and NCCL's Simple protocol is the one that is safe over EFA without it.
     `diagnose` adds NCCL's INFO log (INIT, NET) for `fsdpkit job logs --check-network`. Without the

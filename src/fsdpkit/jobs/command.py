@@ -10,7 +10,7 @@ from fsdpkit.jobs.spec import JobSpec, train_config, train_options
 from fsdpkit.plan.grace import GracePeriod, grace_period
 from fsdpkit.plan.planner import plan_config
 from fsdpkit.train.config import TrainConfig, build, recipe_values, to_flags
-from fsdpkit.train.supervisor import torchrun_args
+from fsdpkit.train.runtime.supervisor import torchrun_args
 
 # Set on every GPU node: the caching allocator grows segments instead of fragmenting (fewer
 # out-of-memory stops at long sequences), and NCCL's flight recorder keeps the last collectives of
@@ -60,7 +60,7 @@ def grace_seconds(spec: JobSpec) -> int | None:
 
 def launcher_args(spec: JobSpec, rdzv_endpoint: str, rdzv_id: str, nnodes: str | None = None) -> list[str]:
     """torchrun with c10d rendezvous under fsdpkit's supervisor (`fsdpkit-torchrun`,
-    fsdpkit.train.supervisor): SIGTERM gives the workers the whole grace period to checkpoint and
+    fsdpkit.train.runtime.supervisor): SIGTERM gives the workers the whole grace period to checkpoint and
     ends in exit 143, and no worker outlives it."""
     return ["fsdpkit-torchrun", *torchrun_args(spec.procs, spec.max_restarts, nnodes or str(spec.nodes),
                                                (rdzv_endpoint, rdzv_id))]

@@ -9,8 +9,8 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from fsdpkit.train import nccl_log
-from fsdpkit.train.log_lines import PROGRESS, STEP
+from fsdpkit.train.observe import nccl_log
+from fsdpkit.train.observe.log_lines import PROGRESS, STEP
 
 _NCCL_TIMEOUT = re.compile(r"Watchdog caught collective operation timeout|NCCL communicator was aborted|"
                            r"ProcessGroupNCCL.*[Tt]imeout|NCCL timeout", re.S)

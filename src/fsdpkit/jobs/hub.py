@@ -8,7 +8,7 @@ from collections.abc import Mapping
 
 from fsdpkit.errors import UserError
 from fsdpkit.jobs.spec import JobSpec, flat_options
-from fsdpkit.train.presets import RECIPES
+from fsdpkit.train.model.presets import RECIPES
 
 # Organisations whose model repositories are gated on the hub (Meta's Llama, Mistral AI's models,
 # Google's Gemma): downloading even a tokenizer needs a token of an account that accepted the licence.

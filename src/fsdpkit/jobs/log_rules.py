@@ -1,5 +1,5 @@
 """The HyperPod training operator's log-monitoring rules, written from fsdpkit's own progress line
-(fsdpkit.train.log_lines), which no other tool can know exactly.
+(fsdpkit.train.observe.log_lines), which no other tool can know exactly.
 
 HyperPod's elastic agent reads the log of local rank 0 on every node and evaluates each rule on
 each line (`re.match`, so every pattern starts with `.*`):
@@ -18,7 +18,7 @@ from typing import Any
 from fsdpkit.jobs.command import job_grace, planned_step_seconds
 from fsdpkit.jobs.spec import JobSpec, train_config
 from fsdpkit.train.config import TrainConfig
-from fsdpkit.train.log_lines import ANY_STEP, FINITE_STEP
+from fsdpkit.train.observe.log_lines import ANY_STEP, FINITE_STEP
 
 MIN_HANG_S = 600       # below this, a slow storage stall or a long validation reads as a hang
 DEFAULT_HANG_S = 1800  # without a step time to plan from (no GPU instance type)

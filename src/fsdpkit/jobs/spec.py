@@ -26,7 +26,8 @@ from fsdpkit.image import pins
 from fsdpkit.image.dockerfile import HYPERPOD_AGENT
 from fsdpkit.plan.grace import cadence
 from fsdpkit.settings import Bool, Int, NodeRange, Nodes, Settings, Str, aliases, fail, load, option
-from fsdpkit.train.config import SECTIONS, CheckpointConfig, TrainConfig, build
+from fsdpkit.train.config import SECTIONS, TrainConfig, build
+from fsdpkit.train.sections import CheckpointConfig
 from fsdpkit.yamlfile import describe_yaml_error, load_mapping
 
 log = logging.getLogger(__name__)

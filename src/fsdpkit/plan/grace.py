@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from fsdpkit.train.model_config import ModelConfig, count_params
+from fsdpkit.train.model.config import ModelConfig, count_params
 
 DEFAULT_WRITE_MB_S = 500
 FIXED_S = 60

@@ -1,7 +1,7 @@
 """Bytes per rank of one training step of fsdpkit's trainer, from the config alone.
 
-The figures follow what the code keeps alive, tensor by tensor (see fsdpkit.train.model and
-fsdpkit.train.shard):
+The figures follow what the code keeps alive, tensor by tensor (see fsdpkit.train.model.transformer and
+fsdpkit.train.parallel.shard):
 - sharded state: fp32 parameters, fp32 gradients and AdamW's two fp32 moments, each 1/shard of the
   (dim-0 padded) parameters; all on the host with CPU offload;
 - FSDP buffers: the root unit (embeddings, final norm, head) stays gathered from forward through
@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from fsdpkit.train.model_config import ModelConfig
+from fsdpkit.train.model.config import ModelConfig
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2}
 

@@ -26,7 +26,7 @@ from fsdpkit.hardware.instances import Instance, lookup
 from fsdpkit.plan.comm import StepComm, step_comm
 from fsdpkit.plan.memory import MemoryEstimate, Workload, estimate
 from fsdpkit.plan.workload import workload
-from fsdpkit.train.flops import flops_per_token
+from fsdpkit.train.model.flops import flops_per_token
 
 GIB = 2**30
 # Per-GPU one-direction NVLink bandwidth (bytes/s); other GPUs talk over PCIe.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fsdpkit.plan.memory import Workload
 from fsdpkit.train.config import TrainConfig
-from fsdpkit.train.model_config import loss_chunk_size
+from fsdpkit.train.model.config import loss_chunk_size
 
 
 def workload(cfg: TrainConfig, world: int, device: str, nodes: int = 1) -> Workload:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fsdpkit.errors import UserError
-from fsdpkit.train.records import read_rows, restarts, surviving
+from fsdpkit.train.observe.records import read_rows, restarts, surviving
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """`python -m fsdpkit.train [flags]`: the entry point torchrun starts in every process."""
 
-from fsdpkit.train.dist import leave
 from fsdpkit.train.launch import main
+from fsdpkit.train.runtime.dist import leave
 
 leave(main())

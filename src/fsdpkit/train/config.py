@@ -1,7 +1,7 @@
 """Typed training configuration: the one place defaults live.
 
 Values come from the field defaults (which are the embedded default run of `make run`), then the
-preset's recipe (fsdpkit.train.presets), then a YAML file or a job spec's `train:`, then
+preset's recipe (fsdpkit.train.model.presets), then a YAML file or a job spec's `train:`, then
 `--key value` flags. The sections are `fsdpkit.settings` models, so types, ranges and choices are
 checked the same way as a job spec's. `build` then resolves once what no layer gave (sequence
 length, warm-up, the learning-rate floor, validation's size, the model's whole shape) into the
@@ -18,247 +18,47 @@ import difflib
 import functools
 import math
 import os
-import re
 from collections.abc import Set
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import PrivateAttr, field_validator
+from pydantic import PrivateAttr
 from pydantic.fields import FieldInfo
 
 from fsdpkit.envelope import Parser
 from fsdpkit.errors import UserError
 from fsdpkit.settings import (
-    Bool,
-    Float,
     Int,
     Settings,
     Str,
     aliases,
     choices,
-    fail,
     load,
     option,
     scalar_type,
     section_of,
 )
-from fsdpkit.train import checkpoint_index, trackers
-from fsdpkit.train.hf_config import model_config_from_hf
-from fsdpkit.train.model_config import ModelConfig
-from fsdpkit.train.presets import get_preset, get_recipe, match_preset
+from fsdpkit.train.checkpoint import catalog
+from fsdpkit.train.model.config import ModelConfig
+from fsdpkit.train.model.hf_config import model_config_from_hf
+from fsdpkit.train.model.presets import get_preset, get_recipe, match_preset
+from fsdpkit.train.sections import (
+    VALIDATION_SHARE,
+    CheckpointConfig,
+    DataConfig,
+    LogConfig,
+    ModelOverrides,
+    OptimConfig,
+    ParallelConfig,
+    ResolvedData,
+    ResolvedLog,
+    ResolvedModel,
+    ResolvedOptim,
+)
 from fsdpkit.yamlfile import load_mapping
 
-# Validation's default size keeps its forward passes within this share of the training FLOPs.
-VALIDATION_SHARE = 0.02
 # A recipe's warm-up (written for its published run) takes at most this share of a shorter run.
 RECIPE_WARMUP_SHARE = 0.2
-
-
-class ModelOverrides(Settings):
-    """Changes to the preset's model shape; None keeps the preset's value."""
-
-    # Upper bounds far above any published model, so a typo is refused here rather than by the allocator.
-    vocab_size: Int | None = option(None, "vocabulary size", ge=1, le=2**24)
-    dim: Int | None = option(None, "hidden size", ge=1, le=2**17, aliases=("hidden_width",))
-    n_layers: Int | None = option(None, "number of decoder layers", ge=1, le=2048, aliases=("num_layers",))
-    n_heads: Int | None = option(None, "attention heads", ge=1, le=2048, aliases=("num_heads",))
-    n_kv_heads: Int | None = option(None, "key/value heads (GQA)", ge=1, le=2048, aliases=("num_key_value_heads",))
-    ffn_dim: Int | None = option(None, "MLP intermediate size", ge=1, le=2**20, aliases=("intermediate_size",))
-    rope_theta: Float | None = option(None, "RoPE base", ge=1)
-    sliding_window: Int | None = option(None, "Mistral sliding attention window (0: none)", ge=0)
-    n_experts: Int | None = option(
-        None, "MoE experts per layer (0: dense MLP; model_type mixtral without it: 8)", ge=0,
-        aliases=("num_local_experts",))
-    experts_per_token: Int | None = option(None, "experts each token is routed to", ge=1,
-                                           aliases=("num_experts_per_tok",))
-    init_std: Float | None = option(None, "std of the weight initialisation", ge=0, aliases=("initializer_range",))
-    family: Literal["llama", "mistral", "mixtral"] | None = option(
-        None, "Hugging Face class the weights map to", aliases=("model_type",),
-        alias_values={"llama_v2": "llama", "llama_v3": "llama"})
-
-
-class DataConfig(Settings):
-    dataset: Str = option(
-        "embedded", "'embedded' (the Python standard library's source), a local file or folder "
-        "(jsonl/json/parquet/txt, .gz/.zst; or token shards from `fsdpkit data prepare`), "
-        "or a Hugging Face hub dataset (hf:NAME forces the hub)")
-    dataset_config_name: Str | None = option(None, "dataset configuration (hub datasets)")
-    train_split: Str = option("train", "split to train on")
-    val_split: Str = option("validation", "split to validate on")
-    text_field: Str = option("text", "field (or parquet column) holding the text of a record")
-    on_bad_record: Literal["skip", "fail"] = option(
-        "skip", "a record that is not JSON or lacks the text field: skip it (counted) or fail")
-    prefetch: Int = option(4, "batches prepared ahead in a background thread (0: none)", ge=0)
-    document_masking: Bool = option(False, "attend only within each document of a packed sequence "
-                                    "(an explicit attention mask: slower than plain causal attention)")
-    tokenizer: Str = option("bytes", "'bytes' (embedded), or a Hugging Face tokenizer: local dir/file or hub name")
-    seq_len: Int | None = option(None, "training sequence length (default: the preset's recipe, else "
-                                 "min(context, 2048))", ge=2, aliases=("max_context_width",))
-    train_batch_size: Int = option(16, "sequences per rank per micro-step", ge=1)
-    val_batch_size: Int | None = option(
-        None, "sequences per rank per validation batch (default: train_batch_size)", ge=1)
-    grad_accum_steps: Int = option(1, "micro-steps per optimizer step", ge=1)
-    epochs: Int | None = option(None, "passes over the data at most (training stops at max_steps first)", ge=1)
-
-
-class OptimConfig(Settings):
-    max_steps: Int = option(300, "optimizer steps to train (exact)", ge=1, aliases=("max_training_steps",))
-    lr: Float = option(3e-3, "peak learning rate", ge=0)
-    min_lr: Float | None = option(
-        None, "learning-rate floor the schedule decays to (default: lr x min_lr_ratio)", ge=0)
-    min_lr_ratio: Float = option(0.1, "the floor as a fraction of lr, where min_lr is not given", ge=0, le=1)
-    lr_decay_style: Literal["cosine", "linear", "constant"] = option("cosine", "schedule after warm-up")
-    lr_decay_iters: Int | None = option(None, "steps to decay over (default: max_steps)", ge=1)
-    warmup_steps: Int | None = option(
-        None, "linear warm-up steps (default: the preset recipe's, at most a fifth of max_steps; else warmup x "
-        "max_steps)", ge=0)
-    warmup: Float = option(0.05, "warm-up as a fraction of max_steps", ge=0, le=1)
-    weight_decay: Float = option(0.1, "AdamW weight decay (not applied to norms and embeddings)", ge=0)
-    beta1: Float = option(0.9, "AdamW beta1", ge=0, le=1)
-    beta2: Float = option(0.95, "AdamW beta2", ge=0, le=1)
-    eps: Float = option(1e-8, "AdamW epsilon", ge=0)
-    grad_clip: Float = option(1.0, "clip the global gradient norm to this (0: off)", ge=0)
-    fused_optimizer: Bool = option(True, "fused AdamW kernel (one kernel for all parameters; CPU and CUDA)")
-
-
-class ParallelConfig(Settings):
-    nproc: Int = option(1, "processes on this machine (launches torchrun when > 1)", ge=1)
-    device: Literal["auto", "cpu", "cuda"] = option("auto", "where to train")
-    sharding_strategy: Literal["full", "hybrid"] = option(
-        "full", "FSDP2 sharding: full, or hybrid (HSDP on a 2-D mesh)")
-    dp_replicate: Int | None = option(None, "hybrid: replica groups (default: number of nodes)", ge=1)
-    mixed_precision: Literal["auto", "bf16", "fp32"] = option(
-        "auto", "parameter dtype in compute (auto: bf16 on GPU, fp32 on CPU)", aliases=("bf16",),
-        alias_values={"1": "bf16", "0": "fp32", "true": "bf16", "false": "fp32"})
-    reduce_dtype: Literal["fp32", "bf16"] = option("fp32", "dtype of gradient reduction")
-    reshard_after_forward: Bool = option(True, "free gathered parameters after forward (saves memory)")
-    cpu_offload: Bool = option(False, "keep sharded parameters and optimizer state on the CPU")
-    activation_checkpointing: Literal["none", "full", "selective"] = option(
-        "none", "recompute activations in backward: none, full (every block) or selective",
-        alias_values={"1": "full", "0": "none", "true": "full", "false": "none"})
-    ac_every: Int = option(2, "selective activation checkpointing: every Nth block", ge=1)
-    compile: Bool | None = option(
-        None, "torch.compile each decoder block (default: on when training on CUDA GPUs, where it is worth about "
-        "half again in MFU; off on the CPU, where compiling costs more than it saves)")
-    compile_cache_dir: Str | None = option(None, "keep torch.compile's caches here (e.g. on shared storage) so a "
-                                           "restarted or resubmitted job starts warm")
-    loss_chunk_tokens: Int | None = option(
-        None, "tokens per cross-entropy chunk, so full fp32 logits never exist (default: chunks of at most "
-        "256 MiB of logits; 0: off)", ge=0)
-    fsdp_prefetch: Int = option(
-        1, "decoder blocks whose parameters FSDP gathers ahead, forward and backward", ge=0, le=4)
-    float8: Bool = option(False, "float8 linear layers (torchao; Hopper or newer GPUs)")
-    float8_recipe: Literal["tensorwise", "rowwise"] = option(
-        "tensorwise", "float8 scaling: tensorwise (one scale per tensor, the faster) or rowwise (one per row, "
-        "closer to bf16)")
-    float8_head: Bool = option(False, "float8 in the output head too (its logits feed the loss)")
-    keep_host_memory: Bool = option(True, "reuse freed host memory instead of returning it to the OS each step "
-                                    "(glibc mallopt: fewer page faults per step)")
-    max_restarts: Int = option(0, "with --nproc: torchrun restarts the workers this often after a failure", ge=0)
-    require_efa: Literal["auto", "on", "off"] = option(
-        "auto", "before the first step, read which network NCCL chose and stop if it fell back to TCP sockets "
-        "where EFA was expected (auto: on for multi-node runs on EFA nodes)")
-
-    def compiles(self, device_type: str) -> bool:
-        """Whether blocks are compiled on this device: as set, else on CUDA only (the trainer and the
-        planner both ask here)."""
-        return self.compile if self.compile is not None else device_type == "cuda"
-
-    def precision(self, device_type: str) -> str:
-        """The compute dtype on this device, "bf16" or "fp32": as set, else bf16 on CUDA only."""
-        if self.mixed_precision != "auto":
-            return self.mixed_precision
-        return "bf16" if device_type == "cuda" else "fp32"
-
-    def replicas(self, world: int, nodes: int) -> int:
-        """HSDP's replica groups for `world` ranks on `nodes` nodes: as set, else one per node; it
-        must divide the world."""
-        replicas = self.dp_replicate or nodes
-        if world % replicas:
-            raise UserError(f"dp_replicate: {replicas} must divide the world size ({world})")
-        return replicas
-
-
-class LogConfig(Settings):
-    logging_freq: Int = option(10, "steps between metric lines", ge=1)
-    validation_freq: Int = option(100, "steps between validation passes (0: only at the end)", ge=0)
-    validation_batches: Int | None = option(
-        None, f"batches per rank per validation pass (default: as many as keep validation within "
-        f"{VALIDATION_SHARE:.0%} of training compute, 1 to 8)", ge=1)
-    tensorboard: Bool = option(True, "write TensorBoard events to RUN_DIR/tensorboard")
-    verbose: Bool = option(False, "also print what libraries say on the way (the Hugging Face hub client's "
-                           "retries, for one)")
-    tensorboard_dir: Str | None = option(None, "TensorBoard directory (default: RUN_DIR/tensorboard)")
-    progress: Literal["auto", "on", "off"] = option("auto", "progress bar (auto: when attached to a terminal)")
-    peak_tflops: Float | None = option(None, "the MFU denominator, TFLOP/s per device (default: the GPU's "
-                                       "datasheet figure, or this CPU's matmul rate measured at start-up)", ge=1e-9)
-    log_samples: Bool = option(False, "record the global index of every sample each rank trains on "
-                               "(RUN_DIR/samples-rank*.jsonl), to audit data order")
-    tracker: Str | None = option(
-        None, "experiment trackers beside TensorBoard: wandb, mlflow, or wandb,mlflow (optional extras: pip install "
-        "'fsdpkit[wandb]'); keys come from the environment (WANDB_API_KEY, MLFLOW_TRACKING_URI), a resumed run "
-        "continues the same tracker run")
-    tracker_project: Str = option("fsdpkit", "the W&B project or MLflow experiment")
-
-    @field_validator("tracker")
-    @classmethod
-    def _tracker(cls, raw: str | None) -> str | None:
-        try:
-            return ",".join(trackers.parse(raw)) or None
-        except ValueError as e:
-            raise fail(str(e)) from None
-
-    @property
-    def trackers(self) -> tuple[str, ...]:
-        return trackers.parse(self.tracker)
-
-
-_EVERY = re.compile(r"^(\d+)(s|m|h)?$")
-_SECONDS = {"s": 1, "m": 60, "h": 3600}
-
-
-def parse_every(raw: str | None) -> tuple[int | None, int | None]:
-    """checkpoint_every as (steps, seconds): "500" is steps, "30m" (or 900s, 2h) wall time."""
-    m = _EVERY.match(str(raw or "0").strip().lower())
-    if not m:
-        raise ValueError(f"expected steps (500) or a wall time (30m, 2h, 900s), got {raw!r}")
-    n, unit = int(m.group(1)), m.group(2)
-    return (None, n * _SECONDS[unit] or None) if unit else (n or None, None)
-
-
-class CheckpointConfig(Settings):
-    checkpoint_dir: Str | None = option(None, "where sharded checkpoints go")
-    checkpoint_every: Str = option(
-        "0", "how often to checkpoint: steps (500) or wall time (30m, 2h, 900s); 0: only the last step. The last "
-        "step is always saved, with a checkpoint_dir. Cluster jobs with storage default to a wall time that keeps "
-        "saving under 5% of the run (see `fsdpkit plan`)", aliases=("checkpoint_freq",))
-    resume_from_checkpoint: Str | None = option(
-        None, "a checkpoint, a directory whose newest complete checkpoint to resume from, or 'auto' "
-        "(the newest in checkpoint_dir; also what a run restarted by torchrun does)", aliases=("resume",))
-    resume_new_data: Bool = option(
-        False, "resume on another dataset or tokenizer than the checkpoint was trained on (refused otherwise: "
-        "without --dataset and --tokenizer a resume continues on the checkpoint's)")
-    keep_last: Int = option(3, "complete checkpoints to keep (0: all)", ge=0)
-    async_checkpoint: Bool = option(False, "write checkpoints in the background while training continues")
-    init_from_hf: Str | None = option(None, "start from Hugging Face weights: a local directory with config.json "
-                                      "and safetensors (its config replaces the preset)")
-
-    @field_validator("checkpoint_every")
-    @classmethod
-    def _every(cls, raw: str) -> str:
-        try:
-            parse_every(raw)
-        except ValueError as e:
-            raise fail(str(e)) from None
-        return raw.strip().lower()
-
-    @property
-    def every_steps(self) -> int | None:
-        return parse_every(self.checkpoint_every)[0]
-
-    @property
-    def every_seconds(self) -> int | None:
-        return parse_every(self.checkpoint_every)[1]
 
 
 class TrainOptions(Settings):
@@ -285,37 +85,6 @@ class TrainOptions(Settings):
         if self._shape is None:
             self._shape = _shape(self)
         return self._shape
-
-
-class ResolvedModel(ModelOverrides):
-    """The model's whole shape, every field known."""
-
-    vocab_size: Int
-    dim: Int
-    n_layers: Int
-    n_heads: Int
-    n_kv_heads: Int
-    ffn_dim: Int
-    rope_theta: Float
-    sliding_window: Int
-    n_experts: Int
-    experts_per_token: Int
-    init_std: Float
-    family: Literal["llama", "mistral", "mixtral"]
-
-
-class ResolvedData(DataConfig):
-    seq_len: Int
-    val_batch_size: Int
-
-
-class ResolvedOptim(OptimConfig):
-    min_lr: Float
-    warmup_steps: Int
-
-
-class ResolvedLog(LogConfig):
-    validation_batches: Int
 
 
 class TrainConfig(TrainOptions):
@@ -527,7 +296,7 @@ def _resumed_data(first: TrainOptions, given: set[str], recipe: dict[str, Any],
     here is resume's to report."""
     target = resume_target(first)
     try:
-        found = checkpoint_index.resolve(target) if target else None
+        found = catalog.resolve(target) if target else None
     except (UserError, OSError, ValueError):
         found = None
     saved = found.meta.get("config") if found is not None and isinstance(found.meta, dict) else None
@@ -651,15 +420,10 @@ def build_parser(prog: str = "fsdpkit train") -> argparse.ArgumentParser:
     for section, cls in _section_classes().items():
         group = parser.add_argument_group(section or "run")
         for name, f in _fields(cls):
-            # The one naming rule: kebab case. The field's own snake-case name and the reference's
-            # flags stay accepted, unlisted, so job manifests and YAML-minded users keep working.
-            kebab = flag(name)
-            group.add_argument(kebab, dest=name, default=argparse.SUPPRESS, metavar=_metavar(name, f),
-                               help=_help(f).replace("%", "%%"))
-            hidden = [f"--{n}" for n in (name, *aliases(f)) if f"--{n}" != kebab]
-            if hidden:
-                group.add_argument(*hidden, dest=name, default=argparse.SUPPRESS, metavar=_metavar(name, f),
-                                   help=argparse.SUPPRESS)
+            # Kebab case listed; the field's snake-case name and the reference's flags taken unlisted,
+            # so job manifests and YAML-minded users keep working.
+            parser.add_training_option(flag(name), *aliases(f), group=group, dest=name, default=argparse.SUPPRESS,
+                                       metavar=_metavar(name, f), help=_help(f).replace("%", "%%"))
     ignored = parser.add_argument_group("accepted for compatibility with the reference, ignored")
     for name in IGNORED_REFERENCE_FLAGS:
         ignored.add_argument(f"--{name}", dest=f"ignored__{name}", default=argparse.SUPPRESS,

@@ -13,34 +13,34 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from fsdpkit import yamlfile
 from fsdpkit.errors import UserError
-from fsdpkit.train import checkpoint, checkpoint_index
+from fsdpkit.train.checkpoint import catalog, checkpointer
 from fsdpkit.train.data.tokenizers import HFTokenizer, get_tokenizer
-from fsdpkit.train.hf import check_out_dir, save_hf
-from fsdpkit.train.model import Transformer
-from fsdpkit.train.model_config import ModelConfig, RopeScaling
+from fsdpkit.train.model.config import ModelConfig, RopeScaling
+from fsdpkit.train.model.hf import check_out_dir, save_hf
+from fsdpkit.train.model.transformer import Transformer
 
 
-def find_checkpoint(src: Path) -> checkpoint_index.CheckpointInfo:
+def find_checkpoint(src: Path) -> catalog.CheckpointInfo:
     """A checkpoint, the newest complete one in a checkpoint directory, or the one of a run directory."""
-    found = checkpoint_index.resolve(str(src))
+    found = catalog.resolve(str(src))
     if found is None and (src / "config.yaml").is_file():
         run_config = yamlfile.load_mapping(src / "config.yaml", "export", "a run's configuration")
         ckpt_dir = (run_config.get("checkpoint") or {}).get("checkpoint_dir")
         if ckpt_dir:
-            found = checkpoint_index.resolve(ckpt_dir)
+            found = catalog.resolve(ckpt_dir)
     if found is None:
         raise UserError(f"export: no complete checkpoint at {src}")
     return found
 
 
-def model_config_of(info: checkpoint_index.CheckpointInfo) -> ModelConfig:
+def model_config_of(info: catalog.CheckpointInfo) -> ModelConfig:
     m = dict(info.meta["model"])
     if m.get("rope_scaling"):
         m["rope_scaling"] = RopeScaling(**m["rope_scaling"])
     return ModelConfig(**m)
 
 
-def load_full_model(info: checkpoint_index.CheckpointInfo) -> Transformer:
+def load_full_model(info: catalog.CheckpointInfo) -> Transformer:
     """The whole model in CPU memory, from a checkpoint written by any number of ranks."""
     cfg = model_config_of(info)
     with torch.device("meta"):
@@ -51,14 +51,14 @@ def load_full_model(info: checkpoint_index.CheckpointInfo) -> Transformer:
     try:
         dcp.load(state, checkpoint_id=str(info.path))
     except (Exception, CheckpointException) as e:  # DCP's own error is a BaseException
-        raise UserError(f"export: cannot read checkpoint {info.path}: {checkpoint.describe_error(e)}") from None
+        raise UserError(f"export: cannot read checkpoint {info.path}: {checkpointer.describe_error(e)}") from None
     return model
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
-def tokenizer_of(info: checkpoint_index.CheckpointInfo) -> tuple[str, dict[str, int], dict[str, bytes]]:
+def tokenizer_of(info: catalog.CheckpointInfo) -> tuple[str, dict[str, int], dict[str, bytes]]:
     """The run's tokenizer as an export carries it: (its name, config.json's token ids, its files).
     The embedded byte tokenizer has ids but no files; a Hugging Face one is written as tokenizer.json
     with its configuration, so the export loads with AutoTokenizer."""

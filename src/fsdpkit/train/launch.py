@@ -10,9 +10,9 @@ import sys
 
 from fsdpkit.envelope import emit_error, emit_json
 from fsdpkit.errors import UserError
-from fsdpkit.train import dist, run_lock
 from fsdpkit.train.config import TrainConfig, parse_args
-from fsdpkit.train.supervisor import (
+from fsdpkit.train.runtime import dist, run_lock
+from fsdpkit.train.runtime.supervisor import (
     EXIT_STOPPED,
     Supervisor,
     die_with_parent,
@@ -41,7 +41,7 @@ def agent_args(cfg: TrainConfig, argv: list[str], run_dir: str) -> list[str]:
 
 def launch(cfg: TrainConfig, argv: list[str], notices: list[str]):
     """Train; returns (exit code, TrainResult or None). With --nproc N this process supervises
-    N workers under torchrun (fsdpkit.train.supervisor) and returns their outcome."""
+    N workers under torchrun (fsdpkit.train.runtime.supervisor) and returns their outcome."""
     # Imported here so that `--help` and bad-input errors stay fast.
     from fsdpkit.train.trainer import preflight, train
 

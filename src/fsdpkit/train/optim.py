@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from fsdpkit.train.config import OptimConfig, ResolvedOptim
+from fsdpkit.train.sections import OptimConfig, ResolvedOptim
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:

@@ -52,9 +52,9 @@ def _devices() -> dict[str, Any]:
 def _presets() -> dict[str, Any]:
     import torch
 
-    from fsdpkit.train.model import Transformer
-    from fsdpkit.train.model_config import count_params
-    from fsdpkit.train.presets import PRESETS
+    from fsdpkit.train.model.config import count_params
+    from fsdpkit.train.model.presets import PRESETS
+    from fsdpkit.train.model.transformer import Transformer
 
     out = {}
     for name, cfg in PRESETS.items():
@@ -70,8 +70,8 @@ def _presets() -> dict[str, Any]:
 def _step() -> dict[str, Any]:
     import torch
 
-    from fsdpkit.train.model import Transformer
-    from fsdpkit.train.presets import get_preset
+    from fsdpkit.train.model.presets import get_preset
+    from fsdpkit.train.model.transformer import Transformer
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     cfg = get_preset("debug")

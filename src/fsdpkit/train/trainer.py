@@ -22,15 +22,16 @@ from torch.distributed.fsdp import FSDPModule
 
 from fsdpkit import yamlfile
 from fsdpkit.errors import UserError
-from fsdpkit.train import checkpoint, dist, network, run_lock
+from fsdpkit.train.checkpoint import checkpointer
 from fsdpkit.train.config import REPLAY_HEAD, TrainConfig, resume_target
 from fsdpkit.train.data import BatchStream, Prefetcher
-from fsdpkit.train.faults import maybe_fail
-from fsdpkit.train.flops import flops_per_token
-from fsdpkit.train.hf import check_weights, load_hf_into
-from fsdpkit.train.host_memory import keep_freed_memory
-from fsdpkit.train.log_lines import node_line
-from fsdpkit.train.metrics import (
+from fsdpkit.train.data.pipeline import data_pipeline
+from fsdpkit.train.model.config import count_params
+from fsdpkit.train.model.flops import flops_per_token
+from fsdpkit.train.model.hf import check_weights, load_hf_into
+from fsdpkit.train.model.transformer import Transformer
+from fsdpkit.train.observe.log_lines import node_line
+from fsdpkit.train.observe.metrics import (
     MetricsWriter,
     StepStats,
     cpu_bf16_gemm_ratio,
@@ -42,13 +43,14 @@ from fsdpkit.train.metrics import (
     peak_memory_bytes,
     reset_peak_memory,
 )
-from fsdpkit.train.model import Transformer
-from fsdpkit.train.model_config import count_params
+from fsdpkit.train.observe.records import attempts, read_rows, surviving
+from fsdpkit.train.observe.trackers import Trackers
 from fsdpkit.train.optim import build_optimizer, clipped_step, lr_at, set_lr
-from fsdpkit.train.pipeline import data_pipeline
-from fsdpkit.train.records import attempts, read_rows, surviving
-from fsdpkit.train.shard import autocast, build_model, compute_dtype, describe_mesh
-from fsdpkit.train.trackers import Trackers
+from fsdpkit.train.parallel import network
+from fsdpkit.train.parallel.shard import autocast, build_model, compute_dtype, describe_mesh
+from fsdpkit.train.runtime import dist, run_lock
+from fsdpkit.train.runtime.faults import maybe_fail
+from fsdpkit.train.runtime.host_memory import keep_freed_memory
 from fsdpkit.train.validation import Validator
 
 
@@ -115,7 +117,7 @@ def _check_inputs(cfg: TrainConfig) -> None:
             raise UserError("float8: needs an NVIDIA GPU (Ada, Hopper or newer); it cannot run on the CPU")
         # A checkpoint that cannot be resumed is refused before any process starts or file is written.
         if spec := resume_target(cfg):
-            checkpoint.check_resumable(spec, model_shape_of(cfg))
+            checkpointer.check_resumable(spec, model_shape_of(cfg))
 
 
 def model_shape_of(cfg: TrainConfig) -> dict[str, Any]:
@@ -131,7 +133,7 @@ class TrainState:
     optimizer: torch.optim.Optimizer
     step: int = 0          # optimizer steps done
     samples: int = 0       # global samples consumed: the data position a checkpoint records
-    attempt: int = 0       # this start of the run (fsdpkit.train.records)
+    attempt: int = 0       # this start of the run (fsdpkit.train.observe.records)
 
 
 @dataclass
@@ -180,7 +182,7 @@ class Run:
     peak_source: str
     writer: MetricsWriter | None = None
     sample_log: Any = None
-    checkpointer: checkpoint.Checkpointer | None = None
+    checkpointer: checkpointer.Checkpointer | None = None
     stop: dist.StopRequest | None = None
     saved_at: int | None = None
     saved_clock: float = field(default_factory=time.monotonic)  # when the last checkpoint (or the run) began
@@ -257,7 +259,7 @@ def _start_state(cfg: TrainConfig, rt: dist.Runtime, notices: list[str]) -> Trai
         notices.append(f"fsdpkit: initialised from Hugging Face weights in {cfg.checkpoint.init_from_hf}")
     state = TrainState(model, build_optimizer(model, cfg.optim))
     if resume_from := resume_target(cfg):
-        found = checkpoint.resume(resume_from, model, state.optimizer, model_shape_of(cfg), rt, notices)
+        found = checkpointer.resume(resume_from, model, state.optimizer, model_shape_of(cfg), rt, notices)
         if found is None:
             notices.append(f"fsdpkit: no complete checkpoint in {resume_from}; starting from step 0")
         else:
@@ -325,7 +327,7 @@ def _open_run(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path, state: TrainSta
     stack.callback(run.stop.close)
     if ck_dir := cfg.checkpoint.checkpoint_dir:
         ck = cfg.checkpoint
-        run.checkpointer = checkpoint.Checkpointer(Path(ck_dir), rt, ck.keep_last, ck.async_checkpoint)
+        run.checkpointer = checkpointer.Checkpointer(Path(ck_dir), rt, ck.keep_last, ck.async_checkpoint)
     return run
 
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import torch
 
-from fsdpkit.train import dist
-from fsdpkit.train.config import ParallelConfig, ResolvedData
 from fsdpkit.train.data import BatchStream
-from fsdpkit.train.model import Transformer
-from fsdpkit.train.pipeline import data_pipeline
-from fsdpkit.train.shard import autocast
+from fsdpkit.train.data.pipeline import data_pipeline
+from fsdpkit.train.model.transformer import Transformer
+from fsdpkit.train.parallel.shard import autocast
+from fsdpkit.train.runtime import dist
+from fsdpkit.train.sections import ParallelConfig, ResolvedData
 
 
 class Validator:

@@ -9,9 +9,9 @@ import resource
 import pytest
 import torch
 
-from fsdpkit.train.model import Transformer
-from fsdpkit.train.model_config import ModelConfig, RopeScaling, count_params
-from fsdpkit.train.presets import PRESETS
+from fsdpkit.train.model.config import ModelConfig, RopeScaling, count_params
+from fsdpkit.train.model.presets import PRESETS
+from fsdpkit.train.model.transformer import Transformer
 
 from conftest import require
 
@@ -103,7 +103,7 @@ CASES = {
 
 
 def hf_model(cfg: ModelConfig):
-    from fsdpkit.train.hf_config import ARCHITECTURES, hf_config_dict
+    from fsdpkit.train.model.hf_config import ARCHITECTURES, hf_config_dict
 
     d = hf_config_dict(cfg)
     config_cls = getattr(transformers, ARCHITECTURES[d["model_type"]].replace("ForCausalLM", "Config"))
@@ -165,7 +165,7 @@ def test_float8_training_runs_on_the_cpu_and_tracks_bf16(recipe, head):
     under bf16 autocast learns as the bf16 one does."""
     from torchao.float8.float8_linear import Float8Linear
 
-    from fsdpkit.train.shard import convert_float8
+    from fsdpkit.train.parallel.shard import convert_float8
 
     cfg = CASES["llama2"]
     runs = {}
@@ -280,7 +280,7 @@ def test_fused_masked_attention_matches_the_dense_reference(device, T, kind):
     """FlexAttention with the block mask against SDPA with the dense (B, 1, T, T) mask, grouped K/V
     heads included: forward on the CPU (FlexAttention has no CPU backward), forward and backward
     on a GPU."""
-    from fsdpkit.train.attention import AttentionMask, document_ids, masked_attention
+    from fsdpkit.train.model.attention import AttentionMask, document_ids, masked_attention
 
     gen = torch.Generator().manual_seed(1)
     tokens = torch.randint(0, 50, (2, T), generator=gen)
@@ -305,7 +305,7 @@ def test_fused_masked_attention_matches_the_dense_reference(device, T, kind):
 def test_grouped_experts_match_the_loop(device):
     """Tokens sorted by expert once and two grouped products against one expert at a time:
     outputs and every gradient, with an expert that gets no token."""
-    from fsdpkit.train.model import Experts, grouped_mm_supported
+    from fsdpkit.train.model.transformer import Experts, grouped_mm_supported
 
     cfg = CASES["mixtral_moe"]
     gen = torch.Generator().manual_seed(5)
@@ -339,7 +339,7 @@ def test_flops_per_token_counts_every_matmul_the_model_does(tied):
     weights are counted as parameters though they do no matmul."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from fsdpkit.train.flops import flops_per_token
+    from fsdpkit.train.model.flops import flops_per_token
 
     cfg = dataclasses.replace(PRESETS["tiny"], tie_embeddings=tied)
     model = Transformer(cfg, rope_len=64)

@@ -19,10 +19,10 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionP
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from fsdpkit.errors import UserError
-from fsdpkit.train.config import ParallelConfig
-from fsdpkit.train.dist import Runtime
-from fsdpkit.train.model import Transformer
-from fsdpkit.train.model_config import ModelConfig, loss_chunk_size
+from fsdpkit.train.model.config import ModelConfig, loss_chunk_size
+from fsdpkit.train.model.transformer import Transformer
+from fsdpkit.train.runtime.dist import Runtime
+from fsdpkit.train.sections import ParallelConfig
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 

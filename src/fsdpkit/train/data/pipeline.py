@@ -3,8 +3,8 @@ the preflight check."""
 
 from __future__ import annotations
 
-from fsdpkit.train.config import DataConfig
 from fsdpkit.train.data import TokenShards, get_source, get_tokenizer
+from fsdpkit.train.sections import DataConfig
 
 
 def data_pipeline(d: DataConfig, seed: int, split: str, verbose: bool):

@@ -16,9 +16,9 @@ from pathlib import Path
 import torch.distributed as tdist
 
 from fsdpkit.errors import UserError
-from fsdpkit.train import nccl_log
-from fsdpkit.train.dist import Runtime
-from fsdpkit.train.nccl_log import NetworkVerdict
+from fsdpkit.train.observe import nccl_log
+from fsdpkit.train.observe.nccl_log import NetworkVerdict
+from fsdpkit.train.runtime.dist import Runtime
 
 INFINIBAND = Path("/sys/class/infiniband")   # EFA devices appear here, with driver "efa"
 

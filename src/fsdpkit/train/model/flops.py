@@ -1,9 +1,9 @@
-"""Model FLOPs per token as plain arithmetic: shared by the trainer's MFU (fsdpkit.train.metrics)
+"""Model FLOPs per token as plain arithmetic: shared by the trainer's MFU (fsdpkit.train.observe.metrics)
 and the capacity planner (fsdpkit.plan), which must not need torch."""
 
 from __future__ import annotations
 
-from fsdpkit.train.model_config import ModelConfig, count_params
+from fsdpkit.train.model.config import ModelConfig, count_params
 
 
 def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:

@@ -1,4 +1,4 @@
-"""Hugging Face interop: safetensors export and sharded import (config.json: fsdpkit.train.hf_config).
+"""Hugging Face interop: safetensors export and sharded import (config.json: fsdpkit.train.model.hf_config).
 
 Parameter names already match `transformers` (v5) in memory; on disk, MoE experts use the hub's
 per-expert layout (below). Config keys are the long-standing ones (`rope_scaling`, `rope_theta`),
@@ -22,8 +22,8 @@ from torch.distributed.tensor._utils import compute_local_shape_and_global_offse
 
 from fsdpkit.errors import UserError
 from fsdpkit.readers import reading
-from fsdpkit.train.hf_config import hf_config_dict
-from fsdpkit.train.model_config import ModelConfig
+from fsdpkit.train.model.config import ModelConfig
+from fsdpkit.train.model.hf_config import hf_config_dict
 
 # --- weights on disk (the hub's safetensors layout) ------------------------------------------------
 # Dense parameters keep their names. MoE layers are stored per expert, as every Mixtral checkpoint

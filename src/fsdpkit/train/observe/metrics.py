@@ -14,8 +14,8 @@ from typing import Any
 import torch
 
 from fsdpkit.hardware.accelerators import GPU_PEAK_TFLOPS
-from fsdpkit.train.log_lines import STEP_PREFIX
-from fsdpkit.train.trackers import Trackers
+from fsdpkit.train.observe.log_lines import STEP_PREFIX
+from fsdpkit.train.observe.trackers import Trackers
 
 
 def gpu_peak_flops(device: torch.device, dtype: torch.dtype) -> float | None:
@@ -124,7 +124,7 @@ class StepStats:
 
 def minor_page_faults() -> int:
     """Minor page faults of this process so far: memory the OS had to map in (zeroed) on first touch.
-    A steady training step should make next to none (see fsdpkit.train.host_memory)."""
+    A steady training step should make next to none (see fsdpkit.train.runtime.host_memory)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 

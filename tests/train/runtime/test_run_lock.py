@@ -9,9 +9,9 @@ import os
 import subprocess
 import sys
 
-from fsdpkit.train import run_lock
+from fsdpkit.train.runtime import run_lock
 
-SECOND = ("import sys; from pathlib import Path; from fsdpkit.train import run_lock\n"
+SECOND = ("import sys; from pathlib import Path; from fsdpkit.train.runtime import run_lock\n"
           "try:\n    run_lock.hold(sys.argv[1], Path('other-run'))\nexcept Exception as e:\n"
           "    print(type(e).__name__, e)\n")
 

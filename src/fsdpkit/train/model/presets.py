@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fsdpkit.errors import UserError
-from fsdpkit.train.model_config import ModelConfig, RopeScaling
+from fsdpkit.train.model.config import ModelConfig, RopeScaling
 
 _LLAMA31_SCALING = RopeScaling(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0)
 _LLAMA32_SCALING = RopeScaling(factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0)

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from fsdpkit.report.runs import load_run
-from fsdpkit.train.checkpoint_index import list_checkpoints, resolve
+from fsdpkit.train.checkpoint.catalog import list_checkpoints, resolve
 
 from conftest import FAST, ROOT, losses, processes_naming, read_metrics, run_cli, write_fixture
 

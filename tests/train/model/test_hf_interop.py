@@ -14,7 +14,7 @@ from conftest import FAST, require, run_cli
 transformers = require("transformers")
 from safetensors.torch import load_file  # noqa: E402
 
-from fsdpkit.train import checkpoint_index  # noqa: E402
+from fsdpkit.train.checkpoint import catalog  # noqa: E402
 from fsdpkit.train.export import load_full_model  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -44,14 +44,14 @@ def hf_tensors(path) -> dict[str, torch.Tensor]:
     return load_file(str(path / "model.safetensors"))
 
 
-def train_from(hf_dir, tmp_path, name: str, nproc: str, *flags: str) -> checkpoint_index.CheckpointInfo:
+def train_from(hf_dir, tmp_path, name: str, nproc: str, *flags: str) -> catalog.CheckpointInfo:
     ckpt = tmp_path / f"{name}-ckpt"
     r = run_cli("train", *FAST, "--init_from_hf", str(hf_dir), "--train_batch_size", "4", "--nproc", nproc,
                 "--tensorboard", "0", "--run_dir", str(tmp_path / f"{name}-run"), "--checkpoint_dir", str(ckpt),
                 "--checkpoint_freq", "100", *flags)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "initialised from Hugging Face weights" in r.stdout
-    return checkpoint_index.resolve(str(ckpt))
+    return catalog.resolve(str(ckpt))
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
@@ -142,9 +142,9 @@ def test_init_from_hf_refuses_what_the_model_cannot_represent(case, tmp_path, cl
 
 
 def test_linear_rope_scaling_matches_transformers(tmp_path):
-    from fsdpkit.train.hf import load_hf_into
-    from fsdpkit.train.hf_config import model_config_from_hf
-    from fsdpkit.train.model import Transformer
+    from fsdpkit.train.model.hf import load_hf_into
+    from fsdpkit.train.model.hf_config import model_config_from_hf
+    from fsdpkit.train.model.transformer import Transformer
 
     config = transformers.LlamaConfig(**COMMON, rope_theta=10000.0,
                                       rope_scaling={"rope_type": "linear", "factor": 4.0})

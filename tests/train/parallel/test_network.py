@@ -10,8 +10,8 @@ import pytest
 
 from fsdpkit.errors import UserError
 from fsdpkit.jobs.health import check_network_log
-from fsdpkit.train import nccl_log
-from fsdpkit.train.network import decide, efa_expected
+from fsdpkit.train.observe import nccl_log
+from fsdpkit.train.parallel.network import decide, efa_expected
 
 from conftest import FAST, ROOT, read_metrics, run_cli
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from fsdpkit.errors import UserError
 from fsdpkit.readers import reading
-from fsdpkit.train.model_config import ModelConfig, RopeScaling
+from fsdpkit.train.model.config import ModelConfig, RopeScaling
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "mixtral": "MixtralForCausalLM"}
 

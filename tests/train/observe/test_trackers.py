@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from fsdpkit.errors import UserError
-from fsdpkit.train.trackers import Trackers
+from fsdpkit.train.observe.trackers import Trackers
 
 from conftest import FAST, read_metrics, run_cli
 

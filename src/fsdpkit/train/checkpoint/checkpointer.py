@@ -1,5 +1,5 @@
 """Sharded checkpoints with torch.distributed.checkpoint (DCP): save, verify, resume (which
-checkpoints a directory holds is fsdpkit.train.checkpoint_index).
+checkpoints a directory holds is fsdpkit.train.checkpoint.catalog).
 
 A checkpoint is written under a hidden temporary name and renamed to `step-NNNNNNNN` by rank 0
 only after every rank has finished writing, so a directory with that name is always complete: a
@@ -34,7 +34,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.tensor import DTensor
 
 from fsdpkit.errors import UserError
-from fsdpkit.train.checkpoint_index import (
+from fsdpkit.train.checkpoint.catalog import (
     META,
     NAME,
     TMP_NAME,
@@ -44,8 +44,8 @@ from fsdpkit.train.checkpoint_index import (
     read_meta,
     resolve,
 )
-from fsdpkit.train.dist import Runtime
-from fsdpkit.train.faults import maybe_fail
+from fsdpkit.train.runtime.dist import Runtime
+from fsdpkit.train.runtime.faults import maybe_fail
 
 # Loading in one process without a process group is intended (export, single-process resume).
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")

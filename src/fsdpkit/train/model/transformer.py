@@ -3,7 +3,7 @@
 Module and parameter names follow Hugging Face `transformers` (v5) so that a state dict maps to a
 `LlamaForCausalLM` / `MistralForCausalLM` / `MixtralForCausalLM` one by adding a "model." prefix.
 The model is built on the meta device and materialised with `init_weights`, which sets every
-parameter and buffer (RoPE included); see `fsdpkit.train.shard` for how that meets FSDP2.
+parameter and buffer (RoPE included); see `fsdpkit.train.parallel.shard` for how that meets FSDP2.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fsdpkit.train.attention import AttentionMask, causal_attention, document_ids, masked_attention
-from fsdpkit.train.model_config import ModelConfig, loss_chunk_size
+from fsdpkit.train.model.attention import AttentionMask, causal_attention, document_ids, masked_attention
+from fsdpkit.train.model.config import ModelConfig, loss_chunk_size
 
 
 def rope_frequencies(cfg: ModelConfig) -> torch.Tensor:
@@ -193,7 +193,7 @@ class DecoderLayer(nn.Module):
         self.self_attn = Attention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.mlp = MoE(cfg) if cfg.is_moe else MLP(cfg.dim, cfg.ffn_dim)
-        self.checkpoint = False  # set by fsdpkit.train.shard.apply_activation_checkpointing
+        self.checkpoint = False  # set by fsdpkit.train.parallel.shard.apply_activation_checkpointing
 
     def _forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                  mask: AttentionMask | None) -> torch.Tensor:
@@ -229,7 +229,7 @@ class Transformer(nn.Module):
         self.rope_len = rope_len or cfg.max_seq_len
         self.model = Model(cfg)
         self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
-        self.loss_chunk_tokens: int | None = None  # set by fsdpkit.train.shard from the config
+        self.loss_chunk_tokens: int | None = None  # set by fsdpkit.train.parallel.shard from the config
         if cfg.tie_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         # Derived from the config, so not saved in checkpoints; init_weights fills them.
@@ -262,7 +262,7 @@ class Transformer(nn.Module):
         Each parameter draws from its own generator, seeded by `seed` and its name, so values do
         not depend on the order of initialisation or on how the model is sharded. `fill` receives
         (param, init_fn) and writes init_fn's full-size result into a sharded parameter
-        (see fsdpkit.train.shard); the default fills a plain tensor in place.
+        (see fsdpkit.train.parallel.shard); the default fills a plain tensor in place.
         """
         fill = fill or _fill_plain
         for name, p in self.named_parameters():

@@ -1,7 +1,7 @@
 """torchrun under a supervisor that owns the job's signals, its exit code and its lifetime.
 
     supervisor   `fsdpkit train --nproc N` locally, `fsdpkit-torchrun ...` on a cluster node
-      agent      python -m fsdpkit.train.agent: torch's elastic agent (torchrun's own code), own session
+      agent      python -m fsdpkit.train.runtime.agent: torch's elastic agent (torchrun's own code), own session
         workers  python -m fsdpkit.train, one per device
 
 Why not torchrun alone: on SIGTERM torchrun gives its workers 30 s before SIGKILL (far less than an
@@ -152,7 +152,7 @@ class Supervisor:
         signal.signal(signal.SIGQUIT, self._on_kill)
         try:
             # Its own session: a terminal's Ctrl-C reaches the supervisor only, which decides.
-            self.proc = subprocess.Popen([sys.executable, "-m", "fsdpkit.train.agent", *self.args], env=env,
+            self.proc = subprocess.Popen([sys.executable, "-m", "fsdpkit.train.runtime.agent", *self.args], env=env,
                                          start_new_session=True, preexec_fn=die_with_parent)
             while (code := self._wait()) is None:
                 if self.stopping:  # the stop came during rendezvous or a restart: tell new workers too

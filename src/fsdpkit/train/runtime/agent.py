@@ -1,5 +1,5 @@
-"""`python -m fsdpkit.train.agent [torchrun arguments]`: torch's elastic agent, run by the supervisor
-(fsdpkit.train.supervisor). It is torchrun's own code (rendezvous, restarts, worker monitoring);
+"""`python -m fsdpkit.train.runtime.agent [torchrun arguments]`: torch's elastic agent, run by the supervisor
+(fsdpkit.train.runtime.supervisor). It is torchrun's own code (rendezvous, restarts, worker monitoring);
 what differs is the ending. A worker's bad-input error reaches the user as its one line and exit
 code; any other failure as one line that names the rank, how it ended and where the details are;
 the agent's logs and the full ChildFailedError report go to RUN_DIR/launcher.log, not the terminal.
@@ -20,7 +20,7 @@ from torch.distributed.run import get_args_parser, run
 
 from fsdpkit.envelope import emit_error
 from fsdpkit.errors import UserError
-from fsdpkit.train.supervisor import SUPERVISED, USER_ERROR
+from fsdpkit.train.runtime.supervisor import SUPERVISED, USER_ERROR
 
 
 def _log_file(worker_args: list[str]) -> Path:

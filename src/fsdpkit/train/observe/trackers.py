@@ -17,20 +17,10 @@ from typing import Any, Protocol
 
 from fsdpkit.errors import UserError
 
-TRACKERS = ("wandb", "mlflow")
 IDS = "trackers.json"
 # The trainer's step is the x-axis: a resumed run repeats steps after its last checkpoint, which a
 # tracker's own strictly increasing step would drop.
 STEP_KEY = "trainer/step"
-
-
-def parse(raw: str | None) -> tuple[str, ...]:
-    """"wandb", "mlflow", "wandb,mlflow" or "" (none); ValueError naming the allowed ones."""
-    names = tuple(dict.fromkeys(n.strip().lower() for n in str(raw or "").split(",") if n.strip()))
-    unknown = [n for n in names if n not in TRACKERS]
-    if unknown:
-        raise ValueError(f"unknown tracker {unknown[0]!r}; allowed: {', '.join(TRACKERS)} (comma-separated for both)")
-    return names
 
 
 def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
