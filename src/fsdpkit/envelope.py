@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 from fsdpkit.errors import CODES, UserError
 
@@ -18,7 +18,7 @@ from fsdpkit.errors import CODES, UserError
 class Parser(argparse.ArgumentParser):
     """argparse that reports a usage mistake as a UserError: one line, exit 2, like any bad input."""
 
-    def error(self, message: str):
+    def error(self, message: str) -> NoReturn:
         raise UserError(f"{message} (see `{self.prog} --help`)")
 
     def add_spec_overrides(self) -> None:
@@ -42,7 +42,7 @@ class Parser(argparse.ArgumentParser):
                                          help=argparse.SUPPRESS, **keep)
 
 
-def _print(ok: bool, data: Any, error: dict | None) -> None:
+def _print(ok: bool, data: Any, error: dict[str, Any] | None) -> None:
     print(json.dumps({"ok": ok, "data": data, "error": error}, indent=2, default=str))
 
 

@@ -179,7 +179,7 @@ class Settings(BaseModel):
         return raw
 
 
-def _model_at(cls: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
+def _model_at(cls: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
     """The model class found by walking field names (and list indexes) from `cls`."""
     for part in loc:
         if isinstance(part, int):
@@ -196,7 +196,7 @@ def _model_at(cls: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
     return cls
 
 
-def _path(loc: tuple) -> str:
+def _path(loc: tuple[Any, ...]) -> str:
     out = ""
     for part in loc:
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 
@@ -45,7 +45,7 @@ class _Loader(yaml.SafeLoader):
                     raise yaml.constructor.ConstructorError(
                         None, None, f"{key!r} is given twice in one mapping (keep one)", key_node.start_mark)
                 seen.add(key)
-        return super().construct_mapping(node, deep=deep)
+        return cast("dict[str, Any]", super().construct_mapping(node, deep=deep))
 
 
 def _check_expanded_size(root: yaml.Node) -> None:
@@ -100,7 +100,7 @@ def load(text: str) -> Any:
     return yaml.load(text, Loader=_Loader)
 
 
-def load_mapping(path: str | os.PathLike, label: str, holds: str) -> dict[str, Any]:
+def load_mapping(path: str | os.PathLike[str], label: str, holds: str) -> dict[str, Any]:
     """The mapping in `path`; `label` starts each error ("config", "job spec"), `holds` says what
     the mapping should contain."""
     p = Path(path)
@@ -163,8 +163,8 @@ _PlainDumper.add_representer(str, _represent_str)
 
 
 def dump(doc: Any) -> str:
-    return yaml.dump(doc, Dumper=_PlainDumper, sort_keys=False)
+    return cast("str", yaml.dump(doc, Dumper=_PlainDumper, sort_keys=False))
 
 
 def dump_all(docs: list[Any]) -> str:
-    return yaml.dump_all(docs, Dumper=_PlainDumper, sort_keys=False)
+    return cast("str", yaml.dump_all(docs, Dumper=_PlainDumper, sort_keys=False))

@@ -16,7 +16,7 @@ import time
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from fsdpkit import yamlfile
 from fsdpkit.aws.infra import LIFECYCLE, TAG_KEY, TAG_VALUE, Names
@@ -109,7 +109,7 @@ def ensure_repository(aws: Aws, name: str, immutable: bool = False, say: Callabl
             ecr.put_lifecycle_policy(repositoryName=name, lifecyclePolicyText=json.dumps(LIFECYCLE))
             say(f"created repository {name} (scan on push, {'immutable' if immutable else 'mutable'} tags, "
                 "keeps the newest 50 images)")
-    return repo["repositoryUri"]
+    return cast("str", repo["repositoryUri"])
 
 
 def follow_logs(logs: Any, group: str, stream: str, finished: Callable[[], bool], say: Callable[[str], None],
@@ -179,7 +179,7 @@ def codebuild(aws: Aws, context: Path | None, image_uri: str, selftest: str = "q
         with aws_errors("reading the build", "codebuild"):
             b = cb.batch_get_builds(ids=[build_id])["builds"][0]
         state["status"] = b["buildStatus"]
-        return b["buildStatus"] != "IN_PROGRESS"
+        return bool(b["buildStatus"] != "IN_PROGRESS")
     group = (build.get("logs") or {}).get("groupName") or n.log_group
     stream = (build.get("logs") or {}).get("streamName") or build_id.split(":")[-1]
     with aws_errors("reading the build log", "logs"):

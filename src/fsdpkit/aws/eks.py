@@ -18,7 +18,7 @@ URL_EXPIRES_S = 60          # what aws-iam-authenticator accepts
 TOKEN_LIFETIME = dt.timedelta(minutes=14)  # the CLI reports 14 minutes: refresh before 15
 
 
-def _boto3():
+def _boto3() -> Any:
     try:
         import boto3
     except ImportError:
@@ -31,7 +31,7 @@ def get_token(cluster: str, region: str, session: Any = None, endpoint_url: str 
     session = session or _boto3().Session(region_name=region)
     sts = session.client("sts", region_name=region, endpoint_url=endpoint_url)
 
-    def add_header(request, **_kw):
+    def add_header(request: Any, **_kw: Any) -> None:
         request.headers[CLUSTER_HEADER] = cluster
 
     # The header is signed into the URL, so the token is only good for this cluster.

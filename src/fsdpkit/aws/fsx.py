@@ -13,7 +13,7 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from fsdpkit.aws.session import Aws, AwsError, aws_errors
 from fsdpkit.errors import UserError
@@ -106,7 +106,7 @@ def _vpc_of(aws: Aws, subnet_id: str) -> str:
         found = aws.client("ec2").describe_subnets(Filters=[{"Name": "subnet-id", "Values": [subnet_id]}])
     if not found.get("Subnets"):
         raise UserError(f"subnet_id: {subnet_id} does not exist in {aws.region}")
-    return found["Subnets"][0]["VpcId"]
+    return cast("str", found["Subnets"][0]["VpcId"])
 
 
 def find(aws: Aws, name: str) -> dict[str, Any] | None:
@@ -117,7 +117,7 @@ def find(aws: Aws, name: str) -> dict[str, Any] | None:
             for fs in page.get("FileSystems", []):
                 tags = {t["Key"]: t["Value"] for t in fs.get("Tags", [])}
                 if tags.get(NAME_TAG) == name and fs.get("Lifecycle") != "DELETING":
-                    return fs
+                    return cast("dict[str, Any] | None", fs)
     return None
 
 
@@ -179,7 +179,7 @@ def link_s3(aws: Aws, fs: dict[str, Any], s3: str, say: Callable[[str], None]) -
             S3={"AutoImportPolicy": {"Events": ["NEW", "CHANGED", "DELETED"]},
                 "AutoExportPolicy": {"Events": ["NEW", "CHANGED", "DELETED"]}})["Association"]
     say(f"FSx {fs['FileSystemId']}: linked to {s3} ({dra['AssociationId']})")
-    return dra["AssociationId"]
+    return cast("str", dra["AssociationId"])
 
 
 def delete(aws: Aws, name: str, say: Callable[[str], None]) -> str | None:
@@ -191,7 +191,7 @@ def delete(aws: Aws, name: str, say: Callable[[str], None]) -> str | None:
     with aws_errors(f"deleting FSx file system {fs['FileSystemId']}", "fsx"):
         aws.client("fsx").delete_file_system(FileSystemId=fs["FileSystemId"])
     say(f"FSx {name}: deleting {fs['FileSystemId']}")
-    return fs["FileSystemId"]
+    return cast("str | None", fs["FileSystemId"])
 
 
 def summary(fs: dict[str, Any]) -> dict[str, Any]:

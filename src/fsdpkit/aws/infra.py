@@ -6,8 +6,9 @@ CodeBuild project and the ECR repository. Idempotent, tagged, with a plan printe
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from fsdpkit import yamlfile
 from fsdpkit.aws.session import Aws, aws_errors
@@ -106,7 +107,7 @@ class Infra:
         return dict(zip(n.resources(), found, strict=True))
 
     # -- up ----------------------------------------------------------------------------------------
-    def up(self, say=print, dry_run: bool = False) -> list[str]:
+    def up(self, say: Callable[[str], None] = print, dry_run: bool = False) -> list[str]:
         """Create what is missing, in dependency order; returns what was created (with `dry_run`,
         what would be, creating nothing)."""
         have = self.status()
@@ -161,7 +162,8 @@ class Infra:
         return created
 
     # -- down --------------------------------------------------------------------------------------
-    def down(self, say=print, delete_images: bool = False, dry_run: bool = False) -> list[str]:
+    def down(self, say: Callable[[str], None] = print, delete_images: bool = False,
+             dry_run: bool = False) -> list[str]:
         """Remove what `up` made (fsdpkit's names and tag), newest first; nothing else. A repository
         that still holds images is kept unless `delete_images`: images are not ours to lose. With
         `dry_run`, what would be removed, removing nothing."""
@@ -208,7 +210,8 @@ class Infra:
 
     def _images(self) -> list[dict[str, Any]]:
         with aws_errors("listing the repository's images", "ecr"):
-            return self.ecr.list_images(repositoryName=self.n.repository).get("imageIds", [])
+            images = self.ecr.list_images(repositoryName=self.n.repository).get("imageIds", [])
+            return cast("list[dict[str, Any]]", images)
 
     def _repo_is_ours(self) -> bool:
         with aws_errors("reading repository tags", "ecr"):

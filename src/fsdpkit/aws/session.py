@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,7 +68,8 @@ def connect(region: str | None = None, profile: str | None = None, endpoint_url:
 OFFLINE_ACCOUNT, OFFLINE_REGION = "ACCOUNT", "REGION"
 
 
-def connect_for(region: str | None, profile: str | None, dry_run: bool, say=print) -> Aws:
+def connect_for(region: str | None, profile: str | None, dry_run: bool,
+                say: Callable[[str], None] = print) -> Aws:
     """AWS for a command that can dry-run: connected when it can be; on a dry run without
     credentials, a region or a network, an offline stand-in (said once) whose account and region
     are placeholders, so the plan is still printed."""

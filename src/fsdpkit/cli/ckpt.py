@@ -6,7 +6,7 @@ import argparse
 import json
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from fsdpkit.cli.output import Parser, confirmed, dispatch, emit_json
 from fsdpkit.errors import UserError
@@ -37,11 +37,11 @@ def _remote(args: argparse.Namespace, verb: list[str]) -> Any:
     return envelope["data"]
 
 
-def _rows(args: argparse.Namespace) -> list[dict]:
+def _rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     return _remote(args, ["list"]) if args.pvc else scan(Path(args.directory))
 
 
-def latest(rows: list[dict]) -> dict | None:
+def latest(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The newest complete checkpoint, fsdpkit's or the reference's naming alike."""
     done = [r for r in rows if r["complete"]]
     return max(done, key=lambda r: r["step"]) if done else None
@@ -57,13 +57,13 @@ def cmd_latest(args: argparse.Namespace) -> int:
     return 0
 
 
-def _prune(args: argparse.Namespace, dry_run: bool) -> list[dict]:
+def _prune(args: argparse.Namespace, dry_run: bool) -> list[dict[str, Any]]:
     """What pruning deletes (with `dry_run`, would delete), here or in a helper pod on the PVC."""
     if args.pvc:
         verb = ["prune", *(["--keep", str(args.keep)] if args.keep is not None else []),
                 *(["--older-than-days", str(args.older_than_days)] if args.older_than_days is not None else []),
                 "--dry-run" if dry_run else "--yes"]
-        return _remote(args, verb)
+        return cast("list[dict[str, Any]]", _remote(args, verb))
     directory = Path(args.directory)
     scan(directory)  # a missing directory is a one-line error, not "nothing to delete"
     gone = [d for c in prunable(directory, args.keep, args.older_than_days) if (d := describe(c.path))]

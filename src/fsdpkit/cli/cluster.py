@@ -50,7 +50,7 @@ def _failure(checks: list[Any]) -> tuple[str | None, str, str | None]:
             "failed", first.get("fix") or None)
 
 
-def _fix(checks: list, assume_yes: bool) -> None:
+def _fix(checks: list[Any], assume_yes: bool) -> None:
     """Offer each known remedy; run it only after the user says yes (or --yes). Never silently."""
     import shutil
     import subprocess

@@ -6,6 +6,7 @@ import argparse
 import itertools
 import sys
 from pathlib import Path
+from typing import Any
 
 from fsdpkit.cli.output import Parser, dispatch, emit_json
 from fsdpkit.errors import UserError
@@ -20,7 +21,7 @@ def _source_args(p: Parser) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
-def _sources(args: argparse.Namespace, splits: tuple[str, ...]) -> dict:
+def _sources(args: argparse.Namespace, splits: tuple[str, ...]) -> dict[str, Any]:
     from fsdpkit.train.data import get_source
 
     return {s: get_source(args.dataset, s, 0, args.text_field, args.dataset_config_name, args.on_bad_record)

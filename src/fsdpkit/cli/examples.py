@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 from fsdpkit.cli.output import Parser, dispatch, emit_json, write_new
 
 
-def list_(args) -> int:
+def list_(args: argparse.Namespace) -> int:
     from fsdpkit.jobs.starter import examples
 
     found = examples()
@@ -19,7 +20,7 @@ def list_(args) -> int:
     return 0
 
 
-def show(args) -> int:
+def show(args: argparse.Namespace) -> int:
     from fsdpkit.jobs.starter import example
 
     text = example(args.name)

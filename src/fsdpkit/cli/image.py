@@ -6,8 +6,9 @@ import argparse
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
-from fsdpkit.cli.output import Parser, dispatch, emit_json
+from fsdpkit.cli.output import Parser, dispatch, emit_json, progress
 from fsdpkit.errors import Conflict, NotFound, UserError
 from fsdpkit.image import pins
 from fsdpkit.image.dockerfile import BASES, DEFAULT_BASE
@@ -103,7 +104,7 @@ def cmd_build(args: argparse.Namespace) -> int:
         raise NotFound(f"{context / 'Dockerfile'} not found: write one with `fsdpkit image init`")
     repo = args.repository or b.image_name(context)
     tag = b.tag_for(args.tag_strategy, context)
-    say = (lambda m: print(m, file=sys.stderr, flush=True)) if args.json else (lambda m: print(m, flush=True))
+    say = progress(args)
     aws = connect_for(args.region, args.profile, args.dry_run, say)
     if args.dry_run:
         local = not args.codebuild and _docker_engine()
@@ -126,7 +127,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     return _build_result(out, args.json)
 
 
-def _plan(args: argparse.Namespace, plan: dict) -> int:
+def _plan(args: argparse.Namespace, plan: dict[str, Any]) -> int:
     """A dry run's plan: the steps it would take, nothing done."""
     if args.json:
         return emit_json({"dry_run": True, **plan})
@@ -136,7 +137,7 @@ def _plan(args: argparse.Namespace, plan: dict) -> int:
     return 0
 
 
-def _build_result(out: dict, as_json: bool) -> int:
+def _build_result(out: dict[str, Any], as_json: bool) -> int:
     """A build or test that ran: exit 0 only when it SUCCEEDED."""
     code = 0 if out["status"] == "SUCCEEDED" else 1
     if as_json:
@@ -154,7 +155,7 @@ def cmd_push(args: argparse.Namespace) -> int:
     from fsdpkit.aws import build as b
     from fsdpkit.aws.session import aws_errors, connect_for
 
-    say = (lambda m: print(m, file=sys.stderr, flush=True)) if args.json else (lambda m: print(m, flush=True))
+    say = progress(args)
     aws = connect_for(args.region, args.profile, args.dry_run, say)
     local = args.image
     repo = args.repository or local.split("/")[-1].split(":")[0]
@@ -208,7 +209,7 @@ def cmd_test(args: argparse.Namespace) -> int:
 
     if not args.codebuild:
         print("no Docker engine here: testing in AWS CodeBuild", file=sys.stderr)
-    say = (lambda m: print(m, file=sys.stderr, flush=True)) if args.json else (lambda m: print(m, flush=True))
+    say = progress(args)
     out = codebuild(connect(args.region, args.profile), None, args.image, args.level, say, args.poll, test_only=True)
     return _build_result(out, args.json)
 
@@ -238,7 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_check)
 
-    def aws_args(p):
+    def aws_args(p: argparse.ArgumentParser) -> None:
         p.add_argument("--repository", help="ECR repository (default: the directory's / image's name)")
         p.add_argument("--dry-run", action="store_true", help="print the plan; nothing is created, built or "
                        "pushed (without AWS credentials too)")

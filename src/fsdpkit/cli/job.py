@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any, cast
 
 from fsdpkit.cli.output import Parser, delete_asked, dispatch, emit_json, finding_message, print_findings, write_new
 from fsdpkit.errors import UserError
@@ -117,7 +118,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     return 0
 
 
-def _ended(st: dict) -> str:
+def _ended(st: dict[str, Any]) -> str:
     return f"job {st['name']} ended {st['state']}" + (f": {st['message']}" if st.get("message") else "")
 
 
@@ -137,12 +138,12 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
-def _network_text(v: dict) -> str:
+def _network_text(v: dict[str, Any]) -> str:
     """efa (32 NICs, provider efa), from the verdict the trainer reported."""
     parts = (f"{v['nics']} NICs" if v.get("nics") is not None else "",
              f"provider {v['provider']}" if v.get("provider") else "", v.get("detail") or "")
     extra = ", ".join(x for x in parts if x)
-    return v["transport"] + (f" ({extra})" if extra else "")
+    return cast("str", v["transport"] + (f" ({extra})" if extra else ""))
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -200,7 +201,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
     return 1 if verdict == "fail" else 0
 
 
-def _node_text(n: dict) -> str:
+def _node_text(n: dict[str, Any]) -> str:
     if n.get("error"):
         return f"  {n['pod']}: not sampled ({n['error']})"
     gpu = (f"GPU {n['gpu_util_pct']:.0f}% {n['gpu_mem_used_gib']:.0f}/{n['gpu_mem_total_gib']:.0f} GiB"
@@ -213,7 +214,7 @@ def _node_text(n: dict) -> str:
     return f"  {n['pod']}" + (f" on {n['node']}" if n.get("node") else "") + f": {gpu}, {efa}{step}{since}"
 
 
-def _print_snapshot(snap: dict) -> None:
+def _print_snapshot(snap: dict[str, Any]) -> None:
     p = snap["progress"]
     prog = (f" step {p['step']} loss {p['loss']:.4f} {p['tokens_per_s']} tok/s" if "step" in p else "")
     pods = ", ".join(f"{x['name']} {x['phase']}" + (f" ({x['reason']})" if x["reason"] else "") +

@@ -6,6 +6,7 @@ import argparse
 import importlib
 import os
 import sys
+from typing import cast
 
 from fsdpkit import __version__
 
@@ -77,4 +78,4 @@ def _run(argv: list[str] | None) -> int:
         parser.parse_args(argv or ["--help"])  # prints help or the usage error, then exits
         return 2
     module_name, _, func = VERBS[argv[0]][0].partition(":")
-    return getattr(importlib.import_module(module_name), func or "main")(argv[1:])
+    return cast("int", getattr(importlib.import_module(module_name), func or "main")(argv[1:]))

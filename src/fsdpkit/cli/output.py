@@ -7,6 +7,7 @@ import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, cast
 
 from fsdpkit.aws import session as aws_session
 from fsdpkit.cluster import client as cluster_client
@@ -17,7 +18,7 @@ __all__ = ["Parser", "confirmed", "delete_asked", "dispatch", "emit_error", "emi
            "print_findings", "progress", "write_new"]
 
 
-def progress(args: argparse.Namespace):
+def progress(args: argparse.Namespace) -> Callable[[str], None]:
     """Where a verb's progress lines go: stderr under --json, so stdout stays one envelope."""
     out = sys.stderr if getattr(args, "json", False) else sys.stdout
     return lambda message: print(message, file=out, flush=True)
@@ -62,12 +63,12 @@ def write_new(path: Path, text: str, force: bool) -> None:
     path.write_text(text)
 
 
-def finding_message(f: dict) -> str:
+def finding_message(f: dict[str, Any]) -> str:
     """A finding (`jobs.health.Finding` as a dict) as one line: what the envelope's message says."""
     return f"{f['kind']} {f['pod']}: {f['detail']}"
 
 
-def print_findings(findings: list[dict]) -> None:
+def print_findings(findings: list[dict[str, Any]]) -> None:
     """Findings under a command's human output, each with its fix."""
     for f in findings:
         print(f"  ! {finding_message(f)}" + (f"\n    fix: {f['fix']}" if f.get("fix") else ""), flush=True)
@@ -105,7 +106,7 @@ def dispatch(parser: argparse.ArgumentParser, argv: list[str]) -> int:
     args = None
     try:
         args = parser.parse_args(argv)
-        return args.func(args)
+        return cast("int", args.func(args))
     except UserError as e:
         return emit_error(e, getattr(args, "json", "--json" in argv))
     except Exception as e:

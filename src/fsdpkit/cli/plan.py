@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING, Any
 
 from fsdpkit.cli.output import Parser, emit_error, emit_json
 from fsdpkit.errors import UserError
 from fsdpkit.plan.grace import DEFAULT_WRITE_MB_S, cadence, grace_period
 from fsdpkit.train.model.presets import RECIPES, canonical
+
+if TYPE_CHECKING:  # imported when a verb runs, so that --help stays fast
+    from fsdpkit.train.config import TrainConfig
 
 GIB = 2**30
 
@@ -80,7 +84,8 @@ def run(args: argparse.Namespace, train_flags: list[str]) -> int:
     return code
 
 
-def _config(args: argparse.Namespace, train_flags: list[str]):
+def _config(args: argparse.Namespace,
+            train_flags: list[str]) -> tuple[TrainConfig, str | None, int, int | None, float]:
     from fsdpkit.train.config import parse_args
 
     unknown = [f for f in train_flags if f.startswith("-")]
@@ -105,14 +110,14 @@ def _config(args: argparse.Namespace, train_flags: list[str]):
             args.write_mb_per_s or DEFAULT_WRITE_MB_S)
 
 
-def _recipe(cfg) -> dict:
+def _recipe(cfg: TrainConfig) -> dict[str, Any]:
     o = cfg.optim
     return {"source": RECIPES[canonical(cfg.preset)].source, "lr": o.lr, "min_lr": o.min_lr,
             "lr_decay_style": o.lr_decay_style, "warmup_steps": o.warmup_steps, "weight_decay": o.weight_decay,
             "betas": [o.beta1, o.beta2], "grad_clip": o.grad_clip, "tokenizer": cfg.data.tokenizer}
 
 
-def _print(out: dict) -> None:
+def _print(out: dict[str, Any]) -> None:
     m = out["memory_gib"]
     where = f"{out['nodes']} x {out['instance_type']} ({out['world']} ranks)" if out["instance_type"] else \
         f"{out['world']} rank(s), no instance type"

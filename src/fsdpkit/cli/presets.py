@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import argparse
+from typing import Any
+
 from fsdpkit.cli.output import Parser, dispatch, emit_json
 from fsdpkit.train.config import build
 from fsdpkit.train.model.config import count_params
 from fsdpkit.train.model.presets import PRESETS, RECIPES
 
 
-def recipe(name: str) -> dict:
+def recipe(name: str) -> dict[str, Any]:
     """What a run of this preset trains with when nothing else is given (the resolved config)."""
     cfg = build([{"preset": name}])
     o, d = cfg.optim, cfg.data
@@ -20,7 +23,7 @@ def recipe(name: str) -> dict:
             "validation_share": round(cfg.validation_share(), 4), "max_steps": o.max_steps}
 
 
-def rows() -> list[dict]:
+def rows() -> list[dict[str, Any]]:
     out = []
     for name, c in PRESETS.items():
         out.append({
@@ -44,7 +47,7 @@ def main(argv: list[str]) -> int:
     return dispatch(parser, argv)
 
 
-def show(args) -> int:
+def show(args: argparse.Namespace) -> int:
     data = rows()
     if args.json:
         return emit_json(data)

@@ -5,13 +5,18 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+from typing import TYPE_CHECKING, Any
 
 from fsdpkit import yamlfile
 from fsdpkit.cli.output import Parser, delete_asked, dispatch, emit_json
 from fsdpkit.errors import UserError
 
+if TYPE_CHECKING:  # imported when a verb runs, so that --help stays fast
+    from fsdpkit.jobs.ray import RayClient
+    from fsdpkit.jobs.spec import JobSpec
 
-def _client(args: argparse.Namespace):
+
+def _client(args: argparse.Namespace) -> tuple[RayClient, Any]:
     from fsdpkit.cluster.client import connect
     from fsdpkit.jobs.ray import RayClient
 
@@ -19,7 +24,7 @@ def _client(args: argparse.Namespace):
     return RayClient(api), api
 
 
-def _spec(args: argparse.Namespace):
+def _spec(args: argparse.Namespace) -> JobSpec:
     from fsdpkit.image.dockerfile import has_ofi_nccl
     from fsdpkit.jobs.spec import load_spec, parse_overrides
     from fsdpkit.yamlfile import load_mapping
@@ -122,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="fsdpkit ray", description="KubeRay clusters from a job spec.")
     sub = parser.add_subparsers(dest="cmd", required=True, metavar="VERB", parser_class=Parser)
 
-    def common(p):
+    def common(p: argparse.ArgumentParser) -> None:
         p.add_argument("--context")
         p.add_argument("--kubeconfig")
         p.add_argument("--json", action="store_true")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+from typing import Any, NoReturn
 from unittest import mock
 
 from fsdpkit.cli.main import VERBS
@@ -23,7 +24,7 @@ class _Captured(Exception):
         self.parser = parser
 
 
-def _grab(self: argparse.ArgumentParser, args=None, namespace=None):
+def _grab(self: argparse.ArgumentParser, args: Any = None, namespace: Any = None) -> NoReturn:
     raise _Captured(self)
 
 
@@ -57,7 +58,7 @@ def _describe(action: argparse.Action) -> str:
     return f"- {name}" + (f": {text}" if text else "")
 
 
-def _subparsers_action(parser: argparse.ArgumentParser) -> argparse._SubParsersAction | None:
+def _subparsers_action(parser: argparse.ArgumentParser) -> argparse._SubParsersAction[Any] | None:
     return next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
 
 

@@ -3,6 +3,7 @@ of one or more runs as PNGs and one self-contained HTML page (also for a run sti
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -10,7 +11,7 @@ from fsdpkit.cli.output import Parser, dispatch, emit_json
 from fsdpkit.errors import UserError
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     from fsdpkit.report.page import write_report
     from fsdpkit.report.runs import load_runs
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
+
 from fsdpkit.cli.output import Parser, dispatch, emit_json
 
 
-def list_(args) -> int:
+def list_(args: argparse.Namespace) -> int:
     from fsdpkit.skills import available
 
     skills = available()
@@ -16,7 +18,7 @@ def list_(args) -> int:
     return 0
 
 
-def install_(args) -> int:
+def install_(args: argparse.Namespace) -> int:
     from fsdpkit.skills import install
 
     base, done = install(args.target, args.dir)

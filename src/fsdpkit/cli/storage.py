@@ -5,26 +5,30 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fsdpkit import yamlfile
 from fsdpkit.cli.output import Parser, confirmed, dispatch, emit_json, progress
 from fsdpkit.errors import UserError
 
+if TYPE_CHECKING:  # imported when a verb runs, so that --help stays fast
+    from fsdpkit.aws.fsx import FsxPlan
+    from fsdpkit.aws.session import Aws
 
-def _aws(args: argparse.Namespace):
+
+def _aws(args: argparse.Namespace) -> Aws:
     from fsdpkit.aws.session import connect
 
     return connect(args.region, args.profile)
 
 
-def _kube(args: argparse.Namespace):
+def _kube(args: argparse.Namespace) -> Any:
     from fsdpkit.cluster.client import connect
 
     return connect(args.context, args.kubeconfig, None, None)
 
 
-def _plan(args: argparse.Namespace):
+def _plan(args: argparse.Namespace) -> FsxPlan:
     from fsdpkit.aws.fsx import FsxPlan
 
     plan = FsxPlan(args.name, args.size, args.deployment_type, args.throughput, s3=args.s3 or "")
@@ -32,7 +36,7 @@ def _plan(args: argparse.Namespace):
     return plan
 
 
-def _network(args: argparse.Namespace, aws=None) -> tuple[str, list[str]]:
+def _network(args: argparse.Namespace, aws: Aws | None = None) -> tuple[str, list[str]]:
     """Subnet and security groups: from --eks-cluster (AWS is asked only then), or as given."""
     from fsdpkit.aws.fsx import cluster_network
 
@@ -56,10 +60,11 @@ def cmd_create(args: argparse.Namespace) -> int:
         subnet = args.subnet_id or "<the cluster's first subnet>"
         groups = args.security_group_id or ["<the cluster security group>"]
         volume = static_volume(plan.name, args.namespace, "<fs-id>", "<dns-name>", "<mount-name>", plan.size_gib)
-        out = {"create_file_system": plan.request(subnet, groups), "kubernetes": [] if args.no_k8s else volume}
+        dry: dict[str, Any] = {"create_file_system": plan.request(subnet, groups),
+                               "kubernetes": [] if args.no_k8s else volume}
         if args.json:
-            return emit_json(out)
-        print(yamlfile.dump(out), end="")
+            return emit_json(dry)
+        print(yamlfile.dump(dry), end="")
         return 0
     aws = _aws(args)
     subnet, groups = _network(args, aws)
@@ -69,7 +74,7 @@ def cmd_create(args: argparse.Namespace) -> int:
         if plan.s3 and plan.deployment_type == "PERSISTENT_2" and created:
             fsx.link_s3(aws, fs, plan.s3, say)
     info = fsx.summary(fs)
-    out = {"created": created, **info, "claim": None, "kubernetes": []}
+    out: dict[str, Any] = {"created": created, **info, "claim": None, "kubernetes": []}
     if not args.no_wait and not args.no_k8s:
         if not info["mount_name"]:
             raise UserError(f"FSx {info['file_system_id']} reports no mount name; cannot write its volume")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from decimal import Decimal
 from typing import Any
@@ -315,7 +315,7 @@ def run_checks(api_client: Any) -> Report:
     return Report(checks, nodes, backends, running)
 
 
-def _pair(n: NodeInfo, key: str, f=lambda v: str(int(v))) -> str:
+def _pair(n: NodeInfo, key: str, f: Callable[[Any], str] = lambda v: str(int(v))) -> str:
     """allocated/allocatable"""
     return f"{f(n.allocated.get(key, Decimal(0)))}/{f(n.allocatable.get(key, Decimal(0)))}"
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, cast
 
 from fsdpkit.aws import session as aws_session
 from fsdpkit.aws.eks import api_client
@@ -23,7 +23,7 @@ class ClusterError(UserError):
     code = "failed"
 
 
-def _kubernetes():
+def _kubernetes() -> Any:
     try:
         import kubernetes
     except ImportError:
@@ -62,7 +62,7 @@ def api_message(e: Any) -> str:
     import json
 
     try:
-        return json.loads(e.body).get("message") or e.reason
+        return cast("str", json.loads(e.body).get("message") or e.reason)
     except (TypeError, ValueError, AttributeError):
         return str(getattr(e, "reason", e))
 

@@ -32,7 +32,8 @@ class Instance:
         return self.name.split(".")[0]
 
 
-def _row(name, acc, n, mem, vcpus, ram, efa, rdma, net, resource="nvidia.com/gpu") -> Instance:
+def _row(name: str, acc: str, n: int, mem: int, vcpus: int, ram: int, efa: int, rdma: bool, net: int,
+         resource: str = "nvidia.com/gpu") -> Instance:
     return Instance(name, acc, n, mem, vcpus, ram, efa, rdma, resource, net)
 
 

@@ -20,6 +20,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from fsdpkit.image.dockerfile import BASES, DEFAULT_BASE, has_ofi_nccl
 
@@ -54,7 +55,7 @@ class Conflict:
     detail: str
     fix: str
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import cast
 
 from fsdpkit.home import home, make_dir
 
@@ -17,7 +18,7 @@ def _path() -> Path:
 
 def _load() -> dict[str, str]:
     try:
-        return json.loads(_path().read_text())
+        return cast("dict[str, str]", json.loads(_path().read_text()))
     except (OSError, ValueError):
         return {}
 

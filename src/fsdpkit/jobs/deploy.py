@@ -114,8 +114,8 @@ def _check(spec: JobSpec, backend: KubeBackend, strict: bool, say: Callable[[str
     return "passed"
 
 
-def _apply(step: str, spec: JobSpec, backend: KubeBackend, objs: dict[str, dict], token: str | None, state: DeployState,
-           say: Callable[[str], None]) -> Any:
+def _apply(step: str, spec: JobSpec, backend: KubeBackend, objs: dict[str, dict[str, Any]], token: str | None,
+           state: DeployState, say: Callable[[str], None]) -> Any:
     """storage, secret or submit: create the step's object unless it is there already."""
     kind = {"storage": "PersistentVolumeClaim", "secret": "Secret", "submit": None}[step]
     if kind is None:

@@ -49,7 +49,8 @@ def _ts(line: str) -> tuple[dt.datetime | None, str]:
         return None, line
 
 
-def log_progress(lines: list[str], pod: str, now: dt.datetime, stall_after: float) -> tuple[dict, list[Finding]]:
+def log_progress(lines: list[str], pod: str, now: dt.datetime,
+                 stall_after: float) -> tuple[dict[str, Any], list[Finding]]:
     """Latest step, loss and tokens/s from the trainer's log, and stall / NCCL-timeout findings."""
     progress: dict[str, Any] = {}
     findings: list[Finding] = []

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from typing import cast
 
 from fsdpkit.errors import UserError
 from fsdpkit.jobs.spec import JobSpec, flat_options
@@ -22,7 +23,7 @@ def _ungated(name: str) -> str | None:
     for preset, recipe in RECIPES.items():
         tok = recipe.options.get("tokenizer")
         if family and preset.startswith(family) and tok and not tok.startswith(GATED_PREFIXES):
-            return tok
+            return cast("str | None", tok)
     return None
 
 

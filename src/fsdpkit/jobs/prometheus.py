@@ -39,7 +39,8 @@ def job_utilisation(url: str, job: str, namespace: str, start: dt.datetime, end:
     """Per node: GPU utilisation and memory over [start, end] every `step` seconds (the series and
     their mean/min/max), and the nodes whose mean utilisation lies far from the job's median."""
     try:
-        from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
+        from prometheus_api_client import PrometheusConnect
+        from prometheus_api_client.exceptions import PrometheusApiClientException
     except ImportError:
         raise UserError("fsdpkit metrics needs prometheus-api-client: pip install 'fsdpkit[cloud]'") from None
     import requests

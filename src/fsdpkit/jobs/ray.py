@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+from typing import Any, cast
 
 from fsdpkit.cluster import pod_rules
 from fsdpkit.cluster.client import ClusterError, api_errors, is_not_found, label_selector, labels_match
@@ -104,7 +104,8 @@ class RayClient:
     def get(self, name: str, namespace: str, plural: str = "rayclusters") -> dict[str, Any] | None:
         try:
             with api_errors(f"reading {plural}/{name}", self.host):
-                return self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, plural, name)
+                found = self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, plural, name)
+                return cast("dict[str, Any] | None", found)
         except Exception as e:
             if is_not_found(e):
                 return None

@@ -268,7 +268,7 @@ def _node_share(spec: JobSpec, amount: Callable[[Instance], int], unit: str) -> 
 _VERBATIM = ("env", "node_selector", "affinity")
 
 
-def _set_dotted(doc: dict, dotted: str, value: Any) -> None:
+def _set_dotted(doc: dict[str, Any], dotted: str, value: Any) -> None:
     """`--set a.b=v`. A field's name may be given in kebab case as on the command line
     (`train.max-steps`, `storage.storage-class`), except inside a mapping of the user's own keys."""
     parts = dotted.split(".")

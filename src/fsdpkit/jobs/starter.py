@@ -9,7 +9,7 @@ their defaults, except the sections of other backends, which are left out.
 from __future__ import annotations
 
 from importlib import resources
-from typing import Any
+from typing import Any, cast
 
 import yaml
 from pydantic import BaseModel
@@ -53,7 +53,7 @@ def example(name: str) -> str:
 
 
 def _value(v: Any) -> str:
-    return yaml.safe_dump(v, default_flow_style=True, width=1000).strip().removesuffix("...").strip()
+    return cast("str", yaml.safe_dump(v, default_flow_style=True, width=1000).strip().removesuffix("...").strip())
 
 
 def _help(model: type[BaseModel], name: str) -> str:

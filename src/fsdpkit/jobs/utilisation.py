@@ -7,6 +7,7 @@ and tests share them."""
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -131,12 +132,13 @@ def parse_sample(text: str, window: float) -> NodeSample:
 def stragglers(nodes: list[dict[str, Any]]) -> list[Finding]:
     """Nodes whose GPU utilisation or step time lies far from the median of the job's nodes."""
     out: list[Finding] = []
-    for key, far, what in (
+    checks: tuple[tuple[str, Callable[[float, float], bool], str], ...] = (
         ("gpu_util_pct", lambda v, med: med - v >= UTIL_GAP_PCT, "GPU utilisation {v:.0f}% against a median of "
                                                                   "{med:.0f}%"),
         ("step_time_s", lambda v, med: v >= STEP_TIME_RATIO * med, "step time {v:.2f} s against a median of "
                                                                     "{med:.2f} s"),
-    ):
+    )
+    for key, far, what in checks:
         values = [n[key] for n in nodes if n.get(key) is not None]
         if len(values) < 2:
             continue

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from fsdpkit.train.model.config import ModelConfig, count_params
 
@@ -34,7 +35,7 @@ class GracePeriod:
         return (f"{self.seconds} s = {FIXED_S} s{step} + {WRITE_MARGIN} x {self.write_s:.0f} s to write the "
                 f"{self.checkpoint_bytes / 1e9:.1f} GB checkpoint at {self.write_mb_per_s:g} MB/s")
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "explanation": self.explain()}
 
 
@@ -63,7 +64,7 @@ class Cadence:
         return (f"every {self.every}: writing it takes {self.write_s:.0f} s, {self.share:.1%} of the run "
                 f"(at most {SAVE_SHARE:.0%}, at least {MIN_EVERY_S // 60} min apart); the last step is always saved")
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "explanation": self.explain()}
 
 

@@ -6,6 +6,7 @@ import base64
 import html
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from fsdpkit.errors import UserError
 from fsdpkit.report.runs import Run, plottable
@@ -22,7 +23,7 @@ PLOTS: dict[str, tuple[str, str, list[tuple[str, str, str]], float]] = {
 }
 
 
-def _pyplot():
+def _pyplot() -> Any:
     try:
         import matplotlib
     except ImportError:
@@ -68,7 +69,7 @@ def plot(runs: list[Run], stem: str, out: Path) -> Path | None:
     return path
 
 
-def plot_cluster(cluster: dict, runs: list[Run], out: Path) -> Path | None:
+def plot_cluster(cluster: dict[str, Any], runs: list[Run], out: Path) -> Path | None:
     """Each node's GPU utilisation from Prometheus (`fsdpkit metrics --out`) over wall-clock time,
     and on a second axis the runs' tokens/s at the same times: a dip that is the cluster's (one node)
     and one that is the trainer's (data, checkpoints) look different side by side."""
@@ -112,7 +113,7 @@ def _title(stem: str) -> str:
     return PLOTS[stem][0] if stem in PLOTS else "GPU utilisation by node (Prometheus)"
 
 
-def write_report(runs: list[Run], out: Path, cluster: dict | None = None) -> dict:
+def write_report(runs: list[Run], out: Path, cluster: dict[str, Any] | None = None) -> dict[str, Any]:
     """Write OUT/<plot>.png and OUT/report.html; returns what was written and each run's summary.
     With `cluster` (what `fsdpkit metrics --out` wrote), also each node's GPU utilisation."""
     out.mkdir(parents=True, exist_ok=True)

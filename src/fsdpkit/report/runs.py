@@ -5,6 +5,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from fsdpkit.errors import UserError
 from fsdpkit.train.observe.records import read_rows, restarts, surviving
@@ -14,12 +15,12 @@ from fsdpkit.train.observe.records import read_rows, restarts, surviving
 class Run:
     name: str
     path: Path
-    train: list[dict] = field(default_factory=list)  # metric lines of kind "train", in file order
-    val: list[dict] = field(default_factory=list)
+    train: list[dict[str, Any]] = field(default_factory=list)  # metric lines of kind "train", in file order
+    val: list[dict[str, Any]] = field(default_factory=list)
     restarts: list[int] = field(default_factory=list)  # steps at which a later attempt of the run began
     finished: bool = False  # summary.json exists: the run ended (a live or killed run has none)
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, Any]:
         t = self.train
 
         def median(key: str) -> float | None:
@@ -37,7 +38,7 @@ class Run:
         }
 
 
-def plottable(row: dict, key: str) -> bool:
+def plottable(row: dict[str, Any], key: str) -> bool:
     """A value to plot and summarise: present, and for MFU not above 100% (a wrong denominator)."""
     value = row.get(key)
     return value is not None and not (key == "mfu" and value > 1)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -45,7 +46,7 @@ def available() -> list[Skill]:
                   key=lambda s: s.name)
 
 
-def install(target: str, directory: str | None = None) -> tuple[Path, list[dict]]:
+def install(target: str, directory: str | None = None) -> tuple[Path, list[dict[str, Any]]]:
     """Copy every skill to DIR/<name>/SKILL.md (DIR: the target's usual folder unless given)."""
     if target not in TARGETS:
         raise UserError(f"target: {target!r} is not known; choose one of: {', '.join(TARGETS)}")

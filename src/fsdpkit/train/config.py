@@ -368,7 +368,7 @@ def recipe_values(cfg: TrainConfig) -> dict[str, Any]:
     return out
 
 
-def load_yaml(path: str | os.PathLike) -> dict[str, Any]:
+def load_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
     """A YAML file of `key: value` pairs or `section: {key: value}` blocks. A run's config.yaml
     lists its derived values under `derived:`; they are not options, so they are re-derived."""
     doc = load_mapping(path, "config", "option names to values")

@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import sys
+from typing import TYPE_CHECKING, Any
 
 from fsdpkit.envelope import emit_error, emit_json
 from fsdpkit.errors import UserError
@@ -21,6 +22,9 @@ from fsdpkit.train.runtime.supervisor import (
     supervised,
     torchrun_args,
 )
+
+if TYPE_CHECKING:  # the trainer (torch) is imported when a run starts, so that --help stays fast
+    from fsdpkit.train.trainer import TrainResult
 
 
 def agent_args(cfg: TrainConfig, argv: list[str], run_dir: str) -> list[str]:
@@ -39,7 +43,7 @@ def agent_args(cfg: TrainConfig, argv: list[str], run_dir: str) -> list[str]:
             "--run-dir", run_dir]
 
 
-def launch(cfg: TrainConfig, argv: list[str], notices: list[str]):
+def launch(cfg: TrainConfig, argv: list[str], notices: list[str]) -> tuple[int, TrainResult | None]:
     """Train; returns (exit code, TrainResult or None). With --nproc N this process supervises
     N workers under torchrun (fsdpkit.train.runtime.supervisor) and returns their outcome."""
     # Imported here so that `--help` and bad-input errors stay fast.
@@ -71,7 +75,7 @@ def launch(cfg: TrainConfig, argv: list[str], notices: list[str]):
     return EXIT_STOPPED, result
 
 
-def summary(result) -> dict:
+def summary(result: TrainResult) -> dict[str, Any]:
     """The envelope's data: what rank 0 wrote to RUN_DIR/summary.json, and where the run is."""
     path = result.run_dir / "summary.json"
     data = json.loads(path.read_text()) if path.is_file() else {"steps": result.steps}

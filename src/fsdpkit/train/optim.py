@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import nn
@@ -11,7 +12,7 @@ from torch.distributed.tensor import DTensor
 from fsdpkit.train.sections import OptimConfig, ResolvedOptim
 
 
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     """Decay weight matrices; never norms, biases or embeddings (tied heads count as embeddings)."""
     decay, no_decay, seen = [], [], set()
     for name, p in model.named_parameters():

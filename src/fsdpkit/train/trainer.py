@@ -122,7 +122,7 @@ def _check_inputs(cfg: TrainConfig) -> None:
 
 def model_shape_of(cfg: TrainConfig) -> dict[str, Any]:
     """The model's shape as a checkpoint records it (plain JSON values)."""
-    return json.loads(json.dumps(dataclasses.asdict(cfg.shape)))
+    return cast("dict[str, Any]", json.loads(json.dumps(dataclasses.asdict(cfg.shape))))
 
 
 @dataclass
@@ -175,7 +175,7 @@ class Run:
     stream: Any
     eos_id: int | None
     validate: Validator
-    sources: tuple
+    sources: tuple[Any, ...]
     dtype: torch.dtype
     flops_per_token: float
     peak: float | None

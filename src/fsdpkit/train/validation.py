@@ -3,6 +3,8 @@ averaged over ranks."""
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 
 from fsdpkit.train.data import BatchStream
@@ -49,4 +51,4 @@ class Validator:
                     ce, _ = model.loss(x[part].to(self.rt.device), y[part].to(self.rt.device), self.eos_id)
                 total += ce.float() * (x[part].shape[0] / x.shape[0])
         model.train()
-        return dist.all_reduce_mean(total / self.batches, self.rt).item()
+        return cast("float | None", dist.all_reduce_mean(total / self.batches, self.rt).item())

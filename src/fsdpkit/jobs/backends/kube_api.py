@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from fsdpkit.cluster import trainer
 from fsdpkit.cluster.client import ClusterError, api_errors, connect, is_not_found
@@ -74,7 +74,7 @@ class KubeAPI:
 
     @property
     def host(self) -> str:
-        return self.client.configuration.host
+        return cast("str", self.client.configuration.host)
 
     # kubernetes is the optional `cloud` extra: loaded when a cluster is first used.
     def _core(self) -> Any:

@@ -186,9 +186,9 @@ class KubeObserver(KubeAPI):
 
     def _pod_log_tail(self, pod: str, namespace: str, container: str, lines: int) -> str:
         with api_errors(f"reading logs of {pod}", self.host):
-            return self._core().read_namespaced_pod_log(pod, namespace, container=container, tail_lines=lines,
-                                                        timestamps=True, _preload_content=False
-                                                        ).data.decode(errors="replace")
+            raw: bytes = self._core().read_namespaced_pod_log(pod, namespace, container=container, tail_lines=lines,
+                                                              timestamps=True, _preload_content=False).data
+            return raw.decode(errors="replace")
 
     def _nodes(self, pods: list[dict[str, Any]], namespace: str, container: str, window: float,
                rank0: str | None, rank0_log: list[str]) -> list[dict[str, Any]]:

@@ -143,7 +143,7 @@ class Checkpointer:
                     shutil.rmtree(stale, ignore_errors=True)
         _barrier(rt)
         self.group = tdist.new_group(backend="gloo") if async_mode and rt.distributed else None
-        self._pending: tuple | None = None
+        self._pending: tuple[Any, ...] | None = None
         self.blocked_s = 0.0  # time training waited on checkpointing (what async shortens)
 
     def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,

@@ -10,6 +10,7 @@ import json
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -21,7 +22,7 @@ SHARD_TOKENS = 100_000_000  # 200 MB of uint16 per shard
 
 
 def prepare(sources: dict[str, DocumentSource], tokenizer: Tokenizer, out: Path,
-            shard_tokens: int = SHARD_TOKENS, progress: Callable[[int], None] | None = None) -> dict:
+            shard_tokens: int = SHARD_TOKENS, progress: Callable[[int], None] | None = None) -> dict[str, Any]:
     if out.exists() and any(out.iterdir()):
         raise UserError(f"data prepare: {out} exists and is not empty; choose a new directory")
     dtype = np.uint16 if tokenizer.vocab_size <= 2**16 else np.uint32
@@ -36,7 +37,7 @@ def prepare(sources: dict[str, DocumentSource], tokenizer: Tokenizer, out: Path,
 
 
 def _write(tokenizer: Tokenizer, sources: dict[str, DocumentSource], out: Path, tmp: Path, dtype: type,
-           shard_tokens: int, progress: Callable[[int], None] | None) -> dict:
+           shard_tokens: int, progress: Callable[[int], None] | None) -> dict[str, Any]:
     splits: dict[str, list[str]] = {}
     counts: dict[str, int] = {}
     for split, source in sources.items():
@@ -45,7 +46,7 @@ def _write(tokenizer: Tokenizer, sources: dict[str, DocumentSource], out: Path, 
         total = 0
         pending = 0
 
-        def flush(split=split, files=files) -> None:
+        def flush(split: str = split, files: list[str] = files) -> None:
             nonlocal buf, pending
             if not buf:
                 return

@@ -17,7 +17,7 @@ import sysconfig
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import numpy as np
 
@@ -37,7 +37,7 @@ def _held_out(key: str, one_in: int) -> bool:
     return zlib.crc32(key.encode()) % one_in == 0
 
 
-def _shuffled(items: list, seed: int, epoch: int) -> list:
+def _shuffled(items: list[Any], seed: int, epoch: int) -> list[Any]:
     order = list(items)
     np.random.default_rng([seed, epoch]).shuffle(order)
     return order
@@ -92,7 +92,7 @@ def _format(path: Path) -> tuple[str, str | None] | None:
     return None
 
 
-def _optional(module: str, path: Path):
+def _optional(module: str, path: Path) -> Any:
     """A module of the `data` extra, or a clear error naming what to install."""
     import importlib
 
@@ -175,7 +175,7 @@ class LocalFiles:
         if not isinstance(record, dict) or not isinstance(record.get(self.text_field), str):
             self._bad(where, f"no string field {self.text_field!r}")
             return None
-        return record[self.text_field]
+        return cast("str | None", record[self.text_field])
 
     def _read(self, f: Path) -> Iterator[str]:
         found = _format(f)

@@ -19,7 +19,7 @@ import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -137,7 +137,7 @@ class BatchStream:
         """
         group_size = self.world_size * self.batch_size
         mine = range(self.rank * self.batch_size, (self.rank + 1) * self.batch_size)
-        group: list = []
+        group: list[Any] = []
         for k, item in enumerate(self._global()):
             if k < self.skip_blocks:
                 continue
@@ -171,16 +171,16 @@ class Prefetcher:
     producer is raised in the consumer, at the item where it happened.
     """
 
-    def __init__(self, items: Iterable, depth: int = 4, pin_memory: bool = False):
+    def __init__(self, items: Iterable[Any], depth: int = 4, pin_memory: bool = False):
         # Pinned (page-locked) batches let the copy to the GPU run asynchronously (non_blocking);
         # pinning here keeps its cost off the training thread.
         self._pin = pin_memory
-        self._queue: queue.Queue = queue.Queue(maxsize=max(1, depth))
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=max(1, depth))
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(iter(items),), daemon=True, name="fsdpkit-data")
         self._thread.start()
 
-    def _run(self, it: Iterator) -> None:
+    def _run(self, it: Iterator[Any]) -> None:
         try:
             for item in it:
                 if self._pin:
@@ -200,7 +200,7 @@ class Prefetcher:
     def __iter__(self) -> Prefetcher:
         return self
 
-    def __next__(self):
+    def __next__(self) -> Any:
         item = self._queue.get()
         if item is _DONE:
             raise StopIteration

@@ -6,9 +6,9 @@ import contextlib
 import json
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -70,7 +70,7 @@ class HFTokenizer:
 
         self.name = spec
         path = Path(spec)
-        config: dict = {}
+        config: dict[str, Any] = {}
         if path.is_dir():
             if not (path / "tokenizer.json").is_file():
                 raise UserError(f"tokenizer: {path} has no tokenizer.json")
@@ -122,7 +122,7 @@ def get_tokenizer(name: str) -> Tokenizer:
     return HFTokenizer(name)
 
 
-def train_bpe(texts, vocab_size: int, out_dir: Path, eos: str = "<|endoftext|>") -> Path:
+def train_bpe(texts: Iterable[str], vocab_size: int, out_dir: Path, eos: str = "<|endoftext|>") -> Path:
     """Train a byte-level BPE on an iterator of texts; writes tokenizer.json and tokenizer_config.json."""
     from tokenizers import Tokenizer as RustTokenizer
     from tokenizers import decoders, models, pre_tokenizers, trainers

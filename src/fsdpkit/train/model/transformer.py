@@ -160,7 +160,8 @@ def grouped_mm_supported(x: torch.Tensor) -> bool:
         return False
     if x.device.type == "cpu":
         return True
-    return x.device.type == "cuda" and x.dtype == torch.bfloat16 and torch.cuda.get_device_capability(x.device)[0] >= 8
+    return bool(x.device.type == "cuda" and x.dtype == torch.bfloat16
+                and torch.cuda.get_device_capability(x.device)[0] >= 8)
 
 
 class MoE(nn.Module):
@@ -357,7 +358,7 @@ class Transformer(nn.Module):
     def loss(self, tokens: torch.Tensor, targets: torch.Tensor,
              eos_id: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Mean next-token cross-entropy and the total loss (cross-entropy plus MoE balancing)."""
-        return self(tokens, targets, eos_id)
+        return cast("tuple[torch.Tensor, torch.Tensor]", self(tokens, targets, eos_id))
 
 
 def chunked_cross_entropy(head: nn.Linear, h: torch.Tensor, targets: torch.Tensor, chunk: int | None) -> torch.Tensor:

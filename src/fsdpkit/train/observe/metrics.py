@@ -9,7 +9,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -32,7 +32,7 @@ def _gemm_rate(a: torch.Tensor, b: torch.Tensor, seconds: float) -> float:
     while time.perf_counter() - start < seconds:
         a @ b
         iters += 1
-    return 2 * a.shape[0] ** 3 * iters / (time.perf_counter() - start)
+    return cast("float", 2 * a.shape[0] ** 3 * iters / (time.perf_counter() - start))
 
 
 def measure_cpu_peak_flops(dtype: torch.dtype = torch.float32, seconds: float = 0.3, runs: int = 5) -> float:
@@ -103,7 +103,7 @@ def peak_memory_bytes(device: torch.device) -> int:
     """Peak allocated device memory; on CPU the peak resident set since the last reset (a proxy:
     it also counts the interpreter and libraries, which is why benchmarks subtract a baseline)."""
     if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device)
+        return cast("int", torch.cuda.max_memory_allocated(device))
     return _status_bytes("VmHWM")
 
 

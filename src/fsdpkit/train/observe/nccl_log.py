@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import asdict, dataclass
+from typing import Any
 
 _NETWORK = re.compile(r"NCCL INFO Using network (.+?)\s*$", re.M)
 _PROVIDER = re.compile(r"NET/OFI Selected [Pp]rovider is ([\w;-]+)(?:, fabric is \S+)?(?: \(found (\d+) nics\))?")
@@ -47,7 +48,7 @@ class NetworkVerdict:
         shown = ", ".join(p for p in parts if p)
         return f"fsdpkit: network: {self.transport}" + (f" ({shown})" if shown else "")
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 

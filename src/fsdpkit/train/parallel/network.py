@@ -12,6 +12,7 @@ import contextlib
 import os
 import socket
 from pathlib import Path
+from typing import Any
 
 import torch.distributed as tdist
 
@@ -85,7 +86,7 @@ def check(rt: Runtime, require: str, log: Path | None) -> NetworkVerdict | None:
     mine = nccl_log.read(log.read_text(errors="replace"))
     verdicts = [mine]
     if rt.distributed and rt.world_size > 1:
-        gathered: list[dict | None] = [None] * rt.world_size
+        gathered: list[dict[str, Any] | None] = [None] * rt.world_size
         tdist.all_gather_object(gathered, mine.to_dict())
         verdicts = [NetworkVerdict(**v) for v in gathered if v is not None]
     return decide(verdicts, require, rt.num_nodes, efa_expected())

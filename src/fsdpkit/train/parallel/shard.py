@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable
-from typing import cast
+from typing import Any, cast
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
@@ -145,9 +145,9 @@ def describe_mesh(model: torch.nn.Module) -> str:
     return " x ".join(f"{n}={s}" for n, s in zip(names, mesh.shape, strict=True))
 
 
-def autocast(par: ParallelConfig, rt: Runtime) -> contextlib.AbstractContextManager:
+def autocast(par: ParallelConfig, rt: Runtime) -> contextlib.AbstractContextManager[Any]:
     """Mixed precision for the unsharded single-process path (FSDP2 casts parameters itself)."""
     dtype = compute_dtype(par, rt.device.type)
     if rt.distributed or dtype == torch.float32:
         return contextlib.nullcontext()
-    return torch.autocast(rt.device.type, dtype=dtype)
+    return cast("contextlib.AbstractContextManager[Any]", torch.autocast(rt.device.type, dtype=dtype))

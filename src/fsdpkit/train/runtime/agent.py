@@ -13,6 +13,7 @@ import signal
 import sys
 import tempfile
 from pathlib import Path
+from typing import cast
 
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
@@ -82,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
             emit_error(UserError(str(data["message"]), data.get("hint"), data.get("code")), as_json)
             return int(data.get("exit_code", 2))
         emit_error(UserError(f"{_describe(rank, failure)}; details in {log_path}", code="failed"), as_json)
-        return failure.exitcode if failure.exitcode > 0 else 128 - failure.exitcode
+        return cast("int", failure.exitcode if failure.exitcode > 0 else 128 - failure.exitcode)
     except SignalException as e:
         return 128 + int(e.sigval)
 

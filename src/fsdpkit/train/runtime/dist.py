@@ -31,7 +31,7 @@ class Runtime:
 
     @property
     def distributed(self) -> bool:
-        return dist.is_available() and dist.is_initialized()
+        return bool(dist.is_available() and dist.is_initialized())
 
     @property
     def is_main(self) -> bool:

@@ -111,7 +111,7 @@ class Supervisor:
     def __init__(self, torchrun_args: list[str], env: dict[str, str] | None = None):
         self.args = torchrun_args
         self.env = dict(os.environ if env is None else env)
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
         self.stopping = False
         self.told: set[int] = set()   # workers already sent SIGTERM
 
