@@ -63,13 +63,13 @@ def training_tokens_per_s(tmp: Path, smoke: bool) -> float:
     flags = ["--preset", "tiny" if smoke else "debug", "--seq-len", "128" if smoke else "512",
              "--max-steps", str(steps), "--logging-freq", str(steps // 2), "--validation-freq", "0",
              "--validation-batches", "1", "--tensorboard", "0", "--progress", "off", "--run-dir", str(tmp / "run")]
-    cfg, _ = parse_args(flags)
+    cfg = parse_args(flags)
     train(cfg)
     return load_run(tmp / "run").train[-1]["tokens_per_s"]  # after warm-up
 
 
 def checkpoint_bench(tmp: Path, smoke: bool) -> dict:
-    cfg, _ = parse_args(["--preset", "debug"] + (["--dim", "64", "--n-layers", "2"] if smoke
+    cfg = parse_args(["--preset", "debug"] + (["--dim", "64", "--n-layers", "2"] if smoke
                                                   else ["--dim", "768", "--n-layers", "12"]))
     rt = Runtime(0, 1, 0, 1, torch.device("cpu"))
     model = Transformer(cfg.shape, rope_len=64)

@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     from fsdpkit.train.config import parse_args
     from fsdpkit.train.trainer import train
 
-    cfg, _ = parse_args(["--progress", "off", "--tensorboard", "0", "--validation-freq", "0", *trainer_flags])
+    cfg = parse_args(["--progress", "off", "--tensorboard", "0", "--validation-freq", "0", *trainer_flags])
     dev = cfg.parallel.device
     cuda = dev == "cuda" or (dev == "auto" and torch.cuda.is_available())
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])

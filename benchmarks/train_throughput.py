@@ -234,7 +234,7 @@ def set_up(c: dict, device: str, run_dir: Path) -> None:
     from fsdpkit.train.config import parse_args
     from fsdpkit.train.runtime.dist import Runtime
 
-    cfg, _ = parse_args(case_flags(c, device, run_dir))
+    cfg = parse_args(case_flags(c, device, run_dir))
     next(reference_baseline.batches(cfg, Runtime(0, c["world"], 0, c["world"], torch.device("cpu"))))
     if c["impl"] != "fsdpkit":
         reference_baseline.hf_config(cfg)
@@ -249,7 +249,7 @@ def worker(c: dict, out: Path, device: str) -> None:
 
     rank = int(os.environ.get("RANK", 0))
     dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if device == "cuda" else torch.device("cpu")
-    cfg, _ = parse_args(case_flags(c, device, out / "run"))
+    cfg = parse_args(case_flags(c, device, out / "run"))
     # Everything either trainer imports is loaded before the memory baseline is taken, so the figure
     # is what training itself holds (the model, optimizer state, activations, buffers).
     from benchmarks import reference_baseline
@@ -291,7 +291,7 @@ def add_mfu(row: dict, peak: float | None) -> None:
     from fsdpkit.train.config import parse_args
     from fsdpkit.train.model.flops import flops_per_token
 
-    shape = parse_args(case_flags(row, row.get("device") or "cpu", Path("unused")))[0].shape
+    shape = parse_args(case_flags(row, row.get("device") or "cpu", Path("unused"))).shape
     row["flops_per_token"] = flops_per_token(shape, row["seq"])
     # Per device on a GPU; on a CPU the ranks share one machine, whose GEMM rate is the denominator.
     per = row["world"] if row.get("device") == "cuda" else 1

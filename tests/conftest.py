@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import importlib
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -13,6 +14,8 @@ import typing
 from pathlib import Path
 
 import pytest
+
+from fsdpkit.envelope import show_diagnostics
 
 from slurm_cluster import SlurmCluster, why_not
 
@@ -109,6 +112,18 @@ def write_fixture(root, fmt: str):
 @pytest.fixture
 def cli():
     return run_cli
+
+
+@pytest.fixture
+def diagnostics():
+    """The lines fsdpkit's loggers say in this process, as the CLI or the trainer shows them
+    (through the one handler, fsdpkit.envelope.show_diagnostics); the loggers as they were after."""
+    logger = logging.getLogger("fsdpkit")
+    saved = logger.handlers[:], logger.level, logger.propagate
+    lines: list[str] = []
+    show_diagnostics(lines.append)
+    yield lines
+    logger.handlers[:], logger.level, logger.propagate = saved[0], saved[1], saved[2]
 
 
 # -- a Kubernetes API for tests: kmock's emulator on 127.0.0.1, in a thread with its own loop ---------

@@ -87,7 +87,7 @@ def test_job_init_plan_and_dry_run_from_the_installed_skill(installed):
     flags = command[command.index("fsdpkit.train") + 1:]
     from fsdpkit.train.config import parse_args
 
-    cfg, _ = parse_args(flags)
+    cfg = parse_args(flags)
     ck = cfg.checkpoint
     # Periodically on the FSx claim (the plan's interval), and at the last step: a run with a
     # checkpoint_dir always saves its last step. Every start resumes from the newest one.

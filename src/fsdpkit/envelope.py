@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 from fsdpkit.errors import CODES, UserError
@@ -40,6 +42,34 @@ class Parser(argparse.ArgumentParser):
             keep = {k: v for k, v in kwargs.items() if k in ("type", "choices", "metavar", "action", "nargs")}
             (group or self).add_argument(*hidden, dest=action.dest, default=argparse.SUPPRESS,
                                          help=argparse.SUPPRESS, **keep)
+
+
+class LineHandler(logging.Handler):
+    """fsdpkit's diagnostics, one plain line each (a warning as `warning: ...`), handed to `write`:
+    the CLI writes them to stderr, so stdout stays the verb's output or its one envelope; the
+    trainer beside its metric lines, where a job's log and HyperPod's log rules read them."""
+
+    def __init__(self, write: Callable[[str], None]):
+        super().__init__()
+        self.write = write
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        self.write(f"warning: {message}" if record.levelno >= logging.WARNING else message)
+
+
+def show_diagnostics(write: Callable[[str], None]) -> LineHandler:
+    """Send what the `fsdpkit` loggers say (info and up; debug with --verbose) through one
+    LineHandler, in place of any before it: the one way diagnostics leave fsdpkit."""
+    logger = logging.getLogger("fsdpkit")
+    for old in [h for h in logger.handlers if isinstance(h, LineHandler)]:
+        logger.removeHandler(old)
+    handler = LineHandler(write)
+    logger.addHandler(handler)
+    if logger.level == logging.NOTSET or logger.level > logging.INFO:
+        logger.setLevel(logging.INFO)
+    logger.propagate = False
+    return handler
 
 
 def _print(ok: bool, data: Any, error: dict[str, Any] | None) -> None:

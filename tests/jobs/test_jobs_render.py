@@ -114,7 +114,7 @@ def test_the_8b_example_on_four_p5_nodes_carries_recipe_grace_pull_policy_and_ef
     assert cmd[0] == "fsdpkit-torchrun" and "--nnodes=4" in cmd
     from fsdpkit.train.config import parse_args
 
-    cfg, _ = parse_args(cmd[cmd.index("fsdpkit.train") + 1:])
+    cfg = parse_args(cmd[cmd.index("fsdpkit.train") + 1:])
     o = cfg.optim
     assert (o.lr, o.min_lr, o.warmup_steps, o.lr_decay_style, o.weight_decay, o.beta2, o.grad_clip) == \
         (3e-4, 3e-6, 200, "cosine", 0.1, 0.95, 1.0)
@@ -317,7 +317,7 @@ def test_hyperpodrun_parses_the_command_with_sigterm_and_the_checkpoint_s_time(m
     config, _entry, entry_args = config_from_args(args)
     assert config.min_nodes == config.max_nodes == 4   # what run() asserts before it starts anything
     assert config.nproc_per_node == 8
-    cfg, _ = parse_args(entry_args[entry_args.index("fsdpkit.train") + 1:])
+    cfg = parse_args(entry_args[entry_args.index("fsdpkit.train") + 1:])
     assert cfg.checkpoint.resume_from_checkpoint == "auto" and cfg.checkpoint.checkpoint_dir.startswith("/checkpoints")
     # Without a planned grace (no storage), Kubernetes' 30 s, and still SIGTERM.
     bare = hyperpod.render(load_spec(ROOT / "examples" / "jobs" / "hyperpod-p5.yaml", [("storage", {})]))[-1]

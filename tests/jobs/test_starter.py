@@ -108,7 +108,7 @@ def test_examples_ship_with_the_package_and_each_is_a_valid_spec():
 
 def _every(spec: JobSpec) -> str | None:
     flags = trainer_flags(spec, spec.storage.root)
-    cfg, _ = parse_args(flags)
+    cfg = parse_args(flags)
     return cfg.checkpoint.checkpoint_every
 
 

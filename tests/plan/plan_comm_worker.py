@@ -33,7 +33,7 @@ class Collectives(TorchDispatchMode):
 
 
 if __name__ == "__main__":
-    cfg, _ = parse_args(sys.argv[2:])
+    cfg = parse_args(sys.argv[2:])
     mode = Collectives()
     with mode:
         train(cfg)

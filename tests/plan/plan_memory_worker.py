@@ -30,7 +30,7 @@ def tensor_peak(prof: profile) -> int:
 
 
 if __name__ == "__main__":
-    cfg, _ = parse_args(sys.argv[2:])
+    cfg = parse_args(sys.argv[2:])
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         train(cfg)
     out = Path(sys.argv[1]) / f"rank{os.environ.get('RANK', '0')}.json"

@@ -43,7 +43,7 @@ def measured_tensor_peak(tmp_path: Path, flags: list[str], world: int = 1) -> in
 
 
 def planned_peak(world: int, flags: list[str]) -> int:
-    cfg, _ = parse_args(flags)
+    cfg = parse_args(flags)
     return estimate(workload(cfg, world, "cpu")).peak
 
 
@@ -84,7 +84,7 @@ def test_planned_peak_holds_every_peak_measured_on_a_gpu(preset, seq, batch, fla
     """Within 10% above each measured peak and never more than 3% below: a plan that is high
     refuses batches that fit and turns on checkpointing that costs throughput; one that is low
     sends a job that runs out of memory."""
-    cfg, _ = parse_args(["--preset", preset, "--seq_len", str(seq), "--train_batch_size", str(batch),
+    cfg = parse_args(["--preset", preset, "--seq_len", str(seq), "--train_batch_size", str(batch),
                          "--mixed_precision", "bf16", *flags])
     planned = estimate(workload(cfg, 1, "cuda")).peak / MIB
     assert 0.97 <= planned / measured <= 1.10, f"planned {planned:,.0f} MiB, measured {measured:,} MiB at {commit}"
@@ -138,7 +138,7 @@ def test_communication_bytes_equal_the_collectives_of_a_real_step(tmp_path, flag
     # One step's collectives: a 2-step run less a 1-step run (start-up and the final validation cancel).
     one, two = (_sums(recorded_collectives(tmp_path, n, flags)) for n in (1, 2))
     step = {k: two[k] - one[k] for k in one}
-    cfg, _ = parse_args(flags)
+    cfg = parse_args(flags)
     expected = step_comm(workload(cfg, 2, "cpu")).to_dict()
     assert step == {k: expected[k] for k in step}
 

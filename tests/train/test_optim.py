@@ -31,7 +31,7 @@ def test_no_weight_decay_on_norms_and_embeddings(tied):
 
 
 def schedule(*flags: str) -> list[float]:
-    cfg, _ = parse_args(["--max_steps", "100", "--lr", "1.0", "--min_lr", "0.1", *flags])
+    cfg = parse_args(["--max_steps", "100", "--lr", "1.0", "--min_lr", "0.1", *flags])
     return [lr_at(s, cfg.optim) for s in range(100)]
 
 
@@ -50,7 +50,7 @@ def test_linear_and_constant():
 
 
 def test_warmup_fraction_is_the_reference_meaning():
-    cfg, _ = parse_args(["--max_steps", "1000", "--warmup", "0.01"])
+    cfg = parse_args(["--max_steps", "1000", "--warmup", "0.01"])
     assert cfg.optim.warmup_steps == 10
     assert torch.isclose(torch.tensor(lr_at(9, cfg.optim)), torch.tensor(cfg.optim.lr))
 
@@ -68,7 +68,7 @@ def test_clipped_step_is_clip_grad_norm_then_adamw(fused):
     returns the same norm and leaves the same clipped gradients as clip_grad_norm_ + AdamW."""
     torch.manual_seed(0)
     init = _two_layers().state_dict()
-    cfg = parse_args(["--fused_optimizer", fused, "--weight_decay", "0.1"])[0]
+    cfg = parse_args(["--fused_optimizer", fused, "--weight_decay", "0.1"])
     ours, ref = _two_layers(init), _two_layers(init)
     opt = build_optimizer(ours, cfg.optim)
     ref_opt = torch.optim.AdamW(param_groups(ref, 0.1), lr=cfg.optim.lr, betas=(cfg.optim.beta1, cfg.optim.beta2),
@@ -94,7 +94,7 @@ def test_clipped_step_is_clip_grad_norm_then_adamw(fused):
 def test_a_step_with_nonfinite_gradients_is_skipped(fused):
     torch.manual_seed(0)
     model = _two_layers()
-    opt = build_optimizer(model, parse_args(["--fused_optimizer", fused])[0].optim)
+    opt = build_optimizer(model, parse_args(["--fused_optimizer", fused]).optim)
     model(torch.randn(4, 8)).sum().backward()
     clipped_step(opt, 1.0)  # one good step, so there are moments to keep
     model.zero_grad()

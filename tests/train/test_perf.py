@@ -91,7 +91,7 @@ def test_planner_counts_the_compiled_unchunked_loss_in_the_compute_dtype():
 
     def kept(*flags):
         cfg = parse_args(["--preset", "llama3_2_1b", "--device", "cuda", "--seq_len", "2048",
-                          "--train_batch_size", "4", *flags])[0]
+                          "--train_batch_size", "4", *flags])
         return loss_bytes(workload(cfg, 1, "cuda"))[0]
 
     logits = 2048 * 4 * 128256
@@ -109,7 +109,7 @@ def test_fused_and_foreach_adamw_take_the_same_step():
     for fused in ("1", "0"):
         model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2))
         model.load_state_dict(init)
-        opt = build_optimizer(model, parse_args(["--fused_optimizer", fused])[0].optim)
+        opt = build_optimizer(model, parse_args(["--fused_optimizer", fused]).optim)
         for _ in range(3):
             model(torch.ones(4, 8)).square().sum().backward()
             opt.step()
@@ -208,7 +208,7 @@ def test_validation_runs_in_slices_of_the_training_batch_with_the_same_loss():
     losses, seen = {}, {}
     for rows in (4, 3):
         cfg = parse_args(["--preset", "tiny", "--seq_len", "32", "--val_batch_size", "4", "--train_batch_size",
-                          str(rows), "--validation_batches", "2"])[0]
+                          str(rows), "--validation_batches", "2"])
         model = Transformer(cfg.shape, rope_len=32)
         model.init_weights(seed=0)
         seen[rows] = []

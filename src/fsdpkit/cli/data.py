@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import sys
+import logging
 from pathlib import Path
 from typing import Any
 
 from fsdpkit.cli.output import Parser, dispatch, emit_json
 from fsdpkit.errors import UserError
 from fsdpkit.train.checkpoint import catalog
+
+log = logging.getLogger(__name__)
 
 
 def _source_args(p: Parser) -> None:
@@ -78,7 +80,7 @@ def cmd_train_tokenizer(args: argparse.Namespace) -> int:
         return emit_json({"out": str(out), "vocab_size": tok.vocab_size, "requested": args.vocab_size,
                           "eos_id": tok.eos_id, "warnings": [short] if short else []})
     if short:
-        print(f"warning: {short}", file=sys.stderr)
+        log.warning(short)
     print(f"trained a byte-level BPE of {tok.vocab_size} tokens into {out}; use --tokenizer {out}")
     return 0
 

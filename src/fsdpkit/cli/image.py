@@ -207,9 +207,9 @@ def cmd_test(args: argparse.Namespace) -> int:
     from fsdpkit.aws.build import codebuild
     from fsdpkit.aws.session import connect
 
-    if not args.codebuild:
-        print("no Docker engine here: testing in AWS CodeBuild", file=sys.stderr)
     say = progress(args)
+    if not args.codebuild:
+        say("no Docker engine here: testing in AWS CodeBuild")
     out = codebuild(connect(args.region, args.profile), None, args.image, args.level, say, args.poll, test_only=True)
     return _build_result(out, args.json)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from pathlib import Path
 from typing import Any, cast
@@ -15,6 +16,8 @@ from fsdpkit.jobs.hub import check_hub_access
 from fsdpkit.jobs.spec import BACKENDS, CLUSTER_BACKENDS, JobSpec, load_spec, parse_overrides
 from fsdpkit.jobs.status import JobStatus
 from fsdpkit.jobs.utilisation import WatchHistory
+
+log = logging.getLogger(__name__)
 
 # Direct flags for the fields people change most; anything else goes through --set KEY=VALUE.
 _SHORTCUTS = ("name", "image", "backend", "namespace", "nodes", "instance_type")
@@ -86,7 +89,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     spec = _spec(args)
     check_hub_access(spec)
     backend = _backend(args, spec)
-    capacity = check_capacity(spec, args.strict, lambda line: print(f"warning: {line}", file=sys.stderr))
+    capacity = check_capacity(spec, args.strict, log.warning)
     result = backend.submit(spec, replace=args.replace, dry_run=args.dry_run)
     if capacity is not None:
         result["plan"] = capacity
@@ -158,7 +161,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         except ClusterError as e:
             if args.backend:  # asked for the cluster explicitly: its failure is the answer
                 raise
-            print(f"note: cluster jobs not listed: {e}", file=sys.stderr)
+            log.info(f"note: cluster jobs not listed: {e}")
     rows = [r for r in rows if args.backend in (None, r.backend)]
     if args.json:
         return emit_json([r.to_dict() for r in rows])
@@ -197,7 +200,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
                          f"network check failed: {why}",
                          hint="run `fsdpkit cluster validate nccl` to test EFA without the job")
     if verdict:
-        print(f"network check: {verdict}: {why}", file=sys.stderr)
+        log.info(f"network check: {verdict}: {why}")
     return 1 if verdict == "fail" else 0
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -11,7 +10,7 @@ from typing import Any, cast
 
 from fsdpkit.aws import session as aws_session
 from fsdpkit.cluster import client as cluster_client
-from fsdpkit.envelope import Parser, emit_error, emit_json
+from fsdpkit.envelope import Parser, emit_error, emit_json, show_diagnostics
 from fsdpkit.errors import Conflict, UserError
 
 __all__ = ["Parser", "confirmed", "delete_asked", "dispatch", "emit_error", "emit_json", "finding_message",
@@ -84,25 +83,13 @@ def cloud_error(e: BaseException, what: str) -> UserError | None:
     return None
 
 
-class _Stderr(logging.Handler):
-    """The library's progress lines (its `fsdpkit` loggers) as plain lines on stderr: stdout is the
-    verb's own output, or its one JSON envelope."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        print(self.format(record), file=sys.stderr, flush=True)  # the stream of the moment (tests swap it)
-
-
-def show_progress() -> None:
-    logger = logging.getLogger("fsdpkit")
-    if not any(isinstance(h, _Stderr) for h in logger.handlers):
-        logger.addHandler(_Stderr())
-        logger.setLevel(logging.INFO)
-        logger.propagate = False
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)  # the stream of the moment (tests swap it)
 
 
 def dispatch(parser: argparse.ArgumentParser, argv: list[str]) -> int:
     """Parse, run the chosen `func(args) -> int`, and turn a UserError into the error contract."""
-    show_progress()
+    show_diagnostics(_to_stderr)
     args = None
     try:
         args = parser.parse_args(argv)

@@ -102,7 +102,7 @@ def _config(args: argparse.Namespace,
                 spec.procs if spec.instance_type else None, args.write_mb_per_s or spec.storage.write_mb_per_s)
     flags = (["--preset", args.preset] if args.preset else []) + (["--config", args.config] if args.config else [])
     try:
-        cfg, _ = parse_args([*flags, *train_flags])
+        cfg = parse_args([*flags, *train_flags])
     except SystemExit:  # argparse inside the trainer's parser: a bad flag
         raise UserError(f"unknown or bad trainer option among: {' '.join(unknown)} (see fsdpkit train --help)") \
             from None

@@ -16,6 +16,7 @@ import argparse
 import dataclasses
 import difflib
 import functools
+import logging
 import math
 import os
 from collections.abc import Set
@@ -56,6 +57,8 @@ from fsdpkit.train.sections import (
     ResolvedOptim,
 )
 from fsdpkit.yamlfile import load_mapping
+
+log = logging.getLogger(__name__)
 
 # A recipe's warm-up (written for its published run) takes at most this share of a shorter run.
 RECIPE_WARMUP_SHARE = 0.2
@@ -233,18 +236,17 @@ def _nest(items: list[tuple[str, Any]], index: dict[str, tuple[str | None, str]]
     return doc
 
 
-def build(layers: list[dict[str, Any]], notices: list[str] | None = None) -> TrainConfig:
+def build(layers: list[dict[str, Any]]) -> TrainConfig:
     """The one way a TrainConfig is made from settings. Layers (a YAML file, a job spec's `train:`,
     flags) apply in order over the preset's recipe, which lies over the field defaults. The preset is
     the one a layer names; with none, a reference-style `--model_type` plus dimensions names the
     preset of that shape (the reference example has no presets). Then `resolve` fills in what no
     layer gave and `validate` checks the whole."""
-    notices = [] if notices is None else notices
     index = field_index()
     items = []
     for key, value in (kv for layer in layers for kv in _items(layer)):
         if key in IGNORED_REFERENCE_FLAGS:
-            notices.append(f"note: --{key} is accepted and ignored: {IGNORED_REFERENCE_FLAGS[key]}")
+            log.info(f"note: --{key} is accepted and ignored: {IGNORED_REFERENCE_FLAGS[key]}")
         else:
             items.append((key, value))
     given = _nest(items, index)
@@ -255,7 +257,7 @@ def build(layers: list[dict[str, Any]], notices: list[str] | None = None) -> Tra
         shape = {k: getattr(first.model, k) for k in ("dim", "n_layers", "n_heads", "ffn_dim")}
         preset = match_preset(str(model_type).strip().lower(), shape) or preset
     recipe = list(get_recipe(preset).options.items())
-    resumed = _resumed_data(first, {index[k][1] for k, _ in items}, dict(recipe), notices)
+    resumed = _resumed_data(first, {index[k][1] for k, _ in items}, dict(recipe))
     cfg = load(TrainOptions, _nest([("preset", preset), *recipe, *resumed, *items], index), flat=True)
     cfg = resolve(cfg, {name for _, name in (index[k] for k, _ in items)})
     validate(cfg)
@@ -288,8 +290,7 @@ def _same_data(mine: Any, theirs: Any) -> bool:
     return all(p.exists() for p in paths) and paths[0].resolve() == paths[1].resolve()
 
 
-def _resumed_data(first: TrainOptions, given: set[str], recipe: dict[str, Any],
-                  notices: list[str]) -> list[tuple[str, Any]]:
+def _resumed_data(first: TrainOptions, given: set[str], recipe: dict[str, Any]) -> list[tuple[str, Any]]:
     """On a resume, the checkpoint's data and tokenizer for what no layer gives (said where they
     differ from the recipe's or the default); another one given is refused in one line unless
     `resume_new_data`. Read from the checkpoint's fsdpkit.json; a checkpoint that cannot be read
@@ -310,8 +311,8 @@ def _resumed_data(first: TrainOptions, given: set[str], recipe: dict[str, Any],
         if name not in given:
             taken.append((name, theirs))
             if theirs != recipe.get(name, mine):
-                notices.append(f"fsdpkit: {name} {theirs!r}, as the checkpoint in {found.path.parent} was trained "
-                               "(the default on resume)")
+                log.info(f"fsdpkit: {name} {theirs!r}, as the checkpoint in {found.path.parent} was trained "
+                         "(the default on resume)")
         elif not _same_data(mine, theirs):
             changed.append(f"{name} {mine!r} (the checkpoint's: {theirs!r})")
     if changed and not first.checkpoint.resume_new_data:
@@ -319,7 +320,7 @@ def _resumed_data(first: TrainOptions, given: set[str], recipe: dict[str, Any],
                         f"{'; '.join(changed)}; drop those options to continue on its data, or pass "
                         "--resume-new-data 1 to change it deliberately")
     if changed:
-        notices.append(f"warning: resuming {found.path} on other data, as --resume-new-data asks: {'; '.join(changed)}")
+        log.warning(f"resuming {found.path} on other data, as --resume-new-data asks: {'; '.join(changed)}")
     return taken
 
 
@@ -431,8 +432,8 @@ def build_parser(prog: str = "fsdpkit train") -> argparse.ArgumentParser:
     return parser
 
 
-def parse_args(argv: list[str] | None, prog: str = "fsdpkit train") -> tuple[TrainConfig, list[str]]:
-    """Parse flags into a validated TrainConfig; returns it with notices for ignored flags."""
+def parse_args(argv: list[str] | None, prog: str = "fsdpkit train") -> TrainConfig:
+    """Parse flags into a validated TrainConfig (the flags it ignores are said through logging)."""
     parser = build_parser(prog)
     ns, unknown = parser.parse_known_args(argv)
     if unknown:
@@ -443,8 +444,7 @@ def parse_args(argv: list[str] | None, prog: str = "fsdpkit train") -> tuple[Tra
     layers = [load_yaml(config_file)] if config_file else []
     # The flag the user typed may be an alias; dest is the canonical field name.
     layers.append({dest.removeprefix("ignored__"): raw for dest, raw in values.items()})
-    notices: list[str] = []
-    return build(layers, notices), notices
+    return build(layers)
 
 
 def validate(cfg: TrainConfig) -> None:

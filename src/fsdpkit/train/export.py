@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-import sys
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,8 @@ from fsdpkit.train.data.tokenizers import HFTokenizer, get_tokenizer
 from fsdpkit.train.model.config import ModelConfig, RopeScaling
 from fsdpkit.train.model.hf import check_out_dir, save_hf
 from fsdpkit.train.model.transformer import Transformer
+
+log = logging.getLogger(__name__)
 
 
 def find_checkpoint(src: Path) -> catalog.CheckpointInfo:
@@ -90,7 +92,7 @@ def export_hf(src: Path, out: Path, dtype: str = "fp32") -> dict[str, Any]:
         # The weights are still worth having (say, offline and the hub tokenizer not cached): export
         # them and say loudly what is missing.
         tokenizer, ids, tok_files = f"not written ({e})", {}, {}
-        print(f"warning: export: the run's tokenizer is not in the export: {e}", file=sys.stderr)
+        log.warning(f"export: the run's tokenizer is not in the export: {e}")
     model = load_full_model(info)
     files = save_hf(model.state_dict(), model.cfg, out, {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype],
                     ids, tok_files)

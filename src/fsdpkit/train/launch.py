@@ -9,7 +9,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from fsdpkit.envelope import emit_error, emit_json
+from fsdpkit.envelope import emit_error, emit_json, show_diagnostics
 from fsdpkit.errors import UserError
 from fsdpkit.train.config import TrainConfig, parse_args
 from fsdpkit.train.runtime import dist, run_lock
@@ -43,7 +43,7 @@ def agent_args(cfg: TrainConfig, argv: list[str], run_dir: str) -> list[str]:
             "--run-dir", run_dir]
 
 
-def launch(cfg: TrainConfig, argv: list[str], notices: list[str]) -> tuple[int, TrainResult | None]:
+def launch(cfg: TrainConfig, argv: list[str]) -> tuple[int, TrainResult | None]:
     """Train; returns (exit code, TrainResult or None). With --nproc N this process supervises
     N workers under torchrun (fsdpkit.train.runtime.supervisor) and returns their outcome."""
     # Imported here so that `--help` and bad-input errors stay fast.
@@ -62,7 +62,7 @@ def launch(cfg: TrainConfig, argv: list[str], notices: list[str]) -> tuple[int, 
             return Supervisor(agent_args(cfg, argv, str(run_dir)), env).run(), None
         finally:
             lock.release()
-    result = train(cfg, notices)
+    result = train(cfg)
     if not result.stopped_by_signal:
         return 0, result
     if supervised():
@@ -82,6 +82,14 @@ def summary(result: TrainResult) -> dict[str, Any]:
     return {"run_dir": str(result.run_dir), **data, "stopped_by_signal": result.stopped_by_signal}
 
 
+def _to_stdout(line: str) -> None:
+    print(line, flush=True)  # the stream of the moment: stderr under --json
+
+
+def _silent(line: str) -> None:
+    pass
+
+
 def main(argv: list[str] | None = None, prog: str = "fsdpkit train") -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # --json: every human line goes to stderr and rank 0 prints one envelope on stdout at the end
@@ -90,12 +98,21 @@ def main(argv: list[str] | None = None, prog: str = "fsdpkit train") -> int:
     rank0 = int(os.environ.get("RANK", "0")) == 0
     if dist.under_torchrun():
         die_with_parent()  # a worker never outlives torchrun's agent
+    # What reading the options says waits until it is known who trains: a launcher of --nproc
+    # workers leaves it to them (rank 0 says it once); other ranks say nothing.
+    held: list[str] = []
+    show_diagnostics(held.append if rank0 else _silent)
     try:
-        cfg, notices = parse_args(argv, prog)
+        cfg = parse_args(argv, prog)
         if cfg.log.verbose:
             logging.getLogger("fsdpkit").setLevel(logging.DEBUG)
         with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():
-            code, result = launch(cfg, argv, notices)
+            if rank0:
+                show_diagnostics(_to_stdout)
+                if not (cfg.parallel.nproc > 1 and not dist.under_torchrun()):
+                    for line in held:
+                        _to_stdout(line)
+            code, result = launch(cfg, argv)
         if as_json and rank0 and result is not None:
             # A stopped run is not a finished one, also in a worker that exits 0 for its supervisor.
             stopped = result.stopped_by_signal

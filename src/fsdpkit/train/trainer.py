@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import logging
 import os
 import sys
 import time
@@ -21,6 +22,7 @@ import torch
 from torch.distributed.fsdp import FSDPModule
 
 from fsdpkit import yamlfile
+from fsdpkit.envelope import show_diagnostics
 from fsdpkit.errors import UserError
 from fsdpkit.train.checkpoint import checkpointer
 from fsdpkit.train.config import REPLAY_HEAD, TrainConfig, resume_target
@@ -52,6 +54,8 @@ from fsdpkit.train.runtime import dist, run_lock
 from fsdpkit.train.runtime.faults import maybe_fail
 from fsdpkit.train.runtime.host_memory import keep_freed_memory
 from fsdpkit.train.validation import Validator
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -197,15 +201,15 @@ class Run:
         return sum(getattr(src, "bad_records", 0) for src in self.sources)
 
 
-def train(cfg: TrainConfig, notices: list[str] | None = None) -> TrainResult:
+def train(cfg: TrainConfig) -> TrainResult:
     run_dir, lock = preflight(cfg)
     try:
-        return _train(cfg, run_dir, list(notices or []))
+        return _train(cfg, run_dir)
     finally:
         lock.release()
 
 
-def _train(cfg: TrainConfig, run_dir: Path, notices: list[str]) -> TrainResult:
+def _train(cfg: TrainConfig, run_dir: Path) -> TrainResult:
     nccl = network.capture_nccl_log(run_dir, dist.resolve_device_type(cfg.parallel.device))
     rt = dist.setup(cfg.parallel.device)
     if cfg.parallel.compile is None:  # the default follows the device, now that it is known
@@ -215,21 +219,21 @@ def _train(cfg: TrainConfig, run_dir: Path, notices: list[str]) -> TrainResult:
         # Before any step is spent: which network NCCL really chose (and a stop if not EFA where
         # EFA was expected).
         if verdict := network.check(rt, cfg.parallel.require_efa, nccl):
-            notices.append(verdict.line())
-        return _run(cfg, rt, run_dir, notices)
+            log.info(verdict.line())
+        return _run(cfg, rt, run_dir)
     finally:
         dist.teardown()
 
 
-def _run(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path, notices: list[str]) -> TrainResult:
+def _run(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path) -> TrainResult:
     """Set up, loop, finish; the stream, sample log, signal handler and writer are closed on every path."""
     torch.manual_seed(cfg.seed)
     if cfg.parallel.keep_host_memory:
         keep_freed_memory()
     reset_peak_memory(rt.device)  # the memory figure is this run's, not the imports'
-    state = _start_state(cfg, rt, notices)
+    state = _start_state(cfg, rt)
     with contextlib.ExitStack() as stack:
-        run = _open_run(cfg, rt, run_dir, state, notices, stack)
+        run = _open_run(cfg, rt, run_dir, state, stack)
         window = Window.on(rt.device)
         state.model.train()
         for step in range(state.step, cfg.optim.max_steps):
@@ -250,27 +254,26 @@ def _run(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path, notices: list[str]) 
     return run.result
 
 
-def _start_state(cfg: TrainConfig, rt: dist.Runtime, notices: list[str]) -> TrainState:
+def _start_state(cfg: TrainConfig, rt: dist.Runtime) -> TrainState:
     """The model (from Hugging Face weights if asked), its optimizer, and the newest checkpoint's
     state when resuming."""
     model = build_model(cfg.shape, cfg.parallel, cfg.data.seq_len, cfg.seed, rt)
     if cfg.checkpoint.init_from_hf:
         load_hf_into(model, Path(cfg.checkpoint.init_from_hf), cfg.shape)
-        notices.append(f"fsdpkit: initialised from Hugging Face weights in {cfg.checkpoint.init_from_hf}")
+        log.info(f"fsdpkit: initialised from Hugging Face weights in {cfg.checkpoint.init_from_hf}")
     state = TrainState(model, build_optimizer(model, cfg.optim))
     if resume_from := resume_target(cfg):
-        found = checkpointer.resume(resume_from, model, state.optimizer, model_shape_of(cfg), rt, notices)
+        found = checkpointer.resume(resume_from, model, state.optimizer, model_shape_of(cfg), rt)
         if found is None:
-            notices.append(f"fsdpkit: no complete checkpoint in {resume_from}; starting from step 0")
+            log.info(f"fsdpkit: no complete checkpoint in {resume_from}; starting from step 0")
         else:
             state.step, state.samples = found.step, found.meta["samples"]
-            notices.append(f"fsdpkit: resumed from {found.path} at step {state.step}")
-            state.samples = _carry_data_position(found.meta, cfg, rt.world_size, state.samples, notices)
+            log.info(f"fsdpkit: resumed from {found.path} at step {state.step}")
+            state.samples = _carry_data_position(found.meta, cfg, rt.world_size, state.samples)
     return state
 
 
-def _carry_data_position(meta: dict[str, Any], cfg: TrainConfig, world_size: int, samples: int,
-                         notices: list[str]) -> int:
+def _carry_data_position(meta: dict[str, Any], cfg: TrainConfig, world_size: int, samples: int) -> int:
     """The data position after resuming with another sequence length or global batch (allowed: the
     model is the same). The position is kept in tokens: with another sequence length the samples
     consumed are rescaled, so no text is skipped or repeated; the schedule continues by step."""
@@ -282,18 +285,18 @@ def _carry_data_position(meta: dict[str, Any], cfg: TrainConfig, world_size: int
     new_batch = d.train_batch_size * world_size * d.grad_accum_steps
     if old_len and old_len != new_len:
         carried = -(-samples * old_len // new_len)
-        notices.append(f"fsdpkit: resumed with seq_len {new_len} (the checkpoint's: {old_len}): the data continues "
-                       f"after the {samples * old_len:,} tokens already trained on (sample {carried:,} at the new "
-                       "length)")
+        log.info(f"fsdpkit: resumed with seq_len {new_len} (the checkpoint's: {old_len}): the data continues "
+                 f"after the {samples * old_len:,} tokens already trained on (sample {carried:,} at the new "
+                 "length)")
         samples = carried
     if old_batch and old_batch != new_batch:
-        notices.append(f"fsdpkit: resumed with a global batch of {new_batch} sequences per step (the checkpoint's: "
-                       f"{old_batch}): the data continues at sample {samples:,}; the learning-rate schedule "
-                       f"continues at step {meta.get('step', '?')} of {cfg.optim.max_steps}")
+        log.info(f"fsdpkit: resumed with a global batch of {new_batch} sequences per step (the checkpoint's: "
+                 f"{old_batch}): the data continues at sample {samples:,}; the learning-rate schedule "
+                 f"continues at step {meta.get('step', '?')} of {cfg.optim.max_steps}")
     return samples
 
 
-def _open_run(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path, state: TrainState, notices: list[str],
+def _open_run(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path, state: TrainState,
               stack: contextlib.ExitStack) -> Run:
     """Data, validation, performance figures, sinks and the checkpointer of this start of the run."""
     d = cfg.data
@@ -306,23 +309,23 @@ def _open_run(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path, state: TrainSta
     eos_id = (source.meta["eos_id"] if tok is None else tok.eos_id) if d.document_masking else None
     validate = Validator(cfg.data, cfg.log.validation_batches, cfg.seed, cfg.parallel, rt)
     if validate.batches == 0:
-        notices.append(f"warning: the {d.val_split!r} split holds less than one global validation batch "
-                       f"({cfg.data.val_batch_size} x {rt.world_size} blocks of {cfg.data.seq_len + 1} tokens); "
-                       "no validation")
+        log.warning(f"the {d.val_split!r} split holds less than one global validation batch "
+                    f"({cfg.data.val_batch_size} x {rt.world_size} blocks of {cfg.data.seq_len + 1} tokens); "
+                    "no validation")
     dtype = compute_dtype(cfg.parallel, rt.device.type)
     peak, peak_source = peak_flops(rt.device, dtype, cfg.log.peak_tflops)
-    # Only rank 0 prints notices, so only rank 0 spends the 0.3 s measuring fp32 for this one.
+    # Only rank 0's diagnostics are shown, so only rank 0 spends the 0.3 s measuring fp32 for this one.
     bf16_on_cpu = rt.is_main and peak_source == "measured-gemm" and dtype == torch.bfloat16
     if bf16_on_cpu and peak is not None and (ratio := cpu_bf16_gemm_ratio(peak)) < 1:
-        notices.append(f"warning: on this CPU bf16 matrix products run at {ratio:.2f}x the fp32 rate (measured); "
-                       "--mixed-precision fp32 is faster here")
+        log.warning(f"on this CPU bf16 matrix products run at {ratio:.2f}x the fp32 rate (measured); "
+                    "--mixed-precision fp32 is faster here")
     run = Run(cfg, rt, run_dir, TrainResult(run_dir=run_dir, steps=state.step), stream, eos_id, validate,
               (source, validate.source), dtype, flops_per_token(cfg.shape, cfg.data.seq_len), peak,
               peak_source, start_step=state.step)
     # This start of the run is attempt N: N earlier starts are on record (restarts, resubmissions,
     # a rerun with --resume). Rank 0's count, so every rank's sample log agrees.
     state.attempt = dist.broadcast_int(attempts(read_rows(run_dir / "metrics.jsonl")) if rt.is_main else 0, rt)
-    _open_sinks(run, state, notices, stack)
+    _open_sinks(run, state, stack)
     run.stop = dist.StopRequest(rt)
     stack.callback(run.stop.close)
     if ck_dir := cfg.checkpoint.checkpoint_dir:
@@ -331,7 +334,7 @@ def _open_run(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path, state: TrainSta
     return run
 
 
-def _open_sinks(run: Run, state: TrainState, notices: list[str], stack: contextlib.ExitStack) -> None:
+def _open_sinks(run: Run, state: TrainState, stack: contextlib.ExitStack) -> None:
     """Each rank's sample log (--log-samples) and rank 0's metrics writer, config.yaml and start lines."""
     cfg, rt, run_dir, lg = run.cfg, run.rt, run.run_dir, run.cfg.log
     if lg.log_samples:
@@ -355,8 +358,8 @@ def _open_sinks(run: Run, state: TrainState, notices: list[str], stack: contextl
     run.writer.record("start", {"step": state.step, "world_size": rt.world_size,
                                 "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
                                 "resubmission": int(os.environ.get("FSDPKIT_ATTEMPT", "0"))})
-    for note in notices:
-        run.say(note)
+    # Diagnostics from here on go beside the metric lines (under the progress bar, if one is shown).
+    show_diagnostics(writer.print)
     d, mcfg = cfg.data, cfg.shape
     run.say(f"fsdpkit: {cfg.preset} ({count_params(mcfg) / 1e6:.2f}M params), {rt.world_size} x "
             f"{rt.device.type}, {str(run.dtype).removeprefix('torch.')}, seq {cfg.data.seq_len}, global batch "

@@ -68,14 +68,15 @@ def test_split_folders_are_used_when_present(tmp_path):
     assert len(list(LocalFiles(str(tmp_path / "ds"), "train", 0).documents(0))) == len(DOCS)
 
 
-def test_bad_records_are_counted_or_fatal(tmp_path, capsys):
+def test_bad_records_are_counted_or_fatal(tmp_path, diagnostics):
     f = tmp_path / "bad.jsonl"
     f.write_text('{"text": "fine"}\nnot json\n{"body": "no text field"}\n{"text": "also fine"}\n')
     skip = LocalFiles(str(f), "train", 0)
     skip.hold_out = False
     assert list(skip.documents(0)) == ["fine", "also fine"]
     assert skip.bad_records == 2
-    assert "skipped 2 bad record(s)" in capsys.readouterr().err
+    assert [line.split(";")[0] for line in diagnostics] == ["warning: dataset: skipped 1 bad record(s)",
+                                                            "warning: dataset: skipped 2 bad record(s)"]
     fail = LocalFiles(str(f), "train", 0, on_bad_record="fail")
     fail.hold_out = False
     with pytest.raises(UserError, match=r"bad\.jsonl:2: not JSON"):
@@ -178,7 +179,7 @@ def test_a_bad_record_is_counted_once_in_the_log_metrics_and_summary(tmp_path):
                 "--val_batch_size", "1", "--epochs", "1000", "--progress", "off", "--tensorboard", "0",
                 "--run_dir", str(tmp_path / "run"))
     assert r.returncode == 0, r.stderr[-2000:]
-    assert "skipped 1 bad record(s); latest" in r.stderr and "skipped 2" not in r.stderr
+    assert "warning: dataset: skipped 1 bad record(s); latest" in r.stdout and "skipped 2" not in r.stdout
     assert [m["bad_records"] for m in read_metrics(tmp_path / "run")] == [1, 1, 1]
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["bad_records"] == 1
 

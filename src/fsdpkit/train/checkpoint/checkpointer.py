@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import logging
 import os
 import shutil
 import time
@@ -46,6 +47,8 @@ from fsdpkit.train.checkpoint.catalog import (
 )
 from fsdpkit.train.runtime.dist import Runtime
 from fsdpkit.train.runtime.faults import maybe_fail
+
+log = logging.getLogger(__name__)
 
 # Loading in one process without a process group is intended (export, single-process resume).
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
@@ -264,7 +267,7 @@ def check_resumable(spec: str, model_shape: dict[str, Any]) -> CheckpointInfo | 
 
 
 def resume(spec: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, model_shape: dict[str, Any],
-           rt: Runtime, notices: list[str]) -> CheckpointInfo | None:
+           rt: Runtime) -> CheckpointInfo | None:
     """Load the newest checkpoint that is whole. Given a checkpoint root, a damaged newest one is
     reported, set aside and the next older one tried; a checkpoint named directly must load."""
     newest = check_resumable(spec, model_shape)
@@ -282,8 +285,8 @@ def resume(spec: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, 
             except DamagedCheckpoint as e:
                 problem = e.reason
         moved = set_aside(info.path, rt)
-        notices.append(f"warning: checkpoint {info.path} is damaged ({problem}); set aside as {moved.name}, "
-                       "trying the next older one")
+        log.warning(f"checkpoint {info.path} is damaged ({problem}); set aside as {moved.name}, "
+                    "trying the next older one")
     return None
 
 

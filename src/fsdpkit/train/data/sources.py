@@ -11,8 +11,8 @@ import functools
 import gzip
 import io
 import json
+import logging
 import os
-import sys
 import sysconfig
 import zlib
 from collections.abc import Iterator
@@ -23,6 +23,8 @@ import numpy as np
 
 from fsdpkit.errors import NotFound, UserError
 from fsdpkit.readers import reading
+
+log = logging.getLogger(__name__)
 
 
 class DocumentSource(Protocol):
@@ -169,7 +171,7 @@ class LocalFiles:
         self._bad_seen.add(where)
         n = len(self._bad_seen)
         if self.verbose and (n & (n - 1)) == 0:  # 1, 2, 4, 8, ... so logs stay short
-            print(f"warning: dataset: skipped {n} bad record(s); latest {where}: {why}", file=sys.stderr, flush=True)
+            log.warning(f"dataset: skipped {n} bad record(s); latest {where}: {why}")
 
     def _text_of(self, record: object, where: str) -> str | None:
         if not isinstance(record, dict) or not isinstance(record.get(self.text_field), str):
