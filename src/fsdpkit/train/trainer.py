@@ -46,7 +46,7 @@ from fsdpkit.train.observe.metrics import (
     reset_peak_memory,
 )
 from fsdpkit.train.observe.records import attempts, read_rows, surviving
-from fsdpkit.train.observe.trackers import Trackers
+from fsdpkit.train.observe.trackers import open_trackers
 from fsdpkit.train.optim import build_optimizer, clipped_step, lr_at, set_lr
 from fsdpkit.train.parallel import network
 from fsdpkit.train.parallel.shard import autocast, build_model, compute_dtype, describe_mesh
@@ -348,10 +348,10 @@ def _open_sinks(run: Run, state: TrainState, stack: contextlib.ExitStack) -> Non
     (run_dir / "config.yaml").write_text(REPLAY_HEAD + yamlfile.dump(cfg.replay(run_dir)))
     tb_dir = Path(lg.tensorboard_dir) if lg.tensorboard_dir else run_dir / "tensorboard"
     show_bar = lg.progress == "on" or (lg.progress == "auto" and sys.stderr.isatty())
-    trackers = Trackers(lg.trackers, run_dir, lg.tracker_project, record, state.attempt) if lg.trackers else None
+    trackers = open_trackers(lg.trackers, run_dir, lg.tracker_project, record, state.attempt)
     writer = run.writer = MetricsWriter(run_dir, tb_dir if lg.tensorboard else None, show_bar, cfg.optim.max_steps,
                                         state.attempt, trackers)
-    # Trackers are told whether the run ended well (an exception leaves through here too).
+    # The sinks are told whether the run ended well (an exception leaves through here too).
     stack.push(lambda kind, _e, _tb: writer.close(ok=kind is None))
     # Each start of the run is marked, so readers can tell its attempts apart (a resume that repeats
     # no step included).
@@ -480,7 +480,7 @@ def _finish(run: Run, state: TrainState) -> None:
     and the closing line."""
     if not run.writer:
         return
-    run.writer.jsonl.flush()
+    run.writer.flush()
     rows = read_rows(run.run_dir / "metrics.jsonl")
     kept = surviving(rows)
     train_rows = [r for r in kept if r.get("kind") == "train"]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from fsdpkit.errors import UserError
-from fsdpkit.train.observe.trackers import Trackers
+from fsdpkit.train.observe.trackers import open_trackers
 
 from conftest import FAST, read_metrics, run_cli
 
@@ -125,6 +125,6 @@ def test_no_api_key_reaches_a_log_or_a_file(tracked):
 def test_a_tracker_without_its_setting_is_one_line(tmp_path, monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     with pytest.raises(UserError, match="set MLFLOW_TRACKING_URI"):
-        Trackers(("mlflow",), tmp_path, "p", {}, 0)
+        open_trackers(("mlflow",), tmp_path, "p", {}, 0)
     r = run_cli("train", "--tracker", "comet", "--max_steps", "1")
     assert r.returncode == 2 and "unknown tracker 'comet'; allowed: wandb, mlflow" in r.stderr

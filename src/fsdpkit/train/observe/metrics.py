@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import resource
 import sys
 import time
@@ -15,7 +14,7 @@ import torch
 
 from fsdpkit.hardware.accelerators import GPU_PEAK_TFLOPS
 from fsdpkit.train.observe.log_lines import STEP_PREFIX
-from fsdpkit.train.observe.trackers import Trackers
+from fsdpkit.train.observe.sinks import JsonlSink, Sink, Sinks, TensorBoardSink
 
 
 def gpu_peak_flops(device: torch.device, dtype: torch.dtype) -> float | None:
@@ -168,19 +167,16 @@ def human_line(m: dict[str, Any]) -> str:
 
 
 class MetricsWriter:
-    """Rank 0's sinks: metrics.jsonl, TensorBoard events, experiment trackers (W&B, MLflow), stdout
-    lines and a progress bar."""
+    """Rank 0's output: every record to the run's sinks (metrics.jsonl, TensorBoard, the trackers;
+    observe.sinks), and stdout lines under a progress bar."""
 
     def __init__(self, run_dir: Path, tensorboard_dir: Path | None, progress: bool, total_steps: int,
-                 attempt: int = 0, trackers: Trackers | None = None):
-        self.attempt = attempt  # on every row, so each attempt of a resumed run is told apart
-        self.trackers = trackers
-        self.jsonl = (run_dir / "metrics.jsonl").open("a", buffering=1)
-        self.tb = None
-        if tensorboard_dir is not None:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.tb = SummaryWriter(log_dir=str(tensorboard_dir))
+                 attempt: int = 0, trackers: list[Sink] | None = None):
+        self.attempt = attempt  # on every start row, so each attempt of a resumed run is told apart
+        self.jsonl = JsonlSink(run_dir, attempt)
+        self.sinks = Sinks([self.jsonl],
+                           [*([TensorBoardSink(tensorboard_dir)] if tensorboard_dir is not None else []),
+                            *(trackers or [])])
         self.bar = None
         if progress:
             from tqdm import tqdm
@@ -194,15 +190,13 @@ class MetricsWriter:
             print(line, flush=True)
 
     def record(self, kind: str, metrics: dict[str, Any], line: str | None = None) -> None:
-        self.jsonl.write(json.dumps({"kind": kind, "time": time.time(), "attempt": self.attempt, **metrics}) + "\n")
-        if self.tb is not None:
-            for key, value in metrics.items():
-                if key != "step" and isinstance(value, (int, float)):
-                    self.tb.add_scalar(f"{kind}/{key}", value, metrics["step"])
-        if self.trackers is not None:
-            self.trackers.log(kind, {**metrics, "attempt": self.attempt} if kind == "start" else metrics)
+        self.sinks.log(kind, {**metrics, "attempt": self.attempt} if kind == "start" else metrics)
         if line:
             self.print(line)
+
+    def flush(self) -> None:
+        """metrics.jsonl whole on disk, for a reader in this process (the run's summary)."""
+        self.jsonl.file.flush()
 
     def advance(self, steps: int, loss: float | None = None) -> None:
         if self.bar is not None:
@@ -213,8 +207,4 @@ class MetricsWriter:
     def close(self, ok: bool = True) -> None:
         if self.bar is not None:
             self.bar.close()
-        if self.tb is not None:
-            self.tb.close()
-        if self.trackers is not None:
-            self.trackers.close(ok)
-        self.jsonl.close()
+        self.sinks.close(ok)

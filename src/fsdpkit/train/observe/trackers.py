@@ -1,21 +1,21 @@
-"""Experiment trackers beside TensorBoard: Weights & Biases and MLflow, optional extras. Rank 0
-logs what metrics.jsonl gets (train and validation rows, and a marker at every start), plus the
-resolved config. A run resumed in the same run directory continues the same tracker run: the ids
-are kept in RUN_DIR/trackers.json. API keys stay in the environment, where each library reads
-them; nothing here writes or logs one."""
+"""Experiment trackers, sinks like metrics.jsonl and TensorBoard (observe.sinks): Weights & Biases
+and MLflow, optional extras. Rank 0 logs what metrics.jsonl gets (train and validation rows, and a
+marker at every start), plus the resolved config. A run resumed in the same run directory
+continues the same tracker run: the ids are kept in RUN_DIR/trackers.json. API keys stay in the
+environment, where each library reads them; nothing here writes or logs one."""
 
 from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from fsdpkit.errors import UserError
+from fsdpkit.train.observe.sinks import Sink
 
 IDS = "trackers.json"
 # The trainer's step is the x-axis: a resumed run repeats steps after its last checkpoint, which a
@@ -42,6 +42,8 @@ def _extra(name: str) -> UserError:
 
 
 class WandbTracker:
+    name = "wandb"
+
     def __init__(self, run_dir: Path, project: str, config: dict[str, Any], ids: dict[str, Any], attempt: int):
         try:
             import wandb
@@ -65,6 +67,8 @@ class WandbTracker:
 
 
 class MlflowTracker:
+    name = "mlflow"
+
     def __init__(self, run_dir: Path, project: str, config: dict[str, Any], ids: dict[str, Any], attempt: int):
         try:
             from mlflow.entities import Param, RunTag
@@ -108,45 +112,15 @@ class MlflowTracker:
         self.client.set_terminated(self.run_id, "FINISHED" if ok else "FAILED")
 
 
-class Tracker(Protocol):
-    """What the run tells an experiment tracker: each metrics record, and how the run ended."""
-
-    def log(self, kind: str, metrics: dict[str, Any]) -> None: ...
-
-    def close(self, ok: bool) -> None: ...
+OPEN: dict[str, Callable[..., Sink]] = {"wandb": WandbTracker, "mlflow": MlflowTracker}
 
 
-OPEN: dict[str, Callable[..., Tracker]] = {"wandb": WandbTracker, "mlflow": MlflowTracker}
-
-
-class Trackers:
-    """The trackers a run asked for, opened with the run's ids. A tracker that fails while logging
-    (its server away for a while) is said once on stderr; training goes on."""
-
-    def __init__(self, names: tuple[str, ...], run_dir: Path, project: str, config: dict[str, Any], attempt: int):
-        path = run_dir / IDS
-        ids = json.loads(path.read_text()) if path.is_file() else {}
-        self.open = [(n, OPEN[n](run_dir, project, config, ids, attempt)) for n in names]
-        path.write_text(json.dumps(ids, indent=2) + "\n")
-        self.failing: set[str] = set()
-
-    def _warn(self, name: str, what: str, e: Exception) -> None:
-        if name not in self.failing:
-            self.failing.add(name)
-            detail = str(e).splitlines()[0][:160] if str(e) else ""
-            print(f"fsdpkit: warning: {name} did not take {what} ({type(e).__name__}: {detail}); training goes on",
-                  file=sys.stderr)
-
-    def log(self, kind: str, metrics: dict[str, Any]) -> None:
-        for name, tracker in self.open:
-            try:
-                tracker.log(kind, metrics)
-            except Exception as e:  # a tracker's outage must not stop a training run
-                self._warn(name, f"step {metrics.get('step')}", e)
-
-    def close(self, ok: bool) -> None:
-        for name, tracker in self.open:
-            try:
-                tracker.close(ok)
-            except Exception as e:  # nor lose the run's end: the checkpoint and summary are written
-                self._warn(name, "the run's end", e)
+def open_trackers(names: tuple[str, ...], run_dir: Path, project: str, config: dict[str, Any],
+                  attempt: int) -> list[Sink]:
+    """The trackers a run asked for, as sinks, opened with the run's ids (kept in RUN_DIR/trackers.json
+    so a resumed run continues the same tracker run)."""
+    path = run_dir / IDS
+    ids = json.loads(path.read_text()) if path.is_file() else {}
+    opened = [OPEN[n](run_dir, project, config, ids, attempt) for n in names]
+    path.write_text(json.dumps(ids, indent=2) + "\n")
+    return opened
