@@ -14,6 +14,7 @@ import sys
 from collections.abc import Callable
 from typing import Any, NoReturn
 
+from fsdpkit.durations import seconds
 from fsdpkit.errors import CODES, UserError
 
 
@@ -42,6 +43,14 @@ class Parser(argparse.ArgumentParser):
             keep = {k: v for k, v in kwargs.items() if k in ("type", "choices", "metavar", "action", "nargs")}
             (group or self).add_argument(*hidden, dest=action.dest, default=argparse.SUPPRESS,
                                          help=argparse.SUPPRESS, **keep)
+
+
+def duration(raw: str) -> float:
+    """argparse's type for a wait or a window: seconds, or 30s, 15m, 2h, 1d."""
+    try:
+        return seconds(raw)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 class LineHandler(logging.Handler):

@@ -30,19 +30,19 @@ def test_up_twice_makes_one_of_each_and_down_removes_only_ours(moto):
     client(url, "ecr").create_repository(repositoryName="their-repo")
 
     # A dry run says what up would create, and creates nothing (the AWS calls it made only read).
-    r = run_cli("infra", "up", "--dry-run", "--json", env=env)
+    r = run_cli("infra", "create", "--dry-run", "--json", env=env)
     assert r.returncode == 0, r.stderr
     assert len(json.loads(r.stdout)["data"]["would_create"]) == 5 and "dry run: plan: create" in r.stderr
     assert [b["Name"] for b in client(url, "s3").list_buckets()["Buckets"]] == ["not-ours"]
 
-    r = run_cli("infra", "up", "--json", env=env)
+    r = run_cli("infra", "create", "--json", env=env)
     assert r.returncode == 0, r.stderr
     created = json.loads(r.stdout)["data"]["created"]
     account = json.loads(r.stdout)["data"]["account"]
     assert [c.rsplit(" ", 1)[0] for c in created] == ["s3 bucket", "log group", "ecr repository", "iam role",
                                                       "codebuild project"]
     assert f"s3 bucket fsdpkit-build-{account}-us-west-2" in created
-    r = run_cli("infra", "up", "--json", env=env)
+    r = run_cli("infra", "create", "--json", env=env)
     assert json.loads(r.stdout)["data"]["created"] == [] and "nothing to do" in r.stderr
 
     s3, ecr, cb = client(url, "s3"), client(url, "ecr"), client(url, "codebuild")
@@ -63,10 +63,10 @@ def test_up_twice_makes_one_of_each_and_down_removes_only_ours(moto):
 
     r = run_cli("infra", "status", "--json", env=env)
     assert all(json.loads(r.stdout)["data"]["resources"].values())
-    r = run_cli("infra", "down", "--json", env=env)   # the bucket goes with every object version: asked first
+    r = run_cli("infra", "delete", "--json", env=env)   # the bucket goes with every object version: asked first
     assert r.returncode == 2 and "add --yes to confirm" in json.loads(r.stdout)["error"]["message"]
     assert all(json.loads(run_cli("infra", "status", "--json", env=env).stdout)["data"]["resources"].values())
-    r = run_cli("infra", "down", "--yes", "--json", env=env)
+    r = run_cli("infra", "delete", "--yes", "--json", env=env)
     assert r.returncode == 0, r.stderr
     assert len(json.loads(r.stdout)["data"]["removed"]) == 5
     assert [b["Name"] for b in s3.list_buckets()["Buckets"]] == ["not-ours"]
@@ -146,7 +146,7 @@ def test_image_build_in_codebuild_uploads_the_context_and_reports_the_build(moto
     import zipfile
 
     url, env = moto
-    assert run_cli("infra", "up", env=env).returncode == 0
+    assert run_cli("infra", "create", env=env).returncode == 0
     ctx = tmp_path / "my-trainer"
     (ctx / "src").mkdir(parents=True)
     (ctx / "src" / "train.py").write_text("print('hi')\n")
@@ -237,7 +237,7 @@ def test_push_records_the_digest_and_a_submitted_job_runs_exactly_it(moto, tmp_p
 
 def test_image_test_in_codebuild_runs_the_images_selftest(moto):
     url, env = moto
-    assert run_cli("infra", "up", env=env).returncode == 0
+    assert run_cli("infra", "create", env=env).returncode == 0
     image = "000000000000.dkr.ecr.us-west-2.amazonaws.com/my-trainer:latest"
     r = run_cli("image", "test", image, "--codebuild", "--level", "full", "--poll", "0.1", "--json", env=env)
     assert r.returncode == 0, r.stderr
@@ -261,18 +261,18 @@ def test_test_buildspec_runs_the_selftest():
 
 def test_down_keeps_a_repository_that_holds_images(moto):
     url, env = moto
-    assert run_cli("infra", "up", env=env).returncode == 0
+    assert run_cli("infra", "create", env=env).returncode == 0
     client(url, "ecr").put_image(repositoryName="fsdpkit", imageTag="v1", imageManifest=json.dumps(
         {"schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
          "config": {"mediaType": "application/vnd.docker.container.image.v1+json", "size": 1,
                     "digest": "sha256:" + "0" * 64}, "layers": []}))
-    r = run_cli("infra", "down", "--dry-run", "--json", env=env)
+    r = run_cli("infra", "delete", "--dry-run", "--json", env=env)
     would = json.loads(r.stdout)["data"]["would_remove"]
     assert r.returncode == 0 and len(would) == 4 and "ecr repository fsdpkit" not in would
     status = json.loads(run_cli("infra", "status", "--json", env=env).stdout)["data"]["resources"]
     assert len(status) == 5 and all(status.values())   # nothing removed
-    r = run_cli("infra", "down", "--yes", "--json", env=env)
+    r = run_cli("infra", "delete", "--yes", "--json", env=env)
     assert r.returncode == 0 and "kept ecr repository fsdpkit: it holds 1 image(s)" in r.stderr
     assert [x["repositoryName"] for x in client(url, "ecr").describe_repositories()["repositories"]] == ["fsdpkit"]
-    r = run_cli("infra", "down", "--delete-images", "--yes", "--json", env=env)
+    r = run_cli("infra", "delete", "--delete-images", "--yes", "--json", env=env)
     assert json.loads(r.stdout)["data"]["removed"] == ["ecr repository fsdpkit"]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 
 def test_presets_lists_every_preset_with_counts(cli):
     r = cli("presets", "--json")
@@ -60,6 +62,73 @@ def test_every_option_follows_the_one_naming_rule():
         walk(verb_parser(verb), verb)
     assert not broken, "\n".join(broken)
     assert count > 400   # every command was walked
+
+
+def _options():
+    """(command, option, action) for every option of every command, each parser once."""
+    import argparse
+
+    from fsdpkit.cli.main import VERBS
+    from fsdpkit.cli.reference import subcommands, verb_parser
+
+    seen: set[int] = set()
+
+    def walk(parser, path):
+        for a in parser._actions:
+            if a.option_strings and not isinstance(a, argparse._HelpAction):
+                yield from ((path, o, a) for o in a.option_strings)
+        for name, sub in subcommands(parser).items():
+            if id(sub) not in seen:
+                seen.add(id(sub))
+                yield from walk(sub, f"{path} {name}")
+
+    for verb in VERBS:
+        if verb != "train":   # the trainer's options are its config's fields (checkpoint_every: steps or time)
+            yield from walk(verb_parser(verb), verb)
+
+
+def test_one_name_and_one_grammar_for_each_concept():
+    """How long to wait is --timeout, how often to look is --poll, a window is --since: each takes a
+    duration (seconds, or 30s, 15m, 2h, 1d) through the one parser of them; no other spelling of
+    those concepts (--interval, a --wait that takes seconds); create and delete, never up and down;
+    no verb under two names."""
+    from fsdpkit.envelope import duration
+
+    options = list(_options())
+    timed = {"--timeout", "--poll", "--since", "--stall-after", "--sample-seconds"}
+    wrong = [f"{c} {o}" for c, o, a in options if o in timed and a.type is not duration]
+    assert not wrong, f"a duration option that does not take durations: {wrong}"
+    other = [f"{c} {o}" for c, o, a in options if o == "--interval" or (o == "--wait" and a.nargs != 0)]
+    assert not other, f"another name for --poll or --timeout: {other}"
+    assert {o for _, o, _ in options} >= timed   # the walk saw them
+    # Making and removing a thing is create and delete, on every command (cluster, storage, ray, infra).
+    from fsdpkit.cli.main import VERBS
+    from fsdpkit.cli.reference import subcommands, verb_parser
+
+    def verbs(parser, path):
+        for name, sub in subcommands(parser).items():
+            yield f"{path} {name}", name, sub
+            yield from verbs(sub, f"{path} {name}")
+
+    named = [row for verb in VERBS if verb != "train" for row in verbs(verb_parser(verb), verb)]
+    assert not [path for path, name, _ in named if name in ("up", "down", "cancel", "remove", "destroy")]
+    assert {"cluster delete", "storage fsx delete", "ray delete", "infra delete", "job delete"} <= {
+        path for path, _, _ in named}
+    assert len({id(sub) for _, _, sub in named}) == len(named), "a verb with two names"
+
+
+def test_a_duration_is_read_in_any_unit_and_a_bad_one_is_one_line(cli, tmp_path):
+    from fsdpkit.durations import seconds
+
+    assert [seconds(v) for v in ("90", "90s", "1.5", "15m", "2h", "1d", " 2H ")] == [
+        90, 90, 1.5, 900, 7200, 86400, 7200]
+    for bad in ("soon", "2 weeks", "-5", "1h30m", ""):
+        with pytest.raises(ValueError, match=r"expected seconds \(90\) or a duration \(30s, 15m, 2h, 1d\)"):
+            seconds(bad)
+    r = cli("job", "wait", "some-job", "--timeout", "soon", "--backend", "local")
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        "error: argument --timeout: expected seconds (90) or a duration (30s, 15m, 2h, 1d), got 'soon' "
+        "(see `fsdpkit job wait --help`)"], r.stderr
 
 
 def test_unknown_verb_exits_nonzero(cli):

@@ -43,14 +43,14 @@ def test_image_build_push_and_infra_up_print_their_plan_without_aws(tmp_path, of
     assert plan["steps"][2:4] == ["docker tag my-llm:v1 ACCOUNT.dkr.ecr.us-east-1.amazonaws.com/my-llm:v1",
                                   "docker push ACCOUNT.dkr.ecr.us-east-1.amazonaws.com/my-llm:v1"]
 
-    r = run_cli("infra", "up", "--dry-run", "--json", env=offline)
+    r = run_cli("infra", "create", "--dry-run", "--json", env=offline)
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)["data"]
     assert data["offline"] is True and data["would_create"] == [
         "s3 bucket fsdpkit-build-ACCOUNT-REGION", "iam role fsdpkit-codebuild-REGION", "log group /fsdpkit/codebuild",
         "codebuild project fsdpkit-image-build", "ecr repository fsdpkit"]
     # Without --dry-run the missing credentials are the answer, in one line.
-    r = run_cli("infra", "up", "--region", "us-west-2", env=offline)
+    r = run_cli("infra", "create", "--region", "us-west-2", env=offline)
     assert r.returncode == 3 and "no AWS credentials found" in r.stderr and r.stderr.count("\n") == 1
 
 

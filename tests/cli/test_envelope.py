@@ -33,7 +33,7 @@ CASES = {
     "tokenizer": (["tokenizer", "train", "--dataset", "{tmp}/docs.jsonl", "--vocab_size", "300", "--out", "{tmp}/tok"],
                   ["tokenizer", "train", "--dataset", "{tmp}/docs.jsonl", "--vocab_size", "0", "--out", "{tmp}/t2"]),
     "job": (["job", "render", SPEC], ["job", "render", SPEC, "--set", "nodes=0"]),
-    "ray": (["ray", "up", CLUSTER_SPEC, "--dry-run"], ["ray", "up", "{tmp}/missing.yaml", "--dry-run"]),
+    "ray": (["ray", "create", CLUSTER_SPEC, "--dry-run"], ["ray", "create", "{tmp}/missing.yaml", "--dry-run"]),
     "deploy": (None, ["deploy", "{tmp}/missing.yaml"]),
     "cluster": (["cluster", "config", "--name", "llm", "--region", "us-west-2", "--instance-type", "p5.48xlarge",
                  "--nodes", "2"], ["cluster", "check", "--kubeconfig", "{tmp}/no-kubeconfig"]),

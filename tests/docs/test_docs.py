@@ -104,9 +104,9 @@ NEEDS = [
     (r"^fsdpkit (cluster (check|validate|addons|delete)|storage fsx (create|status|delete|list)"
      r"|infra (up|down|status)|image (build|push|test)|deploy|ray (submit\b(?!.*--dry-run)|down|status|exec))\b",
      "an AWS account or a Kubernetes cluster"),
-    (r"^fsdpkit (cluster create|ray up|storage fsx storage-class)\b(?!.*--dry-run)", "an AWS account or a cluster"),
+    (r"^fsdpkit (cluster create|ray create|storage fsx storage-class)\b(?!.*--dry-run)", "an AWS account or a cluster"),
     (r"--eks-cluster|--context", "an AWS account or a cluster"),
-    (r"^fsdpkit job (status|logs|wait|watch|delete|cancel|list)\b", "a job that is running"),
+    (r"^fsdpkit job (status|logs|wait|watch|delete|list)\b", "a job that is running"),
     (r"^fsdpkit job submit (?!.*--dry-run)", "a cluster (or Slurm's sbatch), or it starts a job in the background"),
     (r"--pvc|/fsx/|/ckpt/", "a cluster's shared storage"),
     (r"allenai/", "the Hugging Face hub"),

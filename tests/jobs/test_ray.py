@@ -1,4 +1,4 @@
-"""KubeRay: RayCluster and RayJob manifests against the real CRD schemas; `ray up` twice makes one
+"""KubeRay: RayCluster and RayJob manifests against the real CRD schemas; `ray create` twice makes one
 cluster, a different spec under the same name is refused, and the head's readiness is awaited."""
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def test_a_raycluster_on_hyperpod_schedules_like_hyperpods_jobs(tmp_path):
     """From a HyperPod spec: healthy nodes only, deep-health-checked ones preferred, the workers in
     the spec's instance group (the CPU head anywhere), and the `ml.` instance type as HyperPod labels it."""
     path = write(tmp_path, backend="hyperpod", hyperpod={"instance_group": "gpu-workers"})
-    r = run_cli("ray", "up", str(path), "--dry-run", "--json")
+    r = run_cli("ray", "create", str(path), "--dry-run", "--json")
     assert r.returncode == 0, r.stderr
     cluster = json.loads(r.stdout)["data"]["manifest"]
     assert not list(crd_validator("ray.io_rayclusters.yaml").iter_errors(cluster))
@@ -97,17 +97,17 @@ def test_ray_up_twice_makes_one_cluster_and_waits_for_the_head(kube, tmp_path):
                 time.sleep(0.3)
     t = threading.Thread(target=operator)
     t.start()
-    r = run_cli("ray", "up", str(path), "--wait", "60", "--poll", "0.2", "--json", env=kube.env, timeout=90)
+    r = run_cli("ray", "create", str(path), "--timeout", "1m", "--poll", "0.2", "--json", env=kube.env, timeout=90)
     t.join()
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["data"] == {"name": "verl", "namespace": "default", "action": "created",
                                             "state": "ready"}
-    r = run_cli("ray", "up", str(path), "--json", env=kube.env)
+    r = run_cli("ray", "create", str(path), "--json", env=kube.env)
     assert r.returncode == 0 and json.loads(r.stdout)["data"]["action"] == "reused"
     posts = [p for m, p, _ in kube.requests() if m == "POST"]
     assert posts == ["/apis/ray.io/v1/namespaces/default/rayclusters?fieldValidation=Strict"]
 
-    r = run_cli("ray", "up", str(write(tmp_path, nodes=4)), env=kube.env)
+    r = run_cli("ray", "create", str(write(tmp_path, nodes=4)), env=kube.env)
     assert r.returncode == 2
     assert "RayCluster 'verl' already exists in default with a different spec" in r.stderr
     assert [p for m, p, _ in kube.requests() if m == "POST"] == posts
@@ -122,13 +122,13 @@ def test_ray_up_twice_makes_one_cluster_and_waits_for_the_head(kube, tmp_path):
     kube.create("/apis/ray.io/v1/namespaces/default/rayjobs", {
         "apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": {"name": "theirs", "labels": job["metadata"][
             "labels"]}, "spec": {"entrypoint": "x", "clusterSelector": {"ray.io/cluster": "other"}}})
-    r = run_cli("ray", "down", "verl", "--dry-run", "--json", env=kube.env)
+    r = run_cli("ray", "delete", "verl", "--dry-run", "--json", env=kube.env)
     assert r.returncode == 0 and json.loads(r.stdout)["data"]["would_delete"] == ["RayJob/grpo", "RayCluster/verl"]
-    r = run_cli("ray", "down", "verl", env=kube.env)   # nobody at a terminal to ask, and no --yes
+    r = run_cli("ray", "delete", "verl", env=kube.env)   # nobody at a terminal to ask, and no --yes
     assert (r.returncode, r.stderr) == (2, "error: delete: removes RayJob/grpo, RayCluster/verl; add --yes to "
                                            "confirm\n")
     assert not [p for m, p, _ in kube.requests() if m == "DELETE"]
-    r = run_cli("ray", "down", "verl", "--yes", "--json", env=kube.env)
+    r = run_cli("ray", "delete", "verl", "--yes", "--json", env=kube.env)
     assert r.returncode == 0 and json.loads(r.stdout)["data"]["deleted"] == ["RayJob/grpo", "RayCluster/verl"]
     assert [p for m, p, _ in kube.requests() if m == "DELETE"] == [
         "/apis/ray.io/v1/namespaces/default/rayjobs/grpo", "/apis/ray.io/v1/namespaces/default/rayclusters/verl"]

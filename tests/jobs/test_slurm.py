@@ -88,7 +88,7 @@ def test_slurm_cancel_stops_with_a_checkpoint_and_the_next_submit_resumes(slurm,
         assert time.monotonic() < deadline, state(slurm, "slurm-resume")
         time.sleep(0.5)
     assert state(slurm, "slurm-resume")["state"] == "Running"
-    r = slurm_cli(slurm, "job", "cancel", "slurm-resume", "--backend", "slurm")
+    r = slurm_cli(slurm, "job", "delete", "slurm-resume", "--backend", "slurm")
     assert r.returncode == 0, r.stderr
     deadline = time.monotonic() + 120
     while (st := state(slurm, "slurm-resume"))["state"] not in ("Cancelled", "Failed", "Succeeded"):

@@ -154,7 +154,7 @@ def test_watch_resubmits_a_failed_job_within_its_budget(kube, tmp_path):
     assert job_cli(kube, "submit", str(write_spec(tmp_path, resubmits=1))).returncode == 0
     set_conditions(kube, "llama-tiny", "Created", "Running", "Failed")
     proc = subprocess.Popen([sys.executable, "-m", "fsdpkit", "job", "watch", "llama-tiny", "--resubmit",
-                             "--interval", "0.2"], cwd=ROOT, env={**os.environ, **kube.env},
+                             "--poll", "0.2"], cwd=ROOT, env={**os.environ, **kube.env},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def attempt() -> str | None:

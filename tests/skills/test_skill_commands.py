@@ -214,8 +214,8 @@ def test_skill_commands_run_as_written(skill, world):
     (folder / "run.yaml").write_text("preset: tiny\noptim:\n  max_steps: 10\n")
     if skill == "fsdpkit-checkpoints":  # the job's volume, as the helper pod sees it
         (folder / "volume" / "my-job").mkdir(parents=True, exist_ok=True)
-    # fsdpkit's build infrastructure, as `fsdpkit infra up` leaves it (the infra skill takes it down).
-    assert run_cli("infra", "up", env=env, timeout=120).returncode == 0
+    # fsdpkit's build infrastructure, as `fsdpkit infra create` leaves it (the infra skill takes it down).
+    assert run_cli("infra", "create", env=env, timeout=120).returncode == 0
     if not (folder / ".git").exists():  # a project under git (--tag-strategy git-sha)
         for git in (["init", "-q"], ["add", "-A"], ["-c", "user.email=a@b", "-c", "user.name=a", "commit", "-qm", "x"]):
             subprocess.run(["git", *git], cwd=folder, check=True, capture_output=True)

@@ -153,7 +153,7 @@ def codebuild(aws: Aws, context: Path | None, image_uri: str, selftest: str = "q
     s3, cb, logs = aws.client("s3"), aws.client("codebuild"), aws.client("logs")
     with aws_errors("reading the CodeBuild project", "codebuild"):
         if not cb.batch_get_projects(names=[n.project]).get("projects"):
-            raise NotFound(f"CodeBuild project {n.project} not found: run `fsdpkit infra up` first")
+            raise NotFound(f"CodeBuild project {n.project} not found: run `fsdpkit infra create` first")
     env = [{"name": "IMAGE_URI", "value": image_uri, "type": "PLAINTEXT"},
            {"name": "SELFTEST_LEVEL", "value": selftest, "type": "PLAINTEXT"}]
     if test_only:

@@ -1,7 +1,7 @@
-"""`fsdpkit infra up|status|down`: exactly what the image build path needs, nothing more: an S3
+"""`fsdpkit infra create|status|delete`: exactly what the image build path needs, nothing more: an S3
 bucket for build contexts, a least-privilege IAM role for CodeBuild, a CloudWatch log group, the
 CodeBuild project and the ECR repository. Idempotent, tagged, with a plan printed before changes;
-`down` removes only what carries fsdpkit's tag. The same resources as a CloudFormation template."""
+`delete` removes only what carries fsdpkit's tag. The same resources as a CloudFormation template."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ class Names:
                    PROJECT, repository)
 
     def resources(self) -> list[str]:
-        """Every resource `up` makes, as plans and `status` name them."""
+        """Every resource `create` makes, as plans and `status` name them."""
         return [f"s3 bucket {self.bucket}", f"iam role {self.role}", f"log group {self.log_group}",
                 f"codebuild project {self.project}", f"ecr repository {self.repository}"]
 
@@ -106,8 +106,8 @@ class Infra:
         found = (bucket, role, any(g["logGroupName"] == n.log_group for g in groups), project, n.repository in repos)
         return dict(zip(n.resources(), found, strict=True))
 
-    # -- up ----------------------------------------------------------------------------------------
-    def up(self, say: Callable[[str], None] = print, dry_run: bool = False) -> list[str]:
+    # -- create ----------------------------------------------------------------------------------------
+    def create(self, say: Callable[[str], None] = print, dry_run: bool = False) -> list[str]:
         """Create what is missing, in dependency order; returns what was created (with `dry_run`,
         what would be, creating nothing)."""
         have = self.status()
@@ -161,10 +161,10 @@ class Infra:
             created.append(f"codebuild project {n.project}")
         return created
 
-    # -- down --------------------------------------------------------------------------------------
-    def down(self, say: Callable[[str], None] = print, delete_images: bool = False,
+    # -- delete --------------------------------------------------------------------------------------
+    def delete(self, say: Callable[[str], None] = print, delete_images: bool = False,
              dry_run: bool = False) -> list[str]:
-        """Remove what `up` made (fsdpkit's names and tag), newest first; nothing else. A repository
+        """Remove what `create` made (fsdpkit's names and tag), newest first; nothing else. A repository
         that still holds images is kept unless `delete_images`: images are not ours to lose. With
         `dry_run`, what would be removed, removing nothing."""
         have, n, removed = self.status(), self.n, []
@@ -222,7 +222,7 @@ class Infra:
 
 
 def cloudformation(repository: str = "fsdpkit") -> dict[str, Any]:
-    """The same resources as `infra up`, for users who deploy with CloudFormation."""
+    """The same resources as `infra create`, for users who deploy with CloudFormation."""
     tags = [{"Key": TAG_KEY, "Value": TAG_VALUE}]
     bucket = {"Fn::Sub": "fsdpkit-build-${AWS::AccountId}-${AWS::Region}"}
     return {

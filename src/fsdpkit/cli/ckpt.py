@@ -161,7 +161,7 @@ def _storage_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
-def main(argv: list[str]) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="fsdpkit ckpt", description="List, find and prune checkpoints, here or on a PVC.")
     sub = parser.add_subparsers(dest="action", required=True, parser_class=Parser)
     p_list = sub.add_parser("list", help="checkpoints in a directory, oldest first")
@@ -181,4 +181,8 @@ def main(argv: list[str]) -> int:
     p_show.add_argument("checkpoint")
     p_show.add_argument("--json", action="store_true", help="machine-readable output")
     p_show.set_defaults(func=cmd_show)
-    return dispatch(parser, argv)
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    return dispatch(build_parser(), argv)

@@ -11,6 +11,7 @@ from typing import Any
 from fsdpkit import yamlfile
 from fsdpkit.aws.session import pick_region
 from fsdpkit.cli.output import Parser, confirmed, dispatch, emit_json, progress
+from fsdpkit.envelope import duration
 from fsdpkit.errors import UserError
 
 _MARK = {"pass": "PASS", "warn": "WARN", "fail": "FAIL"}
@@ -284,7 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--instance-type", help="nccl: the instance type of those nodes (p5.48xlarge, ...)")
     p.add_argument("--image", help="gpu: a CUDA base image; nccl: an image with nccl-tests, aws-ofi-nccl, MPI")
     p.add_argument("-n", "--namespace", default="default")
-    p.add_argument("--poll", type=float, default=5.0, help=argparse.SUPPRESS)
+    p.add_argument("--poll", type=duration, default=5.0, help=argparse.SUPPRESS)
     p.add_argument("--dry-run", action="store_true", help="nccl: print the MPIJob it would run; no cluster needed")
     _kube_flags(p)
     p.add_argument("--json", action="store_true")

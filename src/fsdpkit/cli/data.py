@@ -85,7 +85,7 @@ def cmd_train_tokenizer(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str], prog: str = "fsdpkit data") -> int:
+def build_parser(prog: str = "fsdpkit data") -> argparse.ArgumentParser:
     parser = Parser(prog=prog, description="Prepare training data offline.")
     sub = parser.add_subparsers(dest="action", required=True)
     if prog.endswith("data"):
@@ -101,8 +101,16 @@ def main(argv: list[str], prog: str = "fsdpkit data") -> int:
         p.add_training_option("--max-documents", type=int, default=0, help="use at most this many documents (0: all)")
         p.add_argument("--out", required=True, help="directory for tokenizer.json")
         p.set_defaults(func=cmd_train_tokenizer)
-    return dispatch(parser, argv)
+    return parser
+
+
+def tokenizer_parser() -> argparse.ArgumentParser:
+    return build_parser(prog="fsdpkit tokenizer")
+
+
+def main(argv: list[str]) -> int:
+    return dispatch(build_parser(), argv)
 
 
 def tokenizer_main(argv: list[str]) -> int:
-    return main(argv, prog="fsdpkit tokenizer")
+    return dispatch(tokenizer_parser(), argv)

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from fsdpkit.cli.output import Parser, dispatch, emit_json, progress
+from fsdpkit.envelope import duration
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
@@ -34,7 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fresh", action="store_true", help="ignore the progress of an earlier failed deploy")
     p.add_argument("--strict", action="store_true", help="stop at the check step when the capacity planner says "
                    "the job cannot fit (otherwise a warning)")
-    p.add_argument("--poll", type=float, default=15.0, help="seconds between looks while watching")
+    p.add_argument("--poll", type=duration, default=15.0,
+                   help="time between looks while watching (seconds, or 30s, 1m)")
     p.add_argument("--context")
     p.add_argument("--kubeconfig")
     p.add_argument("--json", action="store_true")

@@ -32,7 +32,7 @@ def show(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str]) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="fsdpkit examples", description="Example job specs (local, EKS, HyperPod, Trainer v2, "
                     "Slurm), shipped with fsdpkit.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -45,4 +45,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--force", action="store_true", help="overwrite an existing file")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=show)
-    return dispatch(parser, argv)
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    return dispatch(build_parser(), argv)

@@ -8,7 +8,7 @@ from pathlib import Path
 from fsdpkit.cli.output import Parser, dispatch, emit_json
 
 
-def main(argv: list[str]) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="fsdpkit export", description="Write a checkpoint as consolidated Hugging Face safetensors.")
     parser.add_argument("source", help="a checkpoint, a checkpoint directory (newest), or a run directory")
@@ -17,7 +17,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="dtype of the written weights")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.set_defaults(func=run)
-    return dispatch(parser, argv)
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    return dispatch(build_parser(), argv)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from fsdpkit.cli.output import Parser, dispatch, emit_json, progress
+from fsdpkit.envelope import duration
 from fsdpkit.errors import Conflict, NotFound, UserError
 from fsdpkit.image import pins
 from fsdpkit.image.dockerfile import BASES, DEFAULT_BASE
@@ -254,7 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tag-strategy", default="auto", help="auto (git sha, else time), git-sha, semantic, latest")
     p.add_argument("--selftest", default="quick", choices=("quick", "standard", "full"),
                    help="the image's selftest level run before pushing")
-    p.add_argument("--poll", type=float, default=3.0, help=argparse.SUPPRESS)
+    p.add_argument("--poll", type=duration, default=3.0, help=argparse.SUPPRESS)
     aws_args(p)
     p.set_defaults(func=cmd_build)
     p = sub.add_parser("push", help="push a local image to ECR (creating the repository with its policies)")
@@ -267,7 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--level", default="standard", choices=("quick", "standard", "full"))
     p.add_argument("--codebuild", action="store_true")
     p.add_argument("--gpus", action="store_true", help="local Docker: pass the GPUs in (--gpus all)")
-    p.add_argument("--poll", type=float, default=3.0, help=argparse.SUPPRESS)
+    p.add_argument("--poll", type=duration, default=3.0, help=argparse.SUPPRESS)
     p.add_argument("--region")
     p.add_argument("--profile")
     p.add_argument("--json", action="store_true")

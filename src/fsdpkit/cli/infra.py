@@ -1,4 +1,4 @@
-"""`fsdpkit infra up|status|down|template`: the AWS resources the image build path needs."""
+"""`fsdpkit infra create|status|delete|template`: the AWS resources the image build path needs."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def cmd(args: argparse.Namespace) -> int:
     from fsdpkit.aws.session import connect, connect_for
 
     say = progress(args)
-    if args.cmd == "up" and args.dry_run:
+    if args.cmd == "create" and args.dry_run:
         aws = connect_for(args.region, args.profile, True, say)
         if aws.session is None:   # no AWS to ask what exists: the whole plan, as it would be made
             plan = Names.of(aws, args.repository).resources()
@@ -40,14 +40,15 @@ def cmd(args: argparse.Namespace) -> int:
         for k, v in have.items():
             print(f"{'present' if v else 'missing':8s} {k}")
         return 0
-    if args.cmd == "down" and not args.dry_run:
-        plan = infra.down(say, args.delete_images, dry_run=True)
+    if args.cmd == "delete" and not args.dry_run:
+        plan = infra.delete(say, args.delete_images, dry_run=True)
         # The bucket goes with every object version in it (build contexts, logs): asked first.
         if plan and not confirmed(args, ", ".join(plan), f"remove {', '.join(plan)} (the bucket with every "
                                   "object version in it)?"):
             return 1
-    done = infra.up(say, args.dry_run) if args.cmd == "up" else infra.down(say, args.delete_images, args.dry_run)
-    key = ("would_create" if args.dry_run else "created") if args.cmd == "up" else \
+    done = infra.create(say, args.dry_run) if args.cmd == "create" else \
+        infra.delete(say, args.delete_images, args.dry_run)
+    key = ("would_create" if args.dry_run else "created") if args.cmd == "create" else \
         ("would_remove" if args.dry_run else "removed")
     if args.json:
         return emit_json({"account": aws.account, "region": aws.region, "dry_run": args.dry_run, key: done})
@@ -58,8 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="fsdpkit infra", description="S3 bucket, CodeBuild role and project, log group and ECR "
                     "repository for building images; idempotent, tagged fsdpkit:managed=true.")
     sub = parser.add_subparsers(dest="cmd", required=True, metavar="VERB", parser_class=Parser)
-    for verb, text in (("up", "create what is missing (prints the plan first)"), ("status", "what exists"),
-                       ("down", "remove what fsdpkit created, nothing else: the CodeBuild project, the IAM role, "
+    for verb, text in (("create", "create what is missing (prints the plan first)"), ("status", "what exists"),
+                       ("delete", "remove what fsdpkit created, nothing else: the CodeBuild project, the IAM role, "
                         "the log group, the S3 bucket with every object version, the ECR repository if it holds "
                         "no images (asks first)"),
                        ("template", "the same resources as a CloudFormation template")):
@@ -69,11 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--repository", default="fsdpkit", help="ECR repository name")
         p.add_argument("--immutable-tags", action="store_true", help="ECR tag immutability")
         p.add_argument("--json", action="store_true")
-        if verb == "down":
+        if verb == "delete":
             p.add_argument("--delete-images", action="store_true", help="also remove an ECR repository that "
                            "still holds images")
             p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
-        if verb in ("up", "down"):
+        if verb in ("create", "delete"):
             p.add_argument("--dry-run", action="store_true", help="print the plan; create or remove nothing")
         p.set_defaults(func=cmd)
     return parser

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from fsdpkit.cli.output import Parser, delete_asked, dispatch, emit_json, finding_message, print_findings, write_new
+from fsdpkit.envelope import duration
 from fsdpkit.errors import UserError
 from fsdpkit.jobs.backends import Backend, Watchable, get_backend, wait
 from fsdpkit.jobs.capacity import capacity as check_capacity
@@ -255,7 +256,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
             continue
         if done:
             return code
-        time.sleep(args.interval)
+        time.sleep(args.poll)
 
 
 def cmd_wait(args: argparse.Namespace) -> int:
@@ -323,7 +324,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--replace", action="store_true", help="delete a job of the same name first")
     p.add_argument("--strict", action="store_true", help="refuse a job the capacity planner says cannot fit")
     p.add_argument("--wait", action="store_true", help="wait for the job to end; exit code from its result")
-    p.add_argument("--poll", type=float, default=10.0, help=argparse.SUPPRESS)
+    p.add_argument("--poll", type=duration, default=10.0, help=argparse.SUPPRESS)
     common(p)
     p.set_defaults(func=cmd_submit)
 
@@ -349,8 +350,8 @@ def build_parser() -> argparse.ArgumentParser:
     common(p)
     p.set_defaults(func=cmd_list)
 
-    p = sub.add_parser("delete", aliases=["cancel"],
-                       help="cancel and remove a job (its checkpoint storage is kept); `cancel` is the same verb")
+    p = sub.add_parser("delete",
+                       help="stop and remove a job (its checkpoint storage is kept)")
     name_args(p)
     p.add_argument("--delete-storage", action="store_true", help="also delete the PVC fsdpkit created for it, and "
                    "the checkpoints on it (asks first; a claim the spec named is never deleted)")
@@ -362,10 +363,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("watch", help="live step, loss, tokens/s, pods, each node's GPU and EFA use, and problems: "
                        "stall, OOM, crash loop, pending reason, NCCL timeout, straggler, flat EFA")
     name_args(p)
-    p.add_argument("--stall-after", type=float, default=900, help="seconds without a new step that count as a stall")
-    p.add_argument("--interval", type=float, default=15.0, help="seconds between looks")
+    p.add_argument("--stall-after", type=duration, default=900,
+                   help="time without a new step that counts as a stall (seconds, or 15m, 1h)")
+    p.add_argument("--poll", type=duration, default=15.0, help="time between looks (seconds, or 30s, 1m)")
     p.add_argument("--once", action="store_true", help="one look; exit 1 if there is a finding")
-    p.add_argument("--sample-seconds", type=float, default=5.0,
+    p.add_argument("--sample-seconds", type=duration, default=5.0,
                    help="each look, sample every node's GPU utilisation and EFA traffic over this many seconds "
                    "(one exec of sh in each pod): per-node rates, stragglers, EFA that stays flat")
     p.add_argument("--no-sample", action="store_true", help="read pods and logs only; no exec into the pods")
@@ -377,8 +379,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("wait", help="wait for the job to end: exit 0 Succeeded, 1 Failed, 124 timed out")
     name_args(p)
-    p.add_argument("--timeout", type=float, help="seconds (default: no limit)")
-    p.add_argument("--poll", type=float, default=10.0, help="seconds between checks")
+    p.add_argument("--timeout", type=duration, help="how long to wait: seconds, or 30m, 2h (default: no limit)")
+    p.add_argument("--poll", type=duration, default=10.0, help="time between checks (seconds, or 30s, 1m)")
     common(p)
     p.set_defaults(func=cmd_wait)
     return parser

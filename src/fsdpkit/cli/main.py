@@ -22,11 +22,11 @@ VERBS = {
     "cluster": ("fsdpkit.cli.cluster", "provision an EKS cluster (config, create, addons install) and check it "
                 "is ready to train"),
     "storage": ("fsdpkit.cli.storage", "FSx for Lustre for checkpoints and data, with its PersistentVolume"),
-    "ray": ("fsdpkit.cli.ray", "KubeRay clusters from a job spec: ray up|status|down|submit|exec"),
+    "ray": ("fsdpkit.cli.ray", "KubeRay clusters from a job spec: ray create|status|delete|submit|exec"),
     "deploy": ("fsdpkit.cli.deploy", "check the cluster, ensure storage and secret, submit and watch a job"),
     "selftest": ("fsdpkit.train.selftest", "check this environment can train (--level quick|standard|full)"),
     "image": ("fsdpkit.cli.image", "write a Dockerfile on a known-good base; find PyTorch/CUDA/EFA conflicts"),
-    "infra": ("fsdpkit.cli.infra", "AWS resources for image builds: infra up|status|down|template"),
+    "infra": ("fsdpkit.cli.infra", "AWS resources for image builds: infra create|status|delete|template"),
     "metrics": ("fsdpkit.cli.metrics", "each node's GPU use over a job's lifetime from Prometheus or Amazon Managed "
                 "Prometheus (DCGM series)"),
     "report": ("fsdpkit.cli.report", "plot runs (loss, lr, tokens/s, MFU, memory, restarts) into an HTML page"),

@@ -9,17 +9,15 @@ import datetime as dt
 import json
 import math
 import os
-import re
 from pathlib import Path
 
 from fsdpkit.aws.sigv4 import amp_region, sigv4_auth
 from fsdpkit.cli.output import Parser, dispatch, emit_json, finding_message, print_findings
+from fsdpkit.envelope import duration
 from fsdpkit.errors import UserError
 from fsdpkit.jobs.backends.kube_observe import KubeObserver
 from fsdpkit.jobs.prometheus import job_utilisation
 
-_SINCE = re.compile(r"^(\d+)(m|h|d)$")
-_UNIT = {"m": 60, "h": 3600, "d": 86400}
 _BARS = "▁▂▃▄▅▆▇█"
 
 
@@ -31,10 +29,7 @@ def _window(args: argparse.Namespace) -> tuple[dt.datetime, dt.datetime]:
     """--since, else the job's lifetime as its operator recorded it (start to completion, or now)."""
     now = dt.datetime.now(dt.timezone.utc)
     if args.since:
-        m = _SINCE.match(args.since)
-        if not m:
-            raise UserError(f"--since {args.since!r}: expected minutes, hours or days (90m, 6h, 2d)")
-        return now - dt.timedelta(seconds=int(m.group(1)) * _UNIT[m.group(2)]), now
+        return now - dt.timedelta(seconds=args.since), now
     details = KubeObserver(args.context, args.kubeconfig).status(args.job, args.namespace).details
     if not details.get("startTime"):
         raise UserError(f"job {args.job} has no start time yet (not started); pass --since 2h for a window")
@@ -83,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     return code
 
 
-def main(argv: list[str]) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="fsdpkit metrics", description="Each node's GPU utilisation and memory over a job's "
                     "lifetime, from Prometheus (the DCGM exporter's series, as HyperPod's observability add-on or "
                     "the GPU operator scrape them). Amazon Managed Prometheus is queried with SigV4 from the "
@@ -92,8 +87,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--prometheus", metavar="URL", help="Prometheus or AMP workspace URL (default: "
                         "$FSDPKIT_PROMETHEUS_URL)")
     parser.add_argument("-n", "--namespace", default="default", help="the job's namespace")
-    parser.add_argument("--since", help="a window ending now (90m, 6h, 2d) instead of the job's lifetime, which "
-                        "is read from the cluster")
+    parser.add_argument("--since", type=duration, help="a window ending now (90m, 6h, 2d) instead of the job's "
+                        "lifetime, which is read from the cluster")
     parser.add_argument("--step", type=int, help="seconds between points (default: about 250 points)")
     parser.add_argument("--sigv4", action="store_true", help="sign with SigV4 for a URL that does not look like "
                         "AMP (a proxy or VPC endpoint); AMP workspace URLs are always signed")
@@ -104,4 +99,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--kubeconfig", help="kubeconfig file")
     parser.add_argument("--json", action="store_true", help="one JSON envelope on stdout")
     parser.set_defaults(func=run)
-    return dispatch(parser, argv)
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    return dispatch(build_parser(), argv)

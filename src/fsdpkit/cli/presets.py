@@ -39,12 +39,16 @@ def _human(n: int) -> str:
     return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.2f}M"
 
 
-def main(argv: list[str]) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="fsdpkit presets", description="List the model presets and the training recipe each "
                     "carries (flags, YAML and job specs override any of it).")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.set_defaults(func=show)
-    return dispatch(parser, argv)
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    return dispatch(build_parser(), argv)
 
 
 def show(args: argparse.Namespace) -> int:

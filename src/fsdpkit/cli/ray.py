@@ -1,4 +1,4 @@
-"""`fsdpkit ray up|status|down|submit|exec`: a KubeRay RayCluster from a job spec, and work on it."""
+"""`fsdpkit ray create|status|delete|submit|exec`: a KubeRay RayCluster from a job spec, and work on it."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from fsdpkit import yamlfile
 from fsdpkit.cli.output import Parser, delete_asked, dispatch, emit_json
+from fsdpkit.envelope import duration
 from fsdpkit.errors import UserError
 
 if TYPE_CHECKING:  # imported when a verb runs, so that --help stays fast
@@ -40,7 +41,7 @@ def _spec(args: argparse.Namespace) -> JobSpec:
     return spec
 
 
-def cmd_up(args: argparse.Namespace) -> int:
+def cmd_create(args: argparse.Namespace) -> int:
     from fsdpkit.jobs.ray import raycluster_manifest
 
     spec = _spec(args)
@@ -52,7 +53,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         print(yamlfile.dump(manifest), end="")
         return 0
     ray, _ = _client(args)
-    out = ray.up(spec, wait=args.wait, poll=args.poll)
+    out = ray.create(spec, wait=args.timeout, poll=args.poll)
     if args.json:
         return emit_json(out)
     print(f"RayCluster {out['name']} {out['action']} ({out['state']})")
@@ -68,10 +69,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_down(args: argparse.Namespace) -> int:
+def cmd_delete(args: argparse.Namespace) -> int:
     ray, _ = _client(args)
-    targets = ray.down(args.name, args.namespace, dry_run=True)
-    return delete_asked(args, targets, lambda: ray.down(args.name, args.namespace),
+    targets = ray.delete(args.name, args.namespace, dry_run=True)
+    return delete_asked(args, targets, lambda: ray.delete(args.name, args.namespace),
                         f"delete {', '.join(targets)} in {args.namespace}?")
 
 
@@ -136,20 +137,21 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("spec", help="job spec YAML (image, nodes, instance_type, storage, ...)")
         p.add_spec_overrides()
 
-    p = sub.add_parser("up", help="create the RayCluster, or reuse it if it exists with the same spec")
+    p = sub.add_parser("create", help="create the RayCluster, or reuse it if it exists with the same spec")
     spec_args(p)
-    p.add_argument("--wait", type=float, help="seconds to wait for the head to be ready")
-    p.add_argument("--poll", type=float, default=5.0, help=argparse.SUPPRESS)
+    p.add_argument("--timeout", type=duration, help="how long to wait for the head to be ready: seconds, or 10m "
+                   "(default: do not wait)")
+    p.add_argument("--poll", type=duration, default=5.0, help=argparse.SUPPRESS)
     p.add_argument("--dry-run", action="store_true", help="print the RayCluster manifest")
     common(p)
-    p.set_defaults(func=cmd_up)
+    p.set_defaults(func=cmd_create)
     for verb, func, text in (("status", cmd_status, "the cluster's state"),
-                             ("down", cmd_down, "delete the RayJobs `ray submit` made on it, then the RayCluster "
+                             ("delete", cmd_delete, "delete the RayJobs `ray submit` made on it, then the RayCluster "
                               "(asks first)")):
         p = sub.add_parser(verb, help=text)
         p.add_argument("name")
         p.add_argument("-n", "--namespace", default="default")
-        if verb == "down":
+        if verb == "delete":
             p.add_argument("--dry-run", action="store_true", help="print what would be deleted")
             p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
         common(p)

@@ -2,42 +2,28 @@
 
     python -m fsdpkit.cli.reference > docs/reference.md
 
-Each verb's `main` is run with its parser's parsing intercepted: the parser it builds is captured
-and described (arguments, defaults, choices, help) in a fixed format, independent of the Python
-version's help layout. A test regenerates this and compares it with the file.
+Each verb's parser (its module's build_parser) is described (arguments, defaults, choices, help)
+in a fixed format, independent of the Python version's help layout. A test regenerates this and
+compares it with the file.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-from typing import Any, NoReturn
-from unittest import mock
+from typing import Any
 
 from fsdpkit.cli.main import VERBS
 from fsdpkit.errors import CODES
 
 
-class _Captured(Exception):
-    def __init__(self, parser: argparse.ArgumentParser):
-        super().__init__(parser.prog)
-        self.parser = parser
-
-
-def _grab(self: argparse.ArgumentParser, args: Any = None, namespace: Any = None) -> NoReturn:
-    raise _Captured(self)
-
-
 def verb_parser(verb: str) -> argparse.ArgumentParser:
-    """The parser `fsdpkit VERB` builds, captured just before it would parse anything."""
+    """The parser `fsdpkit VERB` runs: its module's build_parser (tokenizer_parser beside
+    tokenizer_main), built without parsing anything."""
     module_name, _, func = VERBS[verb][0].partition(":")
-    main = getattr(importlib.import_module(module_name), func or "main")
-    with mock.patch.object(argparse.ArgumentParser, "parse_known_args", _grab):
-        try:
-            main([])
-        except _Captured as c:
-            return c.parser
-    raise RuntimeError(f"fsdpkit {verb}: no argument parser was built")
+    name = f"{func.removesuffix('_main')}_parser" if func else "build_parser"
+    parser: argparse.ArgumentParser = getattr(importlib.import_module(module_name), name)()
+    return parser
 
 
 def _describe(action: argparse.Action) -> str:
@@ -83,7 +69,7 @@ def _section(parser: argparse.ArgumentParser, depth: int, description: str | Non
         helps = {a.dest: a.help for a in subs._choices_actions}
         seen: set[int] = set()
         for name, sub in subs.choices.items():
-            if id(sub) not in seen:  # an alias (`job cancel` for `job delete`) is the same parser
+            if id(sub) not in seen:  # an alias of a verb is the same parser
                 seen.add(id(sub))
                 lines += _section(sub, depth + 1, helps.get(name))
     return lines

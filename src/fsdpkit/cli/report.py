@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str]) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="fsdpkit report", description="Plot one or more runs (also one still being written): "
                     "loss, validation loss, learning rate, tokens/s, MFU, memory and restarts, as PNGs and one "
                     "self-contained HTML page.")
@@ -47,4 +47,8 @@ def main(argv: list[str]) -> int:
                         "the trainer's tokens/s (the JSON that `fsdpkit metrics JOB --out FILE` writes)")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.set_defaults(func=run)
-    return dispatch(parser, argv)
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    return dispatch(build_parser(), argv)

@@ -30,7 +30,7 @@ def install_(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str]) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="fsdpkit skills", description="Skills (SKILL.md) for AI coding agents: OpenCode, Claude Code.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     p = sub.add_parser("list", help="the skills fsdpkit ships")
@@ -42,4 +42,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--dir", help="install into this folder instead (DIR/<skill>/SKILL.md)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=install_)
-    return dispatch(parser, argv)
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    return dispatch(build_parser(), argv)

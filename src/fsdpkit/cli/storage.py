@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from fsdpkit import yamlfile
 from fsdpkit.cli.output import Parser, confirmed, dispatch, emit_json, progress
+from fsdpkit.envelope import duration
 from fsdpkit.errors import UserError
 
 if TYPE_CHECKING:  # imported when a verb runs, so that --help stays fast
@@ -193,8 +194,8 @@ def build_parser() -> argparse.ArgumentParser:
     shape(p)
     p.add_argument("--no-wait", action="store_true", help="return once creation has started (no PV/PVC yet)")
     p.add_argument("--no-k8s", action="store_true", help="do not create the PersistentVolume and claim")
-    p.add_argument("--timeout", type=float, default=3600, help="seconds to wait for AVAILABLE")
-    p.add_argument("--poll", type=float, default=15, help=argparse.SUPPRESS)
+    p.add_argument("--timeout", type=duration, default=3600, help="how long to wait for AVAILABLE: seconds, or 1h")
+    p.add_argument("--poll", type=duration, default=15, help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_create)
 
     p = verbs.add_parser("status", help="lifecycle, DNS and mount name, size, throughput")

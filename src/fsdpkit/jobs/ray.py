@@ -1,6 +1,6 @@
 """KubeRay: a RayCluster (a CPU head plus one GPU worker group, EFA and /dev/shm like a training
-pod) and RayJobs, rendered from the same JobSpec. `up` reuses a cluster of the same spec instead of
-failing or creating a second one, and refuses one of that name made from a different spec; `down`
+pod) and RayJobs, rendered from the same JobSpec. `create` reuses a cluster of the same spec instead of
+failing or creating a second one, and refuses one of that name made from a different spec; `delete`
 removes the RayJobs `submit` made on it, then the cluster.
 
 Ray workers run other programs than fsdpkit's trainer, vLLM among them (VERL's rollouts): they get
@@ -111,7 +111,7 @@ class RayClient:
                 return None
             raise
 
-    def up(self, spec: JobSpec, wait: float | None = None, poll: float = 5.0) -> dict[str, Any]:
+    def create(self, spec: JobSpec, wait: float | None = None, poll: float = 5.0) -> dict[str, Any]:
         """Create the RayCluster, or reuse the one of this name if it was made from the same spec."""
         obj = raycluster_manifest(spec)
         existing = self.get(spec.name, spec.namespace)
@@ -119,7 +119,7 @@ class RayClient:
             theirs = (existing["metadata"].get("annotations") or {}).get(SPEC_HASH)
             if theirs != obj["metadata"]["annotations"][SPEC_HASH]:
                 raise Conflict(f"RayCluster {spec.name!r} already exists in {spec.namespace} with a different spec; "
-                                f"`fsdpkit ray down {spec.name}` first, or pick another name")
+                                f"`fsdpkit ray delete {spec.name}` first, or pick another name")
             action = "reused"
         else:
             try:
@@ -159,7 +159,7 @@ class RayClient:
         return [j["metadata"]["name"] for j in items if labels_match(j["metadata"].get("labels"), wanted)
                 and (j.get("spec") or {}).get("clusterSelector", {}).get(CLUSTER_LABEL) == name]
 
-    def down(self, name: str, namespace: str, dry_run: bool = False) -> list[str]:
+    def delete(self, name: str, namespace: str, dry_run: bool = False) -> list[str]:
         """Delete the RayJobs `submit` made on the cluster, then the RayCluster; KIND/NAME of each
         (what would be deleted, with `dry_run`)."""
         if self.get(name, namespace) is None:
@@ -172,7 +172,8 @@ class RayClient:
 
     def submit(self, spec: JobSpec, entrypoint: str, job_name: str, entrypoint_gpus: float) -> dict[str, Any]:
         if self.get(spec.name, spec.namespace) is None:
-            raise NotFound(f"RayCluster {spec.name!r} not found in {spec.namespace}; start it with `fsdpkit ray up`")
+            raise NotFound(f"RayCluster {spec.name!r} not found in {spec.namespace}; "
+                           "start it with `fsdpkit ray create`")
         if self.get(job_name, spec.namespace, "rayjobs") is not None:
             raise Conflict(f"RayJob {job_name!r} already exists in {spec.namespace}; pick another --job-name")
         obj = rayjob_manifest(spec, entrypoint, job_name, entrypoint_gpus)

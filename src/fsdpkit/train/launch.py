@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import logging
@@ -11,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from fsdpkit.envelope import emit_error, emit_json, show_diagnostics
 from fsdpkit.errors import UserError
+from fsdpkit.train import config
 from fsdpkit.train.config import TrainConfig, parse_args
 from fsdpkit.train.runtime import dist, run_lock
 from fsdpkit.train.runtime.supervisor import (
@@ -80,6 +82,11 @@ def summary(result: TrainResult) -> dict[str, Any]:
     path = result.run_dir / "summary.json"
     data = json.loads(path.read_text()) if path.is_file() else {"steps": result.steps}
     return {"run_dir": str(result.run_dir), **data, "stopped_by_signal": result.stopped_by_signal}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """`fsdpkit train`'s parser: the config's, generated from its fields."""
+    return config.build_parser()
 
 
 def _to_stdout(line: str) -> None:

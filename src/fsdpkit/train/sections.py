@@ -10,6 +10,7 @@ from typing import Literal
 
 from pydantic import field_validator
 
+from fsdpkit.durations import DURATION_UNITS
 from fsdpkit.errors import UserError
 from fsdpkit.settings import Bool, Float, Int, Settings, Str, fail, option
 
@@ -188,8 +189,7 @@ class LogConfig(Settings):
         return parse_trackers(self.tracker)
 
 
-_EVERY = re.compile(r"^(\d+)(s|m|h)?$")
-_SECONDS = {"s": 1, "m": 60, "h": 3600}
+_EVERY = re.compile(r"^(\d+)([smhd])?$")
 
 
 def parse_every(raw: str | None) -> tuple[int | None, int | None]:
@@ -198,7 +198,7 @@ def parse_every(raw: str | None) -> tuple[int | None, int | None]:
     if not m:
         raise ValueError(f"expected steps (500) or a wall time (30m, 2h, 900s), got {raw!r}")
     n, unit = int(m.group(1)), m.group(2)
-    return (None, n * _SECONDS[unit] or None) if unit else (n or None, None)
+    return (None, n * DURATION_UNITS[unit] or None) if unit else (n or None, None)
 
 
 class CheckpointConfig(Settings):

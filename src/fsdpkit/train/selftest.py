@@ -115,12 +115,16 @@ def run(level: str) -> tuple[bool, list[dict[str, Any]]]:
     return ok, results
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = Parser(prog="fsdpkit selftest", description=__doc__.split("\n\n")[0])
+def build_parser() -> Parser:
+    p = Parser(prog="fsdpkit selftest", description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--level", choices=LEVELS, default="quick")
     p.add_argument("--json", action="store_true")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
     try:
-        args = p.parse_args(argv)
+        args = build_parser().parse_args(argv)
     except UserError as e:
         return emit_error(e, "--json" in (sys.argv[1:] if argv is None else argv))
     ok, results = run(args.level)
