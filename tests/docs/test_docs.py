@@ -102,7 +102,8 @@ def test_documented_command_runs_with_help(command, capsys):
 # What a line needs that this machine lacks: such a line is not run (its flags are checked above).
 NEEDS = [
     (r"^fsdpkit (cluster (check|validate|addons|delete)|storage fsx (create|status|delete|list)"
-     r"|infra (create|delete|status)|image (build|push|test)|deploy|ray (submit\b(?!.*--dry-run)|delete|status|exec))\b",
+     r"|infra (create|delete|status)|image (build|push|test)|deploy"
+     r"|ray (submit\b(?!.*--dry-run)|delete|status|exec))\b",
      "an AWS account or a Kubernetes cluster"),
     (r"^fsdpkit (cluster create|ray create|storage fsx storage-class)\b(?!.*--dry-run)", "an AWS account or a cluster"),
     (r"--eks-cluster|--context", "an AWS account or a cluster"),
