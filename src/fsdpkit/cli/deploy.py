@@ -10,12 +10,12 @@ from fsdpkit.envelope import duration
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
-    from fsdpkit.jobs.backends import get_backend
+    from fsdpkit.jobs.backends import Target, get_backend
     from fsdpkit.jobs.deploy import deploy
     from fsdpkit.jobs.spec import load_spec, parse_overrides
 
     spec = load_spec(args.spec, parse_overrides(args.set or []), pin_image=True)
-    backend = get_backend(spec.backend, context=args.context, kubeconfig=args.kubeconfig)
+    backend = get_backend(spec.backend, Target(args.context, args.kubeconfig, spec.namespace))
     say = progress(args)
     skip = {s.strip() for s in (args.skip or "").split(",") if s.strip()}
     out = deploy(spec, backend, skip, say, poll=args.poll, fresh=args.fresh, strict=args.strict)

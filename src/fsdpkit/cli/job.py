@@ -11,7 +11,7 @@ from typing import Any, cast
 from fsdpkit.cli.output import Parser, delete_asked, dispatch, emit_json, finding_message, print_findings, write_new
 from fsdpkit.envelope import duration
 from fsdpkit.errors import UserError
-from fsdpkit.jobs.backends import Backend, Watchable, get_backend, wait
+from fsdpkit.jobs.backends import Backend, Target, Watchable, get_backend, wait
 from fsdpkit.jobs.capacity import capacity as check_capacity
 from fsdpkit.jobs.hub import check_hub_access
 from fsdpkit.jobs.spec import BACKENDS, CLUSTER_BACKENDS, JobSpec, load_spec, parse_overrides
@@ -36,11 +36,13 @@ def _backend(args: argparse.Namespace, spec: JobSpec | None = None) -> Backend:
         from fsdpkit.jobs.backends.local import home
 
         name = "local" if (home() / args.job).is_dir() else "pytorchjob"
-    return get_backend(name, context=getattr(args, "context", None), kubeconfig=getattr(args, "kubeconfig", None))
+    return get_backend(name, _target(args, spec))
 
 
-def _ns(args: argparse.Namespace) -> str:
-    return args.namespace or "default"
+def _target(args: argparse.Namespace, spec: JobSpec | None = None) -> Target:
+    """Where the verb acts: --context and --kubeconfig, in the spec's namespace or --namespace."""
+    namespace = spec.namespace if spec is not None else getattr(args, "namespace", None) or "default"
+    return Target(getattr(args, "context", None), getattr(args, "kubeconfig", None), namespace)
 
 
 def _print_status(st: JobStatus) -> None:
@@ -95,7 +97,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     if capacity is not None:
         result["plan"] = capacity
     if args.wait and not args.dry_run:
-        st = wait(backend, spec.name, spec.namespace, poll=args.poll,
+        st = wait(backend, spec.name, poll=args.poll,
                   on_change=None if args.json else _print_status)
         result["final"] = st.to_dict()
     if args.json:
@@ -132,8 +134,8 @@ def _why(name: str) -> str:
 
 def cmd_status(args: argparse.Namespace) -> int:
     backend = _backend(args)
-    st = backend.status(args.job, _ns(args))
-    st.details["network"] = backend.network(args.job, _ns(args))
+    st = backend.status(args.job)
+    st.details["network"] = backend.network(args.job)
     if args.json:
         return emit_json(st.to_dict())
     _print_status(st)
@@ -158,7 +160,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     rows: list[JobStatus] = []
     for name in backends:
         try:
-            rows += get_backend(name, context=args.context, kubeconfig=args.kubeconfig).jobs(_ns(args))
+            rows += get_backend(name, _target(args)).jobs()
         except ClusterError as e:
             if args.backend:  # asked for the cluster explicitly: its failure is the answer
                 raise
@@ -175,9 +177,9 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_delete(args: argparse.Namespace) -> int:
     backend = _backend(args)
-    targets = backend.cancel(args.job, _ns(args), delete_storage=args.delete_storage, dry_run=True)
+    targets = backend.cancel(args.job, delete_storage=args.delete_storage, dry_run=True)
     # The checkpoints on a volume fsdpkit created go with it: only that is asked first.
-    code = delete_asked(args, targets, lambda: backend.cancel(args.job, _ns(args), args.delete_storage),
+    code = delete_asked(args, targets, lambda: backend.cancel(args.job, args.delete_storage),
                         f"delete {', '.join(targets)}, checkpoints included?", ask=args.delete_storage)
     if code == 0 and not (args.json or args.dry_run or args.delete_storage):
         print("its checkpoint storage is kept (pass --delete-storage to remove a volume fsdpkit created)")
@@ -188,7 +190,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
     from fsdpkit.jobs.health import check_network_log
 
     lines = []
-    for line in _backend(args).logs(args.job, _ns(args), follow=args.follow, replica=args.replica,
+    for line in _backend(args).logs(args.job, follow=args.follow, replica=args.replica,
                                     previous=args.previous):
         if args.check_network or args.json:
             lines.append(line)
@@ -238,7 +240,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
         raise UserError(f"job watch works on Kubernetes jobs; for {backend.name} use `fsdpkit job logs -f`")
     history = WatchHistory()
     while True:
-        snap = backend.snapshot(args.job, _ns(args), stall_after=args.stall_after,
+        snap = backend.snapshot(args.job, stall_after=args.stall_after,
                                 sample=0 if args.no_sample else args.sample_seconds, history=history)
         done = args.once or snap["state"] in ("Succeeded", "Failed")
         code = 0 if snap["state"] != "Failed" and not (args.once and snap["findings"]) else 1
@@ -252,7 +254,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
         else:
             _print_snapshot(snap)
         # The job's own budget (resubmits: in its spec) decides whether it starts again.
-        if snap["state"] == "Failed" and not args.once and args.resubmit and backend.resubmit(args.job, _ns(args)):
+        if snap["state"] == "Failed" and not args.once and args.resubmit and backend.resubmit(args.job):
             continue
         if done:
             return code
@@ -260,7 +262,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
 
 
 def cmd_wait(args: argparse.Namespace) -> int:
-    st = wait(_backend(args), args.job, _ns(args), timeout=args.timeout, poll=args.poll,
+    st = wait(_backend(args), args.job, timeout=args.timeout, poll=args.poll,
               on_change=None if args.json else _print_status)
     code = 0 if st.state == "Succeeded" else 124 if not st.finished else 1
     if args.json:

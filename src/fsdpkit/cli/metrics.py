@@ -15,6 +15,7 @@ from fsdpkit.aws.sigv4 import amp_region, sigv4_auth
 from fsdpkit.cli.output import Parser, dispatch, emit_json, finding_message, print_findings
 from fsdpkit.envelope import duration
 from fsdpkit.errors import UserError
+from fsdpkit.jobs.backends.base import Target
 from fsdpkit.jobs.backends.kube_observe import KubeObserver
 from fsdpkit.jobs.prometheus import job_utilisation
 
@@ -30,7 +31,7 @@ def _window(args: argparse.Namespace) -> tuple[dt.datetime, dt.datetime]:
     now = dt.datetime.now(dt.timezone.utc)
     if args.since:
         return now - dt.timedelta(seconds=args.since), now
-    details = KubeObserver(args.context, args.kubeconfig).status(args.job, args.namespace).details
+    details = KubeObserver(Target(args.context, args.kubeconfig, args.namespace)).status(args.job).details
     if not details.get("startTime"):
         raise UserError(f"job {args.job} has no start time yet (not started); pass --since 2h for a window")
     end = _time(details["completionTime"]) if details.get("completionTime") else now

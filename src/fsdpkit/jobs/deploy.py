@@ -134,7 +134,7 @@ def _apply(step: str, spec: JobSpec, backend: KubeBackend, objs: dict[str, dict[
 
 
 def _watch(spec: JobSpec, backend: KubeBackend, poll: float, say: Callable[[str], None]) -> str:
-    final = wait(backend, spec.name, spec.namespace, poll=poll, on_change=lambda st: say(
+    final = wait(backend, spec.name, poll=poll, on_change=lambda st: say(
         f"  {st.name}: {st.state}" + (f" ({st.message})" if st.message else "")))
     if final.state != "Succeeded":
         raise StepFailed(f"job {spec.name} ended {final.state}: {final.message or 'see its logs'} "

@@ -4,29 +4,29 @@ logs, network, cancel, jobs, resubmit; `wait` polls any of them until its job en
 from __future__ import annotations
 
 from fsdpkit.errors import UserError
-from fsdpkit.jobs.backends.base import Backend, Rendered, Watchable, wait
+from fsdpkit.jobs.backends.base import Backend, Rendered, Target, Watchable, wait
 from fsdpkit.jobs.backends.kube import HyperPodBackend, KubeBackend, TrainJobBackend
 from fsdpkit.jobs.backends.local import LocalBackend
 from fsdpkit.jobs.backends.slurm import SlurmBackend
 
-__all__ = ["Backend", "HyperPodBackend", "KubeBackend", "LocalBackend", "Rendered", "SlurmBackend", "TrainJobBackend",
-           "Watchable", "get_backend", "get_kube_backend", "wait"]
+__all__ = ["Backend", "HyperPodBackend", "KubeBackend", "LocalBackend", "Rendered", "SlurmBackend", "Target",
+           "TrainJobBackend", "Watchable", "get_backend", "get_kube_backend", "wait"]
 
 KUBE_BACKENDS: dict[str, type[KubeBackend]] = {
     "pytorchjob": KubeBackend, "hyperpod": HyperPodBackend, "trainjob": TrainJobBackend}
 
 
-def get_backend(name: str, context: str | None = None, kubeconfig: str | None = None) -> Backend:
-    """The backend of that name (a JobSpec's `backend`)."""
+def get_backend(name: str, target: Target | None = None) -> Backend:
+    """The backend of that name (a JobSpec's `backend`), acting where `target` says."""
     if name == "local":
-        return LocalBackend()
+        return LocalBackend(target)
     if name == "slurm":
-        return SlurmBackend()
-    return get_kube_backend(name, context, kubeconfig)
+        return SlurmBackend(target)
+    return get_kube_backend(name, target)
 
 
-def get_kube_backend(name: str, context: str | None = None, kubeconfig: str | None = None) -> KubeBackend:
+def get_kube_backend(name: str, target: Target | None = None) -> KubeBackend:
     """The Kubernetes backend of that name (what `deploy` and the cluster verbs drive)."""
     if name not in KUBE_BACKENDS:
         raise UserError(f"backend: {name!r} is not one of local, slurm, {', '.join(KUBE_BACKENDS)}")
-    return KUBE_BACKENDS[name](context=context, kubeconfig=kubeconfig)
+    return KUBE_BACKENDS[name](target)

@@ -43,8 +43,19 @@ class Rendered:
         return yamlfile.dump_all(self.manifests) if self.manifests is not None else (self.script or self.command or "")
 
 
+@dataclass(frozen=True)
+class Target:
+    """Where a backend's verbs act, given once when it is made: the kubeconfig context and file,
+    and the namespace of the jobs it names (a local or Slurm backend has none of these)."""
+
+    context: str | None = None
+    kubeconfig: str | None = None
+    namespace: str = "default"
+
+
 class Backend(Protocol):
     name: str
+    target: Target
 
     def render(self, spec: JobSpec) -> Rendered: ...
 
@@ -53,37 +64,36 @@ class Backend(Protocol):
         Kubernetes API server check every object (no other backend has one to ask)."""
         ...
 
-    def status(self, name: str, namespace: str = "default") -> JobStatus: ...
+    def status(self, name: str) -> JobStatus: ...
 
-    def jobs(self, namespace: str = "default") -> list[JobStatus]: ...
+    def jobs(self) -> list[JobStatus]: ...
 
-    def cancel(self, name: str, namespace: str = "default", delete_storage: bool = False,
-               dry_run: bool = False) -> list[str]:
+    def cancel(self, name: str, delete_storage: bool = False, dry_run: bool = False) -> list[str]:
         """Stop and remove the job (its storage too with `delete_storage`); what went, or with
         `dry_run` what would go, as KIND/NAME."""
         ...
 
-    def logs(self, name: str, namespace: str = "default", follow: bool = False, replica: str | None = None,
+    def logs(self, name: str, follow: bool = False, replica: str | None = None,
              previous: bool = False) -> Iterator[str]: ...
 
-    def network(self, name: str, namespace: str = "default") -> dict[str, Any] | None: ...
+    def network(self, name: str) -> dict[str, Any] | None: ...
 
-    def resubmit(self, name: str, namespace: str = "default") -> bool:
+    def resubmit(self, name: str) -> bool:
         """Start a Failed job again (it resumes from its newest checkpoint) if its own budget
         (`resubmits:` in its spec) allows; whether it did."""
         ...
 
 
-def wait(backend: Backend, name: str, namespace: str = "default", timeout: float | None = None, poll: float = 10.0,
+def wait(backend: Backend, name: str, timeout: float | None = None, poll: float = 10.0,
          on_change: Callable[[JobStatus], None] | None = None, resubmit: bool = True) -> JobStatus:
     """Poll until the job ends, or `timeout` seconds pass. A job that ends Failed (beyond what its
     operator retries) is resubmitted while its budget lasts, with `resubmit`, and waited for again."""
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
-        st = poll_until(lambda: backend.status(name, namespace), lambda s: s.finished, left, poll, on_change,
+        st = poll_until(lambda: backend.status(name), lambda s: s.finished, left, poll, on_change,
                         key=lambda s: (s.state, s.attempt))
-        if not (st.state == "Failed" and resubmit and backend.resubmit(name, namespace)):
+        if not (st.state == "Failed" and resubmit and backend.resubmit(name)):
             return st
 
 
@@ -97,5 +107,5 @@ def no_server(backend: str, dry_run: str) -> None:
 class Watchable(Protocol):
     """A backend that can look at a running job as the cluster sees it (`fsdpkit job watch`)."""
 
-    def snapshot(self, name: str, namespace: str = "default", stall_after: float = 900, now: Any = None,
-                 sample: float = 0, history: Any = None) -> dict[str, Any]: ...
+    def snapshot(self, name: str, stall_after: float = 900, now: Any = None, sample: float = 0,
+                 history: Any = None) -> dict[str, Any]: ...

@@ -16,9 +16,10 @@ from fsdpkit.jobs.spec import JobSpec
 class KubeBackend(KubeSubmitter, KubeObserver):
     name = "pytorchjob"
 
-    def resubmit(self, name: str, namespace: str = "default") -> bool:
+    def resubmit(self, name: str) -> bool:
         """A Failed job is made again from its own manifest while its resubmission budget lasts; the
         trainer then resumes from the newest checkpoint on the job's storage."""
+        namespace = self.namespace
         kind, obj = self._require_job(name, namespace)
         st = self._status_of(kind, obj)
         budget = int((obj["metadata"].get("annotations") or {}).get(MAX_RESUBMITS, 0))

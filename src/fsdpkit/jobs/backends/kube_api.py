@@ -11,6 +11,7 @@ from typing import Any, cast
 from fsdpkit.cluster import trainer
 from fsdpkit.cluster.client import ClusterError, api_errors, connect, is_not_found
 from fsdpkit.errors import NotFound
+from fsdpkit.jobs.backends.base import Target
 from fsdpkit.jobs.manifests import CONTAINER, JOB_LABEL, KF_JOB_NAME, KF_REPLICA_INDEX, KF_REPLICA_TYPE
 from fsdpkit.polling import poll_until
 
@@ -62,8 +63,10 @@ KINDS = {k.kind: k for k in (
 
 
 class KubeAPI:
-    def __init__(self, context: str | None = None, kubeconfig: str | None = None):
-        self.context, self.kubeconfig = context, kubeconfig
+    def __init__(self, target: Target | None = None):
+        self.target = target or Target()
+        self.context, self.kubeconfig, self.namespace = self.target.context, self.target.kubeconfig, \
+            self.target.namespace
         self._client: Any = None
 
     @property

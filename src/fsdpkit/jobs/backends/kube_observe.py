@@ -48,11 +48,12 @@ class KubeObserver(KubeAPI):
                      "completionTime": status.get("completionTime")},
         )
 
-    def status(self, name: str, namespace: str = "default") -> JobStatus:
-        kind, obj = self._require_job(name, namespace)
+    def status(self, name: str) -> JobStatus:
+        kind, obj = self._require_job(name, self.namespace)
         return self._status_of(kind, obj)
 
-    def jobs(self, namespace: str = "default") -> list[JobStatus]:
+    def jobs(self) -> list[JobStatus]:
+        namespace = self.namespace
         out = []
         for kind, k in KINDS.items():
             group, version, plural = k.find()
@@ -94,10 +95,11 @@ class KubeObserver(KubeAPI):
                 return [by_replica[first]]
         return [by_replica[sorted(by_replica)[0]]]
 
-    def logs(self, name: str, namespace: str = "default", follow: bool = False, replica: str | None = None,
-             previous: bool = False, wait: float = 600, poll: float = 2.0) -> Iterator[str]:
+    def logs(self, name: str, follow: bool = False, replica: str | None = None, previous: bool = False,
+             wait: float = 600, poll: float = 2.0) -> Iterator[str]:
         """Log lines of the job's rank-0 pod (or `replica`, or every pod with replica='all').
         Waits for the pods to exist and their containers to start before reading."""
+        namespace = self.namespace
         kind, _ = self._require_job(name, namespace)
         deadline = time.monotonic() + wait
 
@@ -146,9 +148,10 @@ class KubeObserver(KubeAPI):
         finally:
             resp.release_conn()
 
-    def network(self, name: str, namespace: str = "default") -> dict[str, Any] | None:
+    def network(self, name: str) -> dict[str, Any] | None:
         """The network NCCL chose, as the trainer reported it before its first step (the start of
         rank 0's log); None before that line exists."""
+        namespace = self.namespace
         kind, _ = self._require_job(name, namespace)
         pods = self.pods(name, namespace, kind)
         if not pods:
@@ -212,12 +215,13 @@ class KubeObserver(KubeAPI):
         with ThreadPoolExecutor(max_workers=min(16, len(running))) as pool:
             return list(pool.map(one, running))
 
-    def snapshot(self, name: str, namespace: str = "default", stall_after: float = 900,
-                 now: Any = None, sample: float = 0, history: WatchHistory | None = None) -> dict[str, Any]:
+    def snapshot(self, name: str, stall_after: float = 900, now: Any = None, sample: float = 0,
+                 history: WatchHistory | None = None) -> dict[str, Any]:
         """One look at a running job: state, per-pod phase and restarts, the trainer's latest step,
         loss and tokens/s from rank 0's log, and findings (stall, OOMKilled, crash loop, pending
         reason, NCCL timeout). With `sample` seconds, also each node's GPU and EFA rates over that
         window and its step time, with stragglers and flat EFA among the findings."""
+        namespace = self.namespace
         kind, obj = self._require_job(name, namespace)
         st, k = self._status_of(kind, obj), KINDS[kind]
         sel = {k.pod_label: name}

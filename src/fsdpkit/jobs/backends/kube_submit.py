@@ -45,7 +45,7 @@ class KubeSubmitter(KubeAPI):
             if not replace:
                 raise Conflict(f"job {spec.name!r} already exists in namespace {spec.namespace}; pick another name, "
                                 "or pass --replace to delete it and submit again (checkpoints on its storage are kept)")
-            self.cancel(spec.name, spec.namespace)
+            self._cancel(spec.name, spec.namespace)
             self._wait_gone(spec.name, spec.namespace)
         self.require_operator(objs[-1]["kind"], spec.namespace)
         created, reused = self.apply(spec, objs, token)
@@ -169,10 +169,12 @@ class KubeSubmitter(KubeAPI):
             except Exception as e:  # keep rolling back the rest; say what is left
                 log.info(f"could not roll back {kind}/{name}: {e}; delete it by hand")
 
-    def cancel(self, name: str, namespace: str = "default", delete_storage: bool = False,
-               dry_run: bool = False) -> list[str]:
+    def cancel(self, name: str, delete_storage: bool = False, dry_run: bool = False) -> list[str]:
         """The job, then what fsdpkit made for it: its Secret, and with `delete_storage` the PVC it
         created (never a claim it was given)."""
+        return self._cancel(name, self.namespace, delete_storage, dry_run)
+
+    def _cancel(self, name: str, namespace: str, delete_storage: bool = False, dry_run: bool = False) -> list[str]:
         kind, _obj = self._require_job(name, namespace)
         targets = [(kind, name)]
         core = self._core()

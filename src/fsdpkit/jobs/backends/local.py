@@ -21,7 +21,7 @@ from typing import Any
 from fsdpkit.errors import Conflict, NotFound, UserError
 from fsdpkit.home import home as fsdpkit_home
 from fsdpkit.home import make_dir
-from fsdpkit.jobs.backends.base import Rendered, no_server
+from fsdpkit.jobs.backends.base import Rendered, Target, no_server
 from fsdpkit.jobs.backends.files import NETWORK_LINES, read_lines
 from fsdpkit.jobs.command import trainer_flags
 from fsdpkit.jobs.health import network_verdict
@@ -38,6 +38,9 @@ def home() -> Path:
 
 class LocalBackend:
     name = "local"
+
+    def __init__(self, target: Target | None = None):
+        self.target = target or Target()   # jobs are named in FSDPKIT_HOME: no context or namespace
 
     def _dir(self, name: str) -> Path:
         return home() / name
@@ -97,7 +100,7 @@ class LocalBackend:
         (job_dir / "pid").write_text(str(proc.pid))
         return proc.pid
 
-    def resubmit(self, name: str, namespace: str | None = None) -> bool:
+    def resubmit(self, name: str) -> bool:
         """Start a Failed job again (it resumes from its newest checkpoint) while its budget lasts."""
         st = self.status(name)
         job_dir = self._dir(name)
@@ -124,7 +127,7 @@ class LocalBackend:
         except OSError:
             return True
 
-    def status(self, name: str, namespace: str | None = None) -> JobStatus:
+    def status(self, name: str) -> JobStatus:
         job_dir = self._dir(name)
         if not job_dir.is_dir():
             raise NotFound(f"job {name!r} not found in {home()} (see `fsdpkit job list --backend local`)")
@@ -144,12 +147,12 @@ class LocalBackend:
         return JobStatus(name, self.name, "Failed", "the process ended without recording an exit code",
                          details=details)
 
-    def jobs(self, namespace: str | None = None) -> list[JobStatus]:
+    def jobs(self) -> list[JobStatus]:
         root = home()
         return [self.status(d.name) for d in sorted(root.iterdir()) if (d / "spec.json").exists()] \
             if root.is_dir() else []
 
-    def cancel(self, name: str, namespace: str | None = None, delete_storage: bool = False,
+    def cancel(self, name: str, delete_storage: bool = False,
                dry_run: bool = False) -> list[str]:
         """SIGTERM to the whole process group: torchrun forwards it and the trainer saves a checkpoint."""
         st = self.status(name)
@@ -165,11 +168,11 @@ class LocalBackend:
             return [f"{job_dir} (deleted)"]
         return [f"local/{name}"]
 
-    def network(self, name: str, namespace: str | None = None) -> dict[str, Any] | None:
+    def network(self, name: str) -> dict[str, Any] | None:
         """The network the trainer reported before its first step, from the start of the job's log."""
         return network_verdict(list(itertools.islice(self.logs(name), NETWORK_LINES)))
 
-    def logs(self, name: str, namespace: str | None = None, follow: bool = False, replica: str | None = None,
+    def logs(self, name: str, follow: bool = False, replica: str | None = None,
              previous: bool = False, wait: float = 600, poll: float = 0.5) -> Iterator[str]:
         self.status(name)
         yield from read_lines(self._dir(name) / "log", follow, lambda: self.status(name).finished, poll)

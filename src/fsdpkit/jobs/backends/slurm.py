@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from fsdpkit.errors import Conflict, UserError
-from fsdpkit.jobs.backends.base import Rendered, no_server
+from fsdpkit.jobs.backends.base import Rendered, Target, no_server
 from fsdpkit.jobs.backends.files import NETWORK_LINES, read_lines
 from fsdpkit.jobs.command import grace_seconds, node_command, node_env
 from fsdpkit.jobs.health import network_verdict
@@ -103,6 +103,9 @@ def script(spec: JobSpec) -> str:
 class SlurmBackend:
     name = "slurm"
 
+    def __init__(self, target: Target | None = None):
+        self.target = target or Target()   # the cluster is the one sbatch and squeue reach
+
     def render(self, spec: JobSpec) -> Rendered:
         return Rendered(script=script(spec))
 
@@ -163,7 +166,7 @@ class SlurmBackend:
                          attempt=int(job.get("Restarts", "0") or 0),
                          details={"job_id": job.get("JobId"), "stdout": job.get("StdOut")})
 
-    def status(self, name: str, namespace: str | None = None) -> JobStatus:
+    def status(self, name: str) -> JobStatus:
         mine = [j for j in self._jobs() if j.get("JobName") == name]
         if mine:
             return self._status_of(mine[-1])
@@ -181,10 +184,10 @@ class SlurmBackend:
                                  f"{state} exit {exit_code}", details={"job_id": job_id})
         raise UserError(f"no Slurm job named {name!r} (see `fsdpkit job list --backend slurm`)")
 
-    def jobs(self, namespace: str | None = None) -> list[JobStatus]:
+    def jobs(self) -> list[JobStatus]:
         return [self._status_of(j) for j in self._jobs()]
 
-    def cancel(self, name: str, namespace: str | None = None, delete_storage: bool = False,
+    def cancel(self, name: str, delete_storage: bool = False,
                dry_run: bool = False) -> list[str]:
         """scancel: Slurm sends SIGTERM to every step, and SIGKILL only after KillWait. The shared
         storage is the cluster's: `delete_storage` removes nothing here."""
@@ -194,11 +197,11 @@ class SlurmBackend:
             subprocess.run(["scancel", "--name", name], check=False)
         return [f"slurm/{name} (job {st.details['job_id']})"]
 
-    def network(self, name: str, namespace: str | None = None) -> dict[str, Any] | None:
+    def network(self, name: str) -> dict[str, Any] | None:
         """The network the trainer reported before its first step, from the start of the job's log."""
         return network_verdict(list(itertools.islice(self.logs(name), NETWORK_LINES)))
 
-    def logs(self, name: str, namespace: str | None = None, follow: bool = False, replica: str | None = None,
+    def logs(self, name: str, follow: bool = False, replica: str | None = None,
              previous: bool = False, wait: float = 600, poll: float = 2.0) -> Iterator[str]:
         st = self.status(name)
         if not st.details.get("stdout"):
@@ -206,7 +209,7 @@ class SlurmBackend:
                             "longer holds it; its --output is set in the spec's slurm.output)")
         yield from read_lines(Path(st.details["stdout"]), follow, lambda: self.status(name).finished, poll)
 
-    def resubmit(self, name: str, namespace: str | None = None) -> bool:
+    def resubmit(self, name: str) -> bool:
         """Slurm requeues a job itself after a node failure or preemption (`--requeue` in the script, from
         `resubmits:`); fsdpkit starts nothing again."""
         return False
