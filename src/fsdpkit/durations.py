@@ -3,6 +3,7 @@ checkpoint_every's wall time. A leaf: imports nothing of fsdpkit."""
 
 from __future__ import annotations
 
+import math
 import re
 
 DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -10,8 +11,16 @@ _DURATION = re.compile(r"^(\d+(?:\.\d*)?)([smhd])?$")
 
 
 def seconds(raw: str | float) -> float:
-    """A duration in seconds: 90 or 90s, 15m, 2h, 1d; ValueError naming the forms otherwise."""
-    m = _DURATION.match(str(raw).strip().lower())
-    if not m:
+    """A duration in seconds: 90 (or 1e9: any finite number not below zero), 90s, 15m, 2h, 1d;
+    ValueError naming the forms otherwise."""
+    text = str(raw).strip().lower()
+    m = _DURATION.match(text)
+    if m:
+        return float(m.group(1)) * DURATION_UNITS[m.group(2) or "s"]
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (0 <= value < math.inf):
         raise ValueError(f"expected seconds (90) or a duration (30s, 15m, 2h, 1d), got {raw!r}")
-    return float(m.group(1)) * DURATION_UNITS[m.group(2) or "s"]
+    return value

@@ -120,9 +120,9 @@ def test_one_name_and_one_grammar_for_each_concept():
 def test_a_duration_is_read_in_any_unit_and_a_bad_one_is_one_line(cli, tmp_path):
     from fsdpkit.durations import seconds
 
-    assert [seconds(v) for v in ("90", "90s", "1.5", "15m", "2h", "1d", " 2H ")] == [
-        90, 90, 1.5, 900, 7200, 86400, 7200]
-    for bad in ("soon", "2 weeks", "-5", "1h30m", ""):
+    assert [seconds(v) for v in ("90", "90s", "1.5", "15m", "2h", "1d", " 2H ", "1e9", "0")] == [
+        90, 90, 1.5, 900, 7200, 86400, 7200, 1e9, 0]
+    for bad in ("soon", "2 weeks", "-5", "1h30m", "", "inf", "nan", "-1e3"):
         with pytest.raises(ValueError, match=r"expected seconds \(90\) or a duration \(30s, 15m, 2h, 1d\)"):
             seconds(bad)
     r = cli("job", "wait", "some-job", "--timeout", "soon", "--backend", "local")
