@@ -7,17 +7,16 @@ import math
 import re
 
 DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-_DURATION = re.compile(r"^(\d+(?:\.\d*)?)([smhd])?$")
+_WITH_UNIT = re.compile(r"^(\d+(?:\.\d*)?)([smhd])$")
 
 
 def seconds(raw: str | float) -> float:
     """A duration in seconds: 90 (or 1e9: any finite number not below zero), 90s, 15m, 2h, 1d;
     ValueError naming the forms otherwise."""
     text = str(raw).strip().lower()
-    m = _DURATION.match(text)
-    if m:
-        return float(m.group(1)) * DURATION_UNITS[m.group(2) or "s"]
-    try:
+    if m := _WITH_UNIT.match(text):
+        return float(m.group(1)) * DURATION_UNITS[m.group(2)]
+    try:  # a plain number is seconds
         value = float(text)
     except ValueError:
         value = math.nan

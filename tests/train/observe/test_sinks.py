@@ -66,3 +66,10 @@ def test_the_runs_own_record_is_required(tmp_path):
     sinks = Sinks([jsonl], [])
     with pytest.raises(ValueError):
         sinks.log("train", {"step": 1})
+
+
+def test_a_run_without_trackers_opens_none_and_writes_no_ids(tmp_path):
+    from fsdpkit.train.observe.trackers import IDS, open_trackers
+
+    assert open_trackers((), tmp_path, "p", {}, 0) == []
+    assert not (tmp_path / IDS).exists()

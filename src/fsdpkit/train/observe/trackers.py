@@ -119,6 +119,8 @@ def open_trackers(names: tuple[str, ...], run_dir: Path, project: str, config: d
                   attempt: int) -> list[Sink]:
     """The trackers a run asked for, as sinks, opened with the run's ids (kept in RUN_DIR/trackers.json
     so a resumed run continues the same tracker run)."""
+    if not names:  # no tracker asked for: no ids file either
+        return []
     path = run_dir / IDS
     ids = json.loads(path.read_text()) if path.is_file() else {}
     opened = [OPEN[n](run_dir, project, config, ids, attempt) for n in names]
