@@ -7,6 +7,7 @@ import json
 import os
 import platform
 import subprocess
+from collections.abc import Callable
 from datetime import date
 from pathlib import Path
 
@@ -46,6 +47,38 @@ def arguments(doc: str | None, results: str, smoke: str) -> argparse.ArgumentPar
     parser.add_argument("--out", type=Path, default=Path(__file__).with_name("results") / results)
     parser.add_argument("--no-results-md", action="store_true", help="do not append to RESULTS.md")
     return parser
+
+
+def model_arguments(doc: str | None, results: str, smoke: str) -> argparse.ArgumentParser:
+    """`arguments` plus what a benchmark over a preset's model takes: the preset, fewer layers, the
+    device, and --from-json (a run made on a lent GPU, whose checkout is gone, into RESULTS.md)."""
+    parser = arguments(doc, results, smoke)
+    parser.add_argument("--preset", default="debug")
+    parser.add_argument("--layers", type=int, help="fewer layers than the preset has")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    parser.add_argument("--from-json", type=Path, help="append the rows of an earlier run's JSON to RESULTS.md")
+    return parser
+
+
+def device_of(args: argparse.Namespace) -> torch.device:
+    """--device, with auto the GPU where there is one."""
+    return torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
+
+
+def replayed(args: argparse.Namespace, write_results_md: Callable[[dict], None]) -> bool:
+    """With --from-json: that run's rows appended to RESULTS.md (and nothing run)."""
+    if args.from_json:
+        write_results_md(json.loads(args.from_json.read_text()))
+    return bool(args.from_json)
+
+
+def publish(args: argparse.Namespace, result: dict, write_results_md: Callable[[dict], None]) -> int:
+    """A benchmark's ending: its JSON to --out, and (not a smoke run, not --no-results-md) its rows
+    to RESULTS.md."""
+    write_json(args.out, result)
+    if not args.smoke and not args.no_results_md:
+        write_results_md(result)
+    return 0
 
 
 def write_json(path: Path, payload: dict) -> None:

@@ -3,6 +3,7 @@
 # GPU benchmark. Figures go to $OUT (the device tool brings that folder back); append them here with
 #   python -m benchmarks.train_throughput --from-json <that folder>/gpu.json
 #   python -m benchmarks.optimizer_step --from-json <that folder>/optim.json
+#   python -m benchmarks.lora_finetune --from-json <that folder>/lora.json
 # The machine has PyTorch but not this checkout installed, so the source tree goes on PYTHONPATH
 # (in front of the caller's, which brings the wheels carried over). It has no network either:
 # every case runs on local data (BENCH_ARGS=--dry-run sets the case list up without training,
@@ -12,7 +13,7 @@ OUT=${OUT:-/tmp/fsdpkit-gpu}
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD/src:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
-SECTIONS=${SECTIONS:-smoke,optim,profile,bench}
+SECTIONS=${SECTIONS:-smoke,optim,lora,profile,bench}
 
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
 $PY -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__)"
@@ -30,6 +31,11 @@ if [[ $SECTIONS == *optim* ]]; then
   echo "== optimizer step: gradient norm, clipping and AdamW over llama3_2_1b's fp32 weights"
   timeout 180 $PY -m benchmarks.optimizer_step --preset llama3_2_1b --device cuda --no-results-md \
     --out "$OUT/optim.json" 2>&1 | tail -8
+fi
+if [[ $SECTIONS == *lora* ]]; then
+  echo "== LoRA against full fine-tuning: llama3_2_1b (8 layers), seq 2048 x 4, bf16"
+  timeout 240 $PY -m benchmarks.lora_finetune --preset llama3_2_1b --layers 8 --seq-len 2048 --batch 4 \
+    --device cuda --no-results-md --out "$OUT/lora.json" 2>&1 | grep "tokens/s"
 fi
 if [[ $SECTIONS == *profile* ]]; then
   echo "== profile: llama3_2_1b, seq 2048 x 4, bf16, compile ${PROFILE_COMPILE:-0}"

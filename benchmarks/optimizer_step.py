@@ -17,14 +17,12 @@ be set against the device's bandwidth:
 from __future__ import annotations
 
 import dataclasses
-import json
 import statistics
 import time
-from pathlib import Path
 
 import torch
 
-from benchmarks.common import append_rows, arguments, environment, write_json
+from benchmarks.common import append_rows, device_of, environment, model_arguments, publish, replayed
 from fsdpkit.train.model.presets import get_preset
 from fsdpkit.train.model.transformer import Transformer
 from fsdpkit.train.optim import clipped_step, gradient_norm
@@ -94,24 +92,15 @@ def run(preset: str, device: torch.device, repeats: int, warmup: int, layers: in
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = arguments(__doc__, "optimizer_step.json", "the tiny preset, a few repeats (CI)")
-    parser.add_argument("--preset", default="debug")
-    parser.add_argument("--layers", type=int, help="fewer layers than the preset has")
-    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    parser = model_arguments(__doc__, "optimizer_step.json", "the tiny preset, a few repeats (CI)")
     parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--from-json", type=Path, help="append the rows of an earlier run's JSON to RESULTS.md")
     args = parser.parse_args(argv)
-    if args.from_json:  # e.g. a run made on a lent GPU, whose checkout is gone
-        write_results_md(json.loads(args.from_json.read_text()))
+    if replayed(args, write_results_md):
         return 0
-    kind = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
-    device = torch.device(kind)
+    device = device_of(args)
     preset, repeats = ("tiny", 3) if args.smoke else (args.preset, args.repeats)
     result = {"env": environment(), **run(preset, device, repeats, 1 if args.smoke else 3, args.layers)}
-    write_json(args.out, result)
-    if not args.smoke and not args.no_results_md:
-        write_results_md(result)
-    return 0
+    return publish(args, result, write_results_md)
 
 
 def write_results_md(result: dict) -> None:

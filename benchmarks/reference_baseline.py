@@ -92,7 +92,8 @@ def _train(cfg: TrainConfig, rt: Runtime, model: torch.nn.Module,
     times = []
     for _ in range(steps):
         start = time.perf_counter()
-        x, y, _ = next(stream)
+        batch = next(stream)
+        x, y = batch.inputs, batch.targets
         x, y = x.to(rt.device), y.to(rt.device)
         # shift_labels: the targets are already shifted, so every position has its next token.
         with region():

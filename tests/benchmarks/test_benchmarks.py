@@ -69,6 +69,20 @@ def test_optimizer_step_benchmark_smoke(tmp_path):
     assert result["params"] > 0 and result["env"]["torch"]
 
 
+def test_lora_benchmark_smoke(tmp_path):
+    """Both modes train from the same base: LoRA trains a fraction of the parameters and keeps a
+    fraction of the optimizer state, and its step holds less memory."""
+    out = tmp_path / "lora.json"
+    r = subprocess.run([sys.executable, "-m", "benchmarks.lora_finetune", "--smoke", "--out", str(out)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    full, lora = json.loads(out.read_text())["rows"]
+    assert (full["mode"], lora["mode"]) == ("full", "lora") and full["params"] < lora["params"]
+    assert full["trainable"] == full["params"] and lora["trainable"] < full["trainable"] / 4
+    assert lora["optimizer_bytes"] == 8 * lora["trainable"]   # AdamW's two fp32 moments, adapters alone
+    assert lora["peak_bytes"] < full["peak_bytes"] and lora["tokens_per_s"] > 0
+
+
 def test_every_case_can_be_picked_with_select():
     """--select takes IMPL:LABEL:SEQxBATCH keys separated by commas: no label may hold one (a lent
     GPU's minutes were lost to a case that could not be named)."""

@@ -156,6 +156,10 @@ CASES = {
     "ckpt-show-missing": (["ckpt", "show", "{in}/none"], 2, "none"),
     "export-missing": (["export", "{in}/none", "out"], 2, "no complete checkpoint"),
     "export-taken": (["export", "{in}/ckpt", "{in}/export-taken"], 2, "exists and is not empty"),
+    "export-peft-of-full": (["export", "{in}/ckpt", "out", "--to", "peft"], 2, "trained the whole model, not LoRA"),
+    "eval-not-a-model": (["eval", "{in}", "--tasks", "hellaswag"], 2, "not a Hugging Face model directory"),
+    "chat-on-embedded": (["train", "--data-format", "chat"], 2, "the embedded corpus is plain text"),
+    "lora-without-base": (["train", "--lora", "1"], 2, "pass --init-from-hf"),
     "hf-bias": (["train", "--init_from_hf", "{in}/hf-bias"], 2, "uses attention_bias"),
     "hf-no-config": (["train", "--init_from_hf", "{in}/hf-empty"], 2, "no config.json"),
     # job specs

@@ -28,6 +28,8 @@ CASES = {
     "plan": (["plan", "--preset", "llama3_1_8b", "--instance-type", "p5.48xlarge"], ["plan", "--nodes", "0"]),
     "ckpt": (["ckpt", "list", "{run}/ckpt"], ["ckpt", "show", "{tmp}/missing"]),
     "export": (["export", "{run}/ckpt", "{tmp}/hf"], ["export", "{tmp}/missing", "{tmp}/hf2"]),
+    # `eval` succeeding needs lm-evaluation-harness and a task: tests/train/test_evaluate.py checks its envelope.
+    "eval": (None, ["eval", "{tmp}/missing", "--tasks", "hellaswag"]),
     "data": (["data", "prepare", "--dataset", "{tmp}/docs.jsonl", "--out", "{tmp}/shards"],
              ["data", "prepare", "--dataset", "{tmp}/missing.jsonl", "--out", "{tmp}/shards2"]),
     "tokenizer": (["tokenizer", "train", "--dataset", "{tmp}/docs.jsonl", "--vocab_size", "300", "--out", "{tmp}/tok"],

@@ -111,6 +111,7 @@ NEEDS = [
     (r"^fsdpkit job submit (?!.*--dry-run)", "a cluster (or Slurm's sbatch), or it starts a job in the background"),
     (r"--pvc|/fsx/|/ckpt/", "a cluster's shared storage"),
     (r"allenai/", "the Hugging Face hub"),
+    (r"--tasks (hellaswag|arc_)", "the Hugging Face hub (the harness's task data)"),
     (r"^fsdpkit metrics\b", "a Prometheus with the cluster's GPU series"),
 ]
 

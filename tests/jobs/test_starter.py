@@ -142,3 +142,26 @@ def test_hyperpod_instance_types_are_named_with_ml(capfd):
     # Other backends keep the EC2 name.
     assert load_spec_dict({"name": "j", "backend": "pytorchjob", "image": IMAGE,
                            "instance_type": "p5.48xlarge"}).instance_type == "p5.48xlarge"
+
+
+@pytest.mark.parametrize("backend", [b for b in BACKENDS if b != "local"])
+@pytest.mark.parametrize("lora", [False, True], ids=["sft", "lora"])
+def test_init_writes_a_chat_fine_tuning_job_on_weights_the_nodes_read(backend, lora, tmp_path):
+    """An SFT (or LoRA) job on every cluster backend: the base is a directory on the job's storage,
+    not on this machine, so the preset stands for its shape in checks and plans; the nodes get the
+    preset's SFT recipe (LoRA's over it) and the weights' own tokenizer."""
+    base = "/fsx/models/Qwen2.5-3B-Instruct"
+    storage = ("", "/fsx") if backend == "slurm" else ("fsx-claim", "")
+    text = starter(backend, "sft", "p5.48xlarge", "2", IMAGE, "qwen2_5_3b", storage[0] or None, storage[1] or None,
+                   "/fsx/data/chat.jsonl", None, base, "chat", lora)
+    spec = load_spec_dict(yaml.safe_load(text))
+    flags = trainer_flags(spec, spec.storage.root)
+    given = dict(zip(flags[::2], flags[1::2], strict=True))
+    assert given["--init-from-hf"] == given["--tokenizer"] == base and given["--data-format"] == "chat"
+    # The Qwen2.5 report's SFT rate; LoRA's QLoRA rate and shape over it.
+    assert given["--lr"] == ("0.0002" if lora else "7e-06")
+    assert ("--lora-rank" in given) == lora and given.get("--lora-rank", "64") == "64"
+    (tmp_path / "sft.yaml").write_text(text)
+    r = run_cli("job", "render", str(tmp_path / "sft.yaml"))
+    assert r.returncode == 0, r.stderr
+    assert base in r.stdout and "chat" in r.stdout

@@ -22,8 +22,9 @@ from fsdpkit.plan.comm import step_comm
 from fsdpkit.plan.memory import estimate
 from fsdpkit.plan.workload import workload
 from fsdpkit.train.config import parse_args
+from fsdpkit.train.model.presets import PRESETS
 
-from conftest import ROOT, run_cli
+from conftest import ROOT, require, run_cli
 
 pytestmark = pytest.mark.slow
 MIB = 2**20
@@ -47,13 +48,35 @@ def planned_peak(world: int, flags: list[str]) -> int:
     return estimate(workload(cfg, world, "cpu")).peak
 
 
+@pytest.fixture(scope="module")
+def debug_hf(tmp_path_factory) -> str:
+    """The debug preset's shape as a transformers Llama checkpoint: the base a LoRA run adapts."""
+    transformers = require("transformers")
+    m = PRESETS["debug"]
+    path = tmp_path_factory.mktemp("debug-hf")
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=m.vocab_size, hidden_size=m.dim, intermediate_size=m.ffn_dim, num_hidden_layers=m.n_layers,
+        num_attention_heads=m.n_heads, num_key_value_heads=m.n_kv_heads, max_position_embeddings=m.max_seq_len,
+        )).save_pretrained(path)
+    return str(path)
+
+
+def with_base(flags: list[str], base: str) -> list[str]:
+    return [base if f == "{hf}" else f for f in flags]
+
+
+LORA = ["--init_from_hf", "{hf}", "--lora", "1", "--lora_rank", "16"]
+
+
 @pytest.mark.parametrize(("world", "flags"), [
     (1, ["--preset", "debug", "--seq_len", "256", "--train_batch_size", "8", "--activation_checkpointing", "full"]),
     (2, ["--preset", "debug", "--seq_len", "512", "--train_batch_size", "4"]),
     (2, ["--preset", "debug", "--seq_len", "256", "--train_batch_size", "8", "--mixed_precision", "bf16",
          "--activation_checkpointing", "full"]),
-], ids=["1proc-ac", "2ranks", "2ranks-bf16-ac"])
-def test_memory_estimate_is_within_15_percent_of_a_real_run(tmp_path, world, flags):
+    (2, [*LORA, "--seq_len", "512", "--train_batch_size", "4"]),
+], ids=["1proc-ac", "2ranks", "2ranks-bf16-ac", "2ranks-lora"])
+def test_memory_estimate_is_within_15_percent_of_a_real_run(tmp_path, world, flags, debug_hf):
+    flags = with_base(flags, debug_hf)
     measured, planned = measured_tensor_peak(tmp_path, flags, world), planned_peak(world, flags)
     assert 0.85 <= planned / measured <= 1.15, f"planned {planned / MIB:.1f} MiB, measured {measured / MIB:.1f} MiB"
 
@@ -133,8 +156,10 @@ def _sums(calls: list) -> dict[str, int]:
     ["--preset", "debug", "--seq_len", "64", "--train_batch_size", "2"],
     ["--preset", "tiny", "--seq_len", "64", "--train_batch_size", "2", "--mixed_precision", "bf16",
      "--grad_accum_steps", "2", "--reshard_after_forward", "false", "--n_kv_heads", "2", "--vocab_size", "301"],
-], ids=["debug-fp32", "tiny-bf16-accum-noreshard"])
-def test_communication_bytes_equal_the_collectives_of_a_real_step(tmp_path, flags):
+    [*LORA, "--seq_len", "64", "--train_batch_size", "2", "--lora_targets", "q_proj,v_proj,down_proj"],
+], ids=["debug-fp32", "tiny-bf16-accum-noreshard", "debug-lora"])
+def test_communication_bytes_equal_the_collectives_of_a_real_step(tmp_path, flags, debug_hf):
+    flags = with_base(flags, debug_hf)
     # One step's collectives: a 2-step run less a 1-step run (start-up and the final validation cancel).
     one, two = (_sums(recorded_collectives(tmp_path, n, flags)) for n in (1, 2))
     step = {k: two[k] - one[k] for k in one}

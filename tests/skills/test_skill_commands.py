@@ -23,6 +23,7 @@ from doc_commands import command_lines
 from fake_tools import FAKE_DOCKER
 
 from conftest import ROOT, KubeMock, require, run_cli, start_moto
+from finetune_fixtures import chat_records, local_task, tiny_qwen
 from job_specs import GROUP, PLURAL, VERSION, set_conditions
 from kube_objects import crd, daemonset, deployment, healthy_eks, hyperpod_operator, trainer_v2
 from prometheus_server import RecordedPrometheus
@@ -214,6 +215,13 @@ def test_skill_commands_run_as_written(skill, world):
     (folder / "run.yaml").write_text("preset: tiny\noptim:\n  max_steps: 10\n")
     if skill == "fsdpkit-checkpoints":  # the job's volume, as the helper pod sees it
         (folder / "volume" / "my-job").mkdir(parents=True, exist_ok=True)
+    if skill == "fsdpkit-fine-tune" and not (folder / "models").exists():
+        # A model downloaded from the hub (tiny, of Qwen2.5's form), chat records and a task of their own.
+        tiny_qwen(folder / "models" / "Qwen2.5-0.5B-Instruct", require("transformers"))
+        (folder / "data").mkdir()
+        (folder / "data" / "chat.jsonl").write_text("".join(json.dumps(r) + "\n" for r in chat_records()))
+        local_task(folder / "tasks", [(f"What is {i} plus 1?", [f"{i + 1}.", "zebra."], 0) for i in range(20)],
+                   "my_task")
     # fsdpkit's build infrastructure, as `fsdpkit infra create` leaves it (the infra skill takes it down).
     assert run_cli("infra", "create", env=env, timeout=120).returncode == 0
     if not (folder / ".git").exists():  # a project under git (--tag-strategy git-sha)

@@ -9,9 +9,9 @@ from fsdpkit.skills import available
 
 from conftest import run_cli
 
-CAPABILITIES = {"train-locally", "build-image", "test-image", "push-image", "check-cluster", "validate-nccl-efa",
-                "deploy-job", "watch-job", "checkpoints", "ray", "hyperpod", "infra", "provision-cluster",
-                "plan-capacity", "job-spec"}
+CAPABILITIES = {"train-locally", "fine-tune", "build-image", "test-image", "push-image", "check-cluster",
+                "validate-nccl-efa", "deploy-job", "watch-job", "checkpoints", "ray", "hyperpod", "infra",
+                "provision-cluster", "plan-capacity", "job-spec"}
 
 
 def test_every_skill_has_front_matter_the_agents_accept():

@@ -82,6 +82,12 @@ RULES = {
     "below the range": (["--max_steps", "0"], r"^max_steps: .*>= 1"),
     "above the range": (["--min_lr_ratio", "2"], r"^min_lr_ratio: .*<= 1"),
     "a bad cadence": (["--checkpoint_every", "often"], r"^checkpoint_every: expected steps \(500\) or a wall time"),
+    "experts in a Qwen model": (["--family", "qwen3", "--n_experts", "4"],
+                                r"^n_experts: the qwen3 family has no mixture-of-experts form here"),
+    "LoRA from random weights": (["--lora", "1"], r"^lora: adapters fine-tune a trained model.*--init-from-hf"),
+    "LoRA under float8": (["--lora", "1", "--float8", "1"], r"^lora: float8 linear layers would replace"),
+    "an unknown LoRA target": (["--lora-targets", "qkv"], r"^lora_targets: unknown LoRA target 'qkv'; allowed: all"),
+    "a chat format nobody reads": (["--data-format", "sharegpt"], r"^data_format: .*text.*chat"),
 }
 # Each rule's edge, which it allows (a rule tightened by one, `>` to `>=`, fails here).
 EDGES = [
@@ -92,6 +98,8 @@ EDGES = [
     ["--resume_from_checkpoint", "auto", "--checkpoint_dir", "ck"],
     ["--checkpoint_every", "10", "--checkpoint_dir", "ck"],
     ["--float8", "1", "--device", "cuda"],
+    ["--family", "qwen3", "--n_experts", "0"],
+    ["--dim", "130", "--n_heads", "4", "--head-dim", "32"],  # explicit heads need not divide the width
 ]
 
 
@@ -117,7 +125,7 @@ def test_every_refusal_of_the_config_has_a_row():
             parse_args(flags)
         except UserError as e:
             messages.append(str(e))
-    sites = raise_sites(config.validate, config.parse_args, Parser.error)
+    sites = raise_sites(config.validate, config._validate_shape, config.parse_args, Parser.error)
     assert not unreached(sites, messages)
     # _nest's refusal of an unknown key: test_yaml_unknown_key; replicas: test_precision_and_hsdp_replicas_...;
     # _resumed_data: tests/train/checkpoint/test_checkpoint.py (resume on other data).
@@ -272,6 +280,18 @@ def test_a_presets_recipe_lies_under_yaml_and_flags(tmp_path):
     assert (cfg.optim.min_lr, cfg.optim.warmup_steps, cfg.data.tokenizer) == (1e-6, 7, "bytes")
 
 
+def test_a_chat_run_takes_the_presets_sft_recipe_and_lora_its_own_over_it(tmp_path):
+    sft = parse_args(["--preset", "llama2_7b", "--data-format", "chat", "--max_steps", "1000"])
+    assert (sft.optim.lr, sft.optim.weight_decay, sft.optim.warmup_steps) == (2e-5, 0.1, 30)  # 3%, not 2000 steps
+    base = tmp_path / "hf"
+    base.mkdir()
+    (base / "config.json").write_text('{"model_type": "llama", "vocab_size": 300, "hidden_size": 64, '
+                                      '"intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4}')
+    lora = parse_args(["--preset", "llama2_7b", "--data-format", "chat", "--lora", "1", "--init-from-hf", str(base)])
+    assert (lora.optim.lr, lora.adapters.lora_rank, lora.adapters.lora_alpha) == (2e-4, 64, 16.0)
+    assert parse_args(["--preset", "llama2_7b", "--data-format", "chat", "--lr", "1e-5"]).optim.min_lr == 1e-6
+
+
 def test_a_recipes_warmup_is_capped_for_a_short_run_but_a_given_one_is_not():
     assert parse_args(["--preset", "llama2_7b", "--max_steps", "100"]).optim.warmup_steps == 20
     assert parse_args(["--preset", "llama2_7b", "--max_steps", "1000", "--warmup", "0.1"]).optim.warmup_steps == 100
@@ -288,8 +308,14 @@ def test_presets_list_their_recipes(cli):
     assert data["llama2_70b"]["lr"] == 1.5e-4 and data["mixtral_8x7b"]["weight_decay"] == 0.2
     assert data["tiny"]["lr"] == 3e-3 and all(r["validation_share"] <= 0.02 for r in data.values())
     assert not data["llama3_2_1b"]["tokenizer"].startswith("meta-llama/")
+    # Chat fine-tuning's published rates, with their sources, and LoRA's over them.
+    assert data["llama2_7b"]["sft"] == {"lr": 2e-5, "min_lr_ratio": 0.1, "lr_decay_style": "cosine",
+                                        "weight_decay": 0.1, "warmup": 0.03, "source": "Llama 2 paper, section 3.1"}
+    assert data["qwen2_5_3b"]["sft"]["lr"] == 7e-6 and data["llama3_1_8b"]["sft"]["lr"] == 1e-5
+    assert data["qwen3_8b"]["lora"]["lr"] == 2e-4 and data["llama3_1_70b"]["lora"]["lr"] == 1e-4
     human = cli("presets")
     assert "torchtitan llama3 configs" in human.stdout and "Llama 2 paper" in human.stdout
+    assert "Qwen2.5 technical report, section 4.1" in human.stdout
 
 
 def test_a_run_records_what_was_given_apart_from_what_was_derived(tmp_path, cli):

@@ -16,7 +16,10 @@ VERBS = {
     "plan": ("fsdpkit.cli.plan", "will a training config fit on an instance type, how fast, what to change"),
     "presets": ("fsdpkit.cli.presets", "list the model presets with their sizes and training recipes"),
     "ckpt": ("fsdpkit.cli.ckpt", "list and inspect checkpoints (ckpt list DIR, ckpt show CKPT)"),
-    "export": ("fsdpkit.cli.export", "write a checkpoint as Hugging Face safetensors (export SRC --to hf OUT)"),
+    "export": ("fsdpkit.cli.export", "write a checkpoint as Hugging Face safetensors, or a LoRA run's adapters for "
+               "PEFT (export SRC OUT [--to hf|peft])"),
+    "eval": ("fsdpkit.cli.evaluate", "score an exported model with lm-evaluation-harness; scores go into the run's "
+             "summary and report"),
     "data": ("fsdpkit.cli.data", "tokenise a dataset into token shards (data prepare)"),
     "tokenizer": ("fsdpkit.cli.data:tokenizer_main", "train a BPE tokenizer on local text (tokenizer train)"),
     "cluster": ("fsdpkit.cli.cluster", "provision an EKS cluster (config, create, addons install) and check it "

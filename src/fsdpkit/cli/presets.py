@@ -20,7 +20,9 @@ def recipe(name: str) -> dict[str, Any]:
             "eps": o.eps, "grad_clip": o.grad_clip, "tokenizer": d.tokenizer, "seq_len": d.seq_len,
             "train_batch_size": d.train_batch_size, "activation_checkpointing": cfg.parallel.activation_checkpointing,
             "validation_freq": cfg.log.validation_freq, "validation_batches": cfg.log.validation_batches,
-            "validation_share": round(cfg.validation_share(), 4), "max_steps": o.max_steps}
+            "validation_share": round(cfg.validation_share(), 4), "max_steps": o.max_steps,
+            # Laid over the above for chat fine-tuning (--data-format chat), and LoRA's over both.
+            "sft": {**RECIPES[name].sft, "source": RECIPES[name].sft_source or None}, "lora": dict(RECIPES[name].lora)}
 
 
 def rows() -> list[dict[str, Any]]:
@@ -69,4 +71,9 @@ def show(args: argparse.Namespace) -> int:
               f"{c['grad_clip']:>5}{c['seq_len']:>6}{c['train_batch_size']:>6}{c['validation_share']:>6.1%}  "
               f"{c['tokenizer']} ({c['source']})")
     print("\nwarm-up and validation shown for the default 300 steps; --max-steps scales them")
+    print(f"\n{'chat SFT':<14}{'lr':>8}{'lora lr':>9}  (source)")
+    for r in data:
+        sft, lora = r["recipe"]["sft"], r["recipe"]["lora"]
+        print(f"{r['name']:<14}{sft.get('lr', r['recipe']['lr']):>8.2g}{lora.get('lr', r['recipe']['lr']):>9.2g}  "
+              f"({sft['source'] or 'the recipe above'})")
     return 0

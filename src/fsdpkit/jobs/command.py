@@ -79,5 +79,5 @@ def trainer_flags(spec: JobSpec, root: str | None) -> list[str]:
     """The trainer's flags: the preset's recipe as resolved for this job, then the spec's own options.
     Written out, so the manifest says what the pods train with, whatever fsdpkit the image holds."""
     options = train_options(spec, root)
-    cfg = build([options])
+    cfg = build([options], on_nodes=spec.backend != "local")
     return to_flags({"preset": cfg.preset, **recipe_values(cfg), **options})

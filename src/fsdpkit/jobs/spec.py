@@ -427,8 +427,10 @@ def _validate_environment(spec: JobSpec) -> None:
 
 
 def train_config(spec: JobSpec) -> TrainConfig:
-    """The TrainConfig the job's nodes will run (output directories on the job's storage)."""
-    return build([train_options(spec, output_root(spec))])
+    """The TrainConfig the job's nodes will run (output directories on the job's storage). A
+    cluster job's init_from_hf may name a directory on its storage: where it is not here, the
+    spec's preset gives the model's shape (for checks and the planner) until the nodes read it."""
+    return build([train_options(spec, output_root(spec))], on_nodes=spec.backend != "local")
 
 
 def output_root(spec: JobSpec) -> str | None:
@@ -488,7 +490,8 @@ def train_options(spec: JobSpec, root: str | None) -> dict[str, Any]:
             opts["resume_from_checkpoint"] = "auto"
         if spec.storage.enabled and _named(flat, "checkpoint_every") is None:
             # Checkpoints on by default where they survive the pod: as often as costs <= 5% of the run.
-            opts["checkpoint_every"] = cadence(build([opts]).shape, spec.storage.write_mb_per_s).every
+            opts["checkpoint_every"] = cadence(build([opts], on_nodes=spec.backend != "local").shape,
+                                               spec.storage.write_mb_per_s).every
     return opts
 
 

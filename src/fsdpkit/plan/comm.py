@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from fsdpkit.plan.memory import DTYPE_BYTES, Workload, block_shapes, root_shapes, unit_elements
+from fsdpkit.plan.memory import DTYPE_BYTES, Workload, block_shapes, root_shapes, trained_elements, unit_elements
 
 
 @dataclass
@@ -34,15 +34,16 @@ def step_comm(w: Workload) -> StepComm:
     if not w.fsdp:
         return StepComm(0, 0, 0, 0, 0, 0)
     L, shard = w.model.n_layers, w.shard
-    block, root = unit_elements(block_shapes(w.model), shard), unit_elements(root_shapes(w.model), shard)
+    block, root = unit_elements(block_shapes(w.model, w.lora), shard), unit_elements(root_shapes(w.model), shard)
+    block_trained, root_trained = trained_elements(w)   # LoRA: only the adapters' gradients are reduced
     cb, rb = DTYPE_BYTES[w.compute], DTYPE_BYTES[w.reduce]
     regathered_blocks = L - 1 if w.reshard else 0
     regathered_root = 1 if w.reshard else 0
     gathers = w.grad_accum * (L + 1 + regathered_blocks + regathered_root)
     gathered = w.grad_accum * ((L + regathered_blocks) * block + (1 + regathered_root) * root) * cb
-    scattered = (L * block + root) * rb
+    scattered = (L * block_trained + root_trained) * rb
     replicas = w.world // shard
-    reduced = (L * block + root) // shard * rb if replicas > 1 else 0
+    reduced = (L * block_trained + root_trained) // shard * rb if replicas > 1 else 0
     frac = (shard - 1) / shard
     wire = int((gathered + scattered) * frac + (2 * reduced * (replicas - 1) / replicas if replicas > 1 else 0))
-    return StepComm(gathered, scattered, reduced, gathers, L + 1, wire)
+    return StepComm(gathered, scattered, reduced, gathers, L + (1 if root_trained else 0), wire)

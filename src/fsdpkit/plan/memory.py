@@ -32,6 +32,7 @@ import math
 from dataclasses import asdict, dataclass
 
 from fsdpkit.train.model.config import ModelConfig
+from fsdpkit.train.model.lora import LoraShape
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2}
 
@@ -57,6 +58,7 @@ class Workload:
     loss_chunk: int             # tokens per cross-entropy chunk (0: no chunking)
     compiled: bool = False      # torch.compile: blocks save what inductor keeps; the unchunked loss is one kernel
     fused_norm: bool = False    # CUDA's fused RMSNorm kernel: saves its input and rstd, not the normalised x
+    lora: LoraShape | None = None   # LoRA: the base frozen (no gradients, no optimizer state), adapters trained
 
     @property
     def tokens(self) -> int:
@@ -90,10 +92,33 @@ def _padded(shape: tuple[int, ...], shard: int) -> int:
     return math.ceil(shape[0] / shard) * shard * rest
 
 
-def block_shapes(m: ModelConfig) -> list[tuple[int, ...]]:
-    hd = m.head_dim
+def projections(m: ModelConfig) -> dict[str, tuple[int, int]]:
+    """(out, in) of each dense projection of a decoder block, by name (MoE experts are not Linear)."""
+    hd = m.head_size
+    attn = {"q_proj": (m.n_heads * hd, m.dim), "k_proj": (m.n_kv_heads * hd, m.dim),
+            "v_proj": (m.n_kv_heads * hd, m.dim), "o_proj": (m.dim, m.n_heads * hd)}
+    mlp = {} if m.is_moe else {"gate_proj": (m.ffn_dim, m.dim), "up_proj": (m.ffn_dim, m.dim),
+                               "down_proj": (m.dim, m.ffn_dim)}
+    return {**attn, **mlp}
+
+
+def adapter_shapes(m: ModelConfig, lora: LoraShape | None) -> list[tuple[int, ...]]:
+    """A block's LoRA adapters: A (rank, in) and B (out, rank) for each adapted projection."""
+    if lora is None:
+        return []
+    return [s for name, (out, inp) in projections(m).items() if name in lora.targets
+            for s in ((lora.rank, inp), (out, lora.rank))]
+
+
+def block_shapes(m: ModelConfig, lora: LoraShape | None = None) -> list[tuple[int, ...]]:
+    hd = m.head_size
     shapes = [(m.dim,), (m.n_heads * hd, m.dim), (m.n_kv_heads * hd, m.dim), (m.n_kv_heads * hd, m.dim),
               (m.dim, m.n_heads * hd), (m.dim,)]
+    if m.qkv_bias:
+        shapes += [(m.n_heads * hd,), (m.n_kv_heads * hd,), (m.n_kv_heads * hd,)]
+    if m.qk_norm:
+        shapes += [(hd,), (hd,)]
+    shapes += adapter_shapes(m, lora)
     if m.is_moe:
         shapes += [(m.n_experts, m.dim), (m.n_experts, 2 * m.ffn_dim, m.dim), (m.n_experts, m.dim, m.ffn_dim)]
     else:
@@ -113,8 +138,28 @@ def unit_elements(shapes: list[tuple[int, ...]], shard: int) -> int:
 def sharded_elements(w: Workload) -> int:
     """Elements of all parameters one rank holds."""
     shard = w.shard if w.fsdp else 1
-    total = unit_elements(block_shapes(w.model), shard) * w.model.n_layers + unit_elements(root_shapes(w.model), shard)
+    total = unit_elements(block_shapes(w.model, w.lora), shard) * w.model.n_layers + \
+        unit_elements(root_shapes(w.model), shard)
     return total // shard
+
+
+def trained_elements(w: Workload) -> tuple[int, int]:
+    """Elements of one block and of the root unit that train (have gradients and optimizer
+    state), gathered whole: all of them, or with LoRA the adapters alone."""
+    shard = w.shard if w.fsdp else 1
+    if w.lora is None:
+        return unit_elements(block_shapes(w.model), shard), unit_elements(root_shapes(w.model), shard)
+    return unit_elements(adapter_shapes(w.model, w.lora), shard), 0
+
+
+def adapter_activations(w: Workload) -> int:
+    """Bytes a block's adapters save for backward: each A's output (and with dropout, the dropped
+    input and its mask)."""
+    if w.lora is None:
+        return 0
+    cb, n = DTYPE_BYTES[w.compute], w.tokens
+    adapted = [inp for name, (_, inp) in projections(w.model).items() if name in w.lora.targets]
+    return sum(n * w.lora.rank * cb + (n * inp * (cb + 1) if w.lora.dropout else 0) for inp in adapted)
 
 
 def block_activations(w: Workload) -> int:
@@ -127,7 +172,7 @@ def block_activations(w: Workload) -> int:
         # attention, both norms' outputs, o_proj's input), q and the expanded K/V and the attention
         # output, three ffn-wide SwiGLU tensors, the attention's log-sum-exp and both norms' rstd.
         # Everything else, the fp32 norm work included, is recomputed in backward.
-        q_width = m.n_heads * m.head_dim
+        q_width = m.n_heads * m.head_size
         return s * (5 * d + 4 * q_width + 3 * m.ffn_dim) * cb + s * (m.n_heads * 4 + 2 * 4)
     # Each RMSNorm keeps its fp32 input and rstd, and unfused (CPU) also the normalised x.
     norms = 2 * ((1 if w.fused_norm else 2) * s * d * 4 + s * 4)
@@ -139,7 +184,7 @@ def block_activations(w: Workload) -> int:
         mlp = s * d * cb + s * m.n_experts * 4 * 2 + routed * (d * cb + 4 * m.ffn_dim * cb)
     else:
         mlp = s * d * cb + 4 * s * m.ffn_dim * cb   # input; gate, silu(gate), up, and their product
-    return norms + attn_in + qkv + attn_out + mlp
+    return norms + attn_in + qkv + attn_out + mlp + adapter_activations(w)
 
 
 def checkpointed_blocks(w: Workload) -> int:
@@ -195,27 +240,30 @@ def estimate(w: Workload) -> MemoryEstimate:
     cb, rb = DTYPE_BYTES[w.compute], DTYPE_BYTES[w.reduce]
     shard = w.shard if w.fsdp else 1
     p = sharded_elements(w)
-    params, grads, optimizer = 4 * p, 4 * p, 8 * p
+    block_trained, root_trained = trained_elements(w)
+    t = (block_trained * w.model.n_layers + root_trained) // shard   # what has gradients and moments
+    params, grads, optimizer = 4 * p, 4 * t, 8 * t
     host = 0
     if w.cpu_offload and w.fsdp:
         host, params, grads, optimizer = params + grads + optimizer, 0, 0, 0
     m, s, L = w.model, w.tokens, w.model.n_layers
-    block = unit_elements(block_shapes(m), shard)
+    block = unit_elements(block_shapes(m, w.lora), shard)
     root = unit_elements(root_shapes(m), shard)
+    frozen_head = w.lora is not None   # LoRA: the head and embeddings make no gradient
     recompute = recomputed_block(w)
     accum = 0
     if w.fsdp:
         # Without resharding after forward every block stays gathered until its backward.
         gathered = root * cb + (L if not w.reshard else 1 + w.prefetch) * block * cb
         # Backward: one block's unsharded gradients and the reduce-scatter input.
-        fsdp_bwd = block * (cb + rb)
+        fsdp_bwd = block_trained * (cb + rb)
         # The root unit is reduced last: the output head's unsharded gradient lives through the
         # whole backward; the root's reduce-scatter (embeddings and head, its parameters already
         # resharded, no block gathered any more) ends it.
-        head_grad = loss_grad = head_elements(m) * cb
-        root_bwd = root * (cb + rb)
+        head_grad = loss_grad = 0 if frozen_head else head_elements(m) * cb
+        root_bwd = root_trained * (cb + rb)
         if w.grad_accum > 1:   # without gradient sync, unsharded gradients of every unit stay
-            accum = (block * L + root) * cb
+            accum = (block_trained * L + root_trained) * cb
         gathered += accum
         end_copies = gathered
         val_copies = gathered
@@ -232,8 +280,8 @@ def estimate(w: Workload) -> MemoryEstimate:
         # backward holds the compute-dtype one (and with chunks the fp32 sum beside it); the fp32
         # one then lives through the rest of backward.
         chunked = 0 < w.loss_chunk < s and not w.compiled
-        head_grad = head_elements(m) * 4
-        loss_grad = head_elements(m) * (cb + (4 if chunked else 0))
+        head_grad = 0 if frozen_head else head_elements(m) * 4
+        loss_grad = 0 if frozen_head else head_elements(m) * (cb + (4 if chunked else 0))
     acts = activations(w)
     kept, loss_peak = loss_bytes(w)
     # The residual stream's gradient and its branch's, RMSNorm's two fp32 gradients, and two
@@ -245,7 +293,7 @@ def estimate(w: Workload) -> MemoryEstimate:
     start = params + optimizer + gathered + acts - recompute + max(kept + loss_peak + loss_grad,
                                                                    head_grad + recompute + fsdp_bwd + working)
     # A tied embedding's gradient is made whole before it is added to the head's.
-    tied = head_elements(m) * 4 if m.tie_embeddings and not w.fsdp else 0
+    tied = head_elements(m) * 4 if m.tie_embeddings and not w.fsdp and not frozen_head else 0
     end = params + optimizer + grads + max(end_copies + fsdp_bwd + working + tied, accum + root_bwd)
     # Validation: no gradients kept, one block's forward working set (SwiGLU's ffn-wide tensors,
     # the residual and its branch) and one chunk of logits (compiled and unchunked: the logits in

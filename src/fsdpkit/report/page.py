@@ -128,6 +128,13 @@ def write_report(runs: list[Run], out: Path, cluster: dict[str, Any] | None = No
             _fmt(s["median_mfu"] * 100 if s["median_mfu"] is not None else None, ".1f"),
             _fmt(s["peak_memory_gib"], ".2f"), str(s["restarts"]))) + "</tr>"
         for s in summaries)
+    scores = "".join(
+        f"<tr><td>{html.escape(s['name'])}</td><td>{html.escape(task)}</td><td>{html.escape(metric)}</td>"
+        f"<td>{_fmt(value)}</td></tr>"
+        for s in summaries for task, metrics in s["eval"].items() for metric, value in metrics.items())
+    if scores:
+        scores = ("<h2>Evaluation (fsdpkit eval)</h2><table><tr><th>run</th><th>task</th><th>metric</th><th>score</th>"
+                  f"</tr>{scores}</table>")
     figures = "".join(
         f'<figure><a href="{p.name}"><img alt="{html.escape(_title(stem))}" width="{WIDTH}" height="{HEIGHT}" '
         f'src="data:image/png;base64,{base64.b64encode(p.read_bytes()).decode()}"></a>'
@@ -142,6 +149,7 @@ figure{{margin:1.5em 0}}</style></head><body>
 <p>{len(runs)} run(s), written {datetime.now():%Y-%m-%d %H:%M:%S}. Dotted lines mark restarts.</p>
 <table><tr><th>run</th><th>state</th><th>steps</th><th>first loss</th><th>final loss</th><th>final val loss</th>
 <th>tokens/s (median)</th><th>MFU % (median)</th><th>peak GiB</th><th>restarts</th></tr>{rows}</table>
+{scores}
 {figures}
 </body></html>
 """

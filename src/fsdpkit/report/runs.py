@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +20,7 @@ class Run:
     val: list[dict[str, Any]] = field(default_factory=list)
     restarts: list[int] = field(default_factory=list)  # steps at which a later attempt of the run began
     finished: bool = False  # summary.json exists: the run ended (a live or killed run has none)
+    eval: dict[str, dict[str, float]] = field(default_factory=dict)  # `fsdpkit eval`'s scores: task -> metric
 
     def summary(self) -> dict[str, Any]:
         t = self.train
@@ -34,7 +36,7 @@ class Run:
             "final_val_loss": self.val[-1]["val_loss"] if self.val else None,
             "median_tokens_per_s": median("tokens_per_s"), "median_mfu": median("mfu"),
             "peak_memory_gib": max((r["peak_memory_gib"] for r in t if "peak_memory_gib" in r), default=None),
-            "restarts": len(self.restarts),
+            "restarts": len(self.restarts), "eval": self.eval,
         }
 
 
@@ -56,6 +58,12 @@ def load_run(path: Path) -> Run:
     kept = surviving(rows)  # one row per step: the attempt that survived
     run.train = [r for r in kept if r.get("kind") == "train"]
     run.val = [r for r in kept if r.get("kind") == "val"]
+    if run.finished:
+        try:
+            summary = json.loads((path / "summary.json").read_text())
+        except (OSError, ValueError):
+            summary = {}
+        run.eval = ((summary.get("eval") or {}).get("tasks") or {}) if isinstance(summary, dict) else {}
     return run
 
 

@@ -42,12 +42,14 @@ from fsdpkit.settings import (
 from fsdpkit.train.checkpoint import catalog
 from fsdpkit.train.model.config import ModelConfig
 from fsdpkit.train.model.hf_config import model_config_from_hf
+from fsdpkit.train.model.lora import LoraShape
 from fsdpkit.train.model.presets import get_preset, get_recipe, match_preset
 from fsdpkit.train.sections import (
     VALIDATION_SHARE,
     CheckpointConfig,
     DataConfig,
     LogConfig,
+    LoraConfig,
     ModelOverrides,
     OptimConfig,
     ParallelConfig,
@@ -77,6 +79,7 @@ class TrainOptions(Settings):
     parallel: ParallelConfig = option(default_factory=ParallelConfig)
     log: LogConfig = option(default_factory=LogConfig)
     checkpoint: CheckpointConfig = option(default_factory=CheckpointConfig)
+    adapters: LoraConfig = option(default_factory=LoraConfig)
     _shape: ModelConfig | None = PrivateAttr(default=None)
     # The fields a layer (a YAML file, a job spec, a flag) set, by name: what config.yaml records as
     # given; what no layer set is derived again when the file is read.
@@ -98,6 +101,12 @@ class TrainConfig(TrainOptions):
     data: ResolvedData
     optim: ResolvedOptim
     log: ResolvedLog
+
+    @property
+    def lora_shape(self) -> LoraShape | None:
+        """The LoRA adapters the run trains, or None (the whole model trains)."""
+        c = self.adapters
+        return LoraShape(c.lora_rank, c.lora_alpha, c.lora_dropout, c.targets) if c.lora else None
 
     def validation_share(self) -> float:
         """Validation's FLOPs as a share of training's."""
@@ -133,9 +142,13 @@ def _validation_share(steps: int, freq: int, batches: int, val_batch: int, train
     return passes * batches * val_batch / (3 * steps * train_batch * accum)
 
 
-def _shape(cfg: TrainOptions) -> ModelConfig:
-    if cfg.checkpoint.init_from_hf:
-        base = model_config_from_hf(Path(cfg.checkpoint.init_from_hf))
+def _shape(cfg: TrainOptions, on_nodes: bool = False) -> ModelConfig:
+    """The preset's shape, or the Hugging Face config's. `on_nodes`: the config is a cluster job's,
+    whose init_from_hf may be a path only its nodes have (shared storage); where it is not here,
+    the job's preset stands for the model until the nodes read the real config."""
+    hf = cfg.checkpoint.init_from_hf
+    if hf and not (on_nodes and not Path(hf).exists()):
+        base = model_config_from_hf(Path(hf))
     else:
         base = get_preset(cfg.preset)
     changes = {k: v for k, v in cfg.model.model_dump().items() if v is not None}
@@ -147,7 +160,7 @@ def _shape(cfg: TrainOptions) -> ModelConfig:
     return dataclasses.replace(base, **changes)
 
 
-SECTIONS = ("model", "data", "optim", "parallel", "log", "checkpoint")
+SECTIONS = ("model", "data", "optim", "parallel", "log", "checkpoint", "adapters")
 
 # config.yaml's block of derived values: shown for the reader, skipped when the file is read again.
 DERIVED_KEY = "derived"
@@ -236,7 +249,7 @@ def _nest(items: list[tuple[str, Any]], index: dict[str, tuple[str | None, str]]
     return doc
 
 
-def build(layers: list[dict[str, Any]]) -> TrainConfig:
+def build(layers: list[dict[str, Any]], on_nodes: bool = False) -> TrainConfig:
     """The one way a TrainConfig is made from settings. Layers (a YAML file, a job spec's `train:`,
     flags) apply in order over the preset's recipe, which lies over the field defaults. The preset is
     the one a layer names; with none, a reference-style `--model_type` plus dimensions names the
@@ -256,10 +269,10 @@ def build(layers: list[dict[str, Any]]) -> TrainConfig:
     if "preset" not in given and model_type is not None:
         shape = {k: getattr(first.model, k) for k in ("dim", "n_layers", "n_heads", "ffn_dim")}
         preset = match_preset(str(model_type).strip().lower(), shape) or preset
-    recipe = list(get_recipe(preset).options.items())
+    recipe = list(_recipe_for(preset, first).items())
     resumed = _resumed_data(first, {index[k][1] for k, _ in items}, dict(recipe))
     cfg = load(TrainOptions, _nest([("preset", preset), *recipe, *resumed, *items], index), flat=True)
-    cfg = resolve(cfg, {name for _, name in (index[k] for k, _ in items)})
+    cfg = resolve(cfg, {name for _, name in (index[k] for k, _ in items)}, on_nodes)
     validate(cfg)
     return cfg
 
@@ -324,12 +337,12 @@ def _resumed_data(first: TrainOptions, given: set[str], recipe: dict[str, Any]) 
     return taken
 
 
-def resolve(cfg: TrainOptions, given: Set[str] = frozenset()) -> TrainConfig:
+def resolve(cfg: TrainOptions, given: Set[str] = frozenset(), on_nodes: bool = False) -> TrainConfig:
     """The config with every derived value written into its field (sequence length, warm-up,
     learning-rate floor, validation batch size and count, the model's shape), so it holds what the
     run does. `given` names the fields a layer set: a recipe's warm-up, not given, is capped for a
     short run."""
-    o, d, lg, shape = cfg.optim, cfg.data, cfg.log, _shape(cfg)
+    o, d, lg, shape = cfg.optim, cfg.data, cfg.log, _shape(cfg, on_nodes)
     warmup_steps = o.warmup_steps
     if "warmup_steps" not in given and warmup_steps is not None:   # the recipe's
         # The user's fraction wins over the recipe's steps; else the recipe's, capped.
@@ -338,7 +351,8 @@ def resolve(cfg: TrainOptions, given: Set[str] = frozenset()) -> TrainConfig:
         warmup_steps = round(o.warmup * o.max_steps)
     min_lr = o.min_lr if o.min_lr is not None else float(f"{o.lr * o.min_lr_ratio:.12g}")  # 3e-5, not 2.99..e-05
     data = ResolvedData(**{**d.model_dump(), "seq_len": d.seq_len or min(shape.max_seq_len, 2048),
-                           "val_batch_size": d.val_batch_size or d.train_batch_size})
+                           "val_batch_size": d.val_batch_size or d.train_batch_size,
+                           "tokenizer": _tokenizer(cfg, given, on_nodes)})
     batches = lg.validation_batches
     if batches is None:
         per_batch = _validation_share(o.max_steps, lg.validation_freq, 1, data.val_batch_size, data.train_batch_size,
@@ -353,17 +367,33 @@ def resolve(cfg: TrainOptions, given: Set[str] = frozenset()) -> TrainConfig:
         parallel=cfg.parallel,
         log=ResolvedLog(**{**lg.model_dump(), "validation_batches": batches}),
         checkpoint=cfg.checkpoint,
+        adapters=cfg.adapters,
     )
     out._shape = shape
     out._given = frozenset(given)
     return out
 
 
+def _recipe_for(preset: str, cfg: TrainOptions) -> dict[str, Any]:
+    """The preset's recipe for this kind of run: chat fine-tuning and LoRA lay their values over it."""
+    return get_recipe(preset).for_run(chat=cfg.data.data_format == "chat", lora=cfg.adapters.lora)
+
+
+def _tokenizer(cfg: TrainOptions, given: Set[str], on_nodes: bool) -> str:
+    """The tokenizer: as given; else, starting from Hugging Face weights, the one saved with them
+    (their tokenizer.json; on a cluster job's nodes, the directory they read); else the recipe's."""
+    hf = cfg.checkpoint.init_from_hf
+    if "tokenizer" in given or not hf:
+        return cfg.data.tokenizer
+    here = Path(hf).exists()
+    return hf if (here and (Path(hf) / "tokenizer.json").is_file()) or (on_nodes and not here) else cfg.data.tokenizer
+
+
 def recipe_values(cfg: TrainConfig) -> dict[str, Any]:
     """The options the preset's recipe sets, with the values this config resolved them to."""
     index = field_index()
     out = {}
-    for key in get_recipe(cfg.preset).options:
+    for key in _recipe_for(cfg.preset, cfg):
         section, name = index[key]
         out[key] = getattr(cfg if section is None else getattr(cfg, section), name)
     return out
@@ -450,15 +480,7 @@ def parse_args(argv: list[str] | None, prog: str = "fsdpkit train") -> TrainConf
 def validate(cfg: TrainConfig) -> None:
     """The rules between fields (each field's own range is its type's), before anything is written
     or launched."""
-    m = cfg.shape
-    if m.dim % m.n_heads:
-        raise UserError(f"n_heads: {m.n_heads} must divide dim ({m.dim}); pick a divisor of {m.dim}")
-    if m.n_heads % m.n_kv_heads:
-        raise UserError(f"n_kv_heads: {m.n_kv_heads} must divide n_heads ({m.n_heads})")
-    if m.head_dim % 2:
-        raise UserError(f"dim/n_heads: head size {m.head_dim} must be even for rotary embeddings")
-    if m.is_moe and m.experts_per_token > m.n_experts:
-        raise UserError(f"experts_per_token: {m.experts_per_token} must be <= n_experts ({m.n_experts})")
+    _validate_shape(cfg.shape)
     o = cfg.optim
     if o.min_lr > o.lr:
         raise UserError(f"min_lr: {o.min_lr} must be <= lr ({o.lr})")
@@ -466,7 +488,27 @@ def validate(cfg: TrainConfig) -> None:
         raise UserError(f"warmup_steps: {o.warmup_steps} must be <= max_steps ({o.max_steps})")
     if cfg.checkpoint.resume_from_checkpoint == "auto" and not cfg.checkpoint.checkpoint_dir:
         raise UserError("resume_from_checkpoint: 'auto' needs --checkpoint-dir to know where to look")
+    if cfg.adapters.lora and cfg.parallel.float8:
+        raise UserError("lora: float8 linear layers would replace the adapted projections; drop --float8")
+    if cfg.adapters.lora and not cfg.checkpoint.init_from_hf:
+        raise UserError("lora: adapters fine-tune a trained model, and only they are saved: pass --init-from-hf "
+                        "with the model's Hugging Face directory")
     if cfg.parallel.float8 and cfg.parallel.device == "cpu":
         raise UserError("float8: needs an NVIDIA GPU (Ada, Hopper or newer); it cannot run with --device cpu")
     if (cfg.checkpoint.every_steps or cfg.checkpoint.every_seconds) and not cfg.checkpoint.checkpoint_dir:
         raise UserError("checkpoint_every: needs --checkpoint-dir to know where checkpoints go")
+
+
+def _validate_shape(m: ModelConfig) -> None:
+    """The model's own rules: head sizes, grouped heads, experts."""
+    if m.dim % m.n_heads and not m.head_dim:
+        raise UserError(f"n_heads: {m.n_heads} must divide dim ({m.dim}); pick a divisor of {m.dim}")
+    if m.n_heads % m.n_kv_heads:
+        raise UserError(f"n_kv_heads: {m.n_kv_heads} must divide n_heads ({m.n_heads})")
+    if m.head_size % 2:
+        raise UserError(f"dim/n_heads: head size {m.head_size} must be even for rotary embeddings")
+    if m.is_moe and m.family in ("qwen2", "qwen3"):
+        raise UserError(f"n_experts: the {m.family} family has no mixture-of-experts form here; use 0, or "
+                        "--family mixtral")
+    if m.is_moe and m.experts_per_token > m.n_experts:
+        raise UserError(f"experts_per_token: {m.experts_per_token} must be <= n_experts ({m.n_experts})")

@@ -1,4 +1,5 @@
-"""Export a checkpoint as Hugging Face safetensors + config.json (`fsdpkit export`)."""
+"""Export a checkpoint as Hugging Face safetensors + config.json, or a LoRA run's adapters as a PEFT
+adapter (`fsdpkit export`)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ from fsdpkit import yamlfile
 from fsdpkit.errors import UserError
 from fsdpkit.train.checkpoint import catalog, checkpointer
 from fsdpkit.train.data.tokenizers import HFTokenizer, get_tokenizer
+from fsdpkit.train.evaluate import PROVENANCE
 from fsdpkit.train.model.config import ModelConfig, RopeScaling
-from fsdpkit.train.model.hf import check_out_dir, save_hf
+from fsdpkit.train.model.hf import check_out_dir, load_hf_into, save_hf, save_peft
+from fsdpkit.train.model.lora import LoraShape, adapter_tensors, add_adapters, merge_adapters
 from fsdpkit.train.model.transformer import Transformer
 
 log = logging.getLogger(__name__)
@@ -37,19 +40,41 @@ def find_checkpoint(src: Path) -> catalog.CheckpointInfo:
 
 def model_config_of(info: catalog.CheckpointInfo) -> ModelConfig:
     m = dict(info.meta["model"])
+    m.pop("lora", None)
     if m.get("rope_scaling"):
         m["rope_scaling"] = RopeScaling(**m["rope_scaling"])
     return ModelConfig(**m)
 
 
+def adapters_of(info: catalog.CheckpointInfo) -> LoraShape | None:
+    """The LoRA adapters a checkpoint holds (only they: its base is the run's --init-from-hf), or None."""
+    lora = info.meta["model"].get("lora")
+    return LoraShape(**{**lora, "targets": tuple(lora["targets"])}) if lora else None
+
+
+def base_of(info: catalog.CheckpointInfo) -> Path:
+    """The Hugging Face directory a LoRA run adapted, which must still be where the run read it."""
+    base = ((info.meta.get("config") or {}).get("checkpoint") or {}).get("init_from_hf")
+    if not base or not Path(base).is_dir():
+        raise UserError(f"export: {info.path} holds LoRA adapters only; their base model "
+                        f"{base or '(not recorded)'} is not a directory here; run export where the base is")
+    return Path(base)
+
+
 def load_full_model(info: catalog.CheckpointInfo) -> Transformer:
-    """The whole model in CPU memory, from a checkpoint written by any number of ranks."""
-    cfg = model_config_of(info)
+    """The whole model in CPU memory, from a checkpoint written by any number of ranks; a LoRA
+    checkpoint's adapters on its base model's weights."""
+    cfg, lora = model_config_of(info), adapters_of(info)
     with torch.device("meta"):
         model = Transformer(cfg, rope_len=min(cfg.max_seq_len, 2048))
+        if lora is not None:
+            add_adapters(model, lora)
     model.to_empty(device="cpu")
     model.init_buffers()
-    state = {"model": model.state_dict()}
+    if lora is not None:
+        load_hf_into(model, base_of(info), cfg)
+    saved = model.state_dict()
+    state = {"model": {k: v for k, v in saved.items() if lora is None or ".lora_" in k}}
     try:
         dcp.load(state, checkpoint_id=str(info.path))
     except (Exception, CheckpointException) as e:  # DCP's own error is a BaseException
@@ -57,7 +82,7 @@ def load_full_model(info: catalog.CheckpointInfo) -> Transformer:
     return model
 
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 
 
 def tokenizer_of(info: catalog.CheckpointInfo) -> tuple[str, dict[str, int], dict[str, bytes]]:
@@ -83,9 +108,23 @@ def tokenizer_of(info: catalog.CheckpointInfo) -> tuple[str, dict[str, int], dic
     return name, ids, files
 
 
-def export_hf(src: Path, out: Path, dtype: str = "fp32") -> dict[str, Any]:
+def peft_config(lora: LoraShape, state: dict[str, torch.Tensor], base: Path) -> dict[str, Any]:
+    """adapter_config.json: what PEFT's LoraConfig needs to rebuild these adapters on `base`."""
+    targets = sorted({k.split(".lora_A.")[0].rsplit(".", 1)[-1] for k in state if ".lora_A." in k})
+    return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": str(base),
+            "r": lora.rank, "lora_alpha": lora.alpha, "lora_dropout": lora.dropout, "target_modules": targets,
+            "bias": "none", "fan_in_fan_out": False, "inference_mode": True, "use_rslora": False,
+            "use_dora": False, "modules_to_save": None, "init_lora_weights": True}
+
+
+def export_hf(src: Path, out: Path, dtype: str = "fp32", to: str = "hf") -> dict[str, Any]:
+    """`to` "hf": the whole model (a LoRA run's adapters merged into its base); "peft": a LoRA
+    run's adapters alone, as a PEFT adapter."""
     check_out_dir(out)  # before a model is loaded: minutes for a large one
     info = find_checkpoint(src)
+    lora = adapters_of(info)
+    if to == "peft" and lora is None:
+        raise UserError(f"export: {info.path} trained the whole model, not LoRA adapters; export it --to hf")
     try:
         tokenizer, ids, tok_files = tokenizer_of(info)
     except UserError as e:
@@ -93,9 +132,19 @@ def export_hf(src: Path, out: Path, dtype: str = "fp32") -> dict[str, Any]:
         # them and say loudly what is missing.
         tokenizer, ids, tok_files = f"not written ({e})", {}, {}
         log.warning(f"export: the run's tokenizer is not in the export: {e}")
+    run_dir = (info.meta.get("config") or {}).get("run_dir")
+    tok_files = {**tok_files, PROVENANCE: json.dumps({"run_dir": run_dir, "checkpoint": str(info.path),
+                                                      "step": info.step}, indent=2).encode()}
     model = load_full_model(info)
-    files = save_hf(model.state_dict(), model.cfg, out, {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype],
-                    ids, tok_files)
+    torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
+    state = model.state_dict()
+    if lora is not None and to == "peft":
+        files = save_peft(adapter_tensors(state), peft_config(lora, state, base_of(info)), out, torch_dtype,
+                          tok_files)
+    else:
+        files = save_hf(merge_adapters(state, lora) if lora is not None else state, model.cfg, out, torch_dtype,
+                        ids, tok_files)
     return {"checkpoint": str(info.path), "step": info.step, "out": str(out), "files": [str(f) for f in files],
-            "tokenizer": tokenizer, "tokenizer_files": sorted(tok_files), **ids,
+            "format": to, "lora": lora is not None,
+            "tokenizer": tokenizer, "tokenizer_files": sorted(f for f in tok_files if f != PROVENANCE), **ids,
             "dtype": dtype, "architecture": model.cfg.family}

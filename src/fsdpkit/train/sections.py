@@ -15,6 +15,7 @@ from fsdpkit.errors import UserError
 from fsdpkit.settings import Bool, Float, Int, Settings, Str, fail, option
 
 TRACKERS = ("wandb", "mlflow")
+Family = Literal["llama", "mistral", "mixtral", "qwen2", "qwen3"]
 
 
 def parse_trackers(raw: str | None) -> tuple[str, ...]:
@@ -48,9 +49,13 @@ class ModelOverrides(Settings):
     experts_per_token: Int | None = option(None, "experts each token is routed to", ge=1,
                                            aliases=("num_experts_per_tok",))
     init_std: Float | None = option(None, "std of the weight initialisation", ge=0, aliases=("initializer_range",))
-    family: Literal["llama", "mistral", "mixtral"] | None = option(
+    family: Family | None = option(
         None, "Hugging Face class the weights map to", aliases=("model_type",),
         alias_values={"llama_v2": "llama", "llama_v3": "llama"})
+    head_dim: Int | None = option(None, "width of each attention head, where it is not dim / n_heads (Qwen 3)",
+                                  ge=2, le=2**12)
+    qkv_bias: Bool | None = option(None, "biases on the query, key and value projections (Qwen 2.5)")
+    qk_norm: Bool | None = option(None, "RMSNorm over each query and key head before RoPE (Qwen 3)")
 
 
 class DataConfig(Settings):
@@ -59,6 +64,12 @@ class DataConfig(Settings):
         "(jsonl/json/parquet/txt, .gz/.zst; or token shards from `fsdpkit data prepare`), "
         "or a Hugging Face hub dataset (hf:NAME forces the hub)")
     dataset_config_name: Str | None = option(None, "dataset configuration (hub datasets)")
+    data_format: Literal["text", "chat"] = option(
+        "text", "text: documents, loss on every token; chat: conversations (records with `messages`, or "
+        "prompt/completion) rendered with the chat template, loss on the assistant's tokens only, each "
+        "conversation attending only to itself")
+    chat_template: Str | None = option(
+        None, "chat data: 'chatml' or a Jinja file (default: the tokenizer's own template, else chatml)")
     train_split: Str = option("train", "split to train on")
     val_split: Str = option("validation", "split to validate on")
     text_field: Str = option("text", "field (or parquet column) holding the text of a record")
@@ -236,6 +247,44 @@ class CheckpointConfig(Settings):
         return parse_every(self.checkpoint_every)[1]
 
 
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def parse_lora_targets(raw: str) -> tuple[str, ...]:
+    """"q_proj,v_proj", or "all" for every projection; ValueError naming the allowed ones."""
+    names = LORA_TARGETS if raw.strip() == "all" else tuple(
+        dict.fromkeys(n.strip() for n in raw.split(",") if n.strip()))
+    unknown = [n for n in names if n not in LORA_TARGETS]
+    if unknown or not names:
+        raise ValueError(f"unknown LoRA target {unknown[0] if unknown else raw!r}; allowed: all, or a comma-separated "
+                         f"list of {', '.join(LORA_TARGETS)}")
+    return names
+
+
+class LoraConfig(Settings):
+    """Low-rank adapters (LoRA, Hu et al. 2021) on the attention and MLP projections: the base weights
+    stay frozen, only the adapters train, and only they are checkpointed."""
+
+    lora: Bool = option(False, "train LoRA adapters instead of the whole model")
+    lora_rank: Int = option(16, "rank of each adapter", ge=1, le=4096)
+    lora_alpha: Float = option(32.0, "adapter scale numerator: the update is (alpha / rank) B A x", ge=1e-6)
+    lora_dropout: Float = option(0.0, "dropout on the adapter's input", ge=0, le=0.9)
+    lora_targets: Str = option("all", "projections that get adapters: all, or a comma-separated list of "
+                               + ", ".join(LORA_TARGETS))
+
+    @field_validator("lora_targets")
+    @classmethod
+    def _targets(cls, raw: str) -> str:
+        try:
+            return ",".join(parse_lora_targets(raw))
+        except ValueError as e:
+            raise fail(str(e)) from None
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        return parse_lora_targets(self.lora_targets)
+
+
 class ResolvedModel(ModelOverrides):
     """The model's whole shape, every field known."""
 
@@ -250,7 +299,9 @@ class ResolvedModel(ModelOverrides):
     n_experts: Int
     experts_per_token: Int
     init_std: Float
-    family: Literal["llama", "mistral", "mixtral"]
+    family: Family
+    qkv_bias: Bool
+    qk_norm: Bool
 
 
 class ResolvedData(DataConfig):

@@ -103,14 +103,15 @@ def preflight(cfg: TrainConfig) -> tuple[Path, run_lock.RunLock]:
 
 def _check_inputs(cfg: TrainConfig) -> None:
     """The data, tokenizer, vocabulary, process count and checkpoint to resume, before any work."""
-    source, tok = data_pipeline(cfg.data, cfg.seed, cfg.data.train_split, verbose=False)
+    pipe = data_pipeline(cfg.data, cfg.seed, cfg.data.train_split, verbose=False)
+    source, tok = pipe.source, pipe.tokenizer
     vocab = cfg.shape.vocab_size
     tok_name, tok_vocab = (source.meta["tokenizer"], source.meta["vocab_size"]) if tok is None else (
         tok.name, tok.vocab_size)
     if tok_vocab > vocab:
         raise UserError(f"vocab_size: the model's {vocab} is smaller than tokenizer {tok_name!r}'s {tok_vocab}; "
                         "pass --vocab-size or another tokenizer")
-    BatchStream(source, tok, cfg.data.seq_len, 1, epochs=1, shuffle_buffer=0).check_not_empty()
+    BatchStream(source, tok, cfg.data.seq_len, 1, epochs=1, shuffle_buffer=0, chat=pipe.chat).check_not_empty()
     if cfg.checkpoint.init_from_hf:
         check_weights(Path(cfg.checkpoint.init_from_hf))
     if not dist.under_torchrun():
@@ -125,8 +126,11 @@ def _check_inputs(cfg: TrainConfig) -> None:
 
 
 def model_shape_of(cfg: TrainConfig) -> dict[str, Any]:
-    """The model's shape as a checkpoint records it (plain JSON values)."""
-    return cast("dict[str, Any]", json.loads(json.dumps(dataclasses.asdict(cfg.shape))))
+    """The model's shape as a checkpoint records it (plain JSON values), with its LoRA adapters'."""
+    shape = dataclasses.asdict(cfg.shape)
+    if cfg.lora_shape is not None:
+        shape["lora"] = dataclasses.asdict(cfg.lora_shape)
+    return cast("dict[str, Any]", json.loads(json.dumps(shape)))
 
 
 @dataclass
@@ -257,7 +261,7 @@ def _run(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path) -> TrainResult:
 def _start_state(cfg: TrainConfig, rt: dist.Runtime) -> TrainState:
     """The model (from Hugging Face weights if asked), its optimizer, and the newest checkpoint's
     state when resuming."""
-    model = build_model(cfg.shape, cfg.parallel, cfg.data.seq_len, cfg.seed, rt)
+    model = build_model(cfg.shape, cfg.parallel, cfg.data.seq_len, cfg.seed, rt, cfg.lora_shape)
     if cfg.checkpoint.init_from_hf:
         load_hf_into(model, Path(cfg.checkpoint.init_from_hf), cfg.shape)
         log.info(f"fsdpkit: initialised from Hugging Face weights in {cfg.checkpoint.init_from_hf}")
@@ -300,13 +304,14 @@ def _open_run(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path, state: TrainSta
               stack: contextlib.ExitStack) -> Run:
     """Data, validation, performance figures, sinks and the checkpointer of this start of the run."""
     d = cfg.data
-    source, tok = data_pipeline(d, cfg.seed, d.train_split, verbose=rt.is_main)
-    batches = BatchStream(source, tok, cfg.data.seq_len, d.train_batch_size, rt.rank, rt.world_size, cfg.seed,
-                          epochs=d.epochs, skip_blocks=state.samples)
+    pipe = data_pipeline(d, cfg.seed, d.train_split, verbose=rt.is_main)
+    source = pipe.source
+    batches = BatchStream(source, pipe.tokenizer, cfg.data.seq_len, d.train_batch_size, rt.rank, rt.world_size,
+                          cfg.seed, epochs=d.epochs, skip_blocks=state.samples, chat=pipe.chat)
     stream = Prefetcher(batches, d.prefetch, pin_memory=rt.device.type == "cuda") if d.prefetch else iter(batches)
     if isinstance(stream, Prefetcher):
         stack.callback(stream.close)
-    eos_id = (source.meta["eos_id"] if tok is None else tok.eos_id) if d.document_masking else None
+    eos_id = pipe.eos_id if d.document_masking else None
     validate = Validator(cfg.data, cfg.log.validation_batches, cfg.seed, cfg.parallel, rt)
     if validate.batches == 0:
         log.warning(f"the {d.val_split!r} split holds less than one global validation batch "
@@ -378,18 +383,19 @@ def _train_step(run: Run, state: TrainState, window: Window) -> torch.Tensor | N
     accum = cfg.data.grad_accum_steps
     for micro in range(accum):
         try:
-            x, y, indices = next(run.stream)
+            batch = next(run.stream)
         except StopIteration:
             return None
         if run.sample_log:
-            run.sample_log.write(json.dumps({"step": state.step + 1, "micro": micro, "blocks": indices,
+            run.sample_log.write(json.dumps({"step": state.step + 1, "micro": micro, "blocks": batch.indices,
                                              "attempt": state.attempt}) + "\n")
-        x, y = x.to(rt.device, non_blocking=True), y.to(rt.device, non_blocking=True)
+        x, y = batch.inputs.to(rt.device, non_blocking=True), batch.targets.to(rt.device, non_blocking=True)
+        docs = None if batch.docs is None else batch.docs.to(rt.device, non_blocking=True)
         if rt.distributed and accum > 1:
             # Reduce-scatter gradients once per optimizer step, not once per micro-step.
             cast(FSDPModule, model).set_requires_gradient_sync(micro == accum - 1)
         with autocast(cfg.parallel, rt):
-            ce, total = model.loss(x, y, run.eos_id)
+            ce, total = model.loss(x, y, run.eos_id, docs)
         (total / accum).backward()
         window.loss_sum += ce.detach().float() / accum
     grad_norm = clipped_step(state.optimizer, cfg.optim.grad_clip)

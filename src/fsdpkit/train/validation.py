@@ -20,17 +20,15 @@ class Validator:
 
     def __init__(self, d: ResolvedData, batches: int, seed: int, par: ParallelConfig, rt: dist.Runtime):
         """`batches` per pass at most (log.validation_batches); `par` for the compute dtype."""
-        source, tok = data_pipeline(d, seed, d.val_split, verbose=rt.is_main)
-        self.source = source
-        self.stream = BatchStream(source, tok, d.seq_len, d.val_batch_size, rt.rank, rt.world_size, seed,
-                                  shuffle_buffer=0, epochs=1)
+        pipe = data_pipeline(d, seed, d.val_split, verbose=rt.is_main)
+        self.source = pipe.source
+        self.stream = BatchStream(pipe.source, pipe.tokenizer, d.seq_len, d.val_batch_size, rt.rank, rt.world_size,
+                                  seed, shuffle_buffer=0, epochs=1, chat=pipe.chat)
         # Every rank must run the same number of forwards (FSDP collectives): count on each rank,
         # deterministically, how many whole global batches the held-out split holds.
         available = self.stream.count_blocks() // (d.val_batch_size * rt.world_size)
         self.batches = min(batches, available)
-        self.eos_id = None
-        if d.document_masking:
-            self.eos_id = source.meta["eos_id"] if tok is None else tok.eos_id
+        self.eos_id = pipe.eos_id if d.document_masking else None
         self.rows, self.par, self.rt = d.train_batch_size, par, rt
 
     @torch.no_grad()
@@ -44,11 +42,14 @@ class Validator:
         # vocabulary, where the compiled loss is not chunked). Blocks are full, so the batch's mean
         # is the slices' means weighted by their sizes.
         rows = self.rows
-        for _, (x, y, _idx) in zip(range(self.batches), self.stream, strict=False):
+        device = self.rt.device
+        for _, batch in zip(range(self.batches), self.stream, strict=False):
+            x, y, docs = batch.inputs, batch.targets, batch.docs
             for start in range(0, x.shape[0], rows):
                 part = slice(start, start + rows)
                 with autocast(self.par, self.rt):
-                    ce, _ = model.loss(x[part].to(self.rt.device), y[part].to(self.rt.device), self.eos_id)
+                    ce, _ = model.loss(x[part].to(device), y[part].to(device), self.eos_id,
+                                       None if docs is None else docs[part].to(device))
                 total += ce.float() * (x[part].shape[0] / x.shape[0])
         model.train()
         return cast("float | None", dist.all_reduce_mean(total / self.batches, self.rt).item())

@@ -178,6 +178,22 @@ def test_resume_refuses_another_model_shape(two_rank_run, tmp_path, nproc):
     assert json.loads((two_rank_run / "ckpt" / "step-00000006" / "fsdpkit.json").read_text())["step"] == 6
 
 
+def test_a_checkpoint_recorded_before_the_qwen_fields_resumes(two_rank_run, tmp_path):
+    """A checkpoint whose fsdpkit.json predates a shape field (head_dim, qkv_bias, qk_norm) holds a
+    model with that field's default, so a run of the same shape resumes it."""
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(two_rank_run / "ckpt" / "step-00000003", ckpt / "step-00000003")
+    meta_file = ckpt / "step-00000003" / "fsdpkit.json"
+    meta = json.loads(meta_file.read_text())
+    for field in ("head_dim", "qkv_bias", "qk_norm"):
+        del meta["model"][field]
+    meta_file.write_text(json.dumps(meta))
+    r = run_cli("train", *FAST, "--max_steps", "4", "--train_batch_size", "8", "--tensorboard", "0",
+                "--run_dir", str(tmp_path / "run"), "--resume_from_checkpoint", str(ckpt))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "resumed from" in r.stdout
+
+
 def test_resume_from_empty_directory_starts_fresh(tmp_path):
     r = run_cli("train", *FAST, "--max_steps", "2", "--logging_freq", "1", "--tensorboard", "0",
                 "--train_batch_size", "2", "--run_dir", str(tmp_path / "run"),

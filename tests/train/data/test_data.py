@@ -41,7 +41,8 @@ def test_every_rank_sees_different_samples_and_together_the_single_process_batch
 
 
 def test_targets_are_inputs_shifted_and_documents_end_with_eos():
-    x, y, _ = next(iter(stream(0, 1, 8)))
+    batch = next(iter(stream(0, 1, 8)))
+    x, y = batch.inputs, batch.targets
     assert x.shape == y.shape == (8, SEQ)
     assert np.array_equal(x[:, 1:].numpy(), y[:, :-1].numpy())
     all_tokens = np.concatenate([x.numpy().ravel() for x in take(stream(0, 1, 8), 40)])

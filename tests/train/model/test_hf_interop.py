@@ -29,8 +29,12 @@ FAMILIES = {
     "mistral": ("MistralConfig", "MistralForCausalLM", dict(rope_theta=1e6, sliding_window=16)),
     "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(rope_theta=1e6, num_local_experts=4,
                                                              num_experts_per_tok=2)),
+    # Qwen 2.5: biased q/k/v, tied head. Qwen 3: per-head q/k norms, heads wider than hidden / heads.
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(rope_theta=1e6, tie_word_embeddings=True, rms_norm_eps=1e-6)),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(rope_theta=1e6, head_dim=16, rms_norm_eps=1e-6)),
 }
-NPROC = {"llama": "2", "mistral": "1", "mixtral": "1"}  # llama: the import is sharded over 2 ranks
+# llama and qwen2: the import is sharded over 2 ranks
+NPROC = {"llama": "2", "mistral": "1", "mixtral": "1", "qwen2": "2", "qwen3": "1"}
 
 
 def make_hf_checkpoint(family: str, path) -> None:
@@ -66,6 +70,12 @@ def test_import_export_round_trip_and_transformers_parity(family, tmp_path, cli)
     assert r.returncode == 0, r.stdout + r.stderr
     assert json.loads(r.stdout)["data"]["step"] == 1
     original, exported = hf_tensors(hf_dir), hf_tensors(tmp_path / "out-same")
+    tokens = torch.randint(0, 258, (2, 40), generator=torch.Generator().manual_seed(1))
+    model_cls = getattr(transformers, FAMILIES[family][1])
+    with torch.no_grad():  # Hugging Face -> fsdpkit: the imported model computes transformers' logits
+        torch.testing.assert_close(load_full_model(info).eval()(tokens),
+                                   model_cls.from_pretrained(hf_dir, attn_implementation="eager").eval()(tokens).logits,
+                                   rtol=0, atol=1e-5)
     for f in (tmp_path / "out-same").iterdir():   # shared like any file the user writes, not owner-only
         assert f.stat().st_mode & 0o044 == 0o044, (f.name, oct(f.stat().st_mode))
     assert set(exported) == set(original)
@@ -77,11 +87,10 @@ def test_import_export_round_trip_and_transformers_parity(family, tmp_path, cli)
     out = tmp_path / "out-trained"
     assert cli("export", str(tmp_path / "trained-ckpt"), str(out)).returncode == 0
     ours = load_full_model(info).eval()
-    theirs = getattr(transformers, FAMILIES[family][1]).from_pretrained(out, attn_implementation="eager").eval()
+    theirs = model_cls.from_pretrained(out, attn_implementation="eager").eval()
     assert not torch.equal(ours.model.layers[0].self_attn.q_proj.weight, original[
         "model.layers.0.self_attn.q_proj.weight"])  # it did train
-    tokens = torch.randint(0, 258, (2, 40), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
+    with torch.no_grad():  # fsdpkit -> Hugging Face
         torch.testing.assert_close(ours(tokens), theirs(tokens).logits, rtol=0, atol=1e-5)
 
 

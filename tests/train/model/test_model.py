@@ -10,16 +10,18 @@ import pytest
 import torch
 
 from fsdpkit.train.model.config import ModelConfig, RopeScaling, count_params
+from fsdpkit.train.model.hf_config import hf_config_dict
 from fsdpkit.train.model.presets import PRESETS
 from fsdpkit.train.model.transformer import Transformer
 
 from conftest import require
 
-# Published sizes (Meta / Mistral AI model cards), in billions.
+# Published sizes (Meta / Mistral AI / Qwen model cards), in billions.
 PUBLISHED_B = {
     "llama2_7b": 6.74, "llama2_13b": 13.02, "llama2_70b": 68.98, "llama3_1_8b": 8.03,
     "llama3_1_70b": 70.55, "llama3_2_1b": 1.24, "llama3_2_3b": 3.21, "mathstral_7b": 7.25,
-    "mixtral_8x7b": 46.70,
+    "mixtral_8x7b": 46.70, "qwen2_5_0_5b": 0.494, "qwen2_5_1_5b": 1.54, "qwen2_5_3b": 3.09, "qwen2_5_7b": 7.62,
+    "qwen3_0_6b": 0.596, "qwen3_1_7b": 1.72, "qwen3_4b": 4.02, "qwen3_8b": 8.19,
 }
 
 
@@ -39,6 +41,21 @@ def test_preset_builds_on_meta_with_published_size(name):
     assert all(b.is_meta for b in model.buffers())
     # A 70B model in fp32 is 280 GB: building it must not allocate (ru_maxrss is in KiB on Linux).
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before < 200 * 1024
+
+
+@pytest.mark.parametrize("name", sorted(n for n in PRESETS if n.startswith("qwen")))
+def test_qwen_presets_are_transformers_models_of_the_same_parameters(name):
+    """Each Qwen preset, written as the config.json an export writes, is a transformers model with
+    our parameters: the same names and shapes, so weights map one to one (the VERL recipe's
+    Qwen2.5-3B-Instruct is qwen2_5_3b)."""
+    transformers = require("transformers")
+    config = hf_config_dict(PRESETS[name])
+    model_cls = getattr(transformers, config.pop("architectures")[0])
+    with torch.device("meta"):
+        theirs = model_cls(model_cls.config_class(**config))
+        ours = Transformer(PRESETS[name], rope_len=64)
+    shapes = {k: tuple(v.shape) for k, v in ours.state_dict().items()}
+    assert shapes == {k: tuple(v.shape) for k, v in theirs.state_dict().items()}
 
 
 def materialise(cfg: ModelConfig, seed: int = 0, rope_len: int = 64) -> Transformer:
@@ -350,7 +367,7 @@ def test_flops_per_token_counts_every_matmul_the_model_does(tied):
     counter = FlopCounterMode(display=False)
     with counter:
         model.loss(tokens, tokens)[1].backward()
-    attention = 12 * cfg.n_layers * cfg.n_heads * cfg.head_dim * 64
+    attention = 12 * cfg.n_layers * cfg.n_heads * cfg.head_size * 64
     norms = 6 * cfg.dim * (2 * cfg.n_layers + 1)
     matmuls = sum(v for op, v in counter.get_flop_counts()["Global"].items()
                   if str(op).split(".")[-1] in ("mm", "addmm", "bmm", "matmul", "linear"))

@@ -10,6 +10,7 @@ and reshards on load, so a run can resume with a different number of processes.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import json
 import logging
@@ -27,6 +28,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
     get_model_state_dict,
     get_optimizer_state_dict,
     set_model_state_dict,
@@ -45,6 +47,7 @@ from fsdpkit.train.checkpoint.catalog import (
     read_meta,
     resolve,
 )
+from fsdpkit.train.model.config import ModelConfig
 from fsdpkit.train.runtime.dist import Runtime
 from fsdpkit.train.runtime.faults import maybe_fail
 
@@ -52,6 +55,18 @@ log = logging.getLogger(__name__)
 
 # Loading in one process without a process group is intended (export, single-process resume).
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+
+# A checkpoint holds what trains: the whole model, or with LoRA only the adapters (the frozen base
+# comes from --init-from-hf again on resume, and an export reads it from there).
+TRAINED = StateDictOptions(ignore_frozen_params=True)
+TRAINED_LOAD = StateDictOptions(ignore_frozen_params=True, strict=False)
+
+
+def trained_state(model: torch.nn.Module) -> dict[str, Any]:
+    """The model's state dict without frozen parameters, a tied head's second name included (which
+    ignore_frozen_params keeps: it only knows each parameter's first name)."""
+    frozen = {n for n, p in model.named_parameters(remove_duplicate=False) if not p.requires_grad}
+    return {k: v for k, v in get_model_state_dict(model, options=TRAINED).items() if k not in frozen}
 
 
 def describe_error(e: BaseException) -> str:
@@ -159,7 +174,7 @@ class Checkpointer:
             self.directory.mkdir(parents=True, exist_ok=True)
             shutil.rmtree(tmp, ignore_errors=True)  # left by a crash during an earlier save
         _barrier(self.rt)
-        state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, optimizer)}
+        state = {"model": trained_state(model), "optim": get_optimizer_state_dict(model, optimizer, options=TRAINED)}
         needed = _tensor_bytes(state)
         with self._failing_as(step, needed):
             if self.async_mode:
@@ -290,9 +305,13 @@ def resume(spec: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, 
     return None
 
 
+# Fields a checkpoint written before they existed does not record: it has their defaults.
+_SHAPE_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ModelConfig) if f.default is not dataclasses.MISSING}
+
+
 def check_shape(info: CheckpointInfo, model_shape: dict[str, Any]) -> None:
     """The checkpoint holds a model of this shape (read from its fsdpkit.json alone)."""
-    theirs = dict(info.meta.get("model") or {})
+    theirs = {**_SHAPE_DEFAULTS, **(info.meta.get("model") or {})}
     if theirs != model_shape:
         diff = ", ".join(f"{k} {theirs.get(k)} (this run: {v})" for k, v in model_shape.items() if theirs.get(k) != v)
         raise UserError(f"resume_from_checkpoint: {info.path} holds a model of another shape: {diff}; resume with "
@@ -302,14 +321,14 @@ def check_shape(info: CheckpointInfo, model_shape: dict[str, Any]) -> None:
 def load(info: CheckpointInfo, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
          model_shape: dict[str, Any]) -> None:
     check_shape(info, model_shape)
-    state: dict[str, Any] = {"model": get_model_state_dict(model),
-                             "optim": get_optimizer_state_dict(model, optimizer)}
+    state: dict[str, Any] = {"model": trained_state(model),
+                             "optim": get_optimizer_state_dict(model, optimizer, options=TRAINED)}
     try:
         dcp.load(state, checkpoint_id=str(info.path))
     except (Exception, CheckpointException) as e:  # DCP's own error is a BaseException
         raise DamagedCheckpoint(info.path, describe_error(e)) from None
-    set_model_state_dict(model, state["model"])
-    set_optimizer_state_dict(model, optimizer, state["optim"])
+    set_model_state_dict(model, state["model"], options=TRAINED_LOAD)
+    set_optimizer_state_dict(model, optimizer, state["optim"], options=TRAINED_LOAD)
 
 
 def prune(directory: Path, keep: int, rt: Runtime) -> None:

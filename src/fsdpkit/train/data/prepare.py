@@ -56,6 +56,7 @@ def _write(tokenizer: Tokenizer, sources: dict[str, DocumentSource], out: Path, 
             buf, pending = [], 0
 
         for doc in source.documents(0):
+            assert not isinstance(doc, list)  # a text source (prepare reads no chat data)
             ids = np.append(tokenizer.encode(doc).astype(np.int64), tokenizer.eos_id)
             buf.append(ids)
             pending += len(ids)

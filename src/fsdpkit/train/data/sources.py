@@ -23,16 +23,21 @@ import numpy as np
 
 from fsdpkit.errors import NotFound, UserError
 from fsdpkit.readers import reading
+from fsdpkit.train.data.chat import Conversation, conversation_of
 
 log = logging.getLogger(__name__)
 
 
 class DocumentSource(Protocol):
-    """A split of a dataset as a sequence of documents, in a seeded order per epoch."""
+    """A split of a dataset as a sequence of documents (texts, or conversations for chat data), in
+    a seeded order per epoch."""
 
     name: str
 
-    def documents(self, epoch: int) -> Iterator[str | bytes]: ...
+    def documents(self, epoch: int) -> Iterator[str | bytes | Conversation]: ...
+
+
+CHAT_RECORD = "no `messages` (roles with string contents, one answer at least) and no prompt/completion pair"
 
 
 def _held_out(key: str, one_in: int) -> bool:
@@ -122,16 +127,17 @@ class LocalFiles:
     A folder with a subfolder named like the split (`train/`, `validation/`) uses it; otherwise one
     document in 100 (by file and position) is held out as the validation split. A record that is
     not JSON or lacks the text field is skipped and counted (`on_bad_record=skip`) or stops the run
-    with its file and line (`fail`).
+    with its file and line (`fail`). With `data_format="chat"` a record is a conversation
+    (fsdpkit.train.data.chat) instead of a text.
     """
 
     def __init__(self, path: str, split: str, seed: int, text_field: str = "text",
-                 on_bad_record: str = "skip", verbose: bool = True):
+                 on_bad_record: str = "skip", verbose: bool = True, data_format: str = "text"):
         root = Path(path).expanduser()
         if not root.exists():
             raise NotFound(f"dataset: {path} not found")
         self.name, self.seed, self.split, self.text_field = str(path), seed, split, text_field
-        self.on_bad_record, self.verbose = on_bad_record, verbose
+        self.on_bad_record, self.verbose, self.chat = on_bad_record, verbose, data_format == "chat"
         self.hold_out = True
         if root.is_dir():
             if (root / split).is_dir():
@@ -144,6 +150,9 @@ class LocalFiles:
             self.files, self.base = [root], root.parent
         if not self.files:
             raise UserError(f"dataset: no .jsonl/.json/.parquet/.txt files (or .gz/.zst of them) in {path}")
+        if self.chat and (plain := [f for f in self.files if (_format(f) or ("",))[0] == ".txt"]):
+            raise UserError(f"dataset: {plain[0]} is plain text; chat data is jsonl/json/parquet records with "
+                            "`messages` or prompt/completion")
         self._bad_seen: set[str] = set()
         # With a held-out split both splits read every line: the training split alone counts a bad
         # one, so a record is counted once however many splits and passes read it.
@@ -154,7 +163,7 @@ class LocalFiles:
         """Distinct records skipped as bad so far (each counted once, however often it is re-read)."""
         return len(self._bad_seen)
 
-    def documents(self, epoch: int) -> Iterator[str]:
+    def documents(self, epoch: int) -> Iterator[str | Conversation]:
         order = _shuffled(self.files, self.seed, epoch) if self.split == "train" else self.files
         for f in order:
             rel = f.relative_to(self.base).as_posix()
@@ -173,13 +182,19 @@ class LocalFiles:
         if self.verbose and (n & (n - 1)) == 0:  # 1, 2, 4, 8, ... so logs stay short
             log.warning(f"dataset: skipped {n} bad record(s); latest {where}: {why}")
 
-    def _text_of(self, record: object, where: str) -> str | None:
+    def _text_of(self, record: object, where: str) -> str | Conversation | None:
+        """The record's text, or its conversation for chat data; None (counted) for a bad one."""
+        if self.chat:
+            conv = conversation_of(record)
+            if conv is None:
+                self._bad(where, CHAT_RECORD)
+            return conv
         if not isinstance(record, dict) or not isinstance(record.get(self.text_field), str):
             self._bad(where, f"no string field {self.text_field!r}")
             return None
         return cast("str | None", record[self.text_field])
 
-    def _read(self, f: Path) -> Iterator[str]:
+    def _read(self, f: Path) -> Iterator[str | Conversation]:
         found = _format(f)
         assert found is not None  # the files were listed by their format
         fmt, compression = found
@@ -195,16 +210,22 @@ class LocalFiles:
                 else:
                     yield from self._json(f, fh)
 
-    def _parquet(self, f: Path) -> Iterator[str]:
+    def _parquet(self, f: Path) -> Iterator[str | Conversation]:
         pq = _optional("pyarrow.parquet", f)
         pf = pq.ParquetFile(f)
+        if self.chat:  # whole rows: messages, or prompt and completion
+            for b, batch in enumerate(pf.iter_batches(batch_size=1024)):
+                for n, row in enumerate(batch.to_pylist()):
+                    if (conv := self._text_of(row, f"{f}[{b * 1024 + n}]")) is not None:
+                        yield conv
+            return
         if self.text_field not in pf.schema_arrow.names:
             raise UserError(f"dataset: {f} has no column {self.text_field!r} (columns: "
                             f"{', '.join(pf.schema_arrow.names)}); set --text-field")
         for batch in pf.iter_batches(columns=[self.text_field], batch_size=1024):
             yield from (t for t in batch.column(0).to_pylist() if isinstance(t, str))
 
-    def _jsonl(self, f: Path, fh: Iterator[str]) -> Iterator[str]:
+    def _jsonl(self, f: Path, fh: Iterator[str]) -> Iterator[str | Conversation]:
         for n, line in enumerate(fh, 1):
             if not line.strip():
                 continue
@@ -217,7 +238,7 @@ class LocalFiles:
             if text is not None:
                 yield text
 
-    def _json(self, f: Path, fh: Any) -> Iterator[str]:
+    def _json(self, f: Path, fh: Any) -> Iterator[str | Conversation]:
         """A list of records, or {"data": [...]}."""
         try:
             doc = json.load(fh)
@@ -239,8 +260,9 @@ class HubDataset:
     HF_TOKEN is passed for gated datasets; it is never logged.
     """
 
-    def __init__(self, name: str, config: str | None, split: str, text_field: str):
+    def __init__(self, name: str, config: str | None, split: str, text_field: str, data_format: str = "text"):
         self.name, self.config, self.split, self.text_field = name, config, split, text_field
+        self.chat = data_format == "chat"
         if os.environ.get("HF_HUB_OFFLINE") == "1" and not Path(name).exists():
             raise UserError(f"dataset: {name!r} is on the Hugging Face hub but HF_HUB_OFFLINE=1; "
                             "download it first or point --dataset at local files")
@@ -249,7 +271,7 @@ class HubDataset:
         except ImportError:
             raise UserError("dataset: hub datasets need the `datasets` package: pip install 'fsdpkit[data]'") from None
 
-    def documents(self, epoch: int) -> Iterator[str]:
+    def documents(self, epoch: int) -> Iterator[str | Conversation]:
         import datasets
 
         try:
@@ -261,9 +283,9 @@ class HubDataset:
         if hasattr(ds, "set_epoch"):
             ds.set_epoch(epoch)
         for row in ds:
-            text = row.get(self.text_field)
-            if isinstance(text, str):
-                yield text
+            item = conversation_of(row) if self.chat else row.get(self.text_field)
+            if isinstance(item, (str, list)):
+                yield item
 
 
 TOKENS_FORMAT = "fsdpkit-tokens-v1"
@@ -317,15 +339,24 @@ def is_local(dataset: str) -> bool:
 
 
 def get_source(dataset: str, split: str, seed: int, text_field: str = "text", config: str | None = None,
-               on_bad_record: str = "skip", verbose: bool = True) -> DocumentSource | TokenShards:
-    """`embedded`, a local path (files, folder, or token shards), or a hub dataset (`hf:` forces it)."""
+               on_bad_record: str = "skip", verbose: bool = True,
+               data_format: str = "text") -> DocumentSource | TokenShards:
+    """`embedded`, a local path (files, folder, or token shards), or a hub dataset (`hf:` forces it).
+    Chat data (`data_format="chat"`) is records of conversations: local files or a hub dataset."""
+    chat = data_format == "chat"
     if dataset == "embedded":
+        if chat:
+            raise UserError("dataset: the embedded corpus is plain text; chat fine-tuning needs records with "
+                            "`messages` (or prompt/completion): a local jsonl/json/parquet file, or a hub dataset")
         return EmbeddedCorpus("train" if split == "train" else "validation", seed)
     if dataset.startswith("hf:"):
-        return HubDataset(dataset[3:], config, split, text_field)
+        return HubDataset(dataset[3:], config, split, text_field, data_format)
     if is_local(dataset):
         path = Path(dataset).expanduser()
         if (path / "meta.json").is_file():
+            if chat:
+                raise UserError(f"dataset: {dataset} holds token shards, which keep no turns; chat fine-tuning "
+                                "reads the records themselves (jsonl/json/parquet)")
             return TokenShards(path, split)
-        return LocalFiles(dataset, split, seed, text_field, on_bad_record, verbose)
-    return HubDataset(dataset, config, split, text_field)
+        return LocalFiles(dataset, split, seed, text_field, on_bad_record, verbose, data_format)
+    return HubDataset(dataset, config, split, text_field, data_format)

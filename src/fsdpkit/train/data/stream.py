@@ -7,6 +7,10 @@ rank r takes the blocks of global batch slot r. Hence (a) every rank reads diffe
 (b) N ranks with batch B see exactly what 1 process with batch N*B sees, and (c) a position in
 the stream is one integer (blocks consumed), which is the data state a checkpoint keeps.
 
+Chat data packs the same way, each block carrying beside its tokens the loss mask (assistant
+tokens) and the conversation each token belongs to, so a batch brings its targets (-100 where
+no loss is taken) and the document ids attention is masked by.
+
 Document sources are tokenised by every rank (cheap for the embedded corpus, and what makes the
 order world-size invariant); token shards are read by random access, each rank only its blocks.
 """
@@ -25,14 +29,18 @@ import numpy as np
 import torch
 
 from fsdpkit.errors import UserError
+from fsdpkit.train.data.chat import ChatTemplate, encode_conversation
 from fsdpkit.train.data.sources import DocumentSource, TokenShards
 from fsdpkit.train.data.tokenizers import Tokenizer
+
+IGNORE = -100  # a target no loss is taken on (cross-entropy's ignore_index)
 
 
 class Batch(NamedTuple):
     inputs: torch.Tensor  # (batch, seq_len) int64
-    targets: torch.Tensor  # inputs shifted by one
+    targets: torch.Tensor  # inputs shifted by one; IGNORE where no loss is taken
     indices: list[int]  # global block index of each row (for auditing data order)
+    docs: torch.Tensor | None = None  # (batch, seq_len) document of each input token (chat data)
 
 
 @dataclass
@@ -49,25 +57,39 @@ class BatchStream:
     shuffle_buffer: int = 512  # blocks; 0 keeps the stream order (validation)
     epochs: int | None = None  # None: repeat the source forever
     skip_blocks: int = 0  # global blocks already consumed (resume): the stream continues after them
+    chat: ChatTemplate | None = None  # chat data: conversations rendered with this template
+
+    def _rows(self, doc: Any, number: int) -> np.ndarray:
+        """One document as the rows of a block: its tokens and EOS (text), or (chat) three rows:
+        tokens, loss mask, and the document's number."""
+        tokenizer = self.tokenizer
+        assert tokenizer is not None
+        if self.chat is None:
+            return np.append(tokenizer.encode(doc).astype(np.int64), tokenizer.eos_id)
+        ids, mask = encode_conversation(self.chat, tokenizer.encode, doc)
+        return np.stack([ids, mask.astype(np.int64), np.full(len(ids), number, dtype=np.int64)])
 
     def blocks(self, allow_empty: bool = False) -> Iterator[np.ndarray]:
-        """The global stream of seq_len+1-token blocks of a document source, documents separated by EOS.
-        A pass that yields no block is an error naming its cause, unless `allow_empty` (counting)."""
-        source, tokenizer = self.source, self.tokenizer
-        assert not isinstance(source, TokenShards) and tokenizer is not None  # token shards are read by index
+        """The global stream of seq_len+1-token blocks of a document source, documents separated by
+        EOS (chat data: (3, seq_len+1) blocks, see `_rows`). A pass that yields no block is an error
+        naming its cause, unless `allow_empty` (counting)."""
+        source = self.source
+        assert not isinstance(source, TokenShards)  # token shards are read by index
         n = self.seq_len + 1
         epoch = 0
         while self.epochs is None or epoch < self.epochs:
-            buf = np.empty(0, dtype=np.int64)
+            buf = np.empty((0,) if self.chat is None else (3, 0), dtype=np.int64)
             produced = documents = 0
             for doc in source.documents(epoch):
                 documents += 1
-                ids = tokenizer.encode(doc)
-                buf = np.concatenate([buf, ids.astype(np.int64), [tokenizer.eos_id]])
-                full = len(buf) // n
+                buf = np.concatenate([buf, self._rows(doc, documents)], axis=-1)
+                full = buf.shape[-1] // n
                 if full:
-                    yield from buf[: full * n].reshape(full, n)
-                    buf = buf[full * n :]
+                    if self.chat is None:
+                        yield from buf[: full * n].reshape(full, n)
+                    else:
+                        yield from buf[:, : full * n].reshape(3, full, n).transpose(1, 0, 2)
+                    buf = buf[..., full * n :]
                     produced += full
             if produced == 0:
                 if allow_empty:
@@ -79,7 +101,7 @@ class BatchStream:
                                     + (f" in its {split!r} split" if split else "")
                                     + (f" ({bad} bad records skipped)" if bad else ""))
                 raise UserError(f"dataset: {source.name} holds fewer than {n} tokens ({documents} "
-                                f"document(s), {len(buf)} tokens); lower seq_len")
+                                f"document(s), {buf.shape[-1]} tokens); lower seq_len")
             epoch += 1
 
     def shuffled(self) -> Iterator[np.ndarray]:
@@ -126,7 +148,8 @@ class BatchStream:
         """Blocks in one pass over the source (the validation split's size)."""
         if isinstance(self.source, TokenShards):
             return self.source.num_blocks(self.seq_len + 1)
-        single = BatchStream(self.source, self.tokenizer, self.seq_len, 1, epochs=1, shuffle_buffer=0)
+        single = BatchStream(self.source, self.tokenizer, self.seq_len, 1, epochs=1, shuffle_buffer=0,
+                             chat=self.chat)
         return sum(1 for _ in single.blocks(allow_empty=True))
 
     def rank_blocks(self) -> Iterator[tuple[int, np.ndarray]]:
@@ -157,7 +180,12 @@ class BatchStream:
             indices.append(k)
             if len(rows) == self.batch_size:
                 t = torch.from_numpy(np.stack(rows).astype(np.int64))
-                yield Batch(t[:, :-1].contiguous(), t[:, 1:].contiguous(), indices)
+                if t.ndim == 2:
+                    yield Batch(t[:, :-1].contiguous(), t[:, 1:].contiguous(), indices)
+                else:   # chat: the loss on assistant tokens only, attention within each conversation
+                    tokens, mask, docs = t[:, 0], t[:, 1].bool(), t[:, 2]
+                    targets = torch.where(mask[:, 1:], tokens[:, 1:], IGNORE)
+                    yield Batch(tokens[:, :-1].contiguous(), targets, indices, docs[:, :-1].contiguous())
                 rows, indices = [], []
 
 
@@ -184,7 +212,8 @@ class Prefetcher:
         try:
             for item in it:
                 if self._pin:
-                    item = item._replace(**{f: getattr(item, f).pin_memory() for f in ("inputs", "targets")})
+                    item = item._replace(**{f: t.pin_memory() for f in ("inputs", "targets", "docs")
+                                            if (t := getattr(item, f)) is not None})
                 while not self._stop.is_set():
                     try:
                         self._queue.put(item, timeout=0.1)

@@ -15,11 +15,15 @@ import numpy as np
 from fsdpkit.errors import NotFound, UserError
 from fsdpkit.readers import reading
 
+log = logging.getLogger(__name__)
+
 
 class Tokenizer(Protocol):
     name: str
     vocab_size: int
     eos_id: int
+    config: dict[str, Any]      # tokenizer_config.json: special token texts, the chat template
+    directory: Path | None      # where its files are, for a local one
 
     def encode(self, text: str | bytes) -> np.ndarray: ...
 
@@ -33,6 +37,10 @@ class ByteTokenizer:
     vocab_size = 258
     bos_id = 256
     eos_id = 257
+
+    def __init__(self) -> None:
+        self.config: dict[str, Any] = {}   # no tokenizer_config.json: no special token texts, no chat template
+        self.directory: Path | None = None
 
     def encode(self, text: str | bytes) -> np.ndarray:
         raw = text.encode("utf-8") if isinstance(text, str) else text
@@ -71,6 +79,7 @@ class HFTokenizer:
         self.name = spec
         path = Path(spec)
         config: dict[str, Any] = {}
+        self.directory: Path | None = path if path.is_dir() else None
         if path.is_dir():
             if not (path / "tokenizer.json").is_file():
                 raise UserError(f"tokenizer: {path} has no tokenizer.json")
@@ -93,6 +102,8 @@ class HFTokenizer:
                     self.tok = RustTokenizer.from_pretrained(spec, token=os.environ.get("HF_TOKEN"))
             except Exception as e:  # network, auth and not-found errors all end the same way
                 raise UserError(f"tokenizer: cannot load {spec!r} from the hub: {str(e).splitlines()[0]}") from None
+            config = _hub_tokenizer_config(spec)
+        self.config = config
         self.vocab_size = self.tok.get_vocab_size(with_added_tokens=True)
         eos = config.get("eos_token")
         if isinstance(eos, dict):
@@ -114,6 +125,26 @@ class HFTokenizer:
 
     def decode(self, ids: list[int] | np.ndarray) -> str:
         return self.tok.decode([int(i) for i in ids])
+
+
+def _hub_tokenizer_config(spec: str) -> dict[str, Any]:
+    """tokenizer_config.json of a hub tokenizer (its special tokens and chat template), from the
+    hub client's cache when this machine has it; {} where the repository has none."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError
+
+    try:
+        with quiet_hub():
+            file = hf_hub_download(spec, "tokenizer_config.json", token=os.environ.get("HF_TOKEN"))
+    except EntryNotFoundError:
+        return {}
+    except Exception as e:  # the tokenizer loaded (from the cache, say): go on without its config
+        log.warning(f"tokenizer: {spec!r}'s tokenizer_config.json could not be read ({str(e).splitlines()[0]}); "
+                    "its chat template and named end-of-text token are not known")
+        return {}
+    with reading(Path(file), "tokenizer"):
+        loaded = json.loads(Path(file).read_text())
+    return loaded if isinstance(loaded, dict) else {}
 
 
 def get_tokenizer(name: str) -> Tokenizer:

@@ -37,11 +37,15 @@ class ModelConfig:
     experts_per_token: int = 2
     router_aux_loss_coef: float = 0.02
     init_std: float = 0.02
-    family: str = "llama"  # llama | mistral | mixtral: which Hugging Face class the weights map to
+    family: str = "llama"  # llama | mistral | mixtral | qwen2 | qwen3: the Hugging Face class the weights map to
+    head_dim: int | None = None  # Qwen 3: heads wider than dim / n_heads; None: dim / n_heads
+    qkv_bias: bool = False  # Qwen 2 / 2.5: biases on the query, key and value projections
+    qk_norm: bool = False   # Qwen 3: RMSNorm over each head of queries and keys, before RoPE
 
     @property
-    def head_dim(self) -> int:
-        return self.dim // self.n_heads
+    def head_size(self) -> int:
+        """Width of each attention head: head_dim where given, else dim / n_heads."""
+        return self.head_dim or self.dim // self.n_heads
 
     @property
     def is_moe(self) -> bool:
@@ -51,7 +55,8 @@ class ModelConfig:
 def count_params(cfg: ModelConfig, active: bool = False) -> int:
     """Parameter count from the config alone; `active` counts only the experts a token uses."""
     D, F_, L, V = cfg.dim, cfg.ffn_dim, cfg.n_layers, cfg.vocab_size
-    attn = D * cfg.n_heads * cfg.head_dim * 2 + D * cfg.n_kv_heads * cfg.head_dim * 2
+    q, kv = cfg.n_heads * cfg.head_size, cfg.n_kv_heads * cfg.head_size
+    attn = 2 * D * q + 2 * D * kv + (q + 2 * kv if cfg.qkv_bias else 0) + (2 * cfg.head_size if cfg.qk_norm else 0)
     experts = cfg.experts_per_token if active else cfg.n_experts
     mlp = 3 * D * F_ * experts + D * cfg.n_experts if cfg.is_moe else 3 * D * F_
     per_layer = attn + mlp + 2 * D

@@ -19,4 +19,4 @@ def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
     lookup = 0 if cfg.tie_embeddings else cfg.vocab_size * cfg.dim  # a tied table is the head's weight too
     n = count_params(cfg, active=True) - lookup
     context = min(seq_len, cfg.sliding_window or seq_len)
-    return 6 * n + 12 * cfg.n_layers * cfg.n_heads * cfg.head_dim * context
+    return 6 * n + 12 * cfg.n_layers * cfg.n_heads * cfg.head_size * context

@@ -7,10 +7,12 @@ which transformers v4 reads as is and v5 converts on load.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -79,15 +81,29 @@ def check_out_dir(out_dir: Path) -> None:
         raise UserError(f"export: cannot write to {probe} (read-only, or no permission); choose another directory")
 
 
-def save_hf(state: dict[str, torch.Tensor], cfg: ModelConfig, out_dir: Path, dtype: torch.dtype,
-            config_extra: dict[str, Any] | None = None, files_extra: dict[str, bytes] | None = None) -> list[Path]:
-    """Write config.json (plus `config_extra`: token ids), safetensors (sharded with an index past
-    SHARD_BYTES) and `files_extra` (the tokenizer's files). Written to a temporary directory first
-    and renamed, so `out_dir` never holds a half export."""
+@contextlib.contextmanager
+def staged_dir(out_dir: Path) -> Iterator[Path]:
+    """A temporary sibling of `out_dir` to write into, renamed to `out_dir` when the block ends
+    well (and removed when it does not), so `out_dir` never holds a half export."""
     check_out_dir(out_dir)
     tmp = out_dir.with_name(f".{out_dir.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _as_umask_allows(tmp)
+    if out_dir.exists():
+        out_dir.rmdir()
+    tmp.rename(out_dir)
+
+
+def save_hf(state: dict[str, torch.Tensor], cfg: ModelConfig, out_dir: Path, dtype: torch.dtype,
+            config_extra: dict[str, Any] | None = None, files_extra: dict[str, bytes] | None = None) -> list[Path]:
+    """Write config.json (plus `config_extra`: token ids), safetensors (sharded with an index past
+    SHARD_BYTES) and `files_extra` (the tokenizer's files), through `staged_dir`."""
     tensors: dict[str, torch.Tensor] = {}
     for name, t in state.items():
         if cfg.tie_embeddings and name == "lm_head.weight":
@@ -103,31 +119,36 @@ def save_hf(state: dict[str, torch.Tensor], cfg: ModelConfig, out_dir: Path, dty
             size = 0
         shards[-1][key] = tensors[key]
         size += n
-    files = []
-    if len(shards) == 1:
-        files.append(tmp / "model.safetensors")
-        save_file(shards[0], str(files[0]), metadata={"format": "pt"})
-    else:
-        weight_map = {}
-        for i, shard in enumerate(shards, 1):
-            fname = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+    names = ["model.safetensors"] if len(shards) == 1 else [
+        f"model-{i:05d}-of-{len(shards):05d}.safetensors" for i in range(1, len(shards) + 1)]
+    with staged_dir(out_dir) as tmp:
+        for fname, shard in zip(names, shards, strict=True):
             save_file(shard, str(tmp / fname), metadata={"format": "pt"})
-            files.append(tmp / fname)
-            weight_map.update(dict.fromkeys(shard, fname))
-        total = sum(t.numel() * t.element_size() for t in tensors.values())
-        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-        (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
-    config = hf_config_dict(cfg)
-    config["torch_dtype"] = {torch.bfloat16: "bfloat16", torch.float32: "float32"}[dtype]
-    config.update(config_extra or {})
-    (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    for name, data in (files_extra or {}).items():
-        (tmp / name).write_bytes(data)
-    _as_umask_allows(tmp)
-    if out_dir.exists():
-        out_dir.rmdir()
-    tmp.rename(out_dir)
-    return [out_dir / f.name for f in files]
+        if len(shards) > 1:
+            weight_map = {key: fname for fname, shard in zip(names, shards, strict=True) for key in shard}
+            total = sum(t.numel() * t.element_size() for t in tensors.values())
+            index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+            (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+        config = hf_config_dict(cfg)
+        config["torch_dtype"] = {torch.bfloat16: "bfloat16", torch.float32: "float32"}[dtype]
+        config.update(config_extra or {})
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        for name, data in (files_extra or {}).items():
+            (tmp / name).write_bytes(data)
+    return [out_dir / f for f in names]
+
+
+def save_peft(adapters: dict[str, torch.Tensor], adapter_config: dict[str, Any], out_dir: Path, dtype: torch.dtype,
+              files_extra: dict[str, bytes] | None = None) -> list[Path]:
+    """A PEFT adapter directory: adapter_model.safetensors (PEFT's tensor names) and
+    adapter_config.json, as `peft.PeftModel.from_pretrained` reads them, through `staged_dir`."""
+    with staged_dir(out_dir) as tmp:
+        save_file({k: v.detach().to("cpu", dtype).contiguous() for k, v in adapters.items()},
+                  str(tmp / "adapter_model.safetensors"), metadata={"format": "pt"})
+        (tmp / "adapter_config.json").write_text(json.dumps(adapter_config, indent=2) + "\n")
+        for name, data in (files_extra or {}).items():
+            (tmp / name).write_bytes(data)
+    return [out_dir / "adapter_model.safetensors"]
 
 
 class _HubFiles:
@@ -179,6 +200,8 @@ def load_hf_into(model: torch.nn.Module, path: Path, cfg: ModelConfig) -> None:
     so no rank ever holds the full model."""
     files = _HubFiles(path)
     for name, p in model.named_parameters():
+        if ".lora_A." in name or ".lora_B." in name:
+            continue  # LoRA adapters: not part of the base model
         rows, local = _local_rows(p)
         if rows.start >= rows.stop:
             continue

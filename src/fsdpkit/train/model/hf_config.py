@@ -11,7 +11,11 @@ from fsdpkit.errors import UserError
 from fsdpkit.readers import reading
 from fsdpkit.train.model.config import ModelConfig, RopeScaling
 
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "mixtral": "MixtralForCausalLM"}
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "mixtral": "MixtralForCausalLM",
+                 "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+# The families whose configs carry a per-layer sliding-window switch (use_sliding_window, off in
+# every published checkpoint) rather than Mistral's plain window.
+QWEN = ("qwen2", "qwen3")
 
 
 def hf_config_dict(cfg: ModelConfig) -> dict[str, Any]:
@@ -29,16 +33,17 @@ def hf_config_dict(cfg: ModelConfig) -> dict[str, Any]:
         "num_hidden_layers": cfg.n_layers,
         "num_attention_heads": cfg.n_heads,
         "num_key_value_heads": cfg.n_kv_heads,
-        "head_dim": cfg.head_dim,
+        "head_dim": cfg.head_size,
         "max_position_embeddings": cfg.max_seq_len,
         "rms_norm_eps": cfg.norm_eps,
         "rope_theta": cfg.rope_theta,
         "tie_word_embeddings": cfg.tie_embeddings,
         "hidden_act": "silu",
         "initializer_range": cfg.init_std,
-        "attention_bias": False,
         "attention_dropout": 0.0,
     }
+    if family != "qwen2":  # Qwen 2's biases are fixed by its class (query, key, value: always)
+        out["attention_bias"] = False
     if cfg.rope_scaling is not None:
         s = cfg.rope_scaling
         out["rope_scaling"] = {"rope_type": s.rope_type, "factor": s.factor}
@@ -47,6 +52,8 @@ def hf_config_dict(cfg: ModelConfig) -> dict[str, Any]:
                                        original_max_position_embeddings=s.original_max_position_embeddings)
     if family in ("mistral", "mixtral"):
         out["sliding_window"] = cfg.sliding_window
+    if family in QWEN:
+        out.update(use_sliding_window=False, sliding_window=None, max_window_layers=cfg.n_layers)
     if family == "mixtral":
         out.update(num_local_experts=cfg.n_experts, num_experts_per_tok=cfg.experts_per_token,
                    router_aux_loss_coef=cfg.router_aux_loss_coef)
@@ -63,6 +70,9 @@ def refuse_unrepresentable(c: dict[str, Any], family: str) -> None:
         which = " and ".join(k for k in ("attention_bias", "mlp_bias") if c.get(k))
         raise UserError(f"init_from_hf: the checkpoint uses {which}, which fsdpkit's model has no place for; its "
                         "biases would be dropped (pick a checkpoint without biases)")
+    if family in QWEN and c.get("use_sliding_window"):
+        raise UserError("init_from_hf: the checkpoint turns on use_sliding_window (a window on some layers only), "
+                        "which fsdpkit's model does not support; every published Qwen checkpoint has it off")
     rope = c.get("rope_scaling") or c.get("rope_parameters") or {}
     kind = rope.get("rope_type", rope.get("type")) or "default"
     if kind not in ROPE_TYPES:
@@ -78,7 +88,7 @@ def refuse_unrepresentable(c: dict[str, Any], family: str) -> None:
 
 
 def model_config_from_hf(path: Path) -> ModelConfig:
-    """Our ModelConfig from a Hugging Face config.json (Llama, Mistral, Mixtral)."""
+    """Our ModelConfig from a Hugging Face config.json (Llama, Mistral, Mixtral, Qwen 2 / 2.5, Qwen 3)."""
     cfg_file = path / "config.json"
     if not cfg_file.is_file():
         raise UserError(f"init_from_hf: no config.json in {path}")
@@ -100,16 +110,17 @@ def model_config_from_hf(path: Path) -> ModelConfig:
     elif kind == "linear":
         scaling = RopeScaling(float(rope["factor"]), rope_type="linear")
     heads = c["num_attention_heads"]
-    if c.get("head_dim") not in (None, c["hidden_size"] // heads):
-        raise UserError(f"init_from_hf: head_dim {c['head_dim']} != hidden_size / heads is not supported")
+    head_dim = c.get("head_dim")
     return ModelConfig(
         vocab_size=c["vocab_size"], dim=c["hidden_size"], n_layers=c["num_hidden_layers"], n_heads=heads,
         n_kv_heads=c.get("num_key_value_heads") or heads, ffn_dim=c["intermediate_size"],
         max_seq_len=c.get("max_position_embeddings", 4096), rope_theta=float(theta), rope_scaling=scaling,
         norm_eps=c.get("rms_norm_eps", 1e-5), tie_embeddings=bool(c.get("tie_word_embeddings", False)),
-        sliding_window=c.get("sliding_window") if family != "llama" else None,
+        sliding_window=c.get("sliding_window") if family in ("mistral", "mixtral") else None,
         n_experts=c.get("num_local_experts", 0) if family == "mixtral" else 0,
         experts_per_token=c.get("num_experts_per_tok", 2),
         router_aux_loss_coef=c.get("router_aux_loss_coef", 0.02),
         init_std=c.get("initializer_range", 0.02), family=family,
+        head_dim=head_dim if head_dim not in (None, c["hidden_size"] // heads) else None,
+        qkv_bias=family == "qwen2", qk_norm=family == "qwen3",
     )

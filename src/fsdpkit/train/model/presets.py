@@ -17,6 +17,19 @@ from fsdpkit.train.model.config import ModelConfig, RopeScaling
 _LLAMA31_SCALING = RopeScaling(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0)
 _LLAMA32_SCALING = RopeScaling(factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0)
 
+def _qwen2(dim: int, layers: int, heads: int, kv: int, ffn: int, context: int, tie: bool = False,
+           vocab: int = 151936) -> ModelConfig:
+    return ModelConfig(vocab_size=vocab, dim=dim, n_layers=layers, n_heads=heads, n_kv_heads=kv, ffn_dim=ffn,
+                       max_seq_len=context, rope_theta=1e6, norm_eps=1e-6, tie_embeddings=tie, family="qwen2",
+                       qkv_bias=True)
+
+
+def _qwen3(dim: int, layers: int, heads: int, kv: int, ffn: int, tie: bool = False) -> ModelConfig:
+    return ModelConfig(vocab_size=151936, dim=dim, n_layers=layers, n_heads=heads, n_kv_heads=kv, ffn_dim=ffn,
+                       max_seq_len=40960, rope_theta=1e6, norm_eps=1e-6, tie_embeddings=tie, family="qwen3",
+                       head_dim=128, qk_norm=True)
+
+
 PRESETS: dict[str, ModelConfig] = {
     # Sized for a laptop CPU: learns visibly from bytes within a couple of minutes.
     "tiny": ModelConfig(
@@ -65,10 +78,28 @@ PRESETS: dict[str, ModelConfig] = {
         vocab_size=32000, dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, ffn_dim=14336,
         max_seq_len=32768, rope_theta=1000000.0, n_experts=8, experts_per_token=2, family="mixtral",
     ),
+    # Qwen 2.5 (config.json of Qwen/Qwen2.5-{0.5B,1.5B,3B,7B}): biased q/k/v projections, RoPE base
+    # 1e6, RMSNorm eps 1e-6; the small ones tie the output head to the embedding.
+    "qwen2_5_0_5b": _qwen2(896, 24, 14, 2, 4864, 32768, tie=True),
+    "qwen2_5_1_5b": _qwen2(1536, 28, 12, 2, 8960, 131072, tie=True),
+    "qwen2_5_3b": _qwen2(2048, 36, 16, 2, 11008, 32768, tie=True),
+    "qwen2_5_7b": _qwen2(3584, 28, 28, 4, 18944, 131072, vocab=152064),
+    # Qwen 3 (config.json of Qwen/Qwen3-{0.6B,1.7B,4B,8B}): per-head RMSNorm on queries and keys,
+    # heads 128 wide whatever the hidden size, no biases.
+    "qwen3_0_6b": _qwen3(1024, 28, 16, 8, 3072, tie=True),
+    "qwen3_1_7b": _qwen3(2048, 28, 16, 8, 6144, tie=True),
+    "qwen3_4b": _qwen3(2560, 36, 32, 8, 9728, tie=True),
+    "qwen3_8b": _qwen3(4096, 36, 32, 8, 12288),
 }
 
 # Names the reference's job files use for the same models.
 ALIASES = {"mistral_8x7b": "mixtral_8x7b", "mashtral_7b": "mathstral_7b"}
+
+
+# LoRA: the QLoRA paper (Dettmers et al. 2023, appendix B): 2e-4 up to 13B parameters, 1e-4 above;
+# rank 64, alpha 16, dropout 0.1 (0.05 above 13B). A recipe's lora mapping replaces these.
+_LORA = {"lr": 2e-4, "lora_rank": 64, "lora_alpha": 16.0, "lora_dropout": 0.1, "warmup": 0.03}
+_LORA_LARGE = {**_LORA, "lr": 1e-4, "lora_dropout": 0.05}
 
 
 @dataclass(frozen=True)
@@ -80,6 +111,21 @@ class Recipe:
 
     source: str
     options: Mapping[str, Any] = field(default_factory=dict)
+    # Laid over `options` for chat fine-tuning (--data-format chat), with where they are published.
+    sft: Mapping[str, Any] = field(default_factory=dict)
+    sft_source: str = ""
+    # Laid over both for a LoRA run: adapters train at a far higher rate than full weights.
+    lora: Mapping[str, Any] = field(default_factory=lambda: dict(_LORA))
+
+    def for_run(self, chat: bool, lora: bool) -> dict[str, Any]:
+        """The options of a run of this kind: pre-training, chat fine-tuning, and LoRA over either.
+        A layer that sets the warm-up as a fraction drops the steps of the layer below."""
+        out = dict(self.options)
+        for layer in (self.sft if chat else {}, self.lora if lora else {}):
+            if "warmup" in layer:
+                out.pop("warmup_steps", None)
+            out.update(layer)
+        return out
 
 
 # Llama 2 paper (Touvron et al. 2023, section 2.2): AdamW (0.9, 0.95), eps 1e-5, weight decay 0.1,
@@ -101,24 +147,50 @@ _LLAMA3 = {"beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "weight_decay": 0.1, "grad_
 _MISTRAL = {"lr": 1e-4, "min_lr_ratio": 0.1, "warmup": 0.0032, "lr_decay_style": "cosine", "weight_decay": 0.2,
             "beta1": 0.9, "beta2": 0.95, "grad_clip": 1.0, "seq_len": 8192, "train_batch_size": 1,
             "activation_checkpointing": "full", "validation_freq": 500}
+# Chat fine-tuning. Llama 2-Chat: 2e-5, cosine, weight decay 0.1 (Llama 2 paper, section 3.1). Llama 3:
+# 1e-5 (Llama 3 paper, section 4.1.3). Mistral publishes none: Hugging Face's alignment-handbook
+# recipe for Zephyr 7B (recipes/zephyr-7b-beta/sft/config_full.yaml): 2e-5, cosine, 10% warm-up.
+# Qwen 2.5: 7e-6 decaying to 7e-7, weight decay 0.1, clip 1.0 (Qwen2.5 technical report, section
+# 4.1); Qwen 3's report gives none, so Qwen 2.5's.
+_SFT_LLAMA2 = {"lr": 2e-5, "min_lr_ratio": 0.1, "lr_decay_style": "cosine", "weight_decay": 0.1, "warmup": 0.03}
+_SFT_LLAMA3 = {"lr": 1e-5, "min_lr_ratio": 0.1, "lr_decay_style": "cosine", "warmup": 0.03}
+_SFT_MISTRAL = {"lr": 2e-5, "min_lr_ratio": 0.0, "lr_decay_style": "cosine", "warmup": 0.1, "weight_decay": 0.0}
+_SFT_QWEN = {"lr": 7e-6, "min_lr_ratio": 0.1, "lr_decay_style": "cosine", "weight_decay": 0.1, "grad_clip": 1.0}
+_SFT_SRC = {"llama2": "Llama 2 paper, section 3.1", "llama3": "Llama 3 paper, section 4.1.3",
+            "mistral": "alignment-handbook zephyr-7b-beta SFT recipe (Mistral AI publishes none)",
+            "qwen": "Qwen2.5 technical report, section 4.1"}
+# Qwen publishes no pre-training schedule: these checkpoints are for fine-tuning, so their recipe is
+# the post-training one, at a length one GPU holds; tokenizers are Qwen's own (ungated).
+_QWEN = {**_SFT_QWEN, "warmup": 0.03, "seq_len": 4096, "train_batch_size": 1, "validation_freq": 500,
+         "beta1": 0.9, "beta2": 0.95}
+_QWEN_TOKENIZER = {"qwen2": "Qwen/Qwen2.5-0.5B", "qwen3": "Qwen/Qwen3-0.6B"}  # one per family, every size
+_QWEN_SRC = "Qwen2.5 technical report, section 4.1 (post-training; no pre-training schedule is published)"
 _LLAMA2_SRC = "Llama 2 paper, section 2.2"
 _LLAMA3_SRC = "torchtitan llama3 configs; Llama 3 paper, section 3.4.1"
 _REF_SRC = "reference FSDP example's model files (Mistral AI publishes none)"
 
 RECIPES: dict[str, Recipe] = {
-    "tiny": Recipe("fsdpkit's defaults, tuned on the embedded data on a CPU"),
-    "debug": Recipe("fsdpkit's defaults, tuned on the embedded data on a CPU"),
-    "llama2_7b": Recipe(_LLAMA2_SRC, {**_LLAMA2, "lr": 3e-4}),
-    "llama2_13b": Recipe(_LLAMA2_SRC, {**_LLAMA2, "lr": 3e-4}),
-    "llama2_70b": Recipe(_LLAMA2_SRC, {**_LLAMA2, "lr": 1.5e-4, "activation_checkpointing": "full"}),
+    "tiny": Recipe("fsdpkit's defaults, tuned on the embedded data on a CPU", lora={}),
+    "debug": Recipe("fsdpkit's defaults, tuned on the embedded data on a CPU", lora={}),
+    "llama2_7b": Recipe(_LLAMA2_SRC, {**_LLAMA2, "lr": 3e-4}, _SFT_LLAMA2, _SFT_SRC["llama2"]),
+    "llama2_13b": Recipe(_LLAMA2_SRC, {**_LLAMA2, "lr": 3e-4}, _SFT_LLAMA2, _SFT_SRC["llama2"]),
+    "llama2_70b": Recipe(_LLAMA2_SRC, {**_LLAMA2, "lr": 1.5e-4, "activation_checkpointing": "full"},
+                         _SFT_LLAMA2, _SFT_SRC["llama2"], _LORA_LARGE),
     # torchtitan's 8B config checkpoints activations selectively (its mode "selective"): at 8192
     # tokens a step's activations without it fill an 80 GB GPU.
-    "llama3_1_8b": Recipe(_LLAMA3_SRC, {**_LLAMA3, "activation_checkpointing": "selective"}),
-    "llama3_1_70b": Recipe(_LLAMA3_SRC, {**_LLAMA3, "lr": 1.5e-4, "activation_checkpointing": "full"}),
-    "llama3_2_1b": Recipe(_LLAMA3_SRC, {**_LLAMA3, "seq_len": 2048, "train_batch_size": 8}),
-    "llama3_2_3b": Recipe(_LLAMA3_SRC, _LLAMA3),
-    "mathstral_7b": Recipe(_REF_SRC, {**_MISTRAL, "tokenizer": "mistralai/mathstral-7B-v0.1"}),
-    "mixtral_8x7b": Recipe(_REF_SRC, {**_MISTRAL, "tokenizer": "mistralai/Mixtral-8x7B-v0.1"}),
+    "llama3_1_8b": Recipe(_LLAMA3_SRC, {**_LLAMA3, "activation_checkpointing": "selective"}, _SFT_LLAMA3,
+                          _SFT_SRC["llama3"]),
+    "llama3_1_70b": Recipe(_LLAMA3_SRC, {**_LLAMA3, "lr": 1.5e-4, "activation_checkpointing": "full"},
+                           _SFT_LLAMA3, _SFT_SRC["llama3"], _LORA_LARGE),
+    "llama3_2_1b": Recipe(_LLAMA3_SRC, {**_LLAMA3, "seq_len": 2048, "train_batch_size": 8}, _SFT_LLAMA3,
+                          _SFT_SRC["llama3"]),
+    "llama3_2_3b": Recipe(_LLAMA3_SRC, _LLAMA3, _SFT_LLAMA3, _SFT_SRC["llama3"]),
+    "mathstral_7b": Recipe(_REF_SRC, {**_MISTRAL, "tokenizer": "mistralai/mathstral-7B-v0.1"}, _SFT_MISTRAL,
+                           _SFT_SRC["mistral"]),
+    "mixtral_8x7b": Recipe(_REF_SRC, {**_MISTRAL, "tokenizer": "mistralai/Mixtral-8x7B-v0.1"}, _SFT_MISTRAL,
+                           _SFT_SRC["mistral"], _LORA_LARGE),
+    **{name: Recipe(_QWEN_SRC, {**_QWEN, "tokenizer": _QWEN_TOKENIZER[name[:5]]}, _SFT_QWEN, _SFT_SRC["qwen"])
+       for name in PRESETS if name.startswith("qwen")},
 }
 
 # The reference example's --model_type values and the presets each may name.

@@ -1,7 +1,9 @@
-"""A Llama-family decoder in plain PyTorch: Llama 2 / 3.x, Mistral (sliding window), Mixtral (MoE).
+"""A Llama-family decoder in plain PyTorch: Llama 2 / 3.x, Mistral (sliding window), Mixtral (MoE),
+Qwen 2.5 (biased query/key/value projections) and Qwen 3 (per-head query/key RMSNorm).
 
 Module and parameter names follow Hugging Face `transformers` (v5) so that a state dict maps to a
-`LlamaForCausalLM` / `MistralForCausalLM` / `MixtralForCausalLM` one by adding a "model." prefix.
+`LlamaForCausalLM` / `MistralForCausalLM` / `MixtralForCausalLM` / `Qwen2ForCausalLM` /
+`Qwen3ForCausalLM` one by adding a "model." prefix.
 The model is built on the meta device and materialised with `init_weights`, which sets every
 parameter and buffer (RoPE included); see `fsdpkit.train.parallel.shard` for how that meets FSDP2.
 """
@@ -23,7 +25,7 @@ from fsdpkit.train.model.config import ModelConfig, loss_chunk_size
 
 def rope_frequencies(cfg: ModelConfig) -> torch.Tensor:
     """Inverse frequencies per rotary pair, scaled as configured (llama3 or linear; fp32, on CPU)."""
-    hd = cfg.head_dim
+    hd = cfg.head_size
     inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
     s = cfg.rope_scaling
     if s is None:
@@ -69,17 +71,23 @@ class RMSNorm(nn.Module):
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-        self.q_proj = nn.Linear(cfg.dim, cfg.n_heads * cfg.head_dim, bias=False)
-        self.k_proj = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=False)
-        self.v_proj = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=False)
-        self.o_proj = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False)
+        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_size
+        bias = cfg.qkv_bias
+        self.q_proj = nn.Linear(cfg.dim, cfg.n_heads * cfg.head_size, bias=bias)
+        self.k_proj = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_size, bias=bias)
+        self.v_proj = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_size, bias=bias)
+        self.o_proj = nn.Linear(cfg.n_heads * cfg.head_size, cfg.dim, bias=False)
+        self.q_norm = RMSNorm(cfg.head_size, cfg.norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_size, cfg.norm_eps) if cfg.qk_norm else None
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 mask: AttentionMask | None = None) -> torch.Tensor:
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim)
+        k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         out = causal_attention(q, k, v) if mask is None else masked_attention(q, k, v, mask)
@@ -234,8 +242,8 @@ class Transformer(nn.Module):
         if cfg.tie_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         # Derived from the config, so not saved in checkpoints; init_weights fills them.
-        self.register_buffer("rope_cos", torch.empty(self.rope_len, cfg.head_dim // 2), persistent=False)
-        self.register_buffer("rope_sin", torch.empty(self.rope_len, cfg.head_dim // 2), persistent=False)
+        self.register_buffer("rope_cos", torch.empty(self.rope_len, cfg.head_size // 2), persistent=False)
+        self.register_buffer("rope_sin", torch.empty(self.rope_len, cfg.head_size // 2), persistent=False)
 
     # -- initialisation ---------------------------------------------------------------------------
     def to_empty(self, *, device: torch.device | str | int | None, recurse: bool = True) -> Transformer:
@@ -247,9 +255,12 @@ class Transformer(nn.Module):
         return self
 
     def init_std(self, name: str) -> float | None:
-        """Standard deviation a parameter is initialised with; None for RMSNorm weights (ones)."""
-        if name.endswith("layernorm.weight") or name == "model.norm.weight":
+        """Standard deviation a parameter is initialised with; None for RMSNorm weights (ones) and
+        0 for biases."""
+        if name.endswith("norm.weight"):
             return None
+        if name.endswith((".bias", "lora_B.weight")):   # LoRA's B at zero: the adapted model starts as the base
+            return 0.0
         std = self.cfg.init_std
         if name.endswith(("o_proj.weight", "down_proj.weight", "experts.down_proj")):
             # Residual-branch outputs scaled by depth (GPT-2), so activations stay O(1) at any depth.
@@ -267,9 +278,12 @@ class Transformer(nn.Module):
         """
         fill = fill or _fill_plain
         for name, p in self.named_parameters():
-            std = self.init_std(name)
+            # LoRA's A at PEFT's scale (its Kaiming-uniform bound, 1/sqrt(fan-in), as a normal's std).
+            std = p.shape[1] ** -0.5 if name.endswith("lora_A.weight") else self.init_std(name)
             if std is None:
                 fill(p, lambda t: t.fill_(1.0))
+            elif std == 0.0:
+                fill(p, lambda t: t.zero_())
             else:
                 gen_seed = (seed * 1_000_003 + zlib.crc32(name.encode())) % (2**63)
                 fill(p, _trunc_normal(std, gen_seed))
@@ -282,13 +296,14 @@ class Transformer(nn.Module):
         self.rope_sin.copy_(freqs.sin())
 
     # -- forward ----------------------------------------------------------------------------------
-    def hidden_states(self, tokens: torch.Tensor, eos_id: int | None = None) -> torch.Tensor:
+    def hidden_states(self, tokens: torch.Tensor, eos_id: int | None = None,
+                      docs: torch.Tensor | None = None) -> torch.Tensor:
         """The last block's output, before the final norm."""
         T = tokens.shape[1]
         if self.rope_len < T:
             raise ValueError(f"sequence of {T} tokens is longer than the RoPE table ({self.rope_len})")
         cos, sin = self.rope_cos[:T], self.rope_sin[:T]
-        mask = self.attention_mask(tokens, eos_id)
+        mask = self.attention_mask(tokens, eos_id, docs)
         h = self.model.embed_tokens(tokens)
         if torch.is_autocast_enabled(h.device.type):
             # One process under autocast: carry the residual stream in the compute dtype, as FSDP's
@@ -298,26 +313,30 @@ class Transformer(nn.Module):
             h = layer(h, cos, sin, mask)
         return h
 
-    def attention_mask(self, tokens: torch.Tensor, eos_id: int | None) -> AttentionMask | None:
-        """The batch's mask beyond causality, built once for every layer: packed documents (with
-        `eos_id`) and the sliding window where it is shorter than the sequence; None for neither."""
+    def attention_mask(self, tokens: torch.Tensor, eos_id: int | None,
+                       docs: torch.Tensor | None = None) -> AttentionMask | None:
+        """The batch's mask beyond causality, built once for every layer: packed documents (`docs`,
+        each token's document, as chat data brings them; or found at each `eos_id`) and the sliding
+        window where it is shorter than the sequence; None for neither."""
         T, w = tokens.shape[1], self.cfg.sliding_window
         window = w if w is not None and w < T else None
-        if eos_id is None and window is None:
+        if docs is None and eos_id is not None:
+            docs = document_ids(tokens, eos_id)
+        if docs is None and window is None:
             return None
-        mask = AttentionMask(T, document_ids(tokens, eos_id) if eos_id is not None else None, window)
+        mask = AttentionMask(T, docs, window)
         if tokens.device.type == "cuda":
             mask.block_mask(tokens.device)  # here, outside the compiled blocks, once per batch
         return mask
 
-    def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None,
-                eos_id: int | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None, eos_id: int | None = None,
+                docs: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Logits (B, T, vocab) for (B, T) token ids; with `targets`, the loss instead (see `loss`).
-        With `eos_id`, attention stays within documents.
+        With `eos_id` or `docs` (B, T), attention stays within documents.
 
         The loss is computed here, inside forward, so that under FSDP the output head's gathered
         weight is still in place when the chunked cross-entropy runs."""
-        h = self.hidden_states(tokens, eos_id)
+        h = self.hidden_states(tokens, eos_id, docs)
         if targets is None:
             return self.lm_head(self.model.norm(h))
         ce = self.output_loss(h, targets)
@@ -355,10 +374,11 @@ class Transformer(nn.Module):
         h = self.model.norm(h)
         return chunked_cross_entropy(self.lm_head, h.flatten(0, 1), targets.flatten(), self.loss_chunk_tokens)
 
-    def loss(self, tokens: torch.Tensor, targets: torch.Tensor,
-             eos_id: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Mean next-token cross-entropy and the total loss (cross-entropy plus MoE balancing)."""
-        return cast("tuple[torch.Tensor, torch.Tensor]", self(tokens, targets, eos_id))
+    def loss(self, tokens: torch.Tensor, targets: torch.Tensor, eos_id: int | None = None,
+             docs: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mean next-token cross-entropy over the targets that are not -100, and the total loss
+        (cross-entropy plus MoE balancing)."""
+        return cast("tuple[torch.Tensor, torch.Tensor]", self(tokens, targets, eos_id, docs))
 
 
 def chunked_cross_entropy(head: nn.Linear, h: torch.Tensor, targets: torch.Tensor, chunk: int | None) -> torch.Tensor:

@@ -20,6 +20,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 
 from fsdpkit.errors import UserError
 from fsdpkit.train.model.config import ModelConfig, loss_chunk_size
+from fsdpkit.train.model.lora import LoraShape, add_adapters
 from fsdpkit.train.model.transformer import Transformer
 from fsdpkit.train.runtime.dist import Runtime
 from fsdpkit.train.sections import ParallelConfig
@@ -106,11 +107,15 @@ def fill_sharded(p: torch.Tensor, init_fn: Callable[[torch.Tensor], None]) -> No
     local.copy_(shard)
 
 
-def build_model(shape: ModelConfig, par: ParallelConfig, rope_len: int, seed: int, rt: Runtime) -> Transformer:
-    """The model of this shape, initialised from `seed`, with the parallel section's wrappings:
-    float8, activation checkpointing, compiled blocks, FSDP2 over the runtime's mesh."""
+def build_model(shape: ModelConfig, par: ParallelConfig, rope_len: int, seed: int, rt: Runtime,
+                lora: LoraShape | None = None) -> Transformer:
+    """The model of this shape, initialised from `seed`, with LoRA adapters (base frozen) and the
+    parallel section's wrappings: float8, activation checkpointing, compiled blocks, FSDP2 over the
+    runtime's mesh."""
     with torch.device("meta"):
         model = Transformer(shape, rope_len=rope_len)
+        if lora is not None:
+            add_adapters(model, lora)
     model.loss_chunk_tokens = loss_chunk_size(model.cfg.vocab_size, par.loss_chunk_tokens, bool(par.compile))
     if par.float8:
         apply_float8(model, rt.device, par.float8_recipe, par.float8_head)

@@ -1,0 +1,139 @@
+"""LoRA under FSDP2: only the adapters train, are checkpointed and resume exactly; the exported
+adapter loads in PEFT and the merged export in transformers, computing fsdpkit's logits."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+
+import pytest
+import torch
+from torch.distributed.checkpoint import FileSystemReader
+
+from fsdpkit.errors import UserError
+from fsdpkit.train.checkpoint import catalog
+from fsdpkit.train.config import parse_args
+from fsdpkit.train.export import load_full_model
+from fsdpkit.train.model.hf import load_hf_into
+from fsdpkit.train.model.lora import LoRALinear
+from fsdpkit.train.optim import build_optimizer, clipped_step
+from fsdpkit.train.parallel.shard import build_model
+from fsdpkit.train.runtime.dist import Runtime
+
+from conftest import losses, require, run_cli
+
+transformers = require("transformers")
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def qwen_dir(tmp_path_factory):
+    """A Qwen2.5-shaped model made by transformers (biased q/k/v, tied head)."""
+    path = tmp_path_factory.mktemp("qwen") / "hf"
+    torch.manual_seed(0)
+    transformers.Qwen2ForCausalLM(transformers.Qwen2Config(
+        vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=8,
+        num_key_value_heads=2, tie_word_embeddings=True)).save_pretrained(path)
+    return path
+
+
+def chat_data(path) -> str:
+    rows = [{"messages": [{"role": "user", "content": f"What is {a} plus {b}?"},
+                          {"role": "assistant", "content": f"{a + b}."}]} for a in range(20) for b in range(10)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def lora_flags(qwen_dir, data: str, run, ckpt, *extra: str) -> list[str]:
+    return ["train", "--init-from-hf", str(qwen_dir), "--lora", "1", "--lora-rank", "4", "--lr", "5e-3",
+            "--dataset", data, "--data-format", "chat", "--chat-template", "chatml", "--seq-len", "64",
+            "--train-batch-size", "2", "--nproc", "2", "--tensorboard", "0", "--logging-freq", "1",
+            "--validation-freq", "0", "--validation-batches", "1", "--progress", "off", "--run-dir", str(run),
+            "--checkpoint-dir", str(ckpt), "--max-steps", "6", *extra]
+
+
+def sha(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_a_two_rank_lora_run_saves_only_adapters_resumes_exactly_and_exports_for_peft(qwen_dir, tmp_path):
+    peft = require("peft")
+    data = chat_data(tmp_path / "chat.jsonl")
+    base_bytes = sha(qwen_dir / "model.safetensors")
+    whole = run_cli(*lora_flags(qwen_dir, data, tmp_path / "whole", tmp_path / "ck-whole", "--checkpoint-every",
+                                "3"))
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    # Resumed from step 3: steps 4 to 6 as the uninterrupted run had them, and the same adapters.
+    shutil.copytree(tmp_path / "ck-whole" / "step-00000003", tmp_path / "ck-half" / "step-00000003")
+    rest = run_cli(*lora_flags(qwen_dir, data, tmp_path / "half", tmp_path / "ck-half", "--resume", "auto"))
+    assert rest.returncode == 0, rest.stderr[-3000:]
+    assert "resumed from" in rest.stdout
+    assert losses(tmp_path / "half") == losses(tmp_path / "whole")[3:]
+    assert losses(tmp_path / "whole")[-1] < losses(tmp_path / "whole")[0]
+    info = catalog.resolve(str(tmp_path / "ck-whole"))
+    assert info.step == 6 and info.meta["model"]["lora"]["rank"] == 4
+    for ck in (info, catalog.resolve(str(tmp_path / "ck-half"))):
+        # What the checkpoint holds: adapters and their optimizer state, no byte of the base.
+        keys = [k for k in FileSystemReader(str(ck.path)).read_metadata().state_dict_metadata
+                if k.startswith(("model.", "optim.state."))]   # not the optimizer's hyperparameters
+        assert keys and all(".lora_A." in k or ".lora_B." in k for k in keys), keys
+    a, b = (load_full_model(catalog.resolve(str(tmp_path / d))).state_dict() for d in ("ck-whole", "ck-half"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert sha(qwen_dir / "model.safetensors") == base_bytes
+
+    out = tmp_path / "adapter"
+    r = run_cli("export", str(tmp_path / "ck-whole"), str(out), "--to", "peft", "--json")
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["adapter_config.json", "adapter_model.safetensors",
+                                                    "fsdpkit_export.json"]
+    ours = load_full_model(info).eval()
+    base = transformers.Qwen2ForCausalLM.from_pretrained(qwen_dir, attn_implementation="eager")
+    theirs = peft.PeftModel.from_pretrained(base, out).eval()
+    tokens = torch.randint(0, 258, (2, 40), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        logits = ours(tokens)
+        torch.testing.assert_close(logits, theirs(input_ids=tokens).logits, rtol=0, atol=1e-5)
+        plain = transformers.Qwen2ForCausalLM.from_pretrained(qwen_dir, attn_implementation="eager").eval()
+        assert (logits - plain(tokens).logits).abs().max() > 1e-3  # the adapters do change the model
+    # Merged into the base: a plain transformers model with the same function (W + s B A rounds
+    # differently from W x + s B (A x): hence 1e-4).
+    merged = tmp_path / "merged"
+    assert run_cli("export", str(tmp_path / "ck-whole"), str(merged)).returncode == 0
+    with torch.no_grad():
+        torch.testing.assert_close(
+            logits, transformers.Qwen2ForCausalLM.from_pretrained(merged, attn_implementation="eager").eval()(
+                tokens).logits, rtol=0, atol=1e-4)
+
+
+def test_lora_trains_the_adapters_alone_and_the_base_bytes_stay_as_loaded(qwen_dir, tmp_path):
+    cfg = parse_args(["--init-from-hf", str(qwen_dir), "--lora", "1", "--lora-rank", "4", "--lora-targets",
+                      "q_proj,v_proj", "--weight-decay", "0.1", "--lr", "1e-2", "--seq-len", "32"])
+    model = build_model(cfg.shape, cfg.parallel, 32, 0, Runtime(0, 1, 0, 1, torch.device("cpu")), cfg.lora_shape)
+    load_hf_into(model, qwen_dir, cfg.shape)
+    adapted = {n for n, m in model.named_modules() if isinstance(m, LoRALinear)}
+    assert adapted == {f"model.layers.{i}.self_attn.{p}" for i in range(2) for p in ("q_proj", "v_proj")}
+    base = {n: p.detach().clone() for n, p in model.named_parameters() if ".lora_" not in n}
+    trained = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trained == {f"{m}.lora_{x}.weight" for m in adapted for x in "AB"}
+    optimizer = build_optimizer(model, cfg.optim)
+    assert sum(len(g["params"]) for g in optimizer.param_groups) == len(trained)
+    tokens = torch.randint(0, 258, (2, 33), generator=torch.Generator().manual_seed(0))
+    before = model.loss(tokens[:, :-1], tokens[:, 1:])[0].item()
+    for _ in range(5):
+        model.loss(tokens[:, :-1], tokens[:, 1:])[1].backward()
+        clipped_step(optimizer, 1.0)
+        optimizer.zero_grad(set_to_none=True)
+    assert model.loss(tokens[:, :-1], tokens[:, 1:])[0].item() < before
+    for n, p in model.named_parameters():
+        if n in base:
+            assert torch.equal(p, base[n]), n
+    assert any(not torch.equal(p, torch.zeros_like(p)) for n, p in model.named_parameters() if "lora_B" in n)
+
+
+def test_lora_is_refused_where_it_cannot_work(qwen_dir):
+    with pytest.raises(UserError, match="pass --init-from-hf"):
+        parse_args(["--lora", "1"])
+    with pytest.raises(UserError, match=r"lora_targets.*unknown LoRA target 'qkv'"):
+        parse_args(["--init-from-hf", str(qwen_dir), "--lora", "1", "--lora-targets", "qkv"])

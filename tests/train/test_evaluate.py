@@ -1,0 +1,80 @@
+"""`fsdpkit eval`: lm-evaluation-harness scores an exported model offline on a local task; the score
+is fsdpkit's own model's choice, and it lands in the run's summary.json and report."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from fsdpkit.train.checkpoint import catalog
+from fsdpkit.train.data import HFTokenizer, train_bpe
+from fsdpkit.train.export import load_full_model
+
+from conftest import DOCS, require, run_cli
+from finetune_fixtures import local_task
+
+pytestmark = pytest.mark.slow
+
+QUESTIONS = [(f"document {i}:", [f"w{(i * 7) % 50}", f"w{(i * 7 + 25) % 50}", "zebra"], 0) for i in range(12)]
+
+
+def our_accuracy(model, tok: HFTokenizer) -> float:
+    """The task scored by hand with fsdpkit's model: the choice of highest log-likelihood after the
+    question (the harness's rule: context, a space, the choice; its tokens are the whole's after
+    the context's)."""
+    right = 0
+    for question, choices, answer in QUESTIONS:
+        context = tok.encode(question).tolist()
+        scores = []
+        for choice in choices:
+            whole = tok.encode(f"{question} {choice}").tolist()
+            tokens = torch.tensor([whole])
+            with torch.no_grad():
+                logp = torch.log_softmax(model(tokens[:, :-1]).float(), dim=-1)[0]
+            cont = range(len(context), len(whole))
+            scores.append(sum(logp[i - 1, whole[i]].item() for i in cont))
+        right += int(max(range(len(choices)), key=scores.__getitem__) == answer)
+    return right / len(QUESTIONS)
+
+
+def test_eval_scores_an_export_offline_into_the_runs_summary_and_report(tmp_path, monkeypatch):
+    require("lm_eval")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "docs.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in DOCS))
+    tok_dir = train_bpe(DOCS, 300, tmp_path / "tok")
+    run = tmp_path / "run"
+    r = run_cli("train", "--dataset", str(corpus), "--tokenizer", str(tok_dir), "--vocab-size", "320",
+                "--seq-len", "64", "--max-steps", "30", "--train-batch-size", "8", "--validation-freq", "0",
+                "--validation-batches", "1", "--tensorboard", "0", "--progress", "off", "--run-dir", str(run),
+                "--checkpoint-dir", str(tmp_path / "ckpt"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert run_cli("export", str(tmp_path / "ckpt"), str(tmp_path / "hf")).returncode == 0
+    r = run_cli("eval", str(tmp_path / "hf"), "--tasks", "fsdpkit_tiny_mc", "--include-path",
+                str(local_task(tmp_path / "tasks", QUESTIONS)), "--device", "cpu", "--json", timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    data = json.loads(r.stdout)["data"]
+    acc = data["tasks"]["fsdpkit_tiny_mc"]["acc"]
+    # The harness's score is what fsdpkit's own model chooses, question by question.
+    model = load_full_model(catalog.resolve(str(tmp_path / "ckpt"))).eval()
+    assert acc == pytest.approx(our_accuracy(model, HFTokenizer(str(tok_dir))))
+    # Recorded in the run the export came from, beside what training wrote there.
+    assert data["run_dir"] == str(run)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["steps"] == 30 and summary["eval"]["tasks"]["fsdpkit_tiny_mc"]["acc"] == acc
+    assert "fsdpkit_tiny_mc" in json.loads((run / "eval.json").read_text())["results"]
+    r = run_cli("report", str(run), "--out", str(tmp_path / "report"))
+    assert r.returncode == 0, r.stderr
+    page = (tmp_path / "report" / "report.html").read_text()
+    assert "fsdpkit_tiny_mc" in page and f"{acc:.4f}" in page
+
+
+def test_eval_says_what_is_wrong_in_one_line(tmp_path):
+    (tmp_path / "empty").mkdir()
+    r = run_cli("eval", str(tmp_path / "empty"), "--tasks", "x")
+    assert r.returncode == 2 and r.stderr.startswith("error: eval: ") and "export a checkpoint first" in r.stderr
+    assert len(r.stderr.splitlines()) == 1
