@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from fsdpkit.hardware.instances import network_env
 from fsdpkit.image.dockerfile import has_ofi_nccl
-from fsdpkit.jobs.spec import JobSpec, train_config, train_options
+from fsdpkit.jobs.spec import JobSpec, job_config, train_config, train_options
 from fsdpkit.plan.grace import GracePeriod, grace_period
 from fsdpkit.plan.planner import plan_config
-from fsdpkit.train.config import TrainConfig, build, recipe_values, to_flags
+from fsdpkit.train.config import TrainConfig, recipe_values, to_flags
 from fsdpkit.train.runtime.supervisor import torchrun_args
 
 # Set on every GPU node: the caching allocator grows segments instead of fragmenting (fewer
@@ -79,5 +79,5 @@ def trainer_flags(spec: JobSpec, root: str | None) -> list[str]:
     """The trainer's flags: the preset's recipe as resolved for this job, then the spec's own options.
     Written out, so the manifest says what the pods train with, whatever fsdpkit the image holds."""
     options = train_options(spec, root)
-    cfg = build([options], on_nodes=spec.backend != "local")
+    cfg = job_config(spec, options)
     return to_flags({"preset": cfg.preset, **recipe_values(cfg), **options})

@@ -430,7 +430,13 @@ def train_config(spec: JobSpec) -> TrainConfig:
     """The TrainConfig the job's nodes will run (output directories on the job's storage). A
     cluster job's init_from_hf may name a directory on its storage: where it is not here, the
     spec's preset gives the model's shape (for checks and the planner) until the nodes read it."""
-    return build([train_options(spec, output_root(spec))], on_nodes=spec.backend != "local")
+    return job_config(spec, train_options(spec, output_root(spec)))
+
+
+def job_config(spec: JobSpec, options: dict[str, Any]) -> TrainConfig:
+    """`options` (a job's trainer options) as the config its nodes build: a cluster job's paths are
+    the nodes', so an init_from_hf not found here is not read here (see train.config._shape)."""
+    return build([options], on_nodes=spec.backend != "local")
 
 
 def output_root(spec: JobSpec) -> str | None:
@@ -490,8 +496,7 @@ def train_options(spec: JobSpec, root: str | None) -> dict[str, Any]:
             opts["resume_from_checkpoint"] = "auto"
         if spec.storage.enabled and _named(flat, "checkpoint_every") is None:
             # Checkpoints on by default where they survive the pod: as often as costs <= 5% of the run.
-            opts["checkpoint_every"] = cadence(build([opts], on_nodes=spec.backend != "local").shape,
-                                               spec.storage.write_mb_per_s).every
+            opts["checkpoint_every"] = cadence(job_config(spec, opts).shape, spec.storage.write_mb_per_s).every
     return opts
 
 

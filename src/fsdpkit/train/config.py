@@ -41,7 +41,7 @@ from fsdpkit.settings import (
 )
 from fsdpkit.train.checkpoint import catalog
 from fsdpkit.train.model.config import ModelConfig
-from fsdpkit.train.model.hf_config import model_config_from_hf
+from fsdpkit.train.model.hf_config import QWEN, model_config_from_hf
 from fsdpkit.train.model.lora import LoraShape
 from fsdpkit.train.model.presets import get_preset, get_recipe, match_preset
 from fsdpkit.train.sections import (
@@ -507,7 +507,7 @@ def _validate_shape(m: ModelConfig) -> None:
         raise UserError(f"n_kv_heads: {m.n_kv_heads} must divide n_heads ({m.n_heads})")
     if m.head_size % 2:
         raise UserError(f"dim/n_heads: head size {m.head_size} must be even for rotary embeddings")
-    if m.is_moe and m.family in ("qwen2", "qwen3"):
+    if m.is_moe and m.family in QWEN:
         raise UserError(f"n_experts: the {m.family} family has no mixture-of-experts form here; use 0, or "
                         "--family mixtral")
     if m.is_moe and m.experts_per_token > m.n_experts:

@@ -19,7 +19,7 @@ from fsdpkit.train.data.tokenizers import HFTokenizer, get_tokenizer
 from fsdpkit.train.evaluate import PROVENANCE
 from fsdpkit.train.model.config import ModelConfig, RopeScaling
 from fsdpkit.train.model.hf import check_out_dir, load_hf_into, save_hf, save_peft
-from fsdpkit.train.model.lora import LoraShape, adapter_tensors, add_adapters, merge_adapters
+from fsdpkit.train.model.lora import LoraShape, adapter_tensors, add_adapters, is_adapter, merge_adapters
 from fsdpkit.train.model.transformer import Transformer
 
 log = logging.getLogger(__name__)
@@ -74,7 +74,7 @@ def load_full_model(info: catalog.CheckpointInfo) -> Transformer:
     if lora is not None:
         load_hf_into(model, base_of(info), cfg)
     saved = model.state_dict()
-    state = {"model": {k: v for k, v in saved.items() if lora is None or ".lora_" in k}}
+    state = {"model": {k: v for k, v in saved.items() if lora is None or is_adapter(k)}}
     try:
         dcp.load(state, checkpoint_id=str(info.path))
     except (Exception, CheckpointException) as e:  # DCP's own error is a BaseException

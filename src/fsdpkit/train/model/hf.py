@@ -26,6 +26,7 @@ from fsdpkit.errors import UserError
 from fsdpkit.readers import reading
 from fsdpkit.train.model.config import ModelConfig
 from fsdpkit.train.model.hf_config import hf_config_dict
+from fsdpkit.train.model.lora import is_adapter
 
 # --- weights on disk (the hub's safetensors layout) ------------------------------------------------
 # Dense parameters keep their names. MoE layers are stored per expert, as every Mixtral checkpoint
@@ -200,7 +201,7 @@ def load_hf_into(model: torch.nn.Module, path: Path, cfg: ModelConfig) -> None:
     so no rank ever holds the full model."""
     files = _HubFiles(path)
     for name, p in model.named_parameters():
-        if ".lora_A." in name or ".lora_B." in name:
+        if is_adapter(name):
             continue  # LoRA adapters: not part of the base model
         rows, local = _local_rows(p)
         if rows.start >= rows.stop:

@@ -51,6 +51,11 @@ class LoRALinear(nn.Linear):
         return (self.weight.float() + self.scale * delta).to(self.weight.dtype)
 
 
+def is_adapter(name: str) -> bool:
+    """Whether a parameter (or state-dict key) is a LoRA adapter's A or B, by its name."""
+    return ".lora_A." in name or ".lora_B." in name
+
+
 def add_adapters(model: nn.Module, lora: LoraShape) -> list[str]:
     """Replace every target projection with its adapted form and freeze all but the adapters;
     returns the adapted modules' names. Called on the meta device, before sharding."""
@@ -61,7 +66,7 @@ def add_adapters(model: nn.Module, lora: LoraShape) -> list[str]:
                 setattr(module, child_name, LoRALinear(child, lora))
                 adapted.append(f"{name}.{child_name}" if name else child_name)
     for pname, p in model.named_parameters():
-        p.requires_grad_(".lora_A." in pname or ".lora_B." in pname)
+        p.requires_grad_(is_adapter(pname))
     return adapted
 
 
@@ -70,7 +75,7 @@ def merge_adapters(state: dict[str, torch.Tensor], lora: LoraShape) -> dict[str,
     the adapter tensors dropped: what a merged Hugging Face export holds."""
     out = {}
     for name, t in state.items():
-        if ".lora_A." in name or ".lora_B." in name:
+        if is_adapter(name):
             continue
         prefix = name.removesuffix(".weight")
         if f"{prefix}.lora_A.weight" in state:
@@ -83,4 +88,4 @@ def merge_adapters(state: dict[str, torch.Tensor], lora: LoraShape) -> dict[str,
 def adapter_tensors(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The adapters alone, under the names PEFT saves them with (`base_model.model.` prefixed, no
     adapter name)."""
-    return {f"base_model.model.{k}": v for k, v in state.items() if ".lora_A." in k or ".lora_B." in k}
+    return {f"base_model.model.{k}": v for k, v in state.items() if is_adapter(k)}
