@@ -76,12 +76,13 @@ def _module_of(distribution: str, relative: str, name: str):
 
 def validate_hyperpod_job(job):
     """A HyperPodPyTorchJob against the HyperPod CLI's own API models (sagemaker-hyperpod), whose
-    nested models refuse unknown fields; the top level must use only fields it knows."""
+    nested models refuse unknown fields; the top level must use only fields it knows. The model,
+    as the HyperPod CLI reads the job."""
     models = _module_of("sagemaker-hyperpod", "sagemaker/hyperpod/training/config/"
                         "hyperpod_pytorch_job_unified_config.py", "hyperpod_job_models")
     model = models._HyperPodPytorchJob
     assert set(job["spec"]) <= set(model.model_fields), set(job["spec"]) - set(model.model_fields)
-    model.model_validate(job["spec"], by_name=True)  # raises pydantic's ValidationError
+    return model.model_validate(job["spec"], by_name=True)  # raises pydantic's ValidationError
 
 
 def hyperpod_log_evaluator():
@@ -143,7 +144,9 @@ def merge_trainjob_pod(pod, job):
     t = job["spec"]["trainer"]
     patch = job["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
     pod_patch = patch["template"]["spec"]["template"]
-    pod.setdefault("metadata", {}).setdefault("labels", {}).update(pod_patch["metadata"]["labels"])
+    for key in ("labels", "annotations"):
+        if key in pod_patch["metadata"]:
+            pod.setdefault("metadata", {}).setdefault(key, {}).update(pod_patch["metadata"][key])
     spec = pod["spec"]
     node = next(c for c in spec["containers"] if c["name"] == trainer.NODE)
     node.update(image=t["image"], command=t["command"], resources=t.get("resourcesPerNode", {}))

@@ -19,6 +19,7 @@ from fsdpkit.hardware.instances import INSTANCES
 from fsdpkit.jobs import hyperpod, manifests
 from fsdpkit.jobs.backends.slurm import script
 from fsdpkit.jobs.spec import load_spec, parse_overrides
+from fsdpkit.train.observe import log_lines
 
 from conftest import ROOT, losses, require, run_cli, unavailable
 from manifest_schemas import IMAGE, crd_validator, pod_of, validate_builtin, validate_hyperpod_job
@@ -255,10 +256,12 @@ def test_hyperpod_job_kind_matches_the_official_template():
     official = yaml.safe_load(jinja2.Template(template["TEMPLATE_CONTENT"]).render(**params))
     assert (ours["apiVersion"], ours["kind"]) == (official["apiVersion"], official["kind"])
     assert ours["spec"]["nprocPerNode"] == official["spec"]["nprocPerNode"]
-    # The template's run policy, plus what fsdpkit adds: restarts, log monitoring, finished pods kept.
+    # The template's run policy, plus what fsdpkit adds: restarts, deadlines, log monitoring, finished
+    # pods kept.
     assert {k: ours["spec"]["runPolicy"][k] for k in official["spec"]["runPolicy"]} == official["spec"]["runPolicy"]
     assert set(ours["spec"]["runPolicy"]) - set(official["spec"]["runPolicy"]) == {
-        "restartPolicy", "logMonitoringConfiguration", "ttlSecondsAfterFinished"}
+        "restartPolicy", "logMonitoringConfiguration", "ttlSecondsAfterFinished", "startupDeadlineSeconds",
+        "faultDeadlineSeconds"}
     validate_hyperpod_job(ours)
     o_pod = official["spec"]["replicaSpecs"][0]
     assert ours["spec"]["replicaSpecs"][0]["replicas"] == o_pod["replicas"]
@@ -278,6 +281,101 @@ def test_hyperpod_job_kind_matches_the_official_template():
     assert keys["sagemaker.amazonaws.com/deep-health-check-status"] == [
         o_pod["template"]["spec"]["nodeSelector"]["sagemaker.amazonaws.com/deep-health-check-status"]]
     assert container["command"][0] == "hyperpodrun"
+
+
+def test_hyperpod_fault_handling_fields_round_trip_through_the_hyperpod_cli_model():
+    """HyperPod CLI 3.12's fields for faults: spare nodes, repeat offenders left out, the scale-up
+    snooze, the startup and fault deadlines, and each log rule's stopPattern. What fsdpkit renders,
+    the CLI's own model reads and writes back unchanged."""
+    given = {"spares": 2, "repeat_offenders_to_avoid": 1, "scale_up_snooze": 120, "startup_deadline": 900,
+             "fault_deadline": 2400}
+    job = hyperpod.render(spec_for("hyperpod", "4", "ml.p5.48xlarge", hyperpod=given))[-1]
+    back = validate_hyperpod_job(job).model_dump(mode="json", exclude_unset=True)
+    run_policy, replica = job["spec"]["runPolicy"], job["spec"]["replicaSpecs"][0]
+    assert back["runPolicy"] == run_policy and back["replicaSpecs"][0]["spares"] == replica["spares"] == 2
+    assert run_policy["restartPolicy"]["maxNumRepeatOffendersToAvoid"] == 1
+    assert run_policy["restartPolicy"]["scaleUpSnoozeTimeInSeconds"] == 120
+    assert (run_policy["startupDeadlineSeconds"], run_policy["faultDeadlineSeconds"]) == (900, 2400)
+    assert {r["stopPattern"] for r in run_policy["logMonitoringConfiguration"]} == {f".*{log_lines.FINAL}.*"}
+
+
+def test_hyperpod_deadlines_come_from_the_plan():
+    """Unset, the startup deadline is the planned start-up (image, the checkpoint read back, compile)
+    and the fault deadline the pod's grace (its checkpoint written) plus a start-up; spares stand in
+    for as many repeat offenders. A job that runs its own command keeps the operator's defaults."""
+    from fsdpkit.jobs.command import job_grace, job_startup
+
+    spec = spec_for("hyperpod", "2", "ml.p5.48xlarge", storage={"claim": "fsx", "write_mb_per_s": 100},
+                    train={"preset": "llama3_1_8b"}, hyperpod={"spares": 1})
+    policy = validate_hyperpod_job(job := hyperpod.render(spec)[-1]).model_dump(mode="json", exclude_unset=True)[
+        "runPolicy"]
+    start, grace = job_startup(spec), job_grace(spec)
+    assert start is not None and grace is not None
+    # An 8B checkpoint (96 GB) read at 100 MB/s, with margin, and compiling on the GPUs.
+    assert start.read_s == pytest.approx(96.4e9 / 100e6, rel=0.01) and start.compile_s > 0
+    assert policy["startupDeadlineSeconds"] == start.seconds >= 600 + 1.5 * start.read_s
+    assert policy["faultDeadlineSeconds"] == grace.seconds + start.seconds
+    assert policy["restartPolicy"]["maxNumRepeatOffendersToAvoid"] == 1
+    assert job["spec"]["replicaSpecs"][0]["spares"] == 1
+    # Unchanged from the operator's defaults: no spares, no snooze; a command of the user's has no plan.
+    bare = hyperpod.render(spec_for("hyperpod", "2", "ml.p5.48xlarge"))[-1]["spec"]
+    assert "spares" not in bare["replicaSpecs"][0]
+    assert not {"maxNumRepeatOffendersToAvoid", "scaleUpSnoozeTimeInSeconds"} & set(bare["runPolicy"]["restartPolicy"])
+    own = hyperpod.render(spec_for("hyperpod", "2", "ml.p5.48xlarge", train={}, command=["python", "x.py"]))[-1]
+    assert not {"startupDeadlineSeconds", "faultDeadlineSeconds"} & set(own["spec"]["runPolicy"])
+
+
+@pytest.mark.parametrize("required", [False, True], ids=["preferred", "required"])
+def test_topology_placement_asks_kueue_on_every_pod_template_of_every_kueue_backend(required):
+    """`placement: topology` as Kueue's topology request on each PodSet's pod template: the
+    PyTorchJob's replicas, the TrainJob's JobSet (after Trainer applies the runtime patch) and the
+    HyperPodPyTorchJob, the last as the HyperPod CLI's own template renders the same request."""
+    import importlib.util
+
+    import jinja2
+
+    from fsdpkit.cluster import trainer
+    from fsdpkit.jobs import trainjob
+    from fsdpkit.jobs.spec import KUEUE_PREFERRED_TOPOLOGY, KUEUE_REQUIRED_TOPOLOGY
+
+    from manifest_schemas import SCHEMAS, jobset_of, validate_object
+
+    level = "topology.k8s.aws/network-node-layer-2"
+    want = {KUEUE_REQUIRED_TOPOLOGY if required else KUEUE_PREFERRED_TOPOLOGY: level}
+    # Kueue's own names (sigs.k8s.io/kueue apis/kueue/v1alpha1).
+    assert (KUEUE_REQUIRED_TOPOLOGY, KUEUE_PREFERRED_TOPOLOGY) == (
+        "kueue.x-k8s.io/podset-required-topology", "kueue.x-k8s.io/podset-preferred-topology")
+    extra = {"placement": "topology", "topology": {"level": level, "required": required}}
+
+    job = manifests.render(spec_for("pytorchjob", "4", **extra))[-1]
+    validate_object(job)
+    templates = [r["template"] for r in job["spec"]["pytorchReplicaSpecs"].values()]
+    assert len(templates) == 2 and all(t["metadata"]["annotations"] == want for t in templates)
+    for t in templates:
+        validate_builtin(pod_of(t))
+
+    job = trainjob.render(spec_for("trainjob", "4", **extra))[-1]
+    validate_object(job)
+    runtime = yaml.safe_load((SCHEMAS / "examples" / "kubeflow-trainer_torch_distributed_runtime.yaml").read_text())
+    for rt in (runtime, trainer.runtime_manifest(IMAGE)):
+        jobset = jobset_of(job, rt)
+        validate_object(jobset)
+        pod = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
+        assert pod["metadata"]["annotations"] == want
+
+    ours = hyperpod.render(spec_for("hyperpod", "4", "ml.p5.48xlarge", **extra))[-1]
+    validate_object(ours)
+    pod = ours["spec"]["replicaSpecs"][0]["template"]
+    assert pod["metadata"]["annotations"] == want
+    found = importlib.util.find_spec("hyperpod_pytorch_job_template")
+    if found is None:
+        unavailable("hyperpod-pytorch-job-template is not installed (make venv installs sagemaker-hyperpod)")
+    template: dict = {}
+    exec((Path(found.origin).parent / "v1_1" / "template.py").read_text(), template)
+    official = yaml.safe_load(jinja2.Template(template["TEMPLATE_CONTENT"]).render(
+        job_name="t1", namespace="default", image=IMAGE, node_count=4,
+        **{("required_topology" if required else "preferred_topology"): level}))
+    assert official["spec"]["replicaSpecs"][0]["template"]["metadata"]["annotations"] == want
 
 
 def test_hyperpodrun_parses_the_command_with_sigterm_and_the_checkpoint_s_time(monkeypatch):

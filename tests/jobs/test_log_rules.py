@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -82,10 +83,23 @@ def test_a_real_run_is_healthy_on_every_node(node_logs):
             assert evaluate(rule, lines) == "HEALTHY", (rule["name"], lines[-3:])
 
 
+def test_every_node_s_last_line_ends_the_rules(node_logs):
+    """Each node's first process ends with the trainer's last line, and each rule stops there: a node
+    that waits after it (for its launcher, for the other nodes) is not a hang. Without the stop
+    pattern the same wait would read as one."""
+    rules = log_rules.log_monitoring(spec())
+    for lines in node_logs:
+        assert re.match(rules[0]["stopPattern"], next(ln for ln in reversed(lines) if ln.startswith("fsdpkit: ")))
+        for rule in rules:
+            assert evaluate(rule, [*lines, "sleep"], expectedRecurringFrequencyInSeconds=1) == "HEALTHY", rule["name"]
+        unstopped = {k: v for k, v in rules[1].items() if k != "stopPattern"}
+        assert evaluate(unstopped, [*lines, "sleep"], expectedRecurringFrequencyInSeconds=1) == "HANGING"
+
+
 def test_the_rules_trip_where_the_run_goes_wrong(node_logs):
     started, progress, loss = log_rules.log_monitoring(spec())
     step = next(ln for ln in node_logs[0] if ln.startswith("Batch "))
-    before_first_step = [ln for ln in node_logs[0] if not ln.startswith("Batch ")][:5]
+    before_first_step = node_logs[0][:node_logs[0].index(step)]
     nan = step.replace(step.split("Loss: ")[1].split(",")[0], "nan")
     diverged = step.replace(step.split("Loss: ")[1].split(",")[0], "31.25000")
     # Never started: only start-up lines, past the start limit.

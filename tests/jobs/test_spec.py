@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import copy
 import re
+import subprocess
+import sys
 
 import pytest
 import yaml
@@ -14,6 +16,8 @@ from raise_sites import raise_sites, unreached
 from fsdpkit.errors import UserError
 from fsdpkit.jobs import spec
 from fsdpkit.jobs.spec import load_spec, load_spec_dict, parse_overrides
+
+from conftest import ROOT
 
 BASE = {
     "name": "llama-tiny", "backend": "pytorchjob", "image": "123456789012.dkr.ecr.us-west-2.amazonaws.com/fsdpkit:1",
@@ -45,6 +49,30 @@ RULES = {
     "kubeflow auto-resume outside its namespaces": (
         {"backend": "hyperpod", "hyperpod.operator": "kubeflow", "namespace": "team-a"},
         r"^namespace: HyperPod resumes a Kubeflow PyTorchJob only in the kubeflow namespace"),
+    "a HyperPodPyTorchJob field on a PyTorchJob": (
+        {"backend": "hyperpod", "hyperpod.operator": "kubeflow", "namespace": "kubeflow",
+         "hyperpod.fault_deadline": 900},
+        r"^hyperpod.fault_deadline: is a field of the HyperPod training operator's HyperPodPyTorchJob; drop it"),
+    "spares without a Kueue queue": ({"backend": "hyperpod", "hyperpod.spares": 1},
+                                     r"^hyperpod.spares: 1 spare nodes are held by Kueue; give queue:"),
+    "topology placement on Slurm": ({"backend": "slurm", "image": DROP, "storage": DROP, "placement": "topology",
+                                     "queue": "team-a"},
+                                    r"^placement: topology is placed by Kueue, which does not admit slurm jobs; use "
+                                    r"the trainjob, pytorchjob or hyperpod backend, or placement: any \(on Slurm"),
+    "topology placement without a queue": ({"placement": "topology"}, r"^placement: topology needs queue:"),
+    "a topology level that is no label": ({"placement": "topology", "queue": "team-a", "topology.level": "a b"},
+                                          r"^topology.level: 'a b' is not a node label key"),
+    "a topology level HyperPod does not label": (
+        {"backend": "hyperpod", "placement": "topology", "queue": "team-a", "topology.level": "cloud.com/block"},
+        r"^topology.level: HyperPod labels its nodes' topology as one of topology.k8s.aws/network-node-layer-3"),
+    "a placement that is neither": ({"placement": "near"}, r"^placement: 'near' is not a placement; choose one of: "
+                                                           r"any, topology"),
+    "tiered checkpoints off HyperPod": ({"train.tiered": True},
+                                        r"^train.tiered: HyperPod's managed tiered checkpointing runs on HyperPod "
+                                        r"clusters .*drop train.tiered on pytorchjob$"),
+    "tiered checkpoints without a durable tier": (
+        {"backend": "hyperpod", "storage": DROP, "train.tiered": True},
+        r"^storage: train.tiered keeps the last step and every durable_every-th checkpoint on shared storage"),
     "a cluster job without an image": ({"image": DROP}, r"^image: the pytorchjob backend runs a container image"),
     "an elastic TrainJob": ({"backend": "trainjob", "nodes": "2:4"},
                             r"^nodes: elastic ranges need the pytorchjob or hyperpod backend, not trainjob"),
@@ -91,6 +119,12 @@ EDGES = {
     "kubeflow auto-resume in a hyperpod- namespace": {"backend": "hyperpod", "hyperpod.operator": "kubeflow",
                                                       "namespace": "hyperpod-team"},
     "an elastic PyTorchJob": {"nodes": "2:4"},
+    "topology placement through a queue, at a level of the user's Kueue Topology": {
+        "placement": "topology", "queue": "team-a", "topology.level": "cloud.com/block"},
+    "tiered checkpoints on HyperPod with storage": {"backend": "hyperpod", "train.tiered": True},
+    "spares through a Kueue queue": {"backend": "hyperpod", "hyperpod.spares": 1, "queue": "team-a"},
+    "a PyTorchJob on HyperPod with the operator's fields at their defaults": {
+        "backend": "hyperpod", "hyperpod.operator": "kubeflow", "namespace": "kubeflow", "hyperpod.spares": 0},
     "all the node's GPUs and EFA": {"gpus_per_node": 8, "efa_per_node": 32},
     "a claim alone": {"storage": {"claim": "fsx-claim"}},
     "a local job on one node": {"backend": "local", "storage": DROP, "nodes": 1, "instance_type": DROP},
@@ -152,8 +186,8 @@ def test_every_refusal_of_the_spec_has_a_row(tmp_path):
         load_spec(path, [("name.first", "x")])
     messages.append(str(e.value))
     sites = raise_sites(spec.check_variable_name, spec._check_quantity, spec._validate_identity,
-                        spec._validate_nodes, spec._validate_storage, spec._validate_environment,
-                        spec._validate_train, spec._set_dotted, spec.parse_overrides)
+                        spec._validate_nodes, spec._validate_placement, spec._validate_storage,
+                        spec._validate_environment, spec._validate_train, spec._set_dotted, spec.parse_overrides)
     assert not unreached(sites, messages)
 
 
@@ -166,3 +200,14 @@ def test_set_takes_a_field_in_kebab_or_snake_case_and_keeps_the_user_s_own_keys(
     assert spec.train["max_steps"] == 7 and spec.storage.storage_class == "efs-sc" and spec.gpus == 4
     assert spec.env == {"my_var": "1"} and spec.node_selector == {"gpu-class": "h100"}
     assert spec.hyperpod.auto_resume is False
+
+
+def test_job_commands_import_no_torch():
+    """Specs, renders and plans are read without torch: every `fsdpkit job` and `plan` call would
+    otherwise spend seconds importing it (the trainer's config, LoRA's shape included, is plain data)."""
+    code = ("import sys; from fsdpkit.cli import job, plan; from fsdpkit.jobs import manifests, hyperpod, trainjob; "
+            "from fsdpkit.jobs.spec import load_spec; s = load_spec('examples/jobs/hyperpod-p5.yaml'); "
+            "hyperpod.render(s); print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"

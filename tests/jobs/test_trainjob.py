@@ -186,6 +186,31 @@ def test_submit_status_logs_and_delete_of_a_trainjob(kube, tmp_path):
         "/api/v1/namespaces/default/secrets/llama-tiny-hf-token"]
 
 
+def test_job_status_shows_the_progress_the_run_posted(kube, tmp_path):
+    """The trainerStatus that rank 0 posts (made here by the trainer's own sink) and the controller
+    writes to the TrainJob, as `job status` shows it; none before the first post."""
+    from fsdpkit.train.observe.trainjob_status import TrainJobStatusSink
+
+    assert job_cli(kube, "submit", str(tj_spec(tmp_path))).returncode == 0
+    running = {"jobsStatus": [{"name": "node", "active": 2, "ready": 2, "succeeded": 0, "failed": 0}]}
+    set_status(kube, "llama-tiny", running)
+    assert json.loads(job_cli(kube, "status", "llama-tiny", "--json").stdout)["data"]["progress"] is None
+    sink = TrainJobStatusSink("https://unused", None, "unused", total_steps=1000, clock=lambda: 3600.0)
+    sink.start = (0, 0.0)
+    sink.log("train", {"step": 450, "loss": 2.3125, "tokens_per_s": 912345.0, "mfu": 0.41})
+    posted = sink.status(3600.0)
+    set_status(kube, "llama-tiny", {**running, "trainerStatus": posted})
+    r = job_cli(kube, "status", "llama-tiny", "--json")
+    progress = json.loads(r.stdout)["data"]["progress"]
+    assert progress == {"percent": 45, "remaining_s": 4400, "updated": posted["lastUpdatedTime"],
+                        "metrics": {"step": "450", "total_steps": "1000", "loss": "2.3125",
+                                    "tokens_per_s": "912345", "mfu": "0.41"}}
+    r = job_cli(kube, "status", "llama-tiny")
+    assert r.returncode == 0, r.stderr
+    assert f"  progress: 45%, about 1h 13m left; step 450, total_steps 1000, loss 2.3125, tokens_per_s 912345, " \
+        f"mfu 0.41 (posted {posted['lastUpdatedTime']})" in r.stdout.splitlines()
+
+
 def test_a_failed_trainjob_is_resubmitted_within_its_budget(kube, tmp_path):
     assert job_cli(kube, "submit", str(tj_spec(tmp_path, resubmits=1))).returncode == 0
     waiter = subprocess.Popen([sys.executable, "-m", "fsdpkit", "job", "wait", "llama-tiny", "--poll", "0.2"],

@@ -253,7 +253,7 @@ def test_job_submit_warns_and_strict_refuses_a_job_that_cannot_fit(kube, tmp_pat
 
 
 def test_plan_shows_the_recipe_the_validation_share_and_the_grace_period_the_job_renders():
-    from fsdpkit.jobs import manifests
+    from fsdpkit.jobs import hyperpod, manifests
     from fsdpkit.jobs.spec import load_spec
 
     example = str(ROOT / "examples" / "jobs" / "eks-p5.yaml")
@@ -273,6 +273,38 @@ def test_plan_shows_the_recipe_the_validation_share_and_the_grace_period_the_job
     assert "recipe: lr 0.0003 -> 3e-06 (cosine), warm-up 200 steps" in r.stdout
     assert "validation: 8 batch(es) of 1 every 500 steps and at the end: 0." in r.stdout
     assert f"stopping: grace period {rendered} s = 60 s + 2 x " in r.stdout and " USD at your price" in r.stdout
+    # The planned start-up, which HyperPod's startup and fault deadlines are rendered from.
+    hp = hyperpod.render(load_spec(str(ROOT / "examples" / "jobs" / "hyperpod-p5.yaml")))[-1]["spec"]["runPolicy"]
+    start = plan_json(str(ROOT / "examples" / "jobs" / "hyperpod-p5.yaml"))["startup"]
+    assert hp["startupDeadlineSeconds"] == start["seconds"] and start["compile_s"] == 300
+    assert f"starting: {out['startup']['seconds']} s = 600 s to schedule, pull the image and rendezvous + 1.5 x " \
+        in r.stdout
+
+
+def test_tiered_checkpoints_shorten_the_grace_to_the_memory_tier_s_write():
+    """With checkpoint.tiered the stop's checkpoint goes to node memory: the pods' grace is planned
+    at the memory tier's rate on every node, while the hang rule still allows a durable write to
+    shared storage, and shared storage's cadence becomes every durable_every-th checkpoint."""
+    from fsdpkit.jobs import hyperpod, log_rules
+    from fsdpkit.jobs.spec import load_spec, train_options
+    from fsdpkit.plan.grace import MEMORY_MB_S_PER_NODE, cadence, checkpoint_bytes
+    from fsdpkit.train.model.presets import PRESETS
+
+    example = str(ROOT / "examples" / "jobs" / "hyperpod-p5.yaml")
+    plain, tiered = load_spec(example), load_spec(example, [("train.tiered", True)])
+    size = checkpoint_bytes(PRESETS["llama3_1_8b"])
+    out = plan_json(example, "--set", "train.tiered=true")
+    assert out["grace"]["write_mb_per_s"] == MEMORY_MB_S_PER_NODE * 4
+    assert out["grace"]["write_s"] == pytest.approx(size / (4000 * 1e6))
+    assert "checkpoint at 4000 MB/s to node memory (tiered, 1000 MB/s a node)" in out["grace"]["explanation"]
+    pods = [hyperpod.render(s)[-1]["spec"]["replicaSpecs"][0]["template"]["spec"] for s in (plain, tiered)]
+    assert pods[1]["terminationGracePeriodSeconds"] == out["grace"]["seconds"] == 100
+    assert pods[0]["terminationGracePeriodSeconds"] == 360
+    hang = [{r["name"]: r for r in log_rules.log_monitoring(s)}["fsdpkit-progress"] for s in (plain, tiered)]
+    assert hang[0] == hang[1]   # a durable save to shared storage still stops the loop as long
+    opts = train_options(tiered, tiered.storage.root)
+    memory, durable = cadence(PRESETS["llama3_1_8b"], 4000), cadence(PRESETS["llama3_1_8b"], 500)
+    assert opts["checkpoint_every"] == memory.every and opts["durable_every"] == -(-durable.seconds // memory.seconds)
 
 
 def test_validation_defaults_stay_within_two_percent_of_training_for_every_preset():

@@ -75,6 +75,8 @@ RULES = {
     "float8 on the CPU": (["--float8", "1", "--device", "cpu"], r"^float8: needs an NVIDIA GPU"),
     "checkpoints without a directory": (["--checkpoint_every", "10"], r"^checkpoint_every: needs --checkpoint-dir"),
     "a time cadence without a directory": (["--checkpoint_every", "30m"], r"^checkpoint_every: needs --checkpoint-dir"),
+    "a memory tier with no durable one": (["--tiered", "1"], r"^tiered: needs --checkpoint-dir, the durable tier"),
+    "durable saves never": (["--durable-every", "0"], r"^durable_every: .*>= 1"),
     "unknown flag": (["--max_step", "3"], r"^unknown option '--max_step'; did you mean --max-steps\?"),
     "flag without a value": (["--lr"], r"^argument --lr: expected one argument \(see `fsdpkit train --help`\)$"),
     "unknown choice": (["--lr_decay_style", "exponential"], r"^lr_decay_style: .*cosine.*linear.*constant"),
@@ -97,6 +99,7 @@ EDGES = [
     ["--n_heads", "4", "--n_kv_heads", "4"],
     ["--resume_from_checkpoint", "auto", "--checkpoint_dir", "ck"],
     ["--checkpoint_every", "10", "--checkpoint_dir", "ck"],
+    ["--tiered_checkpoint", "1", "--checkpoint_dir", "ck", "--durable-every", "1"],
     ["--float8", "1", "--device", "cuda"],
     ["--family", "qwen3", "--n_experts", "0"],
     ["--dim", "130", "--n_heads", "4", "--head-dim", "32"],  # explicit heads need not divide the width

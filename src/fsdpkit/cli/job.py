@@ -45,6 +45,13 @@ def _target(args: argparse.Namespace, spec: JobSpec | None = None) -> Target:
     return Target(getattr(args, "context", None), getattr(args, "kubeconfig", None), namespace)
 
 
+def _span(seconds: int) -> str:
+    """1h 05m, 12m 30s, 40s."""
+    h, rest = divmod(int(seconds), 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}h {m:02d}m" if h else f"{m}m {s:02d}s" if m else f"{s}s"
+
+
 def _print_status(st: JobStatus) -> None:
     where = f" ({st.namespace})" if st.namespace else ""
     attempt = f", resubmission {st.attempt}" if st.attempt else ""
@@ -53,6 +60,10 @@ def _print_status(st: JobStatus) -> None:
     for rtype, counts in (st.replicas or {}).items():
         pretty = ", ".join(f"{k} {v}" for k, v in counts.items() if k in ("active", "succeeded", "failed"))
         print(f"  {rtype}: {pretty}")
+    if p := st.progress:
+        left = f", about {_span(p['remaining_s'])} left" if p.get("remaining_s") else ""
+        figures = ", ".join(f"{k} {v}" for k, v in p["metrics"].items())
+        print(f"  progress: {p['percent']}%{left}; {figures} (posted {p['updated']})")
 
 
 def cmd_init(args: argparse.Namespace) -> int:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from fsdpkit.cli.output import Parser, emit_error, emit_json
 from fsdpkit.errors import UserError
-from fsdpkit.plan.grace import DEFAULT_WRITE_MB_S, cadence, grace_period
+from fsdpkit.plan.grace import DEFAULT_WRITE_MB_S, cadence, grace_period, startup, stop_tier
 from fsdpkit.train.model.presets import RECIPES, canonical
 
 if TYPE_CHECKING:  # imported when a verb runs, so that --help stays fast
@@ -64,7 +64,9 @@ def run(args: argparse.Namespace, train_flags: list[str]) -> int:
     if write_rate <= 0:
         raise UserError(f"write_mb_per_s: {write_rate} is out of range (> 0)")
     p = plan_config(cfg, instance_type, nodes, args.mfu, procs)
-    grace = grace_period(cfg.shape, write_rate, p.step_s)
+    stop_rate, stop_to = stop_tier(cfg.checkpoint.tiered, write_rate, nodes)
+    grace = grace_period(cfg.shape, stop_rate, p.step_s, stop_to)
+    start = startup(cfg.shape, write_rate, cfg.parallel.compiles("cuda" if instance_type else "cpu"))
     derived, every = cadence(cfg.shape, write_rate), cfg.checkpoint.checkpoint_every
     checkpoints = derived.to_dict() if every in ("0", derived.every) else {
         "every": every, "explanation": f"every {every}{' steps' if every.isdigit() else ''}, as configured (the "
@@ -73,7 +75,7 @@ def run(args: argparse.Namespace, train_flags: list[str]) -> int:
            "currency": args.currency, "recipe": _recipe(cfg),
            "validation": {"batches": cfg.log.validation_batches, "batch_size": cfg.data.val_batch_size,
                           "every_steps": cfg.log.validation_freq, "share": round(cfg.validation_share(), 4)},
-           "grace": grace.to_dict(), "checkpoints": checkpoints,
+           "grace": grace.to_dict(), "startup": start.to_dict(), "checkpoints": checkpoints,
            "alternatives": [a.summary(args.tokens, args.price_per_hour) for a in p.alternatives]}
     # A plan that does not fit is a check that failed: exit 1, with what to change as the hint.
     code = 1 if p.fits is False else 0
@@ -151,6 +153,8 @@ def _print(out: dict[str, Any]) -> None:
     print(f"validation: {v['batches']} batch(es) of {v['batch_size']} {every}: {v['share']:.1%} of training compute")
     print(f"checkpoints: {out['checkpoints']['explanation']}")
     print(f"stopping: grace period {out['grace']['explanation']}")
+    print(f"starting: {out['startup']['explanation']} (HyperPod's startup deadline; with the grace, its fault "
+          "deadline)")
     print(f"\n{out['verdict']}")
     for a in out["alternatives"]:
         print(f"  with {a['change']}: {'fits' if a['fits'] else 'does not fit'}, {a['peak_gib']:.1f} GiB per GPU, "

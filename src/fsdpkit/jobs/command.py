@@ -7,7 +7,7 @@ from __future__ import annotations
 from fsdpkit.hardware.instances import network_env
 from fsdpkit.image.dockerfile import has_ofi_nccl
 from fsdpkit.jobs.spec import JobSpec, job_config, train_config, train_options
-from fsdpkit.plan.grace import GracePeriod, grace_period
+from fsdpkit.plan.grace import GracePeriod, StartUp, checkpoint_bytes, grace_period, startup, stop_tier
 from fsdpkit.plan.planner import plan_config
 from fsdpkit.train.config import TrainConfig, recipe_values, to_flags
 from fsdpkit.train.runtime.supervisor import torchrun_args
@@ -47,7 +47,27 @@ def job_grace(spec: JobSpec) -> GracePeriod | None:
     if spec.command is not None or not spec.storage.root:
         return None
     cfg = train_config(spec)
-    return grace_period(cfg.shape, spec.storage.write_mb_per_s, planned_step_seconds(spec, cfg))
+    rate, tier = stop_tier(cfg.checkpoint.tiered, spec.storage.write_mb_per_s, spec.nodes.max)
+    return grace_period(cfg.shape, rate, planned_step_seconds(spec, cfg), tier)
+
+
+def durable_write_seconds(spec: JobSpec, cfg: TrainConfig) -> float:
+    """How long a checkpoint's write to the job's shared storage takes (0 without storage): what a
+    synchronous save there stops the training loop for, tiered or not."""
+    if not spec.storage.root:
+        return 0.0
+    return checkpoint_bytes(cfg.shape) / (spec.storage.write_mb_per_s * 1e6)
+
+
+def job_startup(spec: JobSpec) -> StartUp | None:
+    """The planned start-up of the job's pods, where they run fsdpkit's trainer: the newest
+    checkpoint read back from shared storage, and compiling where the nodes are NVIDIA GPUs."""
+    if spec.command is not None:
+        return None
+    cfg = train_config(spec)
+    gpu = spec.gpus > 0 and spec.accelerator_resource == "nvidia.com/gpu"
+    return startup(cfg.shape if spec.storage.root else None, spec.storage.write_mb_per_s,
+                   cfg.parallel.compiles("cuda" if gpu else "cpu"))
 
 
 def grace_seconds(spec: JobSpec) -> int | None:

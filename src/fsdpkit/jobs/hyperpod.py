@@ -12,7 +12,7 @@ from typing import Any
 
 from fsdpkit.cluster import pod_rules
 from fsdpkit.jobs import manifests as m
-from fsdpkit.jobs.command import grace_seconds, trainer_flags
+from fsdpkit.jobs.command import grace_seconds, job_startup, trainer_flags
 from fsdpkit.jobs.log_rules import log_monitoring
 from fsdpkit.jobs.spec import JobSpec
 
@@ -103,15 +103,42 @@ def _agent_container(spec: JobSpec, template: dict[str, Any]) -> None:
             res.setdefault(side, {}).update(HUGEPAGES)
 
 
+def deadlines(spec: JobSpec) -> dict[str, int]:
+    """runPolicy's startup and fault deadlines: the spec's, else from the plan. Starting may last
+    the planned start-up; Faulted, the grace a stop needs (its checkpoint written) and a start-up
+    after it. None for a job that runs its own command (the operator's defaults)."""
+    hp, start = spec.hyperpod, job_startup(spec)
+    startup_s = hp.startup_deadline if hp.startup_deadline is not None else (start.seconds if start else None)
+    fault_s = hp.fault_deadline
+    if fault_s is None and start is not None:
+        fault_s = pod_grace(spec) + start.seconds
+    out = {"startupDeadlineSeconds": startup_s, "faultDeadlineSeconds": fault_s}
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def restart_policy(spec: JobSpec) -> dict[str, Any]:
+    """Process-level restarts before a whole-job restart, how many of those, and which nodes a
+    whole-job restart leaves out: as many repeat offenders as there are spares to stand in."""
+    hp = spec.hyperpod
+    policy: dict[str, Any] = {"numRestartBeforeFullJobRestart": hp.restarts_before_full_restart,
+                              "maxFullJobRestarts": hp.max_full_restarts, "evalPeriodSeconds": hp.restart_eval_period}
+    avoid = hp.repeat_offenders_to_avoid if hp.repeat_offenders_to_avoid is not None else hp.spares
+    if avoid:
+        policy["maxNumRepeatOffendersToAvoid"] = avoid
+    if hp.scale_up_snooze is not None:
+        policy["scaleUpSnoozeTimeInSeconds"] = hp.scale_up_snooze
+    return policy
+
+
 def run_policy(spec: JobSpec) -> dict[str, Any]:
-    """Retries, the process-level restarts HyperPod tries before restarting the whole job, and the
-    log-monitoring rules. Finished pods are kept for `job logs --previous`."""
+    """Retries, restarts, deadlines and the log-monitoring rules. Finished pods are kept for
+    `job logs --previous`."""
     hp = spec.hyperpod
     policy: dict[str, Any] = {
         "cleanPodPolicy": "None",
         "jobMaxRetryCount": hp.max_retry if hp.auto_resume else 0,
-        "restartPolicy": {"numRestartBeforeFullJobRestart": hp.restarts_before_full_restart,
-                          "maxFullJobRestarts": hp.max_full_restarts, "evalPeriodSeconds": hp.restart_eval_period},
+        "restartPolicy": restart_policy(spec),
+        **deadlines(spec),
     }
     if spec.ttl_after_finished is not None:
         policy["ttlSecondsAfterFinished"] = spec.ttl_after_finished
@@ -127,6 +154,8 @@ def hyperpod_job_manifest(spec: JobSpec) -> dict[str, Any]:
     adapt_pod(spec, template)
     _agent_container(spec, template)
     replica: dict[str, Any] = {"name": "pod", "replicas": spec.nodes.max, "template": template}
+    if spec.hyperpod.spares:
+        replica["spares"] = spec.hyperpod.spares
     job: dict[str, Any] = {"nprocPerNode": str(spec.procs), "replicaSpecs": [replica], "runPolicy": run_policy(spec)}
     if spec.nodes.elastic:
         job["elasticPolicy"] = {"minReplicas": spec.nodes.min, "maxReplicas": spec.nodes.max}

@@ -7,6 +7,8 @@ each line (`re.match`, so every pattern starts with `.*`):
 - progress: a step line with a finite loss at least every `hang_timeout` seconds, else it hangs (a
   loss of nan or inf is no progress, so a run that went non-finite is caught here too);
 - loss: a finite loss above `loss_threshold` on 3 logging lines in a row is a bad run.
+Each rule stops at the trainer's last line (`stopPattern`): a node that finished, or stopped with
+its checkpoint saved, and then waits for its launcher to exit is not hung.
 The operator then restarts per the job's restartPolicy, and the trainer resumes from its newest
 checkpoint."""
 
@@ -15,10 +17,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from fsdpkit.jobs.command import job_grace, planned_step_seconds
+from fsdpkit.jobs.command import durable_write_seconds, planned_step_seconds
 from fsdpkit.jobs.spec import JobSpec, train_config
 from fsdpkit.train.config import TrainConfig
-from fsdpkit.train.observe.log_lines import ANY_STEP, FINITE_STEP
+from fsdpkit.train.observe.log_lines import ANY_STEP, FINAL, FINITE_STEP
 
 MIN_HANG_S = 600       # below this, a slow storage stall or a long validation reads as a hang
 DEFAULT_HANG_S = 1800  # without a step time to plan from (no GPU instance type)
@@ -34,8 +36,7 @@ def hang_seconds(spec: JobSpec, cfg: TrainConfig) -> int:
     step_s = planned_step_seconds(spec, cfg)
     if step_s is None and (spec.instance is None or spec.instance.resource != "nvidia.com/gpu"):
         return DEFAULT_HANG_S
-    grace = job_grace(spec)
-    write_s = grace.write_s if grace else 0.0
+    write_s = durable_write_seconds(spec, cfg) if spec.command is None else 0.0
     window_s = cfg.log.logging_freq * (step_s or 0.0)
     return max(MIN_HANG_S, math.ceil((HANG_WINDOWS * window_s + 1.5 * write_s + 60) / 60) * 60)
 
@@ -54,7 +55,7 @@ def log_monitoring(spec: JobSpec) -> list[dict[str, Any]]:
         return []
     cfg = train_config(spec)
     start, hang = spec.hyperpod.start_timeout, hang_seconds(spec, cfg)
-    return [
+    rules: list[dict[str, Any]] = [
         {"name": "fsdpkit-started", "logPattern": f".*{ANY_STEP}.*", "expectedStartCutOffInSeconds": start},
         # Also bounded from the start: a run whose every loss is nan never matches at all.
         {"name": "fsdpkit-progress", "logPattern": f".*{FINITE_STEP}.*", "expectedStartCutOffInSeconds": start + hang,
@@ -62,3 +63,4 @@ def log_monitoring(spec: JobSpec) -> list[dict[str, Any]]:
         {"name": "fsdpkit-loss", "logPattern": f".*{FINITE_STEP}.*", "metricThreshold": loss_threshold(spec, cfg),
          "operator": "gt", "metricEvaluationDataPoints": BAD_LOSS_LINES},
     ]
+    return [{**rule, "stopPattern": f".*{FINAL}.*"} for rule in rules]

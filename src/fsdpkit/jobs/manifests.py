@@ -117,7 +117,10 @@ def pod_template(spec: JobSpec, command: list[str] | None, container: str = CONT
         pod["affinity"] = spec.affinity
     if spec.priority_class:
         pod["priorityClassName"] = spec.priority_class
-    return {"metadata": {"labels": labels(spec)}, "spec": pod}
+    meta: dict[str, Any] = {"labels": labels(spec)}
+    if spec.placement == "topology":
+        meta["annotations"] = spec.topology.annotations
+    return {"metadata": meta, "spec": pod}
 
 
 def pull_policy(image: str | None) -> str:

@@ -10,6 +10,7 @@ A bad value is rejected with the field's name before anything is rendered or sen
 from __future__ import annotations
 
 import logging
+import math
 import re
 import typing
 from collections.abc import Callable, Sequence
@@ -24,7 +25,7 @@ from fsdpkit.errors import UserError
 from fsdpkit.hardware.instances import Instance, lookup
 from fsdpkit.image import pins
 from fsdpkit.image.dockerfile import HYPERPOD_AGENT
-from fsdpkit.plan.grace import cadence
+from fsdpkit.plan.grace import MEMORY_MB_S_PER_NODE, cadence
 from fsdpkit.settings import Bool, Int, NodeRange, Nodes, Settings, Str, aliases, fail, load, option
 from fsdpkit.train.config import SECTIONS, TrainConfig, build
 from fsdpkit.train.sections import CheckpointConfig
@@ -113,6 +114,44 @@ class HyperPodOptions(Settings):
     loss_threshold: Int | None = option(
         None, "a loss above this for 3 logging lines in a row is a bad run (default: twice the loss of a uniform "
         "guess, 2 ln(vocab))", ge=1)
+    spares: Int = option(0, "spare nodes Kueue holds beside the job's own (replicaSpecs[].spares), so a faulty node "
+                         "is replaced at once instead of after capacity frees up; needs queue", ge=0)
+    repeat_offenders_to_avoid: Int | None = option(
+        None, "nodes that failed more than once which a whole-job restart leaves out "
+        "(restartPolicy.maxNumRepeatOffendersToAvoid; default: the spares, which take their place)", ge=0)
+    scale_up_snooze: Int | None = option(
+        None, "seconds after a job restart before it may be scaled up or readmitted "
+        "(restartPolicy.scaleUpSnoozeTimeInSeconds; default: the operator's, 0)", ge=0)
+    startup_deadline: Int | None = option(
+        None, "seconds the job may be Starting before it fails (runPolicy.startupDeadlineSeconds; default: the "
+        "planned start-up, see `fsdpkit plan`)", ge=60)
+    fault_deadline: Int | None = option(
+        None, "seconds the job may stay Faulted, stopping and starting again, before it fails "
+        "(runPolicy.faultDeadlineSeconds; default: the grace a stop needs plus the planned start-up)", ge=60)
+
+
+# Kueue's topology-aware scheduling reads these from a PodSet's pod template (sigs.k8s.io/kueue
+# apis/kueue/v1alpha1: PodSetRequiredTopologyAnnotation, PodSetPreferredTopologyAnnotation).
+KUEUE_REQUIRED_TOPOLOGY = "kueue.x-k8s.io/podset-required-topology"
+KUEUE_PREFERRED_TOPOLOGY = "kueue.x-k8s.io/podset-preferred-topology"
+# The node labels EKS and HyperPod give EC2's instance topology, from the spine (layer 1) down to the
+# nodes' own switch (layer 3), and an UltraServer's id: the levels the HyperPod CLI accepts.
+AWS_TOPOLOGY_LEVELS = ("topology.k8s.aws/network-node-layer-3", "topology.k8s.aws/network-node-layer-2",
+                       "topology.k8s.aws/network-node-layer-1", "topology.k8s.aws/ultraserver-id")
+# Backends whose pods Kueue admits (PyTorchJob, TrainJob, HyperPodPyTorchJob), so it can place them.
+TOPOLOGY_BACKENDS = CLUSTER_BACKENDS
+
+
+class TopologyOptions(Settings):
+    level: Str = option(AWS_TOPOLOGY_LEVELS[0], "the node label whose value the job's nodes should share: "
+                        f"{', '.join(AWS_TOPOLOGY_LEVELS)} (closest first), or a level of your Kueue Topology")
+    required: Bool = option(False, "true: wait until the nodes fit under one domain of that level; false: "
+                            "prefer it, and take wider domains when they do not")
+
+    @property
+    def annotations(self) -> dict[str, str]:
+        """The pod template's Kueue annotations: one of the two, never both (Kueue refuses that)."""
+        return {KUEUE_REQUIRED_TOPOLOGY if self.required else KUEUE_PREFERRED_TOPOLOGY: self.level}
 
 
 class TrainJobOptions(Settings):
@@ -167,6 +206,10 @@ class JobSpec(Settings):
     affinity: dict[str, Any] = option(default_factory=dict, help="Kubernetes affinity")
     priority_class: Str | None = option(None, "Kubernetes PriorityClass")
     queue: Str | None = option(None, "Kueue LocalQueue")
+    placement: Literal["any", "topology"] = option(
+        "any", "topology: the job's nodes close together in the network, so NCCL's rings cross fewer switches "
+        "(Kueue's topology-aware scheduling; needs queue)", what="a placement")
+    topology: TopologyOptions = option(default_factory=TopologyOptions)
     max_restarts: Int = option(3, "torchrun restarts of a worker group (elasticPolicy.maxRestarts)", ge=0)
     backoff_limit: Int = option(3, "pod failures the operator tolerates (runPolicy.backoffLimit)", ge=0)
     ttl_after_finished: Int | None = option(7 * 24 * 3600, "seconds a finished job is kept", ge=0)
@@ -340,6 +383,7 @@ def validate(spec: JobSpec) -> None:
     read); the first one broken is a one-line UserError."""
     _validate_identity(spec)
     _validate_nodes(spec)
+    _validate_placement(spec)
     _validate_storage(spec)
     _validate_environment(spec)
     if spec.train:
@@ -358,9 +402,24 @@ def _validate_identity(spec: JobSpec) -> None:
         raise UserError(f"namespace: HyperPod resumes a Kubeflow PyTorchJob only in the kubeflow namespace or one "
                         f"whose name starts with hyperpod, not {spec.namespace!r}; set namespace: kubeflow (or "
                         "hyperpod-...), or hyperpod.auto_resume: false")
+    if spec.backend == "hyperpod" and hp.operator == "kubeflow" and (own := _operator_fields(hp)):
+        raise UserError(f"hyperpod.{own[0]}: is a field of the HyperPod training operator's HyperPodPyTorchJob; "
+                        "drop it, or set hyperpod.operator: hyperpod")
+    if spec.backend == "hyperpod" and hp.spares and not spec.queue:
+        raise UserError(f"hyperpod.spares: {hp.spares} spare nodes are held by Kueue; give queue: (the Kueue "
+                        "LocalQueue the job is admitted through), or hyperpod.spares: 0")
     if spec.backend in CLUSTER_BACKENDS and not spec.image:
         raise UserError(f"image: the {spec.backend} backend runs a container image; give image: "
                         "(for example ACCOUNT.dkr.ecr.REGION.amazonaws.com/fsdpkit:TAG)")
+
+
+# HyperPodOptions fields that only the HyperPod training operator reads (not a Kubeflow PyTorchJob).
+OPERATOR_FIELDS = ("spares", "repeat_offenders_to_avoid", "scale_up_snooze", "startup_deadline", "fault_deadline")
+
+
+def _operator_fields(hp: HyperPodOptions) -> list[str]:
+    """The HyperPodPyTorchJob-only fields given values other than their defaults."""
+    return [f for f in OPERATOR_FIELDS if getattr(hp, f) != HyperPodOptions.model_fields[f].default]
 
 
 def _validate_nodes(spec: JobSpec) -> None:
@@ -386,6 +445,26 @@ def _validate_nodes(spec: JobSpec) -> None:
                             "EFA instance type (p4d, p5, p5e, p5en, g5.12xlarge and up, trn1.32xlarge)")
         if spec.efa > inst.efa:
             raise UserError(f"efa_per_node: {spec.efa} is more than {inst.name} has ({inst.efa})")
+
+
+def _validate_placement(spec: JobSpec) -> None:
+    """Topology placement is Kueue's to do: on a backend whose pods Kueue admits, through a queue."""
+    if spec.placement != "topology":
+        return
+    if spec.backend not in TOPOLOGY_BACKENDS:
+        raise UserError(f"placement: topology is placed by Kueue, which does not admit {spec.backend} jobs; use the "
+                        f"{', '.join(TOPOLOGY_BACKENDS[:-1])} or {TOPOLOGY_BACKENDS[-1]} backend, or placement: any"
+                        + (" (on Slurm, ask sbatch for --switches with the topology plugin)" if spec.backend == "slurm"
+                           else ""))
+    if not spec.queue:
+        raise UserError("placement: topology needs queue: (a Kueue LocalQueue whose ClusterQueue has a Topology "
+                        "of the node labels), or placement: any")
+    level = spec.topology.level
+    if not re.fullmatch(r"([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?", level):
+        raise UserError(f"topology.level: {level!r} is not a node label key (such as {AWS_TOPOLOGY_LEVELS[0]})")
+    if spec.backend == "hyperpod" and level not in AWS_TOPOLOGY_LEVELS:
+        raise UserError(f"topology.level: HyperPod labels its nodes' topology as one of "
+                        f"{', '.join(AWS_TOPOLOGY_LEVELS)}, not {level!r}")
 
 
 def _validate_storage(spec: JobSpec) -> None:
@@ -457,6 +536,15 @@ def _validate_train(spec: JobSpec) -> None:
             # spec's own field; the trainer's option would be ignored on a cluster, or win locally.
             raise UserError(f"train.{name}: a job's launcher takes this from the spec; set {field}: "
                             f"{flat[name]} (a top-level field) and drop train.{name}")
+    if flat.get("tiered") or flat.get("tiered_checkpoint"):
+        if spec.backend != "hyperpod":
+            # Elsewhere no in-memory store answers: every stop's save would go to shared storage in a
+            # grace period planned for node memory.
+            raise UserError(f"train.tiered: HyperPod's managed tiered checkpointing runs on HyperPod clusters (its "
+                            f"in-memory store); use backend: hyperpod, or drop train.tiered on {spec.backend}")
+        if root is None:
+            raise UserError("storage: train.tiered keeps the last step and every durable_every-th checkpoint on "
+                            "shared storage; give storage.claim or storage.size and storage.storage_class")
     every = _named(flat, "checkpoint_every")
     if every is not None and str(flat[every]) != "0" and root is None:
         raise UserError("storage: train.checkpoint_every is set but the job has no storage, so checkpoints "
@@ -496,7 +584,14 @@ def train_options(spec: JobSpec, root: str | None) -> dict[str, Any]:
             opts["resume_from_checkpoint"] = "auto"
         if spec.storage.enabled and _named(flat, "checkpoint_every") is None:
             # Checkpoints on by default where they survive the pod: as often as costs <= 5% of the run.
-            opts["checkpoint_every"] = cadence(job_config(spec, opts).shape, spec.storage.write_mb_per_s).every
+            # Tiered, the periodic ones go to node memory, and shared storage's cadence becomes every
+            # durable_every-th of them.
+            cfg = job_config(spec, opts)
+            durable = cadence(cfg.shape, spec.storage.write_mb_per_s)
+            every = cadence(cfg.shape, MEMORY_MB_S_PER_NODE * spec.nodes.max) if cfg.checkpoint.tiered else durable
+            opts["checkpoint_every"] = every.every
+            if cfg.checkpoint.tiered and "durable_every" not in flat:
+                opts["durable_every"] = max(1, math.ceil(durable.seconds / every.seconds))
     return opts
 
 

@@ -24,7 +24,8 @@ _EXAMPLES = "examples"
 _SECTION_BACKEND = {"hyperpod": "hyperpod", "trainjob": "trainjob", "slurm": "slurm"}
 _SECTION_HELP = {"storage": "where checkpoints and run outputs live (on: checkpoints survive the pod)",
                  "hyperpod": "SageMaker HyperPod: the operator, its restarts and health rules",
-                 "trainjob": "Kubeflow Trainer v2", "slurm": "sbatch options", "train": "the trainer's options"}
+                 "trainjob": "Kubeflow Trainer v2", "slurm": "sbatch options", "train": "the trainer's options",
+                 "topology": "with placement: topology, the level Kueue keeps the nodes under"}
 # The trainer options a starter spec names (every one is in `fsdpkit train --help`).
 _TRAIN_OPTIONS = (("preset", None), ("init_from_hf", "checkpoint"), ("dataset", "data"), ("data_format", "data"),
                   ("dataset_config_name", "data"), ("tokenizer", "data"), ("lora", "adapters"),
@@ -124,7 +125,7 @@ def starter(backend: str, name: str, instance_type: str | None = None, nodes: st
                      "Lustre PVC)" if backend in CLUSTER_BACKENDS else
                      "# storage: without it checkpoints are lost; give storage.shared_path (a shared mount, /fsx)")
     for field in [*(f for f in JobSpec.model_fields if f != "train"), "train"]:
-        if field in ("storage", "train") or field in _SECTION_BACKEND:
+        if field in ("storage", "train", "topology") or field in _SECTION_BACKEND:
             if field in _SECTION_BACKEND and _SECTION_BACKEND[field] != backend:
                 continue
             sections: dict[str, dict[str, Any]] = {"storage": storage, "train": train, "slurm": slurm}

@@ -20,6 +20,8 @@ class JobStatus:
     replicas: dict[str, Any] = field(default_factory=dict)
     conditions: list[dict[str, Any]] = field(default_factory=list)
     details: dict[str, Any] = field(default_factory=dict)
+    # What the job says of itself: a TrainJob's trainerStatus (see trainer_progress).
+    progress: dict[str, Any] | None = None
 
     @property
     def finished(self) -> bool:
@@ -60,3 +62,15 @@ def trainjob_state(status: dict[str, Any]) -> tuple[str, str]:
     if any((j.get("active") or 0) > 0 or (j.get("ready") or 0) > 0 for j in jobs):
         return "Running", ""
     return ("Created", "") if jobs else ("Pending", "")
+
+
+def trainer_progress(status: dict[str, Any]) -> dict[str, Any] | None:
+    """A TrainJob's `status.trainerStatus` (Trainer 2.2 and later), which its rank 0 posts
+    (fsdpkit.train.observe.trainjob_status): percent done, seconds left, the newest figures and
+    when they were posted. None before the first post, or where the controller takes none."""
+    ts = status.get("trainerStatus")
+    if not ts:
+        return None
+    return {"percent": ts.get("progressPercentage"), "remaining_s": ts.get("estimatedRemainingSeconds"),
+            "metrics": {m.get("name"): m.get("value") for m in ts.get("metrics") or []},
+            "updated": ts.get("lastUpdatedTime")}

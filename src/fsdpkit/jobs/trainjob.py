@@ -50,7 +50,7 @@ def trainjob_manifest(spec: JobSpec) -> dict[str, Any]:
     pod_patch = {k: v for k, v in pod["spec"].items() if k in _PATCHABLE}
     pod_patch["containers"] = [{"name": NODE, "volumeMounts": container["volumeMounts"]}]
     node_patch = {"name": NODE, "template": {"metadata": {"labels": m.labels(spec)}, "spec": {
-        "template": {"metadata": {"labels": m.labels(spec)}, "spec": pod_patch}}}}
+        "template": {"metadata": pod["metadata"], "spec": pod_patch}}}}
     return {
         "apiVersion": API_VERSION, "kind": "TrainJob",
         "metadata": {"name": spec.name, "namespace": spec.namespace, "labels": trainjob_labels(spec),

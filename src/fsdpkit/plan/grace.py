@@ -4,7 +4,15 @@ Llama 3.1 8B checkpoint with AdamW state is 96 GB, over three minutes at 500 MB/
 
     grace = 60 s (stop, vote, start and close the writers) + 2 x step time + 1.5 x (checkpoint / write rate)
 
-rounded up to 10 s. The write rate is the volume's aggregate throughput (FSx for Lustre: its
+rounded up to 10 s. With `checkpoint.tiered` the stop's checkpoint goes to HyperPod's in-memory
+store instead, written at MEMORY_MB_S_PER_NODE on every node at once.
+
+A job's start-up, what an operator's start-up and fault deadlines are sized by:
+
+    start-up = 600 s (schedule, pull the image, start the agent, rendezvous) + 1.5 x (checkpoint / read rate)
+               + 300 s to compile on GPUs
+
+rounded up to a minute. The write rate is the volume's aggregate throughput (FSx for Lustre: its
 per-TiB tier times its capacity, e.g. 250 MB/s/TiB x 4.8 TiB = 1.2 GB/s); the default assumes a
 small, slow one.
 """
@@ -18,6 +26,9 @@ from typing import Any
 from fsdpkit.train.model.config import ModelConfig, count_params
 
 DEFAULT_WRITE_MB_S = 500
+# HyperPod's in-memory checkpoint store, per node: each rank's shard serialised and sent over the
+# node's network to the store's service (an assumption, on the low side for p4d/p5 networking).
+MEMORY_MB_S_PER_NODE = 1000
 FIXED_S = 60
 WRITE_MARGIN = 1.5
 
@@ -29,11 +40,12 @@ class GracePeriod:
     write_mb_per_s: float
     write_s: float
     step_s: float | None
+    tier: str = "shared storage"   # where the stop's checkpoint goes
 
     def explain(self) -> str:
         step = f" + 2 x {self.step_s:.1f} s to finish the step" if self.step_s else ""
         return (f"{self.seconds} s = {FIXED_S} s{step} + {WRITE_MARGIN} x {self.write_s:.0f} s to write the "
-                f"{self.checkpoint_bytes / 1e9:.1f} GB checkpoint at {self.write_mb_per_s:g} MB/s")
+                f"{self.checkpoint_bytes / 1e9:.1f} GB checkpoint at {self.write_mb_per_s:g} MB/s to {self.tier}")
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "explanation": self.explain()}
@@ -74,9 +86,47 @@ def cadence(model: ModelConfig, write_mb_per_s: float = DEFAULT_WRITE_MB_S) -> C
     return Cadence(f"{minutes}m", minutes * 60, write_s, write_s / (minutes * 60 + write_s))
 
 
+def stop_tier(tiered: bool, write_mb_per_s: float, nodes: int) -> tuple[float, str]:
+    """Where a stopping job writes its checkpoint, and how fast: shared storage at its rate, or
+    with tiered checkpointing every node's share to the in-memory store."""
+    if tiered:
+        return MEMORY_MB_S_PER_NODE * nodes, f"node memory (tiered, {MEMORY_MB_S_PER_NODE} MB/s a node)"
+    return write_mb_per_s, "shared storage"
+
+
 def grace_period(model: ModelConfig, write_mb_per_s: float = DEFAULT_WRITE_MB_S,
-                 step_s: float | None = None) -> GracePeriod:
+                 step_s: float | None = None, tier: str = "shared storage") -> GracePeriod:
     size = checkpoint_bytes(model)
     write_s = size / (write_mb_per_s * 1e6)
     total = FIXED_S + 2 * (step_s or 0.0) + WRITE_MARGIN * write_s
-    return GracePeriod(int(math.ceil(total / 10) * 10), size, write_mb_per_s, write_s, step_s)
+    return GracePeriod(int(math.ceil(total / 10) * 10), size, write_mb_per_s, write_s, step_s, tier)
+
+
+PULL_S = 600     # schedule the pods, pull a 15-20 GB training image, start the agents and rendezvous
+COMPILE_S = 300  # torch.compile's first graphs on a GPU (a warm cache on shared storage is faster)
+
+
+@dataclass(frozen=True)
+class StartUp:
+    """From pods asked for to the first step: what a job restarted after a fault spends again."""
+
+    seconds: int
+    read_s: float      # the newest checkpoint read back (0 without shared storage to resume from)
+    compile_s: float
+
+    def explain(self) -> str:
+        read = f" + {WRITE_MARGIN} x {self.read_s:.0f} s to read the checkpoint back" if self.read_s else ""
+        compiled = f" + {self.compile_s:.0f} s to compile" if self.compile_s else ""
+        return f"{self.seconds} s = {PULL_S} s to schedule, pull the image and rendezvous{read}{compiled}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "explanation": self.explain()}
+
+
+def startup(model: ModelConfig | None, read_mb_per_s: float = DEFAULT_WRITE_MB_S, compiles: bool = True) -> StartUp:
+    """The planned start-up; `model` None where nothing is resumed (no checkpoint storage). The
+    volume's write rate stands for its read rate: FSx for Lustre reads at least as fast."""
+    read_s = checkpoint_bytes(model) / (read_mb_per_s * 1e6) if model is not None else 0.0
+    compile_s = COMPILE_S if compiles else 0.0
+    total = PULL_S + WRITE_MARGIN * read_s + compile_s
+    return StartUp(int(math.ceil(total / 60) * 60), read_s, compile_s)

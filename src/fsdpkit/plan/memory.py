@@ -31,8 +31,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from fsdpkit.train.model.config import ModelConfig
-from fsdpkit.train.model.lora import LoraShape
+from fsdpkit.train.model.config import LoraShape, ModelConfig
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2}
 

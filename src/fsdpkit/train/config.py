@@ -40,9 +40,8 @@ from fsdpkit.settings import (
     section_of,
 )
 from fsdpkit.train.checkpoint import catalog
-from fsdpkit.train.model.config import ModelConfig
+from fsdpkit.train.model.config import LoraShape, ModelConfig
 from fsdpkit.train.model.hf_config import QWEN, model_config_from_hf
-from fsdpkit.train.model.lora import LoraShape
 from fsdpkit.train.model.presets import get_preset, get_recipe, match_preset
 from fsdpkit.train.sections import (
     VALIDATION_SHARE,
@@ -497,6 +496,9 @@ def validate(cfg: TrainConfig) -> None:
         raise UserError("float8: needs an NVIDIA GPU (Ada, Hopper or newer); it cannot run with --device cpu")
     if (cfg.checkpoint.every_steps or cfg.checkpoint.every_seconds) and not cfg.checkpoint.checkpoint_dir:
         raise UserError("checkpoint_every: needs --checkpoint-dir to know where checkpoints go")
+    if cfg.checkpoint.tiered and not cfg.checkpoint.checkpoint_dir:
+        raise UserError("tiered: needs --checkpoint-dir, the durable tier (where the last step and every "
+                        "durable_every-th checkpoint go)")
 
 
 def _validate_shape(m: ModelConfig) -> None:

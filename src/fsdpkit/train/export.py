@@ -17,9 +17,9 @@ from fsdpkit.errors import UserError
 from fsdpkit.train.checkpoint import catalog, checkpointer
 from fsdpkit.train.data.tokenizers import HFTokenizer, get_tokenizer
 from fsdpkit.train.evaluate import PROVENANCE
-from fsdpkit.train.model.config import ModelConfig, RopeScaling
+from fsdpkit.train.model.config import LoraShape, ModelConfig, RopeScaling
 from fsdpkit.train.model.hf import check_out_dir, load_hf_into, save_hf, save_peft
-from fsdpkit.train.model.lora import LoraShape, adapter_tensors, add_adapters, is_adapter, merge_adapters
+from fsdpkit.train.model.lora import adapter_tensors, add_adapters, is_adapter, merge_adapters
 from fsdpkit.train.model.transformer import Transformer
 
 log = logging.getLogger(__name__)

@@ -226,6 +226,13 @@ class CheckpointConfig(Settings):
         "without --dataset and --tokenizer a resume continues on the checkpoint's)")
     keep_last: Int = option(3, "complete checkpoints to keep (0: all)", ge=0)
     async_checkpoint: Bool = option(False, "write checkpoints in the background while training continues")
+    tiered: Bool = option(
+        False, "SageMaker HyperPod's managed tiered checkpointing (pip install 'fsdpkit[tiered]'): periodic saves "
+        "and the save on SIGTERM go to the cluster's in-memory store in seconds; every durable_every-th save and "
+        "the last step also go to checkpoint_dir. Without the package, every save goes to checkpoint_dir",
+        aliases=("tiered_checkpoint",))
+    durable_every: Int = option(4, "with tiered: every Nth checkpoint also goes to checkpoint_dir (the durable "
+                                "tier; the last step always does)", ge=1)
     init_from_hf: Str | None = option(None, "start from Hugging Face weights: a local directory with config.json "
                                       "and safetensors (its config replaces the preset)")
 

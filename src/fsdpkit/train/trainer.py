@@ -25,6 +25,7 @@ from fsdpkit import yamlfile
 from fsdpkit.envelope import show_diagnostics
 from fsdpkit.errors import UserError
 from fsdpkit.train.checkpoint import checkpointer
+from fsdpkit.train.checkpoint.tiered import SCHEME, MemoryTier
 from fsdpkit.train.config import REPLAY_HEAD, TrainConfig, resume_target
 from fsdpkit.train.data import BatchStream, Prefetcher
 from fsdpkit.train.data.pipeline import data_pipeline
@@ -32,7 +33,7 @@ from fsdpkit.train.model.config import count_params
 from fsdpkit.train.model.flops import flops_per_token
 from fsdpkit.train.model.hf import check_weights, load_hf_into
 from fsdpkit.train.model.transformer import Transformer
-from fsdpkit.train.observe.log_lines import node_line
+from fsdpkit.train.observe.log_lines import DONE, NOTHING_TO_DO, STOPPED, node_line, on_node
 from fsdpkit.train.observe.metrics import (
     MetricsWriter,
     StepStats,
@@ -47,6 +48,7 @@ from fsdpkit.train.observe.metrics import (
 )
 from fsdpkit.train.observe.records import attempts, read_rows, surviving
 from fsdpkit.train.observe.trackers import open_trackers
+from fsdpkit.train.observe.trainjob_status import TrainJobStatusSink
 from fsdpkit.train.optim import build_optimizer, clipped_step, lr_at, set_lr
 from fsdpkit.train.parallel import network
 from fsdpkit.train.parallel.shard import autocast, build_model, compute_dtype, describe_mesh
@@ -195,10 +197,19 @@ class Run:
     saved_at: int | None = None
     saved_clock: float = field(default_factory=time.monotonic)  # when the last checkpoint (or the run) began
     start_step: int = 0  # where this start of the run began (resumed at)
+    saves: int = 0       # checkpoints this start of the run has written (every durable_every-th is durable)
 
     def say(self, line: str) -> None:
         if self.writer:
             self.writer.print(line)
+
+    def say_on_every_node(self, line: str) -> None:
+        """Rank 0 says `line`; the first process of every other node too, marked with its node
+        (HyperPod's agent reads each node's own log for the run's end)."""
+        if self.writer:
+            self.writer.print(line)
+        elif self.rt.local_rank == 0:
+            print(on_node(line, self.rt.rank // self.rt.local_world_size), flush=True)
 
     def bad_records(self) -> int:
         """Records skipped as bad so far, each once (sources without such records count 0)."""
@@ -235,9 +246,11 @@ def _run(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path) -> TrainResult:
     if cfg.parallel.keep_host_memory:
         keep_freed_memory()
     reset_peak_memory(rt.device)  # the memory figure is this run's, not the imports'
-    state = _start_state(cfg, rt)
+    ck = cfg.checkpoint
+    tier = MemoryTier.open(Path(ck.checkpoint_dir), rt) if ck.tiered and ck.checkpoint_dir else None
+    state = _start_state(cfg, rt, tier)
     with contextlib.ExitStack() as stack:
-        run = _open_run(cfg, rt, run_dir, state, stack)
+        run = _open_run(cfg, rt, run_dir, state, stack, tier)
         window = Window.on(rt.device)
         state.model.train()
         for step in range(state.step, cfg.optim.max_steps):
@@ -258,16 +271,16 @@ def _run(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path) -> TrainResult:
     return run.result
 
 
-def _start_state(cfg: TrainConfig, rt: dist.Runtime) -> TrainState:
+def _start_state(cfg: TrainConfig, rt: dist.Runtime, tier: MemoryTier | None = None) -> TrainState:
     """The model (from Hugging Face weights if asked), its optimizer, and the newest checkpoint's
-    state when resuming."""
+    state when resuming (the memory tier's, where it is newer)."""
     model = build_model(cfg.shape, cfg.parallel, cfg.data.seq_len, cfg.seed, rt, cfg.lora_shape)
     if cfg.checkpoint.init_from_hf:
         load_hf_into(model, Path(cfg.checkpoint.init_from_hf), cfg.shape)
         log.info(f"fsdpkit: initialised from Hugging Face weights in {cfg.checkpoint.init_from_hf}")
     state = TrainState(model, build_optimizer(model, cfg.optim))
     if resume_from := resume_target(cfg):
-        found = checkpointer.resume(resume_from, model, state.optimizer, model_shape_of(cfg), rt)
+        found = checkpointer.resume(resume_from, model, state.optimizer, model_shape_of(cfg), rt, tier)
         if found is None:
             log.info(f"fsdpkit: no complete checkpoint in {resume_from}; starting from step 0")
         else:
@@ -301,7 +314,7 @@ def _carry_data_position(meta: dict[str, Any], cfg: TrainConfig, world_size: int
 
 
 def _open_run(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path, state: TrainState,
-              stack: contextlib.ExitStack) -> Run:
+              stack: contextlib.ExitStack, tier: MemoryTier | None = None) -> Run:
     """Data, validation, performance figures, sinks and the checkpointer of this start of the run."""
     d = cfg.data
     pipe = data_pipeline(d, cfg.seed, d.train_split, verbose=rt.is_main)
@@ -335,7 +348,7 @@ def _open_run(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path, state: TrainSta
     stack.callback(run.stop.close)
     if ck_dir := cfg.checkpoint.checkpoint_dir:
         ck = cfg.checkpoint
-        run.checkpointer = checkpointer.Checkpointer(Path(ck_dir), rt, ck.keep_last, ck.async_checkpoint)
+        run.checkpointer = checkpointer.Checkpointer(Path(ck_dir), rt, ck.keep_last, ck.async_checkpoint, tier)
     return run
 
 
@@ -354,6 +367,8 @@ def _open_sinks(run: Run, state: TrainState, stack: contextlib.ExitStack) -> Non
     tb_dir = Path(lg.tensorboard_dir) if lg.tensorboard_dir else run_dir / "tensorboard"
     show_bar = lg.progress == "on" or (lg.progress == "auto" and sys.stderr.isatty())
     trackers = open_trackers(lg.trackers, run_dir, lg.tracker_project, record, state.attempt)
+    if status := TrainJobStatusSink.from_env(cfg.optim.max_steps):  # in a TrainJob whose controller asks for it
+        trackers.append(status)
     writer = run.writer = MetricsWriter(run_dir, tb_dir if lg.tensorboard else None, show_bar, cfg.optim.max_steps,
                                         state.attempt, trackers)
     # The sinks are told whether the run ended well (an exception leaves through here too).
@@ -428,14 +443,17 @@ def _after_step(run: Run, state: TrainState, window: Window, lr: float, grad_nor
     # With a checkpoint directory the last step is always saved, on checkpoint_every or not.
     due = (ck.every_steps and n % ck.every_steps == 0) or time_due or last
     if run.checkpointer and (due or stopping):
-        _save(run, state)
+        # With a memory tier (checkpoint.tiered) the stop's save goes there, the last step and every
+        # durable_every-th save to shared storage; without one, every save does.
+        run.saves += 1
+        _save(run, state, durable=last or (not stopping and run.saves % ck.durable_every == 0))
         window.restart_clock()
     if stopping:
         if run.checkpointer:
             run.checkpointer.wait()
         run.result.stopped_by_signal = True
         saved = "checkpoint saved" if ck.checkpoint_dir else "no --checkpoint-dir, nothing saved"
-        run.say(f"fsdpkit: stopping at step {n} on SIGTERM ({saved})")
+        run.say_on_every_node(f"{STOPPED.format(step=n)} ({saved})")
     return stopping
 
 
@@ -470,14 +488,15 @@ def _log_window(run: Run, window: Window, lr: float, grad_norm: torch.Tensor, n:
     window.reset()
 
 
-def _save(run: Run, state: TrainState) -> None:
+def _save(run: Run, state: TrainState, durable: bool = True) -> None:
     cfg = run.cfg
     meta = {"samples": state.samples, "model": model_shape_of(cfg), "preset": cfg.preset,
             "loss": run.result.losses[-1][1] if run.result.losses else None, "config": cfg.record(run.run_dir)}
     assert run.checkpointer is not None  # saving is asked only of a run with a checkpoint directory
-    path = run.checkpointer.save(state.step, state.model, state.optimizer, meta)
+    path = run.checkpointer.save(state.step, state.model, state.optimizer, meta, durable)
     run.saved_at, run.saved_clock = state.step, time.monotonic()
-    how = "writing in the background" if cfg.checkpoint.async_checkpoint else "saved"
+    background = cfg.checkpoint.async_checkpoint and not str(path).startswith(SCHEME)
+    how = "writing in the background" if background else "saved"
     run.say(f"fsdpkit: checkpoint {path} {how}")
 
 
@@ -485,6 +504,8 @@ def _finish(run: Run, state: TrainState) -> None:
     """summary.json from the whole run's record (earlier attempts included, what survived of them)
     and the closing line."""
     if not run.writer:
+        if not run.result.stopped_by_signal:
+            run.say_on_every_node(DONE.format(steps=run.result.steps) if run.result.losses else NOTHING_TO_DO)
         return
     run.writer.flush()
     rows = read_rows(run.run_dir / "metrics.jsonl")
@@ -504,7 +525,7 @@ def _finish(run: Run, state: TrainState) -> None:
     if run.result.stopped_by_signal:
         return  # said when it stopped, with the checkpoint it saved
     if run.result.losses:
-        run.say(f"fsdpkit: done after {run.result.steps} steps; loss {summary['first_loss']:.4f} -> "
+        run.say(f"{DONE.format(steps=run.result.steps)}; loss {summary['first_loss']:.4f} -> "
                 f"{summary['final_loss']:.4f}; metrics in {run.run_dir / 'metrics.jsonl'}")
     else:  # resumed at (or past) max_steps: a resubmitted job that had already finished
-        run.say(f"fsdpkit: nothing to do: already at step {run.result.steps} of {run.cfg.optim.max_steps}")
+        run.say(f"{NOTHING_TO_DO}: already at step {run.result.steps} of {run.cfg.optim.max_steps}")

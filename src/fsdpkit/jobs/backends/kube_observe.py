@@ -16,7 +16,7 @@ from fsdpkit.jobs import manifests
 from fsdpkit.jobs.backends.kube_api import KINDS, KubeAPI, log
 from fsdpkit.jobs.health import log_progress, network_verdict, pod_findings, pod_summary, step_time
 from fsdpkit.jobs.manifests import ATTEMPT
-from fsdpkit.jobs.status import JobStatus, state_from_conditions, trainjob_state
+from fsdpkit.jobs.status import JobStatus, state_from_conditions, trainer_progress, trainjob_state
 from fsdpkit.jobs.utilisation import WatchHistory, asks_for_efa, efa_flat, parse_sample, sample_script, stragglers
 from fsdpkit.polling import poll_until
 
@@ -46,6 +46,7 @@ class KubeObserver(KubeAPI):
             replicas=replicas, conditions=conditions,
             details={"kind": kind, "startTime": status.get("startTime"),
                      "completionTime": status.get("completionTime")},
+            progress=trainer_progress(status) if kind == "TrainJob" else None,
         )
 
     def status(self, name: str) -> JobStatus:

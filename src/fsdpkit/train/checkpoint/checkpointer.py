@@ -47,6 +47,7 @@ from fsdpkit.train.checkpoint.catalog import (
     read_meta,
     resolve,
 )
+from fsdpkit.train.checkpoint.tiered import MemoryTier
 from fsdpkit.train.model.config import ModelConfig
 from fsdpkit.train.runtime.dist import Runtime
 from fsdpkit.train.runtime.faults import maybe_fail
@@ -152,8 +153,10 @@ class Checkpointer:
     collectives.
     """
 
-    def __init__(self, directory: Path, rt: Runtime, keep_last: int = 0, async_mode: bool = False):
+    def __init__(self, directory: Path, rt: Runtime, keep_last: int = 0, async_mode: bool = False,
+                 tier: MemoryTier | None = None):
         self.directory, self.rt, self.keep_last, self.async_mode = directory, rt, keep_last, async_mode
+        self.tier = tier  # checkpoint.tiered: HyperPod's in-memory store before `directory`
         if rt.is_main and directory.is_dir():
             # Saves a killed attempt left half-written: nothing can complete them any more.
             for stale in directory.iterdir():
@@ -165,8 +168,16 @@ class Checkpointer:
         self.blocked_s = 0.0  # time training waited on checkpointing (what async shortens)
 
     def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-             meta: dict[str, Any]) -> Path:
+             meta: dict[str, Any], durable: bool = True) -> Path:
+        """Write step `step`; where it went. Not `durable`, with a memory tier: to the in-memory
+        store, or to `directory` where the store does not take it."""
         start = time.perf_counter()
+        if not durable and self.tier is not None:
+            state = {"model": trained_state(model),
+                     "optim": get_optimizer_state_dict(model, optimizer, options=TRAINED)}
+            if self.tier.save(step, state, meta):
+                self.blocked_s += time.perf_counter() - start
+                return Path(self.tier.where(step))
         self.wait()
         final = self.directory / f"step-{step:08d}"
         tmp = self.directory / f".step-{step:08d}.tmp"
@@ -282,10 +293,13 @@ def check_resumable(spec: str, model_shape: dict[str, Any]) -> CheckpointInfo | 
 
 
 def resume(spec: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, model_shape: dict[str, Any],
-           rt: Runtime) -> CheckpointInfo | None:
-    """Load the newest checkpoint that is whole. Given a checkpoint root, a damaged newest one is
+           rt: Runtime, tier: MemoryTier | None = None) -> CheckpointInfo | None:
+    """Load the newest checkpoint that is whole: from the memory tier where its newest is newer
+    than shared storage's, else from `spec`. Given a checkpoint root, a damaged newest one is
     reported, set aside and the next older one tried; a checkpoint named directly must load."""
     newest = check_resumable(spec, model_shape)
+    if tier is not None and (found := _resume_from_memory(tier, newest, model, optimizer, model_shape)):
+        return found
     if newest is None:
         return None
     if newest.path == Path(spec):
@@ -303,6 +317,23 @@ def resume(spec: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, 
         log.warning(f"checkpoint {info.path} is damaged ({problem}); set aside as {moved.name}, "
                     "trying the next older one")
     return None
+
+
+def _resume_from_memory(tier: MemoryTier, durable: CheckpointInfo | None, model: torch.nn.Module,
+                        optimizer: torch.optim.Optimizer, model_shape: dict[str, Any]) -> CheckpointInfo | None:
+    """The memory tier's newest checkpoint, loaded, where it is newer than shared storage's."""
+    step = tier.newest()
+    if step is None or (durable is not None and durable.step >= step):
+        return None
+    state: dict[str, Any] = {"model": trained_state(model),
+                             "optim": get_optimizer_state_dict(model, optimizer, options=TRAINED)}
+    info = tier.load(step, state)
+    if info is None:
+        return None
+    check_shape(info, model_shape)
+    set_model_state_dict(model, state["model"], options=TRAINED_LOAD)
+    set_optimizer_state_dict(model, optimizer, state["optim"], options=TRAINED_LOAD)
+    return info
 
 
 # Fields a checkpoint written before they existed does not record: it has their defaults.

@@ -20,6 +20,21 @@ class RopeScaling:
 
 
 @dataclass(frozen=True)
+class LoraShape:
+    """What a LoRA adapter set is (fsdpkit.train.model.lora): rank, scale numerator, dropout and
+    the projections it adapts."""
+
+    rank: int
+    alpha: float
+    dropout: float
+    targets: tuple[str, ...]
+
+    @property
+    def scale(self) -> float:
+        return self.alpha / self.rank
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     vocab_size: int
     dim: int

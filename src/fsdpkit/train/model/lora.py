@@ -9,25 +9,11 @@ optimizer state and checkpoints hold the adapters alone.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-
-@dataclass(frozen=True)
-class LoraShape:
-    """What an adapter set is: rank, scale numerator, dropout and the projections it adapts."""
-
-    rank: int
-    alpha: float
-    dropout: float
-    targets: tuple[str, ...]
-
-    @property
-    def scale(self) -> float:
-        return self.alpha / self.rank
+from fsdpkit.train.model.config import LoraShape
 
 
 class LoRALinear(nn.Linear):

@@ -20,7 +20,19 @@ STEP = re.compile(r"Batch (\d+) Loss: ")
 # The fields `job watch` reads: step, loss (finite or not) and tokens/s.
 PROGRESS = re.compile(r"Batch (\d+) Loss: ([\d.]+|nan|inf|-inf).*?tokens/s: (\d+)")
 
+# The trainer's last line on every node: it finished, it stopped on SIGTERM with its checkpoint
+# saved, or a resumed run had nothing left to do. HyperPod's rules stop watching at it (stopPattern).
+DONE = "fsdpkit: done after {steps} steps"
+STOPPED = "fsdpkit: stopping at step {step} on SIGTERM"
+NOTHING_TO_DO = "fsdpkit: nothing to do"
+FINAL = r"fsdpkit: (done after \d+ steps|stopping at step \d+ on SIGTERM|nothing to do)"
+
 
 def node_line(step: int, loss: float, node: int) -> str:
     """What the first process of a node other than rank 0's prints at each logging step."""
     return STEP_PREFIX.format(step=step, loss=loss) + f"node {node}"
+
+
+def on_node(line: str, node: int) -> str:
+    """A line of rank 0's as the first process of another node says it."""
+    return f"{line} (node {node})"

@@ -19,8 +19,8 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionP
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from fsdpkit.errors import UserError
-from fsdpkit.train.model.config import ModelConfig, loss_chunk_size
-from fsdpkit.train.model.lora import LoraShape, add_adapters
+from fsdpkit.train.model.config import LoraShape, ModelConfig, loss_chunk_size
+from fsdpkit.train.model.lora import add_adapters
 from fsdpkit.train.model.transformer import Transformer
 from fsdpkit.train.runtime.dist import Runtime
 from fsdpkit.train.sections import ParallelConfig
