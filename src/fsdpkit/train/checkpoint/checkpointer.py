@@ -70,6 +70,18 @@ def trained_state(model: torch.nn.Module) -> dict[str, Any]:
     return {k: v for k, v in get_model_state_dict(model, options=TRAINED).items() if k not in frozen}
 
 
+def training_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """What a checkpoint holds, as DCP saves and loads it in place: the trained parameters and
+    their optimizer state."""
+    return {"model": trained_state(model), "optim": get_optimizer_state_dict(model, optimizer, options=TRAINED)}
+
+
+def restore(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    """Put a loaded `training_state` back into the model and optimizer."""
+    set_model_state_dict(model, state["model"], options=TRAINED_LOAD)
+    set_optimizer_state_dict(model, optimizer, state["optim"], options=TRAINED_LOAD)
+
+
 def describe_error(e: BaseException) -> str:
     """The first line of the underlying error of a DCP failure (which wraps one per rank)."""
     failures = getattr(e, "failures", None)
@@ -172,12 +184,10 @@ class Checkpointer:
         """Write step `step`; where it went. Not `durable`, with a memory tier: to the in-memory
         store, or to `directory` where the store does not take it."""
         start = time.perf_counter()
-        if not durable and self.tier is not None:
-            state = {"model": trained_state(model),
-                     "optim": get_optimizer_state_dict(model, optimizer, options=TRAINED)}
-            if self.tier.save(step, state, meta):
-                self.blocked_s += time.perf_counter() - start
-                return Path(self.tier.where(step))
+        tier = None if durable else self.tier
+        if tier is not None and tier.save(step, training_state(model, optimizer), self._record(step, meta)):
+            self.blocked_s += time.perf_counter() - start
+            return Path(tier.where(step))
         self.wait()
         final = self.directory / f"step-{step:08d}"
         tmp = self.directory / f".step-{step:08d}.tmp"
@@ -185,7 +195,7 @@ class Checkpointer:
             self.directory.mkdir(parents=True, exist_ok=True)
             shutil.rmtree(tmp, ignore_errors=True)  # left by a crash during an earlier save
         _barrier(self.rt)
-        state = {"model": trained_state(model), "optim": get_optimizer_state_dict(model, optimizer, options=TRAINED)}
+        state = training_state(model, optimizer)
         needed = _tensor_bytes(state)
         with self._failing_as(step, needed):
             if self.async_mode:
@@ -221,12 +231,15 @@ class Checkpointer:
             future.result()
             self._complete(step, tmp, final, meta)
 
+    def _record(self, step: int, meta: dict[str, Any]) -> dict[str, Any]:
+        """A checkpoint's fsdpkit.json, in either tier."""
+        return {"step": step, "world_size": self.rt.world_size, **meta}
+
     def _complete(self, step: int, tmp: Path, final: Path, meta: dict[str, Any]) -> None:
         maybe_fail("save", step, self.rt.rank)
         _barrier(self.rt)
         if self.rt.is_main:
-            info = {"step": step, "world_size": self.rt.world_size, **meta}
-            (tmp / META).write_text(json.dumps(info, indent=2))
+            (tmp / META).write_text(json.dumps(self._record(step, meta), indent=2))
             if final.exists():
                 shutil.rmtree(final)
             tmp.rename(final)  # the completion marker: atomic on one file system
@@ -325,14 +338,12 @@ def _resume_from_memory(tier: MemoryTier, durable: CheckpointInfo | None, model:
     step = tier.newest()
     if step is None or (durable is not None and durable.step >= step):
         return None
-    state: dict[str, Any] = {"model": trained_state(model),
-                             "optim": get_optimizer_state_dict(model, optimizer, options=TRAINED)}
+    state = training_state(model, optimizer)
     info = tier.load(step, state)
     if info is None:
         return None
     check_shape(info, model_shape)
-    set_model_state_dict(model, state["model"], options=TRAINED_LOAD)
-    set_optimizer_state_dict(model, optimizer, state["optim"], options=TRAINED_LOAD)
+    restore(model, optimizer, state)
     return info
 
 
@@ -352,14 +363,12 @@ def check_shape(info: CheckpointInfo, model_shape: dict[str, Any]) -> None:
 def load(info: CheckpointInfo, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
          model_shape: dict[str, Any]) -> None:
     check_shape(info, model_shape)
-    state: dict[str, Any] = {"model": trained_state(model),
-                             "optim": get_optimizer_state_dict(model, optimizer, options=TRAINED)}
+    state = training_state(model, optimizer)
     try:
         dcp.load(state, checkpoint_id=str(info.path))
     except (Exception, CheckpointException) as e:  # DCP's own error is a BaseException
         raise DamagedCheckpoint(info.path, describe_error(e)) from None
-    set_model_state_dict(model, state["model"], options=TRAINED_LOAD)
-    set_optimizer_state_dict(model, optimizer, state["optim"], options=TRAINED_LOAD)
+    restore(model, optimizer, state)
 
 
 def prune(directory: Path, keep: int, rt: Runtime) -> None:

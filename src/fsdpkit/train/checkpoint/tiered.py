@@ -77,10 +77,10 @@ class MemoryTier:
         """Where a checkpoint of the tier is, as the run's lines name it (a Path too)."""
         return f"{SCHEME}{self.namespace}/step-{step:08d}"
 
-    def save(self, step: int, state: dict[str, Any], meta: dict[str, Any]) -> bool:
-        """Write `state` as step `step`; False (said once per outage) where the store did not take
-        it, so the caller writes it to shared storage instead."""
-        full = {**state, META_KEY: json.dumps({"step": step, "world_size": self.rt.world_size, **meta})}
+    def save(self, step: int, state: dict[str, Any], record: dict[str, Any]) -> bool:
+        """Write `state` as step `step`, with `record` (its fsdpkit.json); False (said once per
+        outage) where the store did not take it, so the caller writes it to shared storage instead."""
+        full = {**state, META_KEY: json.dumps(record)}
         try:
             dcp.save(full, storage_writer=self.writer_of(checkpoint_config=self.config, step=step))
         except (Exception, CheckpointException) as e:  # DCP's own error is a BaseException
