@@ -173,8 +173,9 @@ def block_activations(w: Workload) -> int:
         # Everything else, the fp32 norm work included, is recomputed in backward.
         q_width = m.n_heads * m.head_size
         return s * (5 * d + 4 * q_width + 3 * m.ffn_dim) * cb + s * (m.n_heads * 4 + 2 * 4)
-    # Each RMSNorm keeps its fp32 input and rstd, and unfused (CPU) also the normalised x.
-    norms = 2 * ((1 if w.fused_norm else 2) * s * d * 4 + s * 4)
+    # Each RMSNorm keeps its fp32 input and rstd, and unfused (CPU) also the normalised x for its
+    # weight's gradient, which a frozen (LoRA) weight does not have.
+    norms = 2 * ((1 if w.fused_norm or w.lora else 2) * s * d * 4 + s * 4)
     attn_in = s * d * cb                        # q/k/v projections share their input
     qkv = 3 * s * d * cb                        # q, and K/V repeated to every query head for SDPA
     attn_out = 2 * s * d * cb + s * m.n_heads * 4   # kernel output, o_proj's (reshaped) input; lse
@@ -201,8 +202,11 @@ def activations(w: Workload) -> int:
     L, per_block, checkpointed = w.model.n_layers, block_activations(w), checkpointed_blocks(w)
     block_input = w.tokens * w.model.dim * DTYPE_BYTES[w.compute]
     acts = checkpointed * block_input + (L - checkpointed) * per_block + recomputed_block(w)
-    # Final norm (fp32 input copy) and its output, which the head's chunks keep.
-    return acts + w.tokens * w.model.dim * (4 + DTYPE_BYTES[w.compute])
+    # Final norm (fp32 input copy) and its output, which the head's chunks keep; a frozen (LoRA)
+    # head that is not chunked needs no input for a gradient of its own.
+    unchunked = w.loss_chunk == 0 or w.loss_chunk >= w.tokens
+    output = 0 if w.lora and unchunked and not w.compiled else DTYPE_BYTES[w.compute]
+    return acts + w.tokens * w.model.dim * (4 + output)
 
 
 def fp32_copy(w: Workload) -> int:
