@@ -16,6 +16,8 @@ CODES = {
     "access_denied": "AWS, the cluster or Prometheus refused: a permission (IAM, RBAC) is missing",
     "unreachable": "AWS, the Kubernetes API or Prometheus could not be reached, or kept throttling",
     "conflict": "something of that name already exists",
+    "unconfirmed": "a command that deletes or changes what exists was not confirmed (--yes, or yes: true as a tool); "
+                   "nothing was changed",
     "timeout": "waited as long as asked; the work goes on",
     "failed": "the command ran and what it checked or ran failed; the findings are in data",
 }

@@ -115,6 +115,8 @@ def damaged_files(d: Path) -> None:
 
 # id -> (argv with {in} for the inputs folder, exit code, what the one line says)
 CASES = {
+    # the MCP server takes no arguments: a stray one is refused before it serves anything
+    "mcp-argument": (["mcp", "--port", "8080"], 2, "unrecognized arguments: --port 8080"),
     # train: values and flags
     "lr-nan": (["train", "--lr", "nan"], 2, "lr: expected a finite number, got 'nan'"),
     "lr-inf-nproc": (["train", "--nproc", "2", "--lr", "inf"], 2, "lr: expected a finite number"),

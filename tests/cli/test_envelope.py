@@ -88,7 +88,7 @@ def test_error_codes_are_one_fixed_documented_set():
     from fsdpkit.errors import CODES
 
     assert set(CODES) == {"bad_input", "not_found", "no_credentials", "access_denied", "unreachable", "conflict",
-                          "timeout", "failed"}
+                          "unconfirmed", "timeout", "failed"}
     reference = (ROOT / "docs" / "reference.md").read_text()
     assert all(f"`{code}`" in reference for code in CODES)
 

@@ -113,6 +113,7 @@ NEEDS = [
     (r"allenai/", "the Hugging Face hub"),
     (r"--tasks (hellaswag|arc_)", "the Hugging Face hub (the harness's task data)"),
     (r"^fsdpkit metrics\b", "a Prometheus with the cluster's GPU series"),
+    (r"^fsdpkit mcp\b", "an MCP client on its stdin (tests/cli/test_mcp.py drives it with the SDK's)"),
 ]
 
 

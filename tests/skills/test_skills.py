@@ -1,13 +1,16 @@
-"""The agent skills parse, cover each capability, and install where OpenCode and Claude Code look."""
+"""The agent skills parse, cover each capability, and install where Claude Code, OpenCode, Cursor and
+VS Code look, with fsdpkit's MCP server in each agent's configuration."""
 
 from __future__ import annotations
 
 import json
 import re
 
+import pytest
+
 from fsdpkit.skills import available
 
-from conftest import run_cli
+from conftest import require, run_cli
 
 CAPABILITIES = {"train-locally", "fine-tune", "build-image", "test-image", "push-image", "check-cluster",
                 "validate-nccl-efa", "deploy-job", "watch-job", "checkpoints", "ray", "hyperpod", "infra",
@@ -56,3 +59,56 @@ def test_install_into_an_unwritable_place_is_one_line(tmp_path):
     r = run_cli("skills", "install", "--dir", str(blocker / "skills"), "--json")
     assert r.returncode == 2
     assert json.loads(r.stdout)["error"]["code"] == "bad_input"
+
+
+AGENTS = {  # target: (skills folder, MCP file, key of the servers, the entry's command as the agent reads it)
+    "claude": (".claude/skills", ".mcp.json", "mcpServers", lambda e: [e["command"], *e["args"]]),
+    "opencode": ("home/.config/opencode/skills", "home/.config/opencode/opencode.json", "mcp", lambda e: e["command"]),
+    "cursor": (".cursor/skills", ".cursor/mcp.json", "mcpServers", lambda e: [e["command"], *e["args"]]),
+    "vscode": (".github/skills", ".vscode/mcp.json", "servers", lambda e: [e["command"], *e["args"]]),
+}
+
+
+@pytest.mark.parametrize("target", sorted(AGENTS))
+def test_install_registers_the_mcp_server_keeping_the_agents_other_servers(tmp_path, target):
+    mcp = require("mcp")
+    anyio = require("anyio")
+    skills_dir, config_file, key, command_of = AGENTS[target]
+    project = tmp_path / "project"
+    project.mkdir()
+    config = (project if not config_file.startswith("home/") else tmp_path) / config_file
+    config.parent.mkdir(parents=True, exist_ok=True)
+    other = {"command": "other-server", "args": ["--stdio"]}
+    config.write_text(json.dumps({"theme": "dark", key: {"other": other}}))
+    env = {"HOME": str(tmp_path / "home")}
+    r = run_cli("skills", "install", "--target", target, "--json", env=env, cwd=project)
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)["data"]
+    assert data["mcp"]["path"] == str(config) and data["mcp"]["state"] == "updated"
+    assert len(list(((tmp_path if skills_dir.startswith("home/") else project) / skills_dir).glob("*/SKILL.md"))) \
+        == len(available())
+    written = json.loads(config.read_text())
+    assert written["theme"] == "dark" and written[key]["other"] == other   # nothing of the user's lost
+    entry = written[key]["fsdpkit"]
+    again = json.loads(run_cli("skills", "install", "--target", target, "--json", env=env, cwd=project).stdout)
+    assert again["data"]["mcp"]["state"] == "unchanged"
+
+    # The entry starts a server, as the agent would from the project: the SDK's client lists its tools.
+    command = command_of(entry)
+    params = mcp.StdioServerParameters(command=command[0], args=command[1:], cwd=str(project))
+
+    async def listed():
+        async with mcp.Client(params) as client:
+            return {t.name for t in (await client.list_tools()).tools}
+
+    assert {"job_submit", "plan", "train"} <= anyio.run(listed)
+
+
+def test_a_config_that_is_not_json_is_refused_before_anything_is_written(tmp_path):
+    (tmp_path / ".mcp.json").write_text("{ // a comment\n}")
+    r = run_cli("skills", "install", "--json", cwd=tmp_path)
+    assert r.returncode == 2 and json.loads(r.stdout)["error"]["code"] == "bad_input"
+    assert "--no-mcp" in json.loads(r.stdout)["error"]["message"]
+    assert not (tmp_path / ".claude").exists() and (tmp_path / ".mcp.json").read_text() == "{ // a comment\n}"
+    r = run_cli("skills", "install", "--no-mcp", "--json", cwd=tmp_path)
+    assert r.returncode == 0 and json.loads(r.stdout)["data"]["mcp"] is None and (tmp_path / ".claude").is_dir()

@@ -29,7 +29,7 @@ def confirmed(args: argparse.Namespace, what: str, question: str) -> bool:
     if getattr(args, "yes", False):
         return True
     if getattr(args, "json", False) or not sys.stdin.isatty():
-        raise UserError(f"delete: removes {what}; add --yes to confirm")
+        raise UserError(f"delete: removes {what}; add --yes to confirm", code="unconfirmed")
     if input(f"{question} [y/N] ").strip().lower() in ("y", "yes"):
         return True
     print("nothing deleted")

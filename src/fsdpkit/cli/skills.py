@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from fsdpkit.cli.output import Parser, dispatch, emit_json
 
@@ -19,27 +20,40 @@ def list_(args: argparse.Namespace) -> int:
 
 
 def install_(args: argparse.Namespace) -> int:
-    from fsdpkit.skills import install
+    from fsdpkit.skills import install, mcp_config, register_mcp
 
+    # The server as this environment runs it: no PATH needed, and the agent gets this fsdpkit.
+    command = [sys.executable, "-m", "fsdpkit", "mcp"]
+    if not args.no_mcp:
+        mcp_config(args.target, command)  # a config it cannot update is refused before anything is written
     base, done = install(args.target, args.dir)
+    mcp = None if args.no_mcp else register_mcp(args.target, command)
     if args.json:
-        return emit_json({"target": args.target, "dir": str(base), "skills": done})
+        return emit_json({"target": args.target, "dir": str(base), "skills": done, "mcp": mcp})
     for d in done:
         print(f"{d['state']:10} {d['path']}")
     print(f"{len(done)} skills in {base} for {args.target}")
+    if mcp:
+        print(f"{mcp['state']:10} {mcp['path']}: MCP server {mcp['server']!r} ({' '.join(command)})")
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(prog="fsdpkit skills", description="Skills (SKILL.md) for AI coding agents: OpenCode, Claude Code.")
+    parser = Parser(prog="fsdpkit skills", description="Skills (SKILL.md) for AI coding agents (Claude Code, OpenCode, "
+                    "Cursor, VS Code), and fsdpkit's MCP server in each agent's configuration.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     p = sub.add_parser("list", help="the skills fsdpkit ships")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=list_)
-    p = sub.add_parser("install", help="copy the skills where an agent reads them")
-    p.add_argument("--target", choices=("claude", "opencode"), default="claude",
-                   help="claude: ./.claude/skills (this project); opencode: ~/.config/opencode/skills")
-    p.add_argument("--dir", help="install into this folder instead (DIR/<skill>/SKILL.md)")
+    p = sub.add_parser("install", help="copy the skills where an agent reads them and register `fsdpkit mcp` as "
+                       "its MCP server")
+    p.add_argument("--target", choices=("claude", "opencode", "cursor", "vscode"), default="claude",
+                   help="claude: ./.claude/skills and ./.mcp.json (this project); opencode: "
+                        "~/.config/opencode/skills and opencode.json there; cursor: ./.cursor/skills and "
+                        "./.cursor/mcp.json; vscode: ./.github/skills and ./.vscode/mcp.json")
+    p.add_argument("--dir", help="install the skills into this folder instead (DIR/<skill>/SKILL.md)")
+    p.add_argument("--no-mcp", action="store_true", help="the skills only: leave the agent's MCP configuration "
+                   "alone")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=install_)
     return parser

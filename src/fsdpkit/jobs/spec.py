@@ -46,7 +46,7 @@ _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|Pi|Ei|M|G|T|P|E)?$")
 _TOKEN_SHAPED = re.compile(r"^(hf_[A-Za-z0-9]{20,}|(AKIA|ASIA)[A-Z0-9]{16}|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_"
                            r"|sk-|xox[abp]-)")
 # Environment names that carry credentials: their values must come from a Secret reference.
-_SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|API_KEY|ACCESS_KEY|PRIVATE_KEY)", re.I)
+SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|API_KEY|ACCESS_KEY|PRIVATE_KEY)", re.I)
 
 
 class Storage(Settings):
@@ -485,7 +485,7 @@ def _validate_storage(spec: JobSpec) -> None:
 def _validate_environment(spec: JobSpec) -> None:
     """Variables, secrets and the command: no secret value or token is ever written into the spec."""
     for key, value in spec.env.items():
-        if _SECRET_NAME.search(key) and value:
+        if SECRET_NAME.search(key) and value:
             raise UserError(f"env.{key}: looks like a secret and must not be written into the spec; reference a "
                             f"Kubernetes Secret instead (secrets: [{{env: {key}, secret: NAME, key: KEY}}]) or "
                             "use hf_token_env for the Hugging Face token")

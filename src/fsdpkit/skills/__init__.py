@@ -1,12 +1,17 @@
-"""SKILL.md files that let AI coding agents (OpenCode, Claude Code) drive fsdpkit through its CLI.
+"""SKILL.md files that let AI coding agents (Claude Code, OpenCode, Cursor, VS Code) drive fsdpkit
+through its CLI, and the MCP server entry that gives the same agents its commands as tools.
 
 Each skill is `data/<name>/SKILL.md`: YAML front matter (name, description), when to use it, the
 exact commands with `--json`, how to read the result, common failures. Skills hold no logic; they
-only call the CLI. `install` copies them into the folder each agent reads skills from.
+only call the CLI. `install` copies them into the folder each agent reads skills from;
+`register_mcp` adds `fsdpkit mcp` to the agent's MCP configuration, keeping what else it holds.
 """
 
 from __future__ import annotations
 
+import json
+import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -16,11 +21,36 @@ import yaml
 
 from fsdpkit.errors import UserError
 
-# Where each agent looks for skills: <dir>/<skill name>/SKILL.md.
+
+def _mcp_servers(command: list[str]) -> dict[str, Any]:
+    return {"type": "stdio", "command": command[0], "args": command[1:]}
+
+
+@dataclass(frozen=True)
+class Agent:
+    """Where an agent reads skills (<skills>/<skill name>/SKILL.md) and its MCP servers (the JSON
+    file, the key that maps server names to entries, and an entry in its format). Relative paths
+    are the project's: the current directory."""
+
+    skills: Path
+    mcp_file: Path
+    mcp_key: str
+    entry: Callable[[list[str]], dict[str, Any]]
+
+
 TARGETS = {
-    "claude": Path(".claude") / "skills",  # Claude Code, per project (relative to the current directory)
-    "opencode": Path("~/.config/opencode/skills"),  # OpenCode, per user
+    # Claude Code: the project's skills and its .mcp.json.
+    "claude": Agent(Path(".claude/skills"), Path(".mcp.json"), "mcpServers", _mcp_servers),
+    # OpenCode: per user; a local server's command is one list.
+    "opencode": Agent(Path("~/.config/opencode/skills"), Path("~/.config/opencode/opencode.json"), "mcp",
+                      lambda command: {"type": "local", "command": command, "enabled": True}),
+    # Cursor: the project's .cursor folder.
+    "cursor": Agent(Path(".cursor/skills"), Path(".cursor/mcp.json"), "mcpServers",
+                    lambda command: {"command": command[0], "args": command[1:]}),
+    # VS Code (Copilot): the project's .github/skills and .vscode/mcp.json.
+    "vscode": Agent(Path(".github/skills"), Path(".vscode/mcp.json"), "servers", _mcp_servers),
 }
+SERVER_NAME = "fsdpkit"
 
 
 @dataclass(frozen=True)
@@ -46,16 +76,59 @@ def available() -> list[Skill]:
                   key=lambda s: s.name)
 
 
-def install(target: str, directory: str | None = None) -> tuple[Path, list[dict[str, Any]]]:
-    """Copy every skill to DIR/<name>/SKILL.md (DIR: the target's usual folder unless given)."""
+def agent(target: str) -> Agent:
     if target not in TARGETS:
         raise UserError(f"target: {target!r} is not known; choose one of: {', '.join(TARGETS)}")
-    base = Path(directory or TARGETS[target]).expanduser().absolute()
+    return TARGETS[target]
+
+
+def _state(path: Path, text: str) -> str:
+    return "unchanged" if path.is_file() and path.read_text() == text else (
+        "updated" if path.is_file() else "installed")
+
+
+def mcp_config(target: str, command: list[str]) -> tuple[Path, dict[str, Any]]:
+    """The agent's MCP configuration with fsdpkit's server in it, every other entry kept; refused
+    (nothing written) when the file is there but is not a JSON object."""
+    where = agent(target)
+    path = where.mcp_file.expanduser().absolute()
+    config: Any = {}
+    if path.is_file():
+        try:
+            config = json.loads(path.read_text())
+        except ValueError as e:
+            raise UserError(f"{path}: not JSON ({e}); fix it, or install with --no-mcp and add the server by "
+                            f"hand: {' '.join(command)}") from None
+    servers = config.get(where.mcp_key) if isinstance(config, dict) else None
+    if not isinstance(config, dict) or not isinstance(servers, dict | None):
+        raise UserError(f"{path}: expected an object with {where.mcp_key!r} mapping names to servers; fix it, or "
+                        f"install with --no-mcp")
+    return path, {**config, where.mcp_key: {**(servers or {}), SERVER_NAME: where.entry(command)}}
+
+
+def register_mcp(target: str, command: list[str]) -> dict[str, Any]:
+    """Write the agent's MCP configuration with fsdpkit's server (replaced whole, through a
+    temporary file, so an agent never reads half a file)."""
+    path, config = mcp_config(target, command)
+    text = json.dumps(config, indent=2) + "\n"
+    state = _state(path, text)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.fsdpkit-tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError as e:
+        raise UserError(f"cannot write {path}: {e.strerror}; install with --no-mcp, or fix its folder") from None
+    return {"path": str(path), "state": state, "server": SERVER_NAME, "command": command}
+
+
+def install(target: str, directory: str | None = None) -> tuple[Path, list[dict[str, Any]]]:
+    """Copy every skill to DIR/<name>/SKILL.md (DIR: the target's usual folder unless given)."""
+    base = Path(directory or agent(target).skills).expanduser().absolute()
     done = []
     for skill in available():
         path = base / skill.name / "SKILL.md"
-        state = "unchanged" if path.is_file() and path.read_text() == skill.text else (
-            "updated" if path.is_file() else "installed")
+        state = _state(path, skill.text)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(skill.text)

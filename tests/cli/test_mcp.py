@@ -1,0 +1,211 @@
+"""`fsdpkit mcp` driven by the MCP SDK's own client over stdio, as an agent's MCP host starts it:
+the tools it lists carry the CLI's schemas, the 8B on 4 x p5 path (job init, plan, job submit
+--dry-run) gives the CLI's own envelopes and files, a destructive call nobody confirmed is refused
+with nothing deleted, errors carry code and hint, a long call reports progress, a cancelled one
+stops its process (so does a host that dies), and a secret in the server's environment never comes
+back."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from fsdpkit.cli.tools import tools
+
+from conftest import processes_naming, require, run_cli
+
+anyio = require("anyio")
+mcp = require("mcp")
+
+IMAGE = "123456789012.dkr.ecr.us-west-2.amazonaws.com/fsdpkit:v1"
+INIT = {"backend": "trainjob", "instance_type": "p5.48xlarge", "nodes": "4", "preset": "llama3_1_8b",
+        "storage_claim": "fsx-claim", "image": IMAGE, "out": "job.yaml"}
+INIT_ARGV = ["job", "init", "--backend", "trainjob", "--instance-type", "p5.48xlarge", "--nodes", "4", "--preset",
+             "llama3_1_8b", "--storage-claim", "fsx-claim", "--image", IMAGE, "--out", "job.yaml", "--json"]
+
+
+def with_server(cwd: Path, body: Callable[[Any], Awaitable[Any]], env: dict[str, str] | None = None,
+                mode: str = "auto") -> Any:
+    """Run `body(client)` against `python -m fsdpkit mcp` started in `cwd` by the SDK's stdio client."""
+    params = mcp.StdioServerParameters(command=sys.executable, args=["-m", "fsdpkit", "mcp"], cwd=str(cwd),
+                                       env={**os.environ, **(env or {})})
+
+    async def main() -> Any:
+        async with mcp.Client(params, read_timeout_seconds=300, mode=mode) as client:
+            return await body(client)
+
+    return anyio.run(main)
+
+
+def envelope(result: Any) -> dict[str, Any]:
+    """The structured result, which the text content carries too."""
+    assert json.loads(result.content[0].text) == result.structured_content
+    assert result.is_error == (not result.structured_content["ok"])
+    return result.structured_content
+
+
+def cli(cwd: Path, *argv: str) -> dict[str, Any]:
+    r = run_cli(*argv, cwd=cwd)
+    return json.loads(r.stdout)
+
+
+def test_tools_carry_the_cli_schemas_and_the_8b_path_returns_what_the_cli_does(tmp_path):
+    by_agent, by_hand = tmp_path / "agent", tmp_path / "cli"
+    by_agent.mkdir()
+    by_hand.mkdir()
+
+    async def drive(client):
+        listed = (await client.list_tools()).tools
+        calls = [await client.call_tool("job_init", INIT),
+                 await client.call_tool("plan", {"spec": "job.yaml"}),
+                 await client.call_tool("job_submit", {"spec": "job.yaml", "dry_run": True})]
+        return listed, [envelope(c) for c in calls]
+
+    listed, (init, plan, submit) = with_server(by_agent, drive)
+    catalogue = {t.name: t for t in tools()}
+    assert {t.name for t in listed} == set(catalogue)
+    for t in listed:
+        assert t.input_schema == catalogue[t.name].schema(), t.name
+    annotations = {t.name: t.annotations for t in listed}
+    assert annotations["job_delete"].destructive_hint and annotations["plan"].read_only_hint
+    assert not annotations["job_init"].destructive_hint
+
+    assert init == cli(by_hand, *INIT_ARGV) and init["ok"]
+    assert (by_agent / "job.yaml").read_bytes() == (by_hand / "job.yaml").read_bytes()
+    assert plan == cli(by_hand, "plan", "job.yaml", "--json") and plan["data"]["nodes"] == 4
+    assert plan["data"]["model"] == "llama3_1_8b" and plan["data"]["instance_type"] == "p5.48xlarge"
+    assert submit == cli(by_hand, "job", "submit", "job.yaml", "--dry-run", "--json") and submit["ok"]
+    assert [m["kind"] for m in submit["data"]["manifests"]] == ["TrainJob"]
+
+
+def test_a_client_of_the_handshake_era_gets_the_same_tools_and_envelopes(tmp_path):
+    """Agents' hosts that still open with `initialize` (protocol 2025-11-25 and before)."""
+    async def drive(client):
+        listed = (await client.list_tools()).tools
+        return client.protocol_version, listed, envelope(await client.call_tool("presets", {}))
+
+    version, listed, presets = with_server(tmp_path, drive, mode="legacy")
+    assert version < "2026" and {t.name: t.input_schema for t in listed} == {t.name: t.schema() for t in tools()}
+    assert presets == cli(tmp_path, "presets", "--json") and presets["ok"]
+
+
+def fabricate_checkpoints(root: Path) -> dict[Path, bytes]:
+    for step in (10, 20):
+        d = root / f"step-{step:08d}"
+        d.mkdir(parents=True)
+        (d / "fsdpkit.json").write_text(json.dumps({"step": step, "world_size": 1, "loss": 3.0}))
+        (d / "__0_0.distcp").write_bytes(b"x" * 1000)
+    return {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def test_a_destructive_call_without_consent_is_refused_and_errors_carry_code_and_hint(tmp_path):
+    root = tmp_path / "ckpt"
+    before = fabricate_checkpoints(root)
+
+    async def drive(client):
+        refused = envelope(await client.call_tool("ckpt_prune", {"directory": str(root), "keep": 1}))
+        after_refusal = {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
+        dry = envelope(await client.call_tool("ckpt_prune", {"directory": str(root), "keep": 1, "dry_run": True}))
+        bad = envelope(await client.call_tool("ckpt_prune", {"directory": str(root), "keep": -1, "yes": True}))
+        unknown = envelope(await client.call_tool("job_explode", {}))
+        conflict = [envelope(await client.call_tool("job_init", INIT)) for _ in range(2)][1]
+        done = envelope(await client.call_tool("ckpt_prune", {"directory": str(root), "keep": 1, "yes": True}))
+        return refused, after_refusal, dry, bad, unknown, conflict, done
+
+    refused, after_refusal, dry, bad, unknown, conflict, done = with_server(tmp_path, drive)
+    assert refused["error"]["code"] == "unconfirmed" and refused["data"] is None
+    assert "yes: true" in refused["error"]["hint"] and "dry_run: true" in refused["error"]["hint"]
+    assert after_refusal == before
+    assert dry["ok"] and [c["name"] for c in dry["data"]] == ["step-00000010"] and after_refusal == before
+    # The schema's bound, before anything runs: which argument, and what to do.
+    assert bad["error"]["code"] == "bad_input" and "keep" in bad["error"]["message"] and bad["error"]["hint"]
+    assert unknown["error"] == {"code": "bad_input", "message": "no tool 'job_explode'",
+                                "hint": "pick one that tools/list names"}
+    # The command's own refusal comes through whole: its code and its hint.
+    assert conflict["error"]["code"] == "conflict" and "--force" in conflict["error"]["hint"]
+    assert done["ok"] and not (root / "step-00000010").exists() and (root / "step-00000020").is_dir()
+
+
+def test_a_long_call_reports_progress_and_a_cancelled_one_stops_its_process(tmp_path):
+    finished, stopped = tmp_path / "finished", tmp_path / "stopped"
+    train = {"preset": "tiny", "seq_len": 64, "train_batch_size": 2, "validation_freq": 0, "progress": "off",
+             "logging_freq": 1}
+
+    async def drive(client):
+        seen: list[str] = []
+
+        async def progress(done, total, message):
+            seen.append(message)
+
+        result = envelope(await client.call_tool("train", {**train, "max_steps": 3, "run_dir": str(finished)},
+                                                 progress_callback=progress))
+        started, ended = anyio.Event(), []
+
+        async def first_line(done, total, message):
+            started.set()
+
+        async def long_run():
+            ended.append(await client.call_tool("train", {**train, "max_steps": 1_000_000, "run_dir": str(stopped)},
+                                                progress_callback=first_line))
+            started.set()
+
+        with anyio.fail_after(120):
+            async with anyio.create_task_group() as group:
+                group.start_soon(long_run)
+                await started.wait()
+                group.cancel_scope.cancel()
+        return result, seen, ended
+
+    result, seen, ended = with_server(tmp_path, drive)
+    assert result["ok"] and result["data"]["steps"] == 3, result
+    assert any("step" in line for line in seen) and len(seen) >= 3
+    assert ended == []   # cancelled while it ran, not ended on its own
+    deadline = time.monotonic() + 60
+    while processes_naming(stopped) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert processes_naming(stopped) == []
+
+
+def test_secrets_in_the_servers_environment_never_come_back(tmp_path):
+    secret = "wJalrXUtnFEMI-K7MDENG-bPxRfiCYEXAMPLEKEY"
+
+    async def drive(client):
+        return await client.call_tool("ckpt_list", {"directory": str(tmp_path / secret)})
+
+    result = with_server(tmp_path, drive, env={"AWS_SECRET_ACCESS_KEY": secret})
+    text = json.dumps(result.model_dump(mode="json"))
+    assert secret not in text and "***" in result.structured_content["error"]["message"]
+
+
+def test_a_host_that_dies_mid_call_leaves_no_command_running(tmp_path):
+    """The agent's host is killed while a training run is a call in flight: the server reads the end
+    of its stdin, stops the run (SIGTERM, on which the trainer ends cleanly: its summary is written)
+    and exits."""
+    run_dir = tmp_path / "orphan"
+    server = subprocess.Popen([sys.executable, "-m", "fsdpkit", "mcp"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, cwd=tmp_path)
+
+    def send(message: dict) -> None:
+        server.stdin.write((json.dumps({"jsonrpc": "2.0", **message}) + "\n").encode())
+        server.stdin.flush()
+
+    send({"id": 1, "method": "initialize", "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                                                      "clientInfo": {"name": "host", "version": "0"}}})
+    assert json.loads(server.stdout.readline())["result"]["serverInfo"]["name"] == "fsdpkit"
+    send({"method": "notifications/initialized"})
+    send({"id": 2, "method": "tools/call", "params": {"name": "train", "arguments": {
+        "preset": "tiny", "max_steps": 1_000_000, "run_dir": str(run_dir), "logging_freq": 1, "progress": "off"}}})
+    deadline = time.monotonic() + 120
+    while not (run_dir / "metrics.jsonl").is_file() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert processes_naming(run_dir), "the run never started"
+    server.stdin.close()   # the host is gone
+    assert server.wait(timeout=90) == 0
+    assert processes_naming(run_dir) == []
+    assert json.loads((run_dir / "summary.json").read_text())["steps"] < 1_000_000

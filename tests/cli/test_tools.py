@@ -1,0 +1,166 @@
+"""The MCP tools' schemas against the CLI's own parsers: every value a schema admits becomes argv
+that the command's argparse parser reads with the same meaning, a value outside a schema's choices
+is one the parser refuses too, and every command line of every SKILL.md is a call of some tool
+that renders back to the same parse."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from doc_commands import argv as line_argv
+from doc_commands import command_lines
+from jsonschema import Draft202012Validator
+
+from fsdpkit.cli.reference import verb_parser
+from fsdpkit.cli.tools import Option, Tool, tools
+from fsdpkit.errors import UserError
+from fsdpkit.train.config import parse_args
+
+from conftest import ROOT
+
+TOOLS = tools()
+BY_NAME = {t.name: t for t in TOOLS}
+PARSERS = {verb: verb_parser(verb) for verb in {t.words[0] for t in TOOLS}}
+SKILL_LINES = [(p.parent.name, line) for p in sorted((ROOT / "src/fsdpkit/skills/data").glob("*/SKILL.md"))
+               for line in command_lines(p)]
+
+
+def parsed(tool: Tool, argv: list[str]) -> dict[str, Any]:
+    """What the CLI's parser makes of `fsdpkit ARGV`: the namespace's values by dest, and the words
+    after `--` (as `fsdpkit plan` reads a leading job spec and hands other flags to the trainer's parser)."""
+    argv = [a for a in argv if a != "--json"]
+    rest: list[str] = []
+    if "--" in argv:
+        argv, rest = argv[:argv.index("--")], argv[argv.index("--") + 1:]
+    assert tuple(argv[:len(tool.words)]) == tool.words
+    words = argv[len(tool.words):]
+    if tool.name == "plan":
+        spec = words.pop(0) if words and not words[0].startswith("-") else None
+        ns, unknown = PARSERS["plan"].parse_known_args(words)
+        values = {**vars(PARSERS["train"].parse_args(unknown)), **vars(ns), "spec": spec}
+    else:
+        values = vars(PARSERS[tool.words[0]].parse_args([*tool.words[1:], *words]))
+    return {**values, "--": rest}
+
+
+def meaning(tool: Tool, values: dict[str, Any]) -> dict[str, Any]:
+    return {o.name: values.get(o.action.dest) for o in tool.options} | {"--": values["--"]}
+
+
+def sample(o: Option, prop: dict[str, Any]) -> Any:
+    """A value the property's schema admits (a duration in its own unit)."""
+    one = prop["items"] if prop.get("type") == "array" else prop
+    if "anyOf" in prop:
+        return True
+    if "enum" in one:
+        value: Any = one["enum"][-1]
+    else:
+        kind = one["type"][-1] if isinstance(one["type"], list) else one["type"]
+        text = "15m" if "pattern" in one else "some-value"
+        value = {"boolean": True, "integer": 3, "number": 2.5, "string": text}[kind]
+    return [value] if prop.get("type") == "array" else value
+
+
+def expected(o: Option, value: Any) -> Any:
+    """What argparse stores for the value: the flag's constant, or the value through its type."""
+    a = o.action
+    if value is True and (o.switch or o.optional_value):
+        return a.const
+    convert = a.type if callable(a.type) else str
+    if isinstance(value, bool):   # a training option's BOOL, which the config reads from its word
+        return str(value).lower()
+    if isinstance(value, list):
+        return [convert(str(v)) for v in value]
+    return convert(str(value))
+
+
+def required_values(tool: Tool) -> dict[str, Any]:
+    schema = tool.schema()
+    return {name: sample(next((o for o in tool.options if o.name == name), None), schema["properties"][name])
+            if name != tool.after_dashes else ["python", "x.py"] for name in schema["required"]}
+
+
+@pytest.mark.parametrize("tool", TOOLS, ids=[t.name for t in TOOLS])
+def test_every_value_a_schema_admits_parses_to_the_same_meaning_in_the_cli(tool):
+    schema = tool.schema()
+    Draft202012Validator.check_schema(schema)
+    validator = Draft202012Validator(schema)
+    base = required_values(tool)
+    assert validator.is_valid(base)
+    for o in tool.options:
+        prop = schema["properties"][o.name]
+        arguments = {**base, o.name: sample(o, prop)}
+        assert validator.is_valid(arguments), (o.name, arguments)
+        got = meaning(tool, parsed(tool, ["fsdpkit", *tool.argv(arguments)][1:]))
+        assert got[o.name] == expected(o, arguments[o.name]), (o.name, tool.argv(arguments))
+        if "enum" in prop:   # outside the choices: the schema and the CLI both refuse
+            assert not validator.is_valid({**base, o.name: "no-such-choice"})
+            with pytest.raises(UserError):
+                parsed(tool, tool.argv({**base, o.name: "no-such-choice"}))
+                # The training options' parser leaves values to the config's typed fields.
+                parse_args([f"{o.flag}=no-such-choice"])
+    # A required argument left out: refused by the schema, and by the CLI where argparse checks it.
+    for name in schema["required"]:
+        assert not validator.is_valid({k: v for k, v in base.items() if k != name})
+
+
+def test_the_catalogue_is_every_command_but_the_server():
+    # A verb without subcommands is one tool; others one per subcommand (an alias is not a second tool).
+    assert {"train", "plan", "job_submit", "job_delete", "storage_fsx_storage_class", "ray_exec"} <= set(BY_NAME)
+    assert "mcp" not in BY_NAME and len(BY_NAME) == len(TOOLS)
+    assert {t.name for t in TOOLS if t.confirms} == {"ckpt_prune", "cluster_delete", "cluster_check",
+                                                    "storage_fsx_delete", "ray_delete", "infra_delete", "job_delete"}
+    assert BY_NAME["job_submit"].destructive and not BY_NAME["job_submit"].confirms   # --replace deletes a job
+
+
+def tool_for(argv: list[str]) -> Tool:
+    matches = [t for t in TOOLS if tuple(argv[1:1 + len(t.words)]) == t.words]
+    assert matches, f"no tool for {' '.join(argv)}"
+    return max(matches, key=lambda t: len(t.words))
+
+
+def typed(prop: dict[str, Any], value: Any) -> Any:
+    """A training option's word (its parser keeps strings) as the JSON value its schema types."""
+    if not isinstance(value, str):
+        return value
+    kind = prop.get("type")
+    if kind == "integer":
+        return int(value)
+    if kind == "number":
+        return float(value)
+    if kind == "boolean":
+        return value.lower() in ("1", "true", "yes", "on")
+    return value
+
+
+def arguments_of(tool: Tool, values: dict[str, Any]) -> dict[str, Any]:
+    """The tool call a parsed command line is: every value that is not the parser's default."""
+    arguments: dict[str, Any] = {}
+    props = tool.schema()["properties"]
+    for o in tool.options:
+        value = values.get(o.action.dest)
+        if value is None or value is False or value == [] or value == o.action.default:
+            continue
+        arguments[o.name] = True if (o.optional_value and value == o.action.const) else typed(props[o.name], value)
+    if values["--"]:
+        arguments[tool.after_dashes] = values["--"]
+    return arguments
+
+
+@pytest.mark.parametrize(("skill", "line"), SKILL_LINES, ids=[f"{s}:{line[:60]}" for s, line in SKILL_LINES])
+def test_every_skill_command_is_a_tool_call(skill, line):
+    argv = line_argv(line)
+    tool = tool_for(argv)
+    before = parsed(tool, argv[1:])
+    arguments = arguments_of(tool, before)
+    assert not list(Draft202012Validator(tool.schema()).iter_errors(arguments)), arguments
+    props = tool.schema()["properties"]
+    assert {k: typed(props.get(k, {}), v) for k, v in meaning(tool, parsed(tool, tool.argv(arguments))).items()} \
+        == {k: typed(props.get(k, {}), v) for k, v in meaning(tool, before).items()}
+
+
+def test_a_value_that_looks_like_a_flag_stays_a_value():
+    tool = BY_NAME["job_submit"]
+    values = parsed(tool, tool.argv({"spec": "job.yaml", "set": ["train.lr=-1e-4"], "name": "-odd"}))
+    assert (values["set"], values["name"]) == (["train.lr=-1e-4"], "-odd")
