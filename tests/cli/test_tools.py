@@ -55,6 +55,9 @@ def sample(o: Option, prop: dict[str, Any]) -> Any:
         return True
     if "enum" in one:
         value: Any = one["enum"][-1]
+    elif "minimum" in one or "maximum" in one:   # inside a training option's range
+        value = one.get("minimum", one.get("maximum"))
+        value = int(value) if one["type"] == "integer" else float(value)
     else:
         kind = one["type"][-1] if isinstance(one["type"], list) else one["type"]
         text = "15m" if "pattern" in one else "some-value"
@@ -100,6 +103,17 @@ def test_every_value_a_schema_admits_parses_to_the_same_meaning_in_the_cli(tool)
                 parsed(tool, tool.argv({**base, o.name: "no-such-choice"}))
                 # The training options' parser leaves values to the config's typed fields.
                 parse_args([f"{o.flag}=no-such-choice"])
+        for keyword, step in (("minimum", -1), ("maximum", 1)):   # a range, both sides: schema and CLI refuse
+            if keyword in prop:
+                value = prop[keyword] + step
+                outside = {**base, o.name: value}
+                assert not validator.is_valid(outside)
+                if o.field is None:
+                    with pytest.raises(UserError):
+                        parsed(tool, tool.argv(outside))
+                else:   # a training option: its typed config names the field and the range
+                    with pytest.raises(UserError, match=f"{o.action.dest}: .* out of range"):
+                        parse_args([f"{o.flag}={value}"])
     # A required argument left out: refused by the schema, and by the CLI where argparse checks it.
     for name in schema["required"]:
         assert not validator.is_valid({k: v for k, v in base.items() if k != name})

@@ -17,6 +17,7 @@ from typing import Any
 from fsdpkit.cli.main import VERBS
 from fsdpkit.cli.reference import subcommands, verb_parser
 from fsdpkit.errors import UserError
+from fsdpkit.train.config import option_schema
 
 # Verbs that are not tools: the server itself.
 NOT_TOOLS = {"mcp"}
@@ -44,18 +45,15 @@ _TYPES: dict[str, dict[str, Any]] = {
     "_days": {"type": "number", "minimum": 0},
 }
 
-# The training options' parser takes strings and leaves their types to the config's fields; their
-# metavars (fsdpkit.train.config._metavar) name those types, and {a,b} their choices.
-_METAVARS: dict[str, dict[str, Any]] = {"INT": {"type": "integer"}, "FLOAT": {"type": "number"},
-                                        "BOOL": {"type": "boolean"}}
-
 
 @dataclass(frozen=True)
 class Option:
-    """One property of a tool: the argparse action behind it."""
+    """One property of a tool: the argparse action behind it (and for a training option, whose
+    parser keeps strings, the schema of its config field: type, choices, range)."""
 
     name: str
     action: argparse.Action
+    field: dict[str, Any] | None = None
 
     @property
     def positional(self) -> bool:
@@ -180,12 +178,10 @@ def _property(o: Option) -> dict[str, Any]:
     a = o.action
     if o.switch:
         return {"type": "boolean", "description": _help(a)} if a.help else {"type": "boolean"}
-    item = dict(_TYPES.get(getattr(a.type, "__name__", ""), _METAVARS.get(str(a.metavar), {"type": "string"})))
+    item = dict(o.field or _TYPES.get(getattr(a.type, "__name__", ""), {"type": "string"}))
     suffix = item.pop("description_suffix", "")
     if a.choices is not None:
         item = {"enum": list(a.choices)}
-    elif isinstance(a.metavar, str) and a.metavar.startswith("{") and a.type is None:
-        item = {"enum": a.metavar.strip("{}").split(",")}
     prop: dict[str, Any] = {"type": "array", "items": item} if o.many else item
     if o.optional_value:
         prop = {"anyOf": [{"type": "boolean"}, item]}
@@ -222,7 +218,9 @@ def _leaves(parser: argparse.ArgumentParser, words: tuple[str, ...]) -> Iterator
 
 def tool_of(words: tuple[str, ...], parser: argparse.ArgumentParser, description: str) -> Tool:
     name = "_".join(words).replace("-", "_")
-    options = tuple(Option(_option_name(a), a) for a in parser._actions
+    # The trainer's parser is its config's (fsdpkit train and the options plan hands it).
+    field = option_schema if words == ("train",) else (lambda dest: None)
+    options = tuple(Option(_option_name(a), a, field(a.dest)) for a in parser._actions
                     if not isinstance(a, argparse._HelpAction | argparse._VersionAction)
                     and a.help != argparse.SUPPRESS and a.dest != "json")
     return Tool(name, words, " ".join(description.split()) or f"fsdpkit {' '.join(words)}", options,

@@ -33,6 +33,7 @@ from fsdpkit.settings import (
     Settings,
     Str,
     aliases,
+    bound,
     choices,
     load,
     option,
@@ -425,6 +426,24 @@ def _metavar(name: str, f: FieldInfo) -> str:
     if base is str and (name.endswith("_dir") or name in ("init_from_hf", "resume_from_checkpoint")):
         return "DIR"
     return {int: "INT", float: "FLOAT", bool: "BOOL"}.get(base, "STR")
+
+
+def option_schema(name: str) -> dict[str, Any] | None:
+    """A training option's values as JSON Schema, from its field: type or choices and the allowed
+    range (what an agent's tool shows; None for a name no option has)."""
+    if name not in field_index():
+        return None
+    section, field_name = field_index()[name]
+    f = _section_classes()[section].model_fields[field_name]
+    if options := choices(f):
+        return {"enum": list(options)}
+    base, _ = scalar_type(f)
+    schema: dict[str, Any] = {int: {"type": "integer"}, float: {"type": "number"},
+                              bool: {"type": "boolean"}}.get(base, {"type": "string"})
+    for key, keyword in (("ge", "minimum"), ("le", "maximum")):
+        if schema["type"] != "string" and (value := bound(f, key)) is not None:
+            schema[keyword] = value
+    return schema
 
 
 def _help(f: FieldInfo) -> str:
