@@ -201,8 +201,10 @@ def test_a_host_that_dies_mid_call_leaves_no_command_running(tmp_path):
     send({"method": "notifications/initialized"})
     send({"id": 2, "method": "tools/call", "params": {"name": "train", "arguments": {
         "preset": "tiny", "max_steps": 1_000_000, "run_dir": str(run_dir), "logging_freq": 1, "progress": "off"}}})
+    # Until a step has been logged: the run is training (a run still starting has nothing to save).
+    metrics = run_dir / "metrics.jsonl"
     deadline = time.monotonic() + 120
-    while not (run_dir / "metrics.jsonl").is_file() and time.monotonic() < deadline:
+    while not (metrics.is_file() and '"kind": "train"' in metrics.read_text()) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert processes_naming(run_dir), "the run never started"
     server.stdin.close()   # the host is gone
