@@ -140,7 +140,7 @@ def build_server(catalogue: list[Tool], env: dict[str, str]) -> Any:
     listed = [types.Tool(
         name=t.name, title=f"fsdpkit {' '.join(t.words)}", description=t.description, input_schema=t.schema(),
         annotations=types.ToolAnnotations(title=f"fsdpkit {' '.join(t.words)}", read_only_hint=t.read_only,
-                                          destructive_hint=t.destructive and not t.read_only))
+                                          destructive_hint=t.destructive))
         for t in catalogue]
 
     def result(envelope: dict[str, Any]) -> types.CallToolResult:

@@ -26,6 +26,11 @@ def verb_parser(verb: str) -> argparse.ArgumentParser:
     return parser
 
 
+def help_text(action: argparse.Action) -> str:
+    """An option's help as argparse prints it: %(default)s filled in, %% a plain %."""
+    return (action.help or "").replace("%(default)s", str(action.default)).replace("%%", "%").replace("\n", " ")
+
+
 def _describe(action: argparse.Action) -> str:
     if action.option_strings:
         name = ", ".join(f"`{o}`" for o in action.option_strings)
@@ -33,8 +38,7 @@ def _describe(action: argparse.Action) -> str:
             name += f" `{action.metavar or action.dest.upper()}`"
     else:
         name = f"`{action.metavar or action.dest}`"
-    # As argparse prints it: %(default)s filled in, %% a plain %.
-    text = (action.help or "").replace("%(default)s", str(action.default)).replace("%%", "%").replace("\n", " ")
+    text = help_text(action)
     extra = []
     if action.choices and not isinstance(action, argparse._SubParsersAction):
         extra.append("one of " + ", ".join(f"`{c}`" for c in action.choices))
@@ -54,6 +58,12 @@ def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentP
     return dict(action.choices) if action else {}
 
 
+def subcommand_helps(parser: argparse.ArgumentParser) -> dict[str, str]:
+    """Each subcommand's help line, by name (what describes one without a description of its own)."""
+    action = _subparsers_action(parser)
+    return {a.dest: a.help or "" for a in action._choices_actions} if action else {}
+
+
 def _section(parser: argparse.ArgumentParser, depth: int, description: str | None = None) -> list[str]:
     lines = [f"{'#' * depth} `{parser.prog}`", ""]
     if description := parser.description or description:
@@ -66,7 +76,7 @@ def _section(parser: argparse.ArgumentParser, depth: int, description: str | Non
         lines.append("")
     if subs := _subparsers_action(parser):
         # A subcommand without a description of its own is described by its help line.
-        helps = {a.dest: a.help for a in subs._choices_actions}
+        helps = subcommand_helps(parser)
         seen: set[int] = set()
         for name, sub in subs.choices.items():
             if id(sub) not in seen:  # an alias of a verb is the same parser
@@ -80,7 +90,7 @@ def render() -> str:
              "Generated from the CLI by `python -m fsdpkit.cli.reference > docs/reference.md`; do not edit.",
              "Every command takes `--help`; those with `--json` print one envelope "
              '`{"ok", "data", "error": {"code", "message", "hint"}}`.', ""]
-    lines += [f"- `fsdpkit {verb}`: {help_text}" for verb, (_m, help_text) in VERBS.items()]
+    lines += [f"- `fsdpkit {verb}`: {text}" for verb, (_m, text) in VERBS.items()]
     lines += ["", "## The envelope", "",
               "`ok` is true exactly when the command exits 0. A command that ran and found problems (a check, a "
               "failed or stopped job) exits non-zero with `ok: false`, its findings in `data` and `error` saying "

@@ -24,10 +24,10 @@ def install_(args: argparse.Namespace) -> int:
 
     # The server as this environment runs it: no PATH needed, and the agent gets this fsdpkit.
     command = [sys.executable, "-m", "fsdpkit", "mcp"]
-    if not args.no_mcp:
-        mcp_config(args.target, command)  # a config it cannot update is refused before anything is written
+    # Read first: a configuration it cannot update is refused before anything is written.
+    config = None if args.no_mcp else mcp_config(args.target, command)
     base, done = install(args.target, args.dir)
-    mcp = None if args.no_mcp else register_mcp(args.target, command)
+    mcp = None if config is None else {**register_mcp(*config), "command": command}
     if args.json:
         return emit_json({"target": args.target, "dir": str(base), "skills": done, "mcp": mcp})
     for d in done:

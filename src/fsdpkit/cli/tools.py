@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from fsdpkit.cli.main import VERBS
-from fsdpkit.cli.reference import subcommands, verb_parser
+from fsdpkit.cli.reference import help_text, subcommand_helps, subcommands, verb_parser
 from fsdpkit.errors import UserError
 from fsdpkit.train.config import option_schema
 
@@ -146,12 +146,14 @@ class Tool:
 
     def unconfirmed(self, arguments: dict[str, Any]) -> UserError | None:
         """The refusal of a destructive call nobody confirmed: it must say `yes` (after asking the
-        user), or be a dry run, which changes nothing. `cluster check` changes something only with fix."""
+        user), or be a dry run, which changes nothing. A command with `--fix` (cluster check) changes
+        something only with it."""
+        fixes = any(o.name == "fix" for o in self.options)
         if not self.confirms or arguments.get("yes") or arguments.get("dry_run"):
             return None
-        if self.name == "cluster_check" and not arguments.get("fix"):
+        if fixes and not arguments.get("fix"):
             return None
-        what = "applies fixes to the cluster" if self.name == "cluster_check" else "deletes what it names"
+        what = "applies fixes to the cluster" if fixes else "deletes what it names"
         dry = "; or call it with dry_run: true to see what it would do" if any(
             o.name == "dry_run" for o in self.options) else ""
         return UserError(f"{self.name}: {what}, and nobody confirmed it",
@@ -165,8 +167,7 @@ def _word(value: Any) -> str:
 
 
 def _help(action: argparse.Action) -> str:
-    text = (action.help or "").replace("%(default)s", str(action.default)).replace("%%", "%")
-    return " ".join(text.split())
+    return " ".join(help_text(action).split())
 
 
 def _jsonable(value: Any) -> bool:
@@ -205,8 +206,7 @@ def _leaves(parser: argparse.ArgumentParser, words: tuple[str, ...]) -> Iterator
     if not subs:
         yield words, parser, parser.description or ""
         return
-    helps = {a.dest: a.help or "" for a in next(a for a in parser._actions
-                                                if isinstance(a, argparse._SubParsersAction))._choices_actions}
+    helps = subcommand_helps(parser)
     seen: set[int] = set()
     for name, sub in subs.items():
         if id(sub) in seen:  # an alias is the same parser

@@ -106,10 +106,9 @@ def mcp_config(target: str, command: list[str]) -> tuple[Path, dict[str, Any]]:
     return path, {**config, where.mcp_key: {**(servers or {}), SERVER_NAME: where.entry(command)}}
 
 
-def register_mcp(target: str, command: list[str]) -> dict[str, Any]:
-    """Write the agent's MCP configuration with fsdpkit's server (replaced whole, through a
+def register_mcp(path: Path, config: dict[str, Any]) -> dict[str, Any]:
+    """Write the agent's MCP configuration as `mcp_config` made it (replaced whole, through a
     temporary file, so an agent never reads half a file)."""
-    path, config = mcp_config(target, command)
     text = json.dumps(config, indent=2) + "\n"
     state = _state(path, text)
     try:
@@ -119,7 +118,7 @@ def register_mcp(target: str, command: list[str]) -> dict[str, Any]:
         os.replace(tmp, path)
     except OSError as e:
         raise UserError(f"cannot write {path}: {e.strerror}; install with --no-mcp, or fix its folder") from None
-    return {"path": str(path), "state": state, "server": SERVER_NAME, "command": command}
+    return {"path": str(path), "state": state, "server": SERVER_NAME}
 
 
 def install(target: str, directory: str | None = None) -> tuple[Path, list[dict[str, Any]]]:
