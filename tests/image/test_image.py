@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from fsdpkit import __version__
 from fsdpkit.image.conflicts import check
 from fsdpkit.image.dockerfile import BASES, render
 
@@ -51,8 +52,10 @@ def test_each_conflict_class_is_caught_and_fixed(tmp_path, dockerfile, reqs, kin
 @pytest.mark.parametrize("base", list(BASES))
 def test_rendered_dockerfiles_are_clean_except_for_a_base_without_efa(tmp_path, base):
     (tmp_path / "requirements.txt").write_text("vllm\n")
-    r = run_cli("image", "init", "--base", base, "--out", str(tmp_path), "--hyperpod")
+    r = run_cli("image", "init", "--base", base, "--out", str(tmp_path), "--hyperpod", "--tiered")
     assert r.returncode == 0, r.stderr
+    assert re.search(r'^RUN pip install --no-cache-dir "/tmp/fsdpkit-\S+\.whl\[tiered\]" hyperpod-elastic-agent==',
+                     (tmp_path / "Dockerfile").read_text(), re.M)
     found = {c.kind for c in check(tmp_path / "Dockerfile", [tmp_path / "requirements.txt"])}
     # A base without EFA is a conflict, unless the Dockerfile adds it (VERL's image: EFA installer, aws-ofi-nccl).
     assert found == (set() if BASES[base].efa or BASES[base].adds_efa else {"efa"})
@@ -61,12 +64,16 @@ def test_rendered_dockerfiles_are_clean_except_for_a_base_without_efa(tmp_path, 
 
 
 def test_init_again_rewrites_its_own_files_and_keeps_the_users(tmp_path):
-    """`image init --hyperpod` after `image init` adds the agent: the Dockerfile is still exactly
-    what init wrote. A Dockerfile the user changed is never overwritten without --force."""
+    """`image init --hyperpod` after `image init` adds the agent, and `--tiered` then the tiered
+    writer: the Dockerfile is still exactly what init wrote. A Dockerfile the user changed is never
+    overwritten without --force."""
     assert run_cli("image", "init", "--out", str(tmp_path), "--fsdpkit", "release").returncode == 0
     r = run_cli("image", "init", "--out", str(tmp_path), "--fsdpkit", "release", "--hyperpod")
     assert r.returncode == 0, r.stderr
     assert "hyperpod-elastic-agent==" in (tmp_path / "Dockerfile").read_text()
+    r = run_cli("image", "init", "--out", str(tmp_path), "--fsdpkit", "release", "--tiered")
+    assert r.returncode == 0, r.stderr
+    assert f'"fsdpkit[tiered]=={__version__}"' in (tmp_path / "Dockerfile").read_text()
     with (tmp_path / "Dockerfile").open("a") as f:
         f.write("RUN pip install my-extra\n")
     r = run_cli("image", "init", "--out", str(tmp_path), "--fsdpkit", "release")

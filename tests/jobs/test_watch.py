@@ -1,5 +1,6 @@
 """Health detection: nccl-tests output (EFA and socket fallback), and `fsdpkit job watch` on scripted
-pod states and log streams: stall, OOMKilled, crash loop, pending with its reason, NCCL timeout."""
+pod states and log streams: stall, OOMKilled, crash loop, pending with its reason, NCCL timeout,
+a tiered checkpoint off its memory tier."""
 
 from __future__ import annotations
 
@@ -108,17 +109,20 @@ def test_job_status_shows_the_network_verdict_from_the_start_of_rank0s_log(runni
     assert "  network: socket (1 NICs, TCP sockets; net plugin libnccl-net.so not found)" in human.stdout
 
 
-def test_stall_and_nccl_timeout_are_found_in_the_log(running_job):
+def test_stall_nccl_timeout_and_a_tiered_fallback_are_found_in_the_log(running_job):
     kube = running_job
     pod(kube, "llama-tiny-master-0", {"phase": "Running"})
     kube.route("get /api/v1/namespaces/default/pods/llama-tiny-master-0/log",
                f"{stamp(2000)} Batch 10 Loss: 4.1, Speed: 1.0 samples/sec, lr: 0.1, tokens/s: 9\n"
                f"{stamp(300)} [rank3]:[E1122 10:00:00.000 ProcessGroupNCCL.cpp:616] [Rank 3] Watchdog caught "
-               f"collective operation timeout: WorkNCCL(SeqNum=812, OpType=ALLREDUCE) ran for 600000 ms\n".encode())
+               f"collective operation timeout: WorkNCCL(SeqNum=812, OpType=ALLREDUCE) ran for 600000 ms\n"
+               f"{stamp(200)} warning: checkpoint.tiered: the in-memory store (job-1a2b3c4d) failed saving step 10 "
+               f"(ConnectionError: refused); using shared storage\n".encode())
     code, snap = watch(kube, "--stall-after", "900")
     assert code == 1
     kinds = {f["kind"]: f for f in snap["findings"]}
-    assert set(kinds) == {"stall", "nccl_timeout"}
+    assert set(kinds) == {"stall", "nccl_timeout", "tiered_off"}
+    assert kinds["tiered_off"]["detail"].startswith("warning: checkpoint.tiered: the in-memory store")
     assert kinds["stall"]["detail"].startswith("no new step for 2")
     assert "Watchdog caught collective operation timeout" in kinds["nccl_timeout"]["detail"]
 

@@ -26,7 +26,7 @@ def cmd_init(args: argparse.Namespace) -> int:
             raise UserError(f"--requirements: {out / reqs} not found (or pass --no-requirements)")
         reqs = None  # the default file is simply not there: nothing of the project's to install
     files = {out / "Dockerfile": "", out / ".dockerignore": DOCKERIGNORE}   # the Dockerfile's text comes below
-    # Files exactly as an earlier `image init` wrote them are written again (adding --hyperpod, say):
+    # Files exactly as an earlier `image init` wrote them are written again (adding --tiered, say):
     # nothing of the user's is lost. Anything else needs --force.
     existing = [str(p) for p in files if p.exists() and not _as_written(p, args.base, reqs)]
     if existing and not args.force:
@@ -35,7 +35,7 @@ def cmd_init(args: argparse.Namespace) -> int:
     try:
         out.mkdir(parents=True, exist_ok=True)  # a new project folder is fine
         fsdpkit, how = for_image(args.fsdpkit, out, WHEEL_DIR)
-        files[out / "Dockerfile"] = render(args.base, reqs, fsdpkit, hyperpod_agent=args.hyperpod)
+        files[out / "Dockerfile"] = render(args.base, reqs, fsdpkit, hyperpod_agent=args.hyperpod, tiered=args.tiered)
         for path, text in files.items():
             path.write_text(text)
     except OSError as e:
@@ -51,17 +51,19 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 def _as_written(path: Path, base: str, requirements: str | None) -> bool:
     """The file is what `image init` writes for this base and requirements file (with any fsdpkit
-    source, with or without HyperPod's agent)."""
+    source, with or without HyperPod's agent and the tiered writer)."""
     from fsdpkit.image.dockerfile import BASES, DOCKERIGNORE, render
 
     text = path.read_text(errors="replace")
     if path.name == ".dockerignore":
         return text == DOCKERIGNORE
-    m = re.search(r"^(?:COPY (\S+\.whl) /tmp/|RUN pip install --no-cache-dir (fsdpkit==\S+))", text, re.M)
+    m = re.search(r'^(?:COPY (\S+\.whl) /tmp/|RUN pip install --no-cache-dir "?fsdpkit(?:\[tiered\])?(==[^\s"]+))',
+                  text, re.M)
     if m is None or base not in BASES:
         return False
-    fsdpkit = m.group(1) or m.group(2)
-    return any(text == render(base, requirements, fsdpkit, hyperpod_agent=agent) for agent in (False, True))
+    fsdpkit = m.group(1) or f"fsdpkit{m.group(2)}"
+    return any(text == render(base, requirements, fsdpkit, hyperpod_agent=agent, tiered=tiered)
+               for agent in (False, True) for tiered in (False, True))
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -229,6 +231,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "checkout, or packed from its installed files; auto and wheel are the same), or release: this "
                    "version from the package index")
     p.add_argument("--hyperpod", action="store_true", help="add hyperpod-elastic-agent (HyperPodPyTorchJob)")
+    p.add_argument("--tiered", action="store_true", help="add fsdpkit's tiered extra, the writer of HyperPod's "
+                   "in-memory checkpoints (a job with train.tiered needs it)")
     p.add_argument("--out", default=".")
     p.add_argument("--force", action="store_true")
     p.add_argument("--json", action="store_true")

@@ -95,11 +95,22 @@ checkpoints
 """
 
 
+def with_extra(fsdpkit: str, extra: str) -> str:
+    """pip's argument for `fsdpkit` (a wheel's path or `fsdpkit==X`) with one of its extras, quoted
+    for the shell (brackets are a glob)."""
+    if fsdpkit.endswith(".whl"):
+        return f'"{fsdpkit}[{extra}]"'
+    name, sep, version = fsdpkit.partition("==")
+    return f'"{name}[{extra}]{sep}{version}"'
+
+
 def render(base_key: str = DEFAULT_BASE, requirements: str | None = "requirements.txt",
-           fsdpkit: str = "fsdpkit", hyperpod_agent: bool = False) -> str:
+           fsdpkit: str = "fsdpkit", hyperpod_agent: bool = False, tiered: bool = False) -> str:
     """The Dockerfile. `fsdpkit` is what pip installs for fsdpkit: a wheel in the project
     (`.fsdpkit/fsdpkit-X-py3-none-any.whl`) or a requirement (`fsdpkit==X`); `requirements` the
-    project's requirements file, or None."""
+    project's requirements file, or None. `tiered` adds the `tiered` extra, the writer of HyperPod's
+    in-memory checkpoints (`checkpoint.tiered`: without it a stop's save goes to shared storage, in
+    a grace period planned for node memory)."""
     if base_key not in BASES:
         raise UserError(f"--base: {base_key!r} is not known; choose one of: {', '.join(BASES)}")
     b = BASES[base_key]
@@ -120,16 +131,18 @@ def render(base_key: str = DEFAULT_BASE, requirements: str | None = "requirement
            f"RUN pip install --no-cache-dir --no-deps {' '.join(b.packages)}", ""] if b.packages else []),
         *([EFA_LAYER] if b.adds_efa else []),
         "# fsdpkit's trainer (fsdpkit-torchrun, python -m fsdpkit.train), as a package"
+        + (" with HyperPod's tiered checkpoint writer (amzn-sagemaker-checkpointing)" if tiered else "")
         + (", and HyperPod's elastic agent (hyperpodrun starts HyperPodPyTorchJob workers)." if hyperpod_agent
            else "."),
     ]
     agent = f" {HYPERPOD_AGENT}" if hyperpod_agent else ""
     if fsdpkit.endswith(".whl"):
         wheel = fsdpkit.rsplit("/", 1)[-1]
+        what = with_extra(f"/tmp/{wheel}", "tiered") if tiered else f"/tmp/{wheel}"
         lines += [f"COPY {fsdpkit} /tmp/{wheel}",
-                  f"RUN pip install --no-cache-dir /tmp/{wheel}{agent} && rm /tmp/{wheel}"]
+                  f"RUN pip install --no-cache-dir {what}{agent} && rm /tmp/{wheel}"]
     else:
-        lines.append(f"RUN pip install --no-cache-dir {fsdpkit}{agent}")
+        lines.append(f"RUN pip install --no-cache-dir {with_extra(fsdpkit, 'tiered') if tiered else fsdpkit}{agent}")
     if requirements:
         lines += ["", "# The project's requirements.", f"COPY {requirements} /tmp/requirements.txt",
                   "RUN pip install --no-cache-dir -r /tmp/requirements.txt"]

@@ -1,5 +1,6 @@
 """What is wrong with a running job, read from its pods and its rank-0 log: a stall (no new step
-for too long), OOMKilled, crash loops, pods pending with the scheduler's reason, NCCL timeouts.
+for too long), OOMKilled, crash loops, pods pending with the scheduler's reason, NCCL timeouts, a
+tiered checkpoint falling back to shared storage.
 Plain functions over API dicts and log lines, so `fsdpkit job watch` and tests share them."""
 
 from __future__ import annotations
@@ -10,10 +11,13 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from fsdpkit.train.observe import nccl_log
-from fsdpkit.train.observe.log_lines import PROGRESS, STEP
+from fsdpkit.train.observe.log_lines import PROGRESS, STEP, TIERED_OFF
 
 _NCCL_TIMEOUT = re.compile(r"Watchdog caught collective operation timeout|NCCL communicator was aborted|"
                            r"ProcessGroupNCCL.*[Tt]imeout|NCCL timeout", re.S)
+_TIERED_FIX = ("the grace period was planned for node memory; a stop's checkpoint to shared storage may not finish "
+               "in it: build the image with `fsdpkit image init --hyperpod --tiered` and enable tiered storage on "
+               "the cluster, or drop train.tiered (the grace is then planned for shared storage)")
 _PENDING = [
     (re.compile(r"Insufficient nvidia\.com/gpu"), "not enough free GPUs",
      "wait for running jobs, lower nodes/gpus_per_node, or scale the GPU node group"),
@@ -29,7 +33,7 @@ _PENDING = [
 
 @dataclass
 class Finding:
-    kind: str        # stall | oom | crashloop | pending | nccl_timeout
+    kind: str        # stall | oom | crashloop | pending | nccl_timeout | tiered_off
     pod: str
     detail: str
     fix: str = ""
@@ -65,6 +69,8 @@ def log_progress(lines: list[str], pod: str, now: dt.datetime,
             findings.append(Finding("nccl_timeout", pod, text.strip()[:200],
                                     "a rank stopped answering collectives: look for a crashed or slow rank, "
                                     "and run `fsdpkit cluster validate nccl`"))
+        if TIERED_OFF in text and not any(f.kind == "tiered_off" for f in findings):
+            findings.append(Finding("tiered_off", pod, text.strip()[:300], _TIERED_FIX))
     since = last_step_ts or first_ts
     if since is not None:
         age = (now - since).total_seconds()

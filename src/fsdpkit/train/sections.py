@@ -227,7 +227,8 @@ class CheckpointConfig(Settings):
     keep_last: Int = option(3, "complete checkpoints to keep (0: all)", ge=0)
     async_checkpoint: Bool = option(False, "write checkpoints in the background while training continues")
     tiered: Bool = option(
-        False, "SageMaker HyperPod's managed tiered checkpointing (pip install 'fsdpkit[tiered]'): periodic saves "
+        False, "SageMaker HyperPod's managed tiered checkpointing (the image needs fsdpkit[tiered]: fsdpkit image "
+        "init --tiered): periodic saves "
         "and the save on SIGTERM go to the cluster's in-memory store in seconds; every durable_every-th save and "
         "the last step also go to checkpoint_dir. Without the package, every save goes to checkpoint_dir",
         aliases=("tiered_checkpoint",))

@@ -5,8 +5,11 @@ exactly; without the package the option is one line and every save goes to share
 
 from __future__ import annotations
 
+import datetime as dt
+
 import pytest
 
+from fsdpkit.jobs.health import log_progress
 from fsdpkit.train.checkpoint.catalog import list_checkpoints
 from fsdpkit.train.checkpoint.tiered import namespace_of
 
@@ -70,6 +73,10 @@ def test_without_the_package_the_option_is_one_line_and_saves_go_to_shared_stora
     assert r.returncode == 0, r.stderr[-3000:]
     said = [ln for ln in (r.stdout + r.stderr).splitlines() if "checkpoint.tiered" in ln]
     assert said == [f"warning: checkpoint.tiered: amzn-sagemaker-checkpointing cannot be imported here (No module "
-                    f"named 's3torchconnector'); every checkpoint goes to {tmp_path / 'ckpt'} (pip install "
-                    "'fsdpkit[tiered]' in the image)"]
+                    f"named 's3torchconnector'); every checkpoint goes to {tmp_path / 'ckpt'} (build the "
+                    "image with `fsdpkit image init --tiered`)"]
     assert [c.step for c in list_checkpoints(tmp_path / "ckpt")] == [2, 4]
+    # `job watch` reading this log names it: the pod's grace was planned for the memory tier.
+    _, findings = log_progress((r.stdout + r.stderr).splitlines(), "worker-0", dt.datetime.now(dt.timezone.utc), 1e9)
+    assert [(f.kind, f.detail) for f in findings] == [("tiered_off", said[0])]
+    assert "image init --hyperpod --tiered" in findings[0].fix

@@ -24,6 +24,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 from fsdpkit.train.checkpoint.catalog import CheckpointInfo
+from fsdpkit.train.observe.log_lines import TIERED_OFF
 from fsdpkit.train.runtime.dist import Runtime, broadcast_int
 
 log = logging.getLogger(__name__)
@@ -63,8 +64,8 @@ class MemoryTier:
             )
             from amzn_sagemaker_checkpointing.config.sagemaker_checkpoint_config import SageMakerCheckpointConfig
         except ImportError as e:
-            log.warning(f"checkpoint.tiered: amzn-sagemaker-checkpointing cannot be imported here ({e}); every "
-                        f"checkpoint goes to {checkpoint_dir} (pip install 'fsdpkit[tiered]' in the image)")
+            log.warning(f"{TIERED_OFF}amzn-sagemaker-checkpointing cannot be imported here ({e}); every "
+                        f"checkpoint goes to {checkpoint_dir} (build the image with `fsdpkit image init --tiered`)")
             return None
         namespace = namespace_of(checkpoint_dir)
         # The library says every shard it writes at INFO; its warnings and errors are enough here.
@@ -117,7 +118,7 @@ class MemoryTier:
     def _unavailable(self, what: str, e: BaseException) -> None:
         if not self.failing:
             detail = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
-            log.warning(f"checkpoint.tiered: the in-memory store ({self.namespace}) failed {what} "
+            log.warning(f"{TIERED_OFF}the in-memory store ({self.namespace}) failed {what} "
                         f"({type(e).__name__}: {detail}); using shared storage")
         self.failing = True
 

@@ -28,6 +28,12 @@ NOTHING_TO_DO = "fsdpkit: nothing to do"
 FINAL = r"fsdpkit: (done after \d+ steps|stopping at step \d+ on SIGTERM|nothing to do)"
 
 
+# What the trainer's lines about checkpoint.tiered start with when the in-memory tier is off (the
+# package missing, the store not answering): a stop's save then goes to shared storage, in a grace
+# planned for node memory, and `job watch` says so.
+TIERED_OFF = "checkpoint.tiered: "
+
+
 def node_line(step: int, loss: float, node: int) -> str:
     """What the first process of a node other than rank 0's prints at each logging step."""
     return STEP_PREFIX.format(step=step, loss=loss) + f"node {node}"
