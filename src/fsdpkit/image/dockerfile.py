@@ -96,10 +96,8 @@ checkpoints
 
 
 def with_extra(fsdpkit: str, extra: str) -> str:
-    """pip's argument for `fsdpkit` (a wheel's path or `fsdpkit==X`) with one of its extras, quoted
+    """pip's argument for `fsdpkit` (a wheel's path, or `fsdpkit==X`) with one of its extras, quoted
     for the shell (brackets are a glob)."""
-    if fsdpkit.endswith(".whl"):
-        return f'"{fsdpkit}[{extra}]"'
     name, sep, version = fsdpkit.partition("==")
     return f'"{name}[{extra}]{sep}{version}"'
 
@@ -135,14 +133,11 @@ def render(base_key: str = DEFAULT_BASE, requirements: str | None = "requirement
         + (", and HyperPod's elastic agent (hyperpodrun starts HyperPodPyTorchJob workers)." if hyperpod_agent
            else "."),
     ]
-    agent = f" {HYPERPOD_AGENT}" if hyperpod_agent else ""
-    if fsdpkit.endswith(".whl"):
-        wheel = fsdpkit.rsplit("/", 1)[-1]
-        what = with_extra(f"/tmp/{wheel}", "tiered") if tiered else f"/tmp/{wheel}"
-        lines += [f"COPY {fsdpkit} /tmp/{wheel}",
-                  f"RUN pip install --no-cache-dir {what}{agent} && rm /tmp/{wheel}"]
-    else:
-        lines.append(f"RUN pip install --no-cache-dir {with_extra(fsdpkit, 'tiered') if tiered else fsdpkit}{agent}")
+    wheel = fsdpkit.rsplit("/", 1)[-1] if fsdpkit.endswith(".whl") else None
+    target = f"/tmp/{wheel}" if wheel else fsdpkit
+    install = (f"RUN pip install --no-cache-dir {with_extra(target, 'tiered') if tiered else target}"
+               + (f" {HYPERPOD_AGENT}" if hyperpod_agent else ""))
+    lines += [f"COPY {fsdpkit} /tmp/{wheel}", f"{install} && rm /tmp/{wheel}"] if wheel else [install]
     if requirements:
         lines += ["", "# The project's requirements.", f"COPY {requirements} /tmp/requirements.txt",
                   "RUN pip install --no-cache-dir -r /tmp/requirements.txt"]

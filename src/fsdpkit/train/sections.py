@@ -228,9 +228,9 @@ class CheckpointConfig(Settings):
     async_checkpoint: Bool = option(False, "write checkpoints in the background while training continues")
     tiered: Bool = option(
         False, "SageMaker HyperPod's managed tiered checkpointing (the image needs fsdpkit[tiered]: fsdpkit image "
-        "init --tiered): periodic saves "
-        "and the save on SIGTERM go to the cluster's in-memory store in seconds; every durable_every-th save and "
-        "the last step also go to checkpoint_dir. Without the package, every save goes to checkpoint_dir",
+        "init --tiered): periodic saves and the save on SIGTERM go to the cluster's in-memory store in seconds; "
+        "every durable_every-th save and the last step also go to checkpoint_dir. Without the package, every save "
+        "goes to checkpoint_dir",
         aliases=("tiered_checkpoint",))
     durable_every: Int = option(4, "with tiered: every Nth checkpoint also goes to checkpoint_dir (the durable "
                                 "tier; the last step always does)", ge=1)
