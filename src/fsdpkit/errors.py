@@ -61,6 +61,14 @@ class Conflict(UserError):
     code = "conflict"
 
 
+class TimedOut(UserError):
+    """Waited as long as asked (a --timeout, or a wait's own limit) and what was awaited has not
+    happened; the work goes on. Exit 124 on every verb, as `timeout(1)` ends."""
+
+    exit_code = 124
+    code = "timeout"
+
+
 class NotFound(UserError):
     """A job, checkpoint or file the user named does not exist."""
 

@@ -314,6 +314,26 @@ def test_network_check_reads_nccl_lines_from_the_logs(kube, tmp_path):
     assert r.returncode == 1 and "network check: fail: NCCL fell back to TCP sockets" in r.stderr
 
 
+@pytest.mark.parametrize(("log", "code", "said"), [
+    ("p5-efa.log", 0, "network check: pass: NCCL is using EFA through aws-ofi-nccl"),
+    ("p5-ofi-tcp.log", 1, "network check: fail: NCCL went through aws-ofi-nccl over libfabric's tcp provider, not "
+                          "efa: EFA is not in use"),
+    ("p5-ofi-sockets.log", 1, "network check: fail: NCCL went through aws-ofi-nccl over libfabric's sockets provider"),
+])
+def test_the_network_check_passes_only_libfabric_s_efa_provider(kube, tmp_path, log, code, said):
+    """NCCL says "Using network Libfabric" over any libfabric provider: only `efa` is EFA."""
+    assert job_cli(kube, "submit", str(write_spec(tmp_path, diagnose_network=True))).returncode == 0
+    make_pod(kube, "llama-tiny", "Master", 0)
+    kube.route("get /api/v1/namespaces/default/pods/llama-tiny-master-0/log",
+               (ROOT / "tests" / "data" / "nccl" / log).read_bytes())
+    r = job_cli(kube, "logs", "llama-tiny", "--check-network")
+    assert r.returncode == code and said in r.stderr, r.stderr
+    r = job_cli(kube, "logs", "llama-tiny", "--check-network", "--json")
+    envelope = json.loads(r.stdout)
+    assert envelope["ok"] is (code == 0) and r.returncode == code
+    assert envelope["data"]["network_check"]["verdict"] == ("pass" if code == 0 else "fail")
+
+
 @pytest.mark.parametrize("dry_run", [False, True], ids=["submit", "dry-run"])
 def test_a_gated_tokenizer_without_a_token_fails_at_submit(kube, tmp_path, dry_run):
     gated = {"preset": "tiny", "tokenizer": "meta-llama/Llama-3.1-8B", "vocab_size": 128256}

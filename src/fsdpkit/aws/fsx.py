@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from fsdpkit.aws.session import Aws, AwsError, aws_errors
-from fsdpkit.errors import UserError
+from fsdpkit.errors import TimedOut, UserError
 from fsdpkit.polling import poll_until
 
 THROUGHPUT = {"SCRATCH_2": (), "PERSISTENT_1": (50, 100, 200), "PERSISTENT_2": (125, 250, 500, 1000)}
@@ -162,8 +162,8 @@ def wait_available(aws: Aws, file_system_id: str, say: Callable[[str], None], ti
     if state in FAILED:
         reason = (fs.get("FailureDetails") or {}).get("Message", "no reason given")
         raise AwsError(f"FSx file system {file_system_id} is {state}: {reason}")
-    raise AwsError(f"FSx file system {file_system_id} still {state} after {int(timeout)} s; it keeps going: "
-                   "`fsdpkit storage fsx status` shows when it is ready", code="timeout")
+    raise TimedOut(f"FSx file system {file_system_id} still {state} after {int(timeout)} s; it keeps going: "
+                   "`fsdpkit storage fsx status` shows when it is ready")
 
 
 def _lifecycle(fs: dict[str, Any]) -> str:

@@ -9,6 +9,7 @@ from typing import Any
 
 from fsdpkit.cluster import pod_rules
 from fsdpkit.cluster.client import ClusterError, api_errors, is_not_found
+from fsdpkit.errors import TimedOut
 
 MOUNT = "/ckpt"
 
@@ -59,8 +60,8 @@ def run_pods(api_client: Any, namespace: str, pods: list[dict[str, Any]], timeou
             if len(phases) < len(created):
                 if time.monotonic() > deadline:
                     waiting = ", ".join(n for n in created if n not in phases)
-                    raise ClusterError(f"pods did not finish in {timeout:.0f} s: {waiting}; kubectl -n {namespace} "
-                                       "describe pod NAME (image pull, volume, or no room to schedule)", code="timeout")
+                    raise TimedOut(f"pods did not finish in {timeout:.0f} s: {waiting}; kubectl -n {namespace} "
+                                       "describe pod NAME (image pull, volume, or no room to schedule)")
                 time.sleep(poll)
         out = {}
         for name in created:

@@ -14,6 +14,7 @@ from fsdpkit.cluster.checks import GPU, ClusterReader, node_infos
 from fsdpkit.cluster.client import ClusterError, api_errors, is_not_found
 from fsdpkit.cluster.nccl import parse_all_reduce, verdict
 from fsdpkit.cluster.pods import run_pods
+from fsdpkit.errors import TimedOut
 from fsdpkit.hardware.instances import lookup, network_env
 
 CUDA_IMAGE = "nvidia/cuda:12.6.3-base-ubuntu22.04"
@@ -133,8 +134,8 @@ def validate_nccl(api_client: Any, nodes: int, instance_type: str, namespace: st
             if phase in ("Succeeded", "Failed"):
                 break
             if time.monotonic() > deadline:
-                raise ClusterError(f"nccl-tests did not finish in {timeout:.0f} s; kubectl -n {namespace} describe "
-                                   f"mpijob {name}", code="timeout")
+                raise TimedOut(f"nccl-tests did not finish in {timeout:.0f} s; kubectl -n {namespace} describe "
+                                   f"mpijob {name}")
             time.sleep(poll)
         with api_errors("reading the launcher's log", host):
             log = core.read_namespaced_pod_log(launcher[0]["metadata"]["name"], namespace,

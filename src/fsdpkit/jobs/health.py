@@ -140,9 +140,11 @@ def pod_summary(pod: dict[str, Any]) -> dict[str, Any]:
 
 
 def check_network_log(text: str) -> tuple[str, str]:
-    """A job's log: ("pass", why) when NCCL used EFA, ("fail", why) when it fell back to sockets,
-    ("unknown", why) when the log does not say. The trainer's own verdict line wins; otherwise
-    NCCL's INFO lines (diagnose_network: true) are read."""
+    """A job's log: ("pass", why) only when NCCL used EFA (aws-ofi-nccl over libfabric's efa
+    provider), ("fail", why) when it fell back to sockets or went through another provider (the
+    plugin over libfabric's tcp or sockets providers is TCP too), ("unknown", why) when the log
+    does not say. The trainer's own verdict line wins; otherwise NCCL's INFO lines
+    (diagnose_network: true) are read."""
     v = nccl_log.from_trainer_log(text) or nccl_log.read(text)
     if v.transport == "efa":
         return "pass", f"NCCL is using EFA through aws-ofi-nccl ({v.line().split(': ', 2)[-1]})"
@@ -152,4 +154,7 @@ def check_network_log(text: str) -> tuple[str, str]:
     if v.transport == "unknown":
         return "unknown", "no network verdict in the log: it is printed before the first step of a multi-process "\
                           "GPU run (or run with diagnose_network: true for NCCL's own lines)"
-    return "pass", f"NCCL is using {v.transport}"
+    if v.transport == "ofi":
+        return "fail", (f"NCCL went through aws-ofi-nccl over libfabric's {v.provider} provider, not efa: EFA is not "
+                        "in use; check that the pod requested vpc.amazonaws.com/efa and that FI_PROVIDER is efa")
+    return "fail", f"NCCL is using {v.transport}, not EFA"

@@ -15,7 +15,7 @@ from typing import Any, cast
 
 from fsdpkit.cluster import pod_rules
 from fsdpkit.cluster.client import ClusterError, api_errors, is_not_found, label_selector, labels_match
-from fsdpkit.errors import Conflict, NotFound
+from fsdpkit.errors import Conflict, NotFound, TimedOut
 from fsdpkit.jobs import manifests as m
 from fsdpkit.jobs.command import GPU_ENV
 from fsdpkit.jobs.hyperpod import adapt_pod
@@ -145,8 +145,8 @@ class RayClient:
     def wait_ready(self, name: str, namespace: str, timeout: float, poll: float) -> str:
         state = poll_until(lambda: self.state(name, namespace), lambda s: s == "ready", timeout, poll)
         if state != "ready":
-            raise ClusterError(f"RayCluster {name!r} is not ready after {timeout:.0f} s (state {state}); "
-                               f"kubectl -n {namespace} describe raycluster {name}", code="timeout")
+            raise TimedOut(f"RayCluster {name!r} is not ready after {timeout:.0f} s (state {state}); "
+                               f"kubectl -n {namespace} describe raycluster {name}")
         return state
 
     def made_by_submit(self, name: str, namespace: str) -> list[str]:

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from fsdpkit.cluster import trainer
-from fsdpkit.cluster.client import ClusterError, api_errors, connect, is_not_found
-from fsdpkit.errors import NotFound
+from fsdpkit.cluster.client import api_errors, connect, is_not_found
+from fsdpkit.errors import NotFound, TimedOut
 from fsdpkit.jobs.backends.base import Target
 from fsdpkit.jobs.manifests import CONTAINER, JOB_LABEL, KF_JOB_NAME, KF_REPLICA_INDEX, KF_REPLICA_TYPE
 from fsdpkit.polling import poll_until
@@ -133,6 +133,5 @@ class KubeAPI:
 
     def _wait_gone(self, name: str, namespace: str, timeout: float = 120, poll: float = 1.0) -> None:
         if poll_until(lambda: self.get_job(name, namespace), lambda job: job is None, timeout, poll) is not None:
-            raise ClusterError(f"job {name!r} is still being deleted after {timeout:.0f} s; try again later",
-                               code="timeout")
+            raise TimedOut(f"job {name!r} is still being deleted after {timeout:.0f} s; try again later")
 

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from fsdpkit.cluster.client import ClusterError, api_errors, is_not_found, label_selector, labels_match
-from fsdpkit.errors import UserError
+from fsdpkit.cluster.client import api_errors, is_not_found, label_selector, labels_match
+from fsdpkit.errors import TimedOut, UserError
 from fsdpkit.jobs import manifests
 from fsdpkit.jobs.backends.kube_api import KINDS, KubeAPI, log
 from fsdpkit.jobs.health import log_progress, network_verdict, pod_findings, pod_summary, step_time
@@ -110,8 +110,8 @@ class KubeObserver(KubeAPI):
 
         pods = poll_until(lambda: self.pods(name, namespace, kind), bool, wait, poll, told, key=bool)
         if not pods:
-            raise ClusterError(f"job {name!r} has no pods after {wait:.0f} s; see `fsdpkit job status {name}` "
-                               f"and `kubectl describe {kind.lower()} {name}` for scheduling problems", code="timeout")
+            raise TimedOut(f"job {name!r} has no pods after {wait:.0f} s; see `fsdpkit job status {name}` "
+                               f"and `kubectl describe {kind.lower()} {name}` for scheduling problems")
         chosen = self._pick(pods, replica, kind)
         prefix = len(chosen) > 1
         for pod in chosen:
