@@ -14,7 +14,7 @@ import pytest
 
 from conftest import ROOT, require
 from job_specs import TOKEN, set_conditions, write_spec, writes
-from kube_objects import healthy_eks, trainer_v2
+from kube_objects import crd, deployment, healthy_eks, trainer_v2
 
 require("kmock")
 
@@ -79,8 +79,9 @@ def test_failed_check_creates_nothing(kube, tmp_path):
     healthy_eks(kube, operator=False)
     code, out, err = deploy(kube, tmp_path)
     assert code == 1
-    # No job operator at all: Trainer v2, what a plain EKS cluster should run, fails the check.
-    assert "FAIL Kubeflow Trainer v2: CRD trainjobs.trainer.kubeflow.org not installed" in out
+    # No job operator at all: the one this pytorchjob spec needs fails the check.
+    assert "FAIL Kubeflow training operator: CRD pytorchjobs.kubeflow.org not installed" in out
+    assert "Trainer v2" not in out.split("[storage]")[0].split("FAIL", 1)[1]   # not this job's concern
     assert "deploy step check: cluster check failed" in err and "left in the cluster: nothing" in err
     assert created(kube) == []
 
@@ -112,6 +113,43 @@ def test_deploy_runs_a_trainjob_where_trainer_v2_runs(kube, tmp_path):
     assert "llama-tiny: Running" in out and "llama-tiny: Succeeded" in out
     assert [p for m, p in writes(kube) if m == "POST" and p in (PVCS, SECRETS, trainjobs)] == [
         PVCS, SECRETS, trainjobs]
+
+
+def test_another_backend_s_operator_left_without_its_controller_is_a_note(kube, tmp_path):
+    """What an add-on left behind: HyperPod's CRD and a controller that no longer runs fail
+    `cluster check`, but a trainjob deploy passes [check] with a note and runs."""
+    from kubernetes import client
+
+    healthy_eks(kube, operator=False)
+    trainer_v2(kube)
+    kube.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
+                crd("hyperpodpytorchjobs.sagemaker.amazonaws.com"))
+    kube.create("/apis/apps/v1/namespaces/aws-hyperpod/deployments",
+                deployment("hp-training-operator-hp-training-controller-manager", "aws-hyperpod",
+                           {"hp-training-control-plane": "hp-training-controller-manager"}, available=0))
+    r = subprocess.run([sys.executable, "-m", "fsdpkit", "cluster", "check"], cwd=ROOT, capture_output=True,
+                       text=True, env={**os.environ, **kube.env}, timeout=120)
+    failed = "HyperPod training operator: aws-hyperpod/hp-training-operator-hp-training-controller-manager: " \
+        "controller not available (0 replicas ready)"
+    assert r.returncode == 1 and f"FAIL  {failed}" in r.stdout, r.stdout
+    api = client.CustomObjectsApi(kube.api())
+
+    def trainer_plays(kube, proc, seen):
+        deadline = time.monotonic() + 60
+        while not api.list_namespaced_custom_object("trainer.kubeflow.org", "v1alpha1", "default",
+                                                    "trainjobs")["items"]:
+            assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+            time.sleep(0.1)
+        api.patch_namespaced_custom_object_status("trainer.kubeflow.org", "v1alpha1", "default", "trainjobs",
+                                                  "llama-tiny", {"status": {"conditions": [
+                                                      {"type": "Complete", "status": "True", "reason": "Complete",
+                                                       "message": "done", "lastTransitionTime": "2026-11-24T10:00:00Z"}]}})
+    code, out, err = deploy(kube, tmp_path, spec=write_spec(tmp_path, backend="trainjob"), operator=trainer_plays)
+    assert code == 0, err
+    check = out.split("[storage]")[0]
+    assert "FAIL" not in check
+    assert f"  note: {failed} (not used by this trainjob job)" in check.splitlines()
+    assert "check passed" in out
 
 
 def test_a_job_the_planner_says_cannot_fit_warns_and_strict_stops_at_check(kube, tmp_path):

@@ -76,6 +76,7 @@ class Check:
     detail: str
     fix: str = ""
     remedy: str = ""      # a command `--fix` may run, after asking
+    backend: str = ""     # a job operator's check: the job backend it serves
 
 
 @dataclass
@@ -215,6 +216,8 @@ def _job_operator_checks(r: ClusterReader, crds: set[str], deployments: list[dic
         found["hyperpod"] = ("hyperpod-operator", _operator_check(
             JOB_OPERATORS["hyperpod"], "hyperpodpytorchjobs.sagemaker.amazonaws.com", crds, deployments,
             HYPERPOD_OPERATOR_LABELS, FIXES["hyperpod-operator"], False))
+    for backend, (_, check) in found.items():
+        check.backend = backend
     _trainer_detail(r, crds, found["trainjob"][1])
     running = {b: b in found and found[b][1].status == "pass" for b in JOB_OPERATORS}
     backends = [b for b in JOB_OPERATORS if running[b]]

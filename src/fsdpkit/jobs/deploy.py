@@ -19,6 +19,7 @@ from fsdpkit.errors import Conflict, UserError
 from fsdpkit.home import home, make_dir
 from fsdpkit.jobs.backends.base import Backend, wait
 from fsdpkit.jobs.backends.kube import KubeBackend
+from fsdpkit.jobs.backends.kube_api import KINDS
 from fsdpkit.jobs.capacity import DoesNotFit, capacity
 from fsdpkit.jobs.hub import check_hub_access
 from fsdpkit.jobs.spec import CLUSTER_BACKENDS, JobSpec
@@ -60,6 +61,7 @@ def deploy(spec: JobSpec, backend: Backend, skip: set[str], say: Callable[[str],
     if state.done:
         say(f"resuming: already done: {', '.join(state.done)}")
     objs = {o["kind"]: o for o in backend.render(spec).objects()}
+    job_kind = next(k for k in objs if k in KINDS)
     results: dict[str, Any] = {}
     for step in STEPS:
         if step in skip or step in state.done:
@@ -68,7 +70,7 @@ def deploy(spec: JobSpec, backend: Backend, skip: set[str], say: Callable[[str],
         say(f"[{step}]")
         try:
             if step == "check":
-                results[step] = _check(spec, backend, strict, say)
+                results[step] = _check(spec, backend, job_kind, strict, say)
             elif step == "watch":
                 results[step] = _watch(spec, backend, poll, say)
             else:
@@ -99,12 +101,23 @@ def _preconditions(spec: JobSpec, skip: set[str]) -> str | None:
     return token
 
 
-def _check(spec: JobSpec, backend: KubeBackend, strict: bool, say: Callable[[str], None]) -> str:
-    """The cluster is ready (no failed check) and the job fits its GPUs (or only a warning)."""
+def _check(spec: JobSpec, backend: KubeBackend, kind: str, strict: bool, say: Callable[[str], None]) -> str:
+    """The cluster is ready for this job (no failed check of what it uses) and the job fits its GPUs
+    (or only a warning). Another backend's operator is not this job's concern: CRDs an add-on left
+    behind are common, and its check is a note, not a failure."""
     report = run_checks(backend.client)
-    failed = [c for c in report.checks if c.status == "fail"]
-    for c in failed:
-        say(f"  FAIL {c.name}: {c.detail}" + (f" (fix: {c.fix})" if c.fix else ""))
+    mine = KINDS[kind].backend
+    failed = []
+    for c in report.checks:
+        if c.backend and c.backend != mine:
+            if c.status == "fail":
+                say(f"  note: {c.name}: {c.detail} (not used by this {mine} job)")
+            continue
+        if c.backend == mine and c.status == "warn":
+            c.status = "fail"  # absent where the cluster as a whole needs none of it, but this job does
+        if c.status == "fail":
+            failed.append(c)
+            say(f"  FAIL {c.name}: {c.detail}" + (f" (fix: {c.fix})" if c.fix else ""))
     if failed:
         raise StepFailed(f"cluster check failed ({len(failed)} problem(s) above); fix them, or --skip check")
     try:
@@ -119,7 +132,7 @@ def _apply(step: str, spec: JobSpec, backend: KubeBackend, objs: dict[str, dict[
     """storage, secret or submit: create the step's object unless it is there already."""
     kind = {"storage": "PersistentVolumeClaim", "secret": "Secret", "submit": None}[step]
     if kind is None:
-        kind = next(k for k in objs if k not in ("PersistentVolumeClaim", "Secret"))
+        kind = next(k for k in objs if k in KINDS)
         backend.require_operator(kind, spec.namespace)
         if backend.get_job(spec.name, spec.namespace) is not None:
             raise Conflict(f"job {spec.name!r} already exists in {spec.namespace}; `fsdpkit job delete "
