@@ -136,6 +136,47 @@ def test_logs_wait_for_pods_and_stream_from_the_chosen_replica(kube, tmp_path):
                for m, p, _ in kube.requests() if p.startswith("/api/v1/namespaces/default/pods?"))
 
 
+def test_logs_of_a_finished_or_deleted_job_say_so_at_once_and_a_timeout_exits_124(kube, tmp_path):
+    """No pods and nothing to wait for is one line at once; a job that never gets pods is waited for
+    as long as --timeout says, with progress, and ends with the code `job wait --timeout` uses."""
+    assert job_cli(kube, "submit", str(write_spec(tmp_path))).returncode == 0
+    start = time.monotonic()
+    r = job_cli(kube, "logs", "llama-tiny", "--timeout", "5s")
+    took = time.monotonic() - start
+    assert r.returncode == 124 and 5 <= took < 25, (r.returncode, took, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert lines[0] == "waiting for the pods of llama-tiny (job Pending, 0 s of 5) ..."
+    assert lines[-1].startswith("error: job 'llama-tiny' has no pods after 5 s (job Pending); see `fsdpkit job status")
+    envelope = json.loads(job_cli(kube, "logs", "llama-tiny", "--timeout", "1s", "--json").stdout)
+    assert envelope["ok"] is False and envelope["error"]["code"] == "timeout"
+    r = job_cli(kube, "wait", "llama-tiny", "--timeout", "1s", "--poll", "0.2")
+    assert r.returncode == 124   # the same code for the same thing
+
+    # The operator finished the job and its pods went (cleanPodPolicy, TTL): nothing to wait for.
+    set_conditions(kube, "llama-tiny", "Created", "Running", "Succeeded")
+    start = time.monotonic()
+    r = job_cli(kube, "logs", "llama-tiny", "-f")
+    assert r.returncode == 2 and time.monotonic() - start < 15
+    assert r.stderr.strip().splitlines() == [
+        "error: job 'llama-tiny' ended Succeeded and its pods are gone, so are their logs; what it wrote is on its "
+        "storage (see `fsdpkit ckpt list` and its run directory)"]
+    assert json.loads(job_cli(kube, "logs", "llama-tiny", "--json").stdout)["error"]["code"] == "not_found"
+
+    # Deleted: one line at once, also while the deletion is still going on (its pods going with it).
+    kube.call(lambda: kube.handler.objects[
+        ("kubeflow.org", "v1", "pytorchjobs"), "default", "llama-tiny"].patch(
+        {"metadata": {"deletionTimestamp": "2026-11-27T10:00:00Z"}}))
+    r = job_cli(kube, "logs", "llama-tiny", "-f")
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        "error: job 'llama-tiny' is being deleted (since 2026-11-27T10:00:00Z); it has no logs to follow"]
+    assert job_cli(kube, "delete", "llama-tiny").returncode == 0
+    start = time.monotonic()
+    r = job_cli(kube, "logs", "llama-tiny", "-f")
+    assert r.returncode == 2 and time.monotonic() - start < 15
+    assert r.stderr.strip().splitlines() == [
+        "error: job 'llama-tiny' not found in namespace default (see `fsdpkit job list`)"]
+
+
 def test_delete_removes_job_and_secret_and_keeps_storage_unless_asked(kube, tmp_path):
     assert job_cli(kube, "submit", str(write_spec(tmp_path))).returncode == 0
     r = job_cli(kube, "delete", "llama-tiny")

@@ -202,7 +202,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
     lines = []
     for line in _backend(args).logs(args.job, follow=args.follow, replica=args.replica,
-                                    previous=args.previous):
+                                    previous=args.previous, wait=args.timeout):
         if args.check_network or args.json:
             lines.append(line)
         if not args.json:
@@ -356,6 +356,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-f", "--follow", action="store_true")
     p.add_argument("--replica", help="worker-1, master-0, ... or all")
     p.add_argument("--previous", action="store_true", help="the previous (crashed) container's logs")
+    p.add_argument("--timeout", type=duration, default=600.0, help="how long to wait for the job's pods and their "
+                   "containers to start (seconds, or 30s, 10m); exit 124 when it runs out")
     p.add_argument("--check-network", action="store_true",
                    help="after the logs, say whether NCCL used EFA (the trainer's network line, or NCCL's own "
                    "lines with diagnose_network: true)")

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from fsdpkit.cluster.client import api_errors, is_not_found, label_selector, labels_match
-from fsdpkit.errors import TimedOut, UserError
+from fsdpkit.cluster.client import api_errors, api_message, is_not_found, label_selector, labels_match
+from fsdpkit.errors import NotFound, TimedOut, UserError
 from fsdpkit.jobs import manifests
 from fsdpkit.jobs.backends.kube_api import KINDS, KubeAPI, log
 from fsdpkit.jobs.health import log_progress, network_verdict, pod_findings, pod_summary, step_time
@@ -99,19 +99,39 @@ class KubeObserver(KubeAPI):
     def logs(self, name: str, follow: bool = False, replica: str | None = None, previous: bool = False,
              wait: float = 600, poll: float = 2.0) -> Iterator[str]:
         """Log lines of the job's rank-0 pod (or `replica`, or every pod with replica='all').
-        Waits for the pods to exist and their containers to start before reading."""
+        Waits up to `wait` seconds for the pods to exist and their containers to start, saying what
+        it waits on; a job that is deleted, or that ended and whose pods are gone, has no logs to
+        wait for: one line at once."""
         namespace = self.namespace
-        kind, _ = self._require_job(name, namespace)
+        kind, obj = self._require_job(name, namespace)
+        self._not_deleting(name, obj)
         deadline = time.monotonic() + wait
+        started = time.monotonic()
 
-        def told(pods: list[Any]) -> None:
-            if not pods:
-                log.info(f"waiting for the pods of {name} ...")
+        def look() -> tuple[list[Any], JobStatus | None]:
+            pods = self.pods(name, namespace, kind)
+            if pods:
+                return pods, None
+            found = self.get_job(name, namespace)
+            return [], self._status_of(*found) if found else None
 
-        pods = poll_until(lambda: self.pods(name, namespace, kind), bool, wait, poll, told, key=bool)
+        def told(seen: tuple[list[Any], JobStatus | None]) -> None:
+            pods, st = seen
+            if not pods and st is not None and not st.finished:
+                log.info(f"waiting for the pods of {name} (job {st.state}, {time.monotonic() - started:.0f} s of "
+                         f"{wait:.0f}) ...")
+
+        pods, st = poll_until(look, lambda seen: bool(seen[0]) or seen[1] is None or seen[1].finished, wait, poll,
+                              told, key=lambda seen: (bool(seen[0]), seen[1] and seen[1].state,
+                                                      int((time.monotonic() - started) // 30)))
         if not pods:
-            raise TimedOut(f"job {name!r} has no pods after {wait:.0f} s; see `fsdpkit job status {name}` "
-                               f"and `kubectl describe {kind.lower()} {name}` for scheduling problems")
+            if st is None:
+                raise NotFound(f"job {name!r} was deleted while waiting for its pods; it has no logs")
+            if st.finished:
+                raise NotFound(f"job {name!r} ended {st.state} and its pods are gone, so are their logs; what it "
+                               f"wrote is on its storage (see `fsdpkit ckpt list` and its run directory)")
+            raise TimedOut(f"job {name!r} has no pods after {wait:g} s (job {st.state}); see `fsdpkit job status "
+                           f"{name}` and `kubectl describe {kind.lower()} {name}` for scheduling problems")
         chosen = self._pick(pods, replica, kind)
         prefix = len(chosen) > 1
         for pod in chosen:
@@ -120,10 +140,18 @@ class KubeObserver(KubeAPI):
                                       previous, deadline, poll):
                 yield f"[{label}] {line}" if prefix else line
 
+    @staticmethod
+    def _not_deleting(name: str, obj: dict[str, Any]) -> None:
+        """A job being deleted (its pods going with it) has nothing left to follow."""
+        if (obj.get("metadata") or {}).get("deletionTimestamp"):
+            raise NotFound(f"job {name!r} is being deleted (since {obj['metadata']['deletionTimestamp']}); "
+                           "it has no logs to follow")
+
     def _pod_log(self, pod: str, namespace: str, container: str, follow: bool, previous: bool, deadline: float,
                  poll: float) -> Iterator[str]:
         from kubernetes.client import ApiException
 
+        said = False
         while True:
             try:
                 resp = self._core().read_namespaced_pod_log(
@@ -132,7 +160,13 @@ class KubeObserver(KubeAPI):
                 break
             except ApiException as e:
                 # 400 while the container is still being created: wait for it, as `kubectl logs -f` does not.
-                if e.status == 400 and not previous and time.monotonic() < deadline:
+                if e.status == 400 and not previous:
+                    if time.monotonic() >= deadline:
+                        raise TimedOut(f"pod {pod}'s container has not started ({api_message(e)}); see `kubectl "
+                                       f"describe pod {pod} -n {namespace}`") from None
+                    if not said:
+                        log.info(f"waiting for {pod} to start ({api_message(e)}) ...")
+                        said = True
                     time.sleep(poll)
                     continue
                 with api_errors(f"reading logs of {pod}", self.host):
