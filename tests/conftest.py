@@ -154,6 +154,8 @@ class KubeMock:
         self._thread.start()
         assert ready.wait(20), "kmock did not start"
         self.dry_runs: list[tuple[str, dict]] = []
+        # token -> (user name, Role rules, the Role's namespace): users the API server authorizes with RBAC.
+        self.users: dict[str, tuple[str, list[dict], str]] = {}
         self.kubeconfig = tmp_path / "kubeconfig"
         self.kubeconfig.write_text(
             "apiVersion: v1\nkind: Config\ncurrent-context: kmock\n"
@@ -172,6 +174,8 @@ class KubeMock:
             relays it from the kubelet, answered by the test's `serve_exec` handler."""
 
             async def __call__(self, raw_request):
+                if (refused := await mock._authorize(raw_request)) is not None:
+                    return refused
                 if raw_request.path.endswith("/exec") and mock.exec_handler is not None:
                     return await mock._exec(raw_request)
                 if raw_request.method == "POST" and raw_request.query.get("dryRun") == "All":
@@ -187,6 +191,38 @@ class KubeMock:
             await self._stop.wait()
 
     exec_handler = None
+
+    def user(self, name: str, rules: list[dict], namespace: str = "default") -> dict[str, str]:
+        """A user bound to a Role with these rules in `namespace` and nothing cluster-wide, as a
+        shared cluster gives a team: the environment whose kubeconfig is that user's."""
+        token = f"token-{len(self.users)}-{name.replace(':', '-')}"
+        self.users = {**self.users, token: (name, rules, namespace)}
+        path = self.kubeconfig.parent / f"kubeconfig-{token}"
+        path.write_text(self.kubeconfig.read_text().replace("not-a-real-token", token))
+        return {"KUBECONFIG": str(path)}
+
+    async def _authorize(self, raw_request):
+        """RBAC as kube-apiserver applies it (tests/kube_access.py); SelfSubjectAccessReviews answered
+        from the same rules. None lets the request through."""
+        from aiohttp import web
+
+        import kube_access
+
+        token = raw_request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+        name, rules, namespace = self.users.get(token, ("tester", None, ""))
+        if raw_request.method == "POST" and raw_request.path.startswith("/apis/authorization.k8s.io/v1/selfsubject"):
+            review = await raw_request.json()
+            return web.json_response(kube_access.access_review(review, name, rules, namespace), status=201)
+        if rules is None:
+            return None
+        a = kube_access.attributes(raw_request.method, raw_request.path, dict(raw_request.query))
+        if not a.is_resource:
+            return None  # discovery: every authenticated user
+        for verb in kube_access.checks(a):
+            if not kube_access.allowed(rules, namespace, verb, a.group, a.resource, a.subresource, a.namespace,
+                                       a.name):
+                return web.json_response(kube_access.forbidden_status(name, a, verb), status=403)
+        return None
     # A server-side dry run's verdict: `refuse(path, body)` -> None to accept, or the API server's
     # message for a 400 (what a real one says of a field its CRD does not know, say).
     refuse = None

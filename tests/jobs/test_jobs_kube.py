@@ -270,7 +270,8 @@ def test_unreachable_cluster_is_one_line(tmp_path):
                    "contexts: [{name: c, context: {cluster: c, user: u}}]\nusers: [{name: u, user: {}}]\n")
     r = run_cli("job", "status", "nope", "--backend", "pytorchjob", env={"KUBECONFIG": str(cfg)}, timeout=120)
     assert r.returncode == 3
-    assert r.stderr.startswith("error: reading job nope: cannot reach the Kubernetes API at http://127.0.0.1:9")
+    assert r.stderr.startswith("error: finding which job kinds the cluster serves: cannot reach the Kubernetes API "
+                               "at http://127.0.0.1:9")
     assert len(r.stderr.strip().splitlines()) == 1
 
 

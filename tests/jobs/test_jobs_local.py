@@ -52,7 +52,7 @@ def test_local_submit_trains_two_processes_and_finishes(tmp_path):
     assert TOKEN not in printed
     assert not [p for p in job_dir.rglob("*") if p.is_file() and TOKEN.encode() in p.read_bytes()]
     r = run_cli("job", "list", "--backend", "local", "--json", env=env)
-    assert [(j["name"], j["state"]) for j in json.loads(r.stdout)["data"]] == [("tiny-local", "Succeeded")]
+    assert [(j["name"], j["state"]) for j in json.loads(r.stdout)["data"]["jobs"]] == [("tiny-local", "Succeeded")]
 
     # The same name again is refused; --replace resumes from its checkpoints (nothing to do at step 30).
     r = run_cli("job", "submit", str(spec), env=env)

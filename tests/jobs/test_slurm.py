@@ -75,7 +75,7 @@ def test_slurm_two_node_job_trains_and_is_followed_to_its_end(slurm, tmp_path):
     assert [m["step"] for m in read_metrics(run)] == [5, 10, 15, 20]
     assert "Batch 20 Loss: " in logs.stdout and "node 1" in logs.stdout
     listed = slurm_cli(slurm, "job", "list", "--backend", "slurm", "--json")
-    assert "slurm-e2e" in [j["name"] for j in json.loads(listed.stdout)["data"]]
+    assert "slurm-e2e" in [j["name"] for j in json.loads(listed.stdout)["data"]["jobs"]]
 
 
 @pytest.mark.slow

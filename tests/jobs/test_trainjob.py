@@ -178,7 +178,7 @@ def test_submit_status_logs_and_delete_of_a_trainjob(kube, tmp_path):
                for m, p, _ in kube.requests() if p.startswith("/api/v1/namespaces/default/pods?"))
 
     r = job_cli(kube, "list", "--backend", "trainjob", "--json")
-    assert [j["name"] for j in json.loads(r.stdout)["data"]] == ["llama-tiny"]
+    assert [j["name"] for j in json.loads(r.stdout)["data"]["jobs"]] == ["llama-tiny"]
     r = job_cli(kube, "delete", "llama-tiny")
     assert r.returncode == 0, r.stderr
     assert [p for m, p in writes(kube) if m == "DELETE"] == [

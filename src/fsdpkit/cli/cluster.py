@@ -39,6 +39,19 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 1 if fails else 0
 
 
+def cmd_rbac(args: argparse.Namespace) -> int:
+    from fsdpkit.cluster.rbac import role_manifests
+    from fsdpkit.jobs.backends.kube_api import KINDS
+
+    backends = args.backend or ["trainjob", "pytorchjob", "hyperpod"]
+    kinds = [(k.group, k.plural) for k in KINDS.values() if k.backend in backends]
+    objs = role_manifests(args.namespace, args.name, kinds, args.user, args.service_account, args.group)
+    if args.json:
+        return emit_json({"manifests": objs})
+    print(yamlfile.dump_all(objs), end="")
+    return 0
+
+
 def _failure(checks: list[Any]) -> tuple[str | None, str, str | None]:
     """The envelope's message, code and hint for checks (Check objects or dicts with status,
     detail, fix and name or node) of which some failed: the first failure and how many."""
@@ -269,6 +282,18 @@ def build_parser() -> argparse.ArgumentParser:
     _kube_flags(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_addons)
+
+    p = sub.add_parser("rbac", help="the Role (and RoleBinding) a team needs in its namespace to run fsdpkit's job "
+                       "verbs, for the cluster's admin to apply")
+    p.add_argument("--namespace", "-n", required=True, help="the team's namespace")
+    p.add_argument("--backend", action="append", choices=("trainjob", "pytorchjob", "hyperpod"),
+                   help="the job backends the team uses (repeatable; default: all three)")
+    p.add_argument("--user", help="bind it to this user (as the cluster's authenticator names them)")
+    p.add_argument("--group", help="bind it to this group")
+    p.add_argument("--service-account", help="bind it to this ServiceAccount: NAME in the namespace, or NS:NAME")
+    p.add_argument("--name", default="fsdpkit", help="the Role's and RoleBinding's name")
+    p.add_argument("--json", action="store_true", help="one JSON envelope on stdout")
+    p.set_defaults(func=cmd_rbac)
 
     p = sub.add_parser("check", help="nodes, GPUs, EFA, device plugins, operators, storage: pass/warn/fail")
     _kube_flags(p)

@@ -145,14 +145,35 @@ def _why(name: str) -> str:
 
 def cmd_status(args: argparse.Namespace) -> int:
     backend = _backend(args)
-    st = backend.status(args.job)
-    st.details["network"] = backend.network(args.job)
+    if isinstance(backend, Watchable):
+        st = backend.describe(args.job)
+    else:
+        st = backend.status(args.job)
+        st.details["network"] = backend.network(args.job)
     if args.json:
         return emit_json(st.to_dict())
     _print_status(st)
+    if st.details.get("pods"):
+        print(f"  pods: {_pods_text(st.details['pods'])}")
     if st.details["network"]:
         print(f"  network: {_network_text(st.details['network'])}")
+    _print_unreachable(st.details.get("unreachable") or [])
+    if "network" in (st.details.get("gaps") or {}):
+        log.warning(f"network not read: {st.details['gaps']['network']}")
     return 0
+
+
+def _pods_text(pods: list[dict[str, Any]]) -> str:
+    return ", ".join(f"{x['name']} {x['phase']}" + (f" on {x['node']}" if x.get("node") else "") +
+                     (f" ({x['reason']})" if x["reason"] else "") +
+                     (f" restarts {x['restarts']}" if x["restarts"] else "") for x in pods)
+
+
+def _print_unreachable(nodes: list[dict[str, Any]]) -> None:
+    """Nodes that are not ready or whose kubelet does not answer: part of the answer, not an error."""
+    for n in nodes:
+        since = f" since {n['since']}" if n.get("since") else ""
+        print(f"  node {n['node']}{since}: {n['detail']}; its pods: {', '.join(n['pods']) or 'none'}", flush=True)
 
 
 def _network_text(v: dict[str, Any]) -> str:
@@ -164,25 +185,44 @@ def _network_text(v: dict[str, Any]) -> str:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    """Every job that could be read; what could not be read is named, and a cluster that could not
+    be read at all (down, or every job kind refused) is exit 3, with the jobs read elsewhere still
+    shown. No kubeconfig at all is no cluster to ask: a note."""
     from fsdpkit.cluster.client import ClusterError
 
     # One Kubernetes backend lists every kind it knows (TrainJob, PyTorchJob, HyperPodPyTorchJob).
     backends = [args.backend] if args.backend else ["local", "pytorchjob"]
     rows: list[JobStatus] = []
+    unread: dict[str, str] = {}
+    failed: ClusterError | None = None
     for name in backends:
         try:
-            rows += get_backend(name, _target(args)).jobs()
+            listing = get_backend(name, _target(args)).jobs()
         except ClusterError as e:
             if args.backend:  # asked for the cluster explicitly: its failure is the answer
                 raise
-            log.info(f"note: cluster jobs not listed: {e}")
+            if e.code == "no_credentials":
+                log.info(f"note: cluster jobs not listed: {e}")
+                continue
+            failed = e
+            continue
+        rows += listing.jobs
+        unread.update(listing.unread)
     rows = [r for r in rows if args.backend in (None, r.backend)]
+    data = {"jobs": [r.to_dict() for r in rows], "unread": unread}
     if args.json:
-        return emit_json([r.to_dict() for r in rows])
-    if not rows:
-        print("no jobs")
+        if failed is not None:
+            return emit_json(data, failed.exit_code, str(failed), failed.code, hint=failed.hint)
+        return emit_json(data)
+    if not rows and failed is None:
+        print("no jobs" + (" that this user may read" if unread else ""))
     for r in rows:
         print(f"{r.name:40s} {r.backend:11s} {r.state:11s} {r.message}")
+    for what, why in unread.items():
+        log.warning(f"{what} not listed: {why}")
+    if failed is not None:
+        print(f"error: {failed}", file=sys.stderr)
+        return failed.exit_code
     return 0
 
 
@@ -234,12 +274,12 @@ def _node_text(n: dict[str, Any]) -> str:
 def _print_snapshot(snap: dict[str, Any]) -> None:
     p = snap["progress"]
     prog = (f" step {p['step']} loss {p['loss']:.4f} {p['tokens_per_s']} tok/s" if "step" in p else "")
-    pods = ", ".join(f"{x['name']} {x['phase']}" + (f" ({x['reason']})" if x["reason"] else "") +
-                     (f" restarts {x['restarts']}" if x["restarts"] else "") for x in snap["pods"])
+    pods = _pods_text(snap["pods"])
     net = f" | network {_network_text(snap['network'])}" if snap.get("network") else ""
     print(f"{snap['name']}: {snap['state']}{prog}{net} | {pods or 'no pods yet'}", flush=True)
     for n in snap.get("nodes") or []:
         print(_node_text(n), flush=True)
+    _print_unreachable(snap.get("unreachable") or [])
     print_findings(snap["findings"])
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, cast
 
 from fsdpkit.aws import session as aws_session
@@ -96,12 +96,16 @@ def translate(e: BaseException, what: str, host: str | None = None, not_found: b
 
 
 @contextlib.contextmanager
-def api_errors(what: str, host: str | None = None) -> Iterator[None]:
+def api_errors(what: str, host: str | None = None, keep: Callable[[BaseException], bool] | None = None
+               ) -> Iterator[None]:
     """Run API calls with their failures translated (see `translate`); 404s pass through to callers,
-    which decide what a missing object means."""
+    which decide what a missing object means, and so does whatever `keep` picks (a 403 on a kind of
+    job this user may not read is not a failure of a verb that reads another)."""
     try:
         yield
     except Exception as e:
+        if keep is not None and keep(e):
+            raise
         if (err := translate(e, what, host, not_found=False)) is None:
             raise
         raise err from None
@@ -109,6 +113,11 @@ def api_errors(what: str, host: str | None = None) -> Iterator[None]:
 
 def is_not_found(e: BaseException) -> bool:
     return getattr(e, "status", None) == 404
+
+
+def is_forbidden(e: BaseException) -> bool:
+    """RBAC (or another authorizer) refused this request: 403, its Status naming the verb and resource."""
+    return getattr(e, "status", None) == 403
 
 
 def labels_match(labels: Mapping[str, str] | None, wanted: Mapping[str, str | None]) -> bool:

@@ -53,6 +53,15 @@ class Target:
     namespace: str = "default"
 
 
+@dataclass(frozen=True)
+class Listing:
+    """The jobs a backend could read, and what it could not read with why (a job kind this user
+    may not list): never an empty list standing for an error."""
+
+    jobs: list[JobStatus]
+    unread: dict[str, str]
+
+
 class Backend(Protocol):
     name: str
     target: Target
@@ -66,7 +75,7 @@ class Backend(Protocol):
 
     def status(self, name: str) -> JobStatus: ...
 
-    def jobs(self) -> list[JobStatus]: ...
+    def jobs(self) -> Listing: ...
 
     def cancel(self, name: str, delete_storage: bool = False, dry_run: bool = False) -> list[str]:
         """Stop and remove the job (its storage too with `delete_storage`); what went, or with
@@ -74,7 +83,9 @@ class Backend(Protocol):
         ...
 
     def logs(self, name: str, follow: bool = False, replica: str | None = None,
-             previous: bool = False) -> Iterator[str]: ...
+             previous: bool = False, wait: float = 600) -> Iterator[str]:
+        """`wait`: how long to wait for a job's output to exist (its pods, their containers)."""
+        ...
 
     def network(self, name: str) -> dict[str, Any] | None: ...
 
@@ -109,3 +120,7 @@ class Watchable(Protocol):
 
     def snapshot(self, name: str, stall_after: float = 900, now: Any = None, sample: float = 0,
                  history: Any = None) -> dict[str, Any]: ...
+
+    def describe(self, name: str) -> JobStatus:
+        """The job's state with its pods, network and unanswering nodes (`fsdpkit job status`)."""
+        ...

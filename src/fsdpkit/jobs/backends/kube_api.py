@@ -3,13 +3,14 @@ finding, deleting and waiting out a job by name."""
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
-from fsdpkit.cluster import trainer
-from fsdpkit.cluster.client import api_errors, connect, is_not_found
+from fsdpkit.cluster import rbac, trainer
+from fsdpkit.cluster.client import ClusterError, api_errors, api_message, connect, is_forbidden, is_not_found
 from fsdpkit.errors import NotFound, TimedOut
 from fsdpkit.jobs.backends.base import Target
 from fsdpkit.jobs.manifests import CONTAINER, JOB_LABEL, KF_JOB_NAME, KF_REPLICA_INDEX, KF_REPLICA_TYPE
@@ -62,12 +63,18 @@ KINDS = {k.kind: k for k in (
 )}
 
 
+# The objects fsdpkit makes beside a job, by kind: their resource names.
+SUPPORT = {"Secret": "secrets", "PersistentVolumeClaim": "persistentvolumeclaims"}
+
+
 class KubeAPI:
     def __init__(self, target: Target | None = None):
         self.target = target or Target()
         self.context, self.kubeconfig, self.namespace = self.target.context, self.target.kubeconfig, \
             self.target.namespace
         self._client: Any = None
+        self._served: list[str] | None = None
+        self.refused: dict[str, str] = {}
 
     @property
     def client(self) -> Any:
@@ -90,34 +97,64 @@ class KubeAPI:
 
         return client.CustomObjectsApi(self.client)
 
+    def served(self) -> list[str]:
+        """The job kinds this API server serves (their operators' CRDs installed), from discovery,
+        which every authenticated user may read: a kind is looked for only where it exists."""
+        if self._served is None:
+            served = []
+            for kind, k in KINDS.items():
+                try:
+                    with api_errors("finding which job kinds the cluster serves", self.host):
+                        found = self._custom().get_api_resources(k.group, k.version, _preload_content=False)
+                except Exception as e:
+                    if is_not_found(e):
+                        continue
+                    raise
+                names = {r.get("name") for r in json.loads(found.data or b"{}").get("resources") or []}
+                if k.plural in names:
+                    served.append(kind)
+            self._served = served
+        return self._served
+
     def get_job(self, name: str, namespace: str) -> tuple[str, dict[str, Any]] | None:
-        for kind, k in KINDS.items():
-            group, version, plural = k.find()
+        """The job of that name, of whichever kind the server serves. A kind this user may not read
+        (403) is not the job's kind as far as it can tell: it is remembered in `refused`, and
+        `_require_job` names it if nothing else is found."""
+        self.refused = {}
+        for kind in self.served():
+            group, version, plural = KINDS[kind].find()
             try:
-                with api_errors(f"reading job {name}", self.host):
+                with api_errors(f"reading job {name}", self.host, keep=is_forbidden):
                     return kind, self._custom().get_namespaced_custom_object(group, version, namespace, plural, name)
             except Exception as e:
-                if not is_not_found(e):
+                if is_forbidden(e):
+                    self.refused[f"{plural}.{group}"] = api_message(e)
+                elif not is_not_found(e):
                     raise
         return None
 
     def serves(self, kind: str, namespace: str) -> bool:
         """Whether the API server knows this job kind (its operator's CRD is installed)."""
-        group, version, plural = KINDS[kind].find()
-        try:
-            with api_errors(f"listing {plural}", self.host):
-                self._custom().list_namespaced_custom_object(group, version, namespace, plural, limit=1)
-        except Exception as e:
-            if is_not_found(e):
-                return False
-            raise
-        return True
+        return kind in self.served()
 
     def _require_job(self, name: str, namespace: str) -> tuple[str, dict[str, Any]]:
         found = self.get_job(name, namespace)
         if found is None:
+            if self.refused:
+                raise ClusterError(f"job {name!r} is not among the jobs this user may read in namespace {namespace}; "
+                                   f"refused: {'; '.join(self.refused.values())}; ask the cluster's admin for the "
+                                   f"Role `fsdpkit cluster rbac --namespace {namespace}` renders", code="access_denied")
             raise NotFound(f"job {name!r} not found in namespace {namespace} (see `fsdpkit job list`)")
         return found
+
+    def require_access(self, verb: str, kind: str, namespace: str, objs: list[dict[str, Any]] | None = None) -> None:
+        """Before `verb` creates or deletes anything: this user holds what it needs here (the
+        support objects' permissions only where `objs` has them), else one line naming each."""
+        k = KINDS[kind]
+        present = {o["kind"] for o in objs} if objs is not None else set(SUPPORT)
+        skip = {SUPPORT[kind_] for kind_ in SUPPORT if kind_ not in present}
+        wanted = [p for p in rbac.needs(verb, k.group, k.plural) if p.resource not in skip]
+        rbac.require(self.client, namespace, wanted, verb, k.backend)
 
     def _delete_object(self, kind: str, name: str, namespace: str) -> None:
         core = self._core()

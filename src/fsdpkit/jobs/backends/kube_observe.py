@@ -8,11 +8,20 @@ import json
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, cast
 
-from fsdpkit.cluster.client import api_errors, api_message, is_not_found, label_selector, labels_match
+from fsdpkit.cluster.client import (
+    ClusterError,
+    api_errors,
+    api_message,
+    is_forbidden,
+    is_not_found,
+    label_selector,
+    labels_match,
+)
 from fsdpkit.errors import NotFound, TimedOut, UserError
 from fsdpkit.jobs import manifests
+from fsdpkit.jobs.backends.base import Listing
 from fsdpkit.jobs.backends.kube_api import KINDS, KubeAPI, log
 from fsdpkit.jobs.health import log_progress, network_verdict, pod_findings, pod_summary, step_time
 from fsdpkit.jobs.manifests import ATTEMPT
@@ -27,6 +36,24 @@ NETWORK_HEAD = 256 * 1024
 def _not_yet(e: BaseException) -> bool:
     """A pod's log that cannot be read yet (its container not started: 400) or any more (gone)."""
     return is_not_found(e) or getattr(e, "status", None) == 400
+
+
+def _kubelet_down(e: BaseException) -> bool:
+    """The API server could not reach the pod's kubelet (it relays logs and exec): a 5xx whose
+    message is the dial error. What a node that stopped answering looks like from here."""
+    return (getattr(e, "status", None) or 0) >= 500
+
+
+def _condition(obj: dict[str, Any], kind: str) -> dict[str, Any]:
+    """A node's or pod's condition of that type ({} when it has none)."""
+    found: dict[str, Any] = next((c for c in (obj.get("status") or {}).get("conditions") or []
+                                  if c.get("type") == kind), {})
+    return found
+
+
+def _unanswered(e: BaseException) -> bool:
+    """A pod's log or exec that this user may not read, or that its kubelet did not serve."""
+    return is_forbidden(e) or _kubelet_down(e)
 
 
 class KubeObserver(KubeAPI):
@@ -53,22 +80,119 @@ class KubeObserver(KubeAPI):
         kind, obj = self._require_job(name, self.namespace)
         return self._status_of(kind, obj)
 
-    def jobs(self) -> list[JobStatus]:
+    def jobs(self) -> Listing:
+        """fsdpkit's jobs of every kind the server serves. A kind this user may not list is named in
+        `unread`; when every kind served is refused, the cluster could not be read: an error, never
+        "no jobs"."""
         namespace = self.namespace
-        out = []
-        for kind, k in KINDS.items():
-            group, version, plural = k.find()
+        out: list[JobStatus] = []
+        unread: dict[str, str] = {}
+        served = self.served()
+        for kind in served:
+            group, version, plural = KINDS[kind].find()
             try:
-                with api_errors(f"listing {plural}", self.host):
+                with api_errors(f"listing {plural}", self.host, keep=is_forbidden):
                     items = self._custom().list_namespaced_custom_object(
                         group, version, namespace, plural, label_selector=label_selector(manifests.MANAGED_BY))["items"]
             except Exception as e:
-                if is_not_found(e):  # the CRD is not installed: no jobs of that kind
+                if is_forbidden(e):
+                    unread[f"{plural}.{group}"] = api_message(e)
+                    continue
+                if is_not_found(e):  # the CRD went between discovery and now
                     continue
                 raise
             out += [self._status_of(kind, o) for o in items
                     if labels_match(o.get("metadata", {}).get("labels"), manifests.MANAGED_BY)]
-        return sorted(out, key=lambda s: s.name)
+        if served and len(unread) == len(served):
+            raise ClusterError(f"cannot list jobs on the Kubernetes API at {self.host} in namespace {namespace}: "
+                               f"every job kind it serves was refused ({'; '.join(unread.values())}); ask the "
+                               f"cluster's admin for the Role `fsdpkit cluster rbac --namespace {namespace}` renders",
+                               code="access_denied")
+        return Listing(sorted(out, key=lambda st: st.name), unread)
+
+    def _raw_pods(self, name: str, namespace: str, kind: str) -> list[dict[str, Any]]:
+        """The job's pods as the API returns them (plain JSON: a partial object cannot break a look)."""
+        sel = {KINDS[kind].pod_label: name}
+        with api_errors(f"listing pods of {name}", self.host):
+            resp = self._core().list_namespaced_pod(namespace, label_selector=label_selector(sel),
+                                                    _preload_content=False)
+        return [p for p in json.loads(resp.data or b"{}").get("items") or []
+                if labels_match((p.get("metadata") or {}).get("labels"), sel)]
+
+    def _node_health(self, pods: list[dict[str, Any]], gaps: dict[str, str]) -> dict[str, dict[str, Any]]:
+        """Each node that runs one of `pods` and is not Ready, from its Ready condition: node ->
+        {node, since, detail}. Nodes are cluster-scoped: a user without that read gets a named gap
+        (and the pods' own conditions speak instead)."""
+        out: dict[str, dict[str, Any]] = {}
+        for node in sorted({str(n) for p in pods if (n := (p.get("spec") or {}).get("nodeName"))}):
+            try:
+                with api_errors(f"reading node {node}", self.host, keep=is_forbidden):
+                    obj = json.loads(self._core().read_node(node, _preload_content=False).data or b"{}")
+            except Exception as e:
+                if is_forbidden(e):
+                    gaps["nodes"] = api_message(e)
+                    return out
+                if is_not_found(e):  # the node is gone: its pods are lost
+                    out[node] = {"node": node, "since": None, "detail": "the node no longer exists"}
+                    continue
+                raise
+            ready = _condition(obj, "Ready")
+            if ready.get("status") != "True":
+                out[node] = {"node": node, "since": ready.get("lastTransitionTime"),
+                             "detail": f"not ready (Ready={ready.get('status', 'Unknown')}"
+                                       + (f": {ready['message']}" if ready.get("message") else "") + ")"}
+        return out
+
+    @staticmethod
+    def _unreachable(nodes: dict[str, dict[str, Any]], pods: list[dict[str, Any]],
+                     kubelet: dict[str, str]) -> list[dict[str, Any]]:
+        """Per node that is not ready or whose kubelet did not answer: the node, since when, why, and
+        its pods. `kubelet`: pod -> the error the API server gave relaying to that pod's kubelet."""
+        by_node: dict[str, dict[str, Any]] = {n: dict(v, pods=[]) for n, v in nodes.items()}
+        for p in pods:
+            pod, node = p["metadata"]["name"], (p.get("spec") or {}).get("nodeName")
+            if node and pod in kubelet and node not in by_node:
+                ready = _condition(p, "Ready")
+                by_node[node] = {"node": node, "since": ready.get("lastTransitionTime")
+                                 if ready.get("status") == "False" else None,
+                                 "detail": f"kubelet unreachable: {kubelet[pod]}", "pods": []}
+            if node in by_node:
+                by_node[node]["pods"].append(pod)
+        return [by_node[n] for n in sorted(by_node)]
+
+    def describe(self, name: str) -> JobStatus:
+        """What `job status` shows of a Kubernetes job: its state, each pod with its node, the network
+        NCCL chose, and each node that is not ready or does not answer. A node that stopped answering
+        is part of the answer, not a failure of it; what could not be read is named in `gaps`."""
+        namespace = self.namespace
+        kind, obj = self._require_job(name, namespace)
+        st, k = self._status_of(kind, obj), KINDS[kind]
+        pods = self._raw_pods(name, namespace, kind)
+        gaps: dict[str, str] = {}
+        kubelet: dict[str, str] = {}
+        network = None
+        rank0 = self._rank0(pods, kind)
+        if rank0 is not None:
+            try:
+                network = self._network_of(rank0, namespace, k.container)
+            except Exception as e:
+                if is_forbidden(e):
+                    gaps["network"] = api_message(e)
+                elif _kubelet_down(e):
+                    kubelet[rank0] = api_message(e)
+                else:
+                    raise
+        st.details.update(pods=[{**pod_summary(p), "node": (p.get("spec") or {}).get("nodeName")} for p in pods],
+                          network=network,
+                          unreachable=self._unreachable(self._node_health(pods, gaps), pods, kubelet), gaps=gaps)
+        return st
+
+    def _rank0(self, pods: list[dict[str, Any]], kind: str) -> str | None:
+        """The pod that holds rank 0 (its log has the network verdict and the progress lines)."""
+        k = KINDS[kind]
+        by_replica = {k.replica((p.get("metadata") or {}).get("labels") or {}): p for p in pods}
+        first = next((by_replica[r] for r in k.rank0 if r in by_replica), None)
+        return first["metadata"]["name"] if first is not None else None
 
     # -- logs --------------------------------------------------------------------------------------
     def pods(self, name: str, namespace: str, kind: str | None = None) -> list[Any]:
@@ -185,23 +309,18 @@ class KubeObserver(KubeAPI):
 
     def network(self, name: str) -> dict[str, Any] | None:
         """The network NCCL chose, as the trainer reported it before its first step (the start of
-        rank 0's log); None before that line exists."""
-        namespace = self.namespace
-        kind, _ = self._require_job(name, namespace)
-        pods = self.pods(name, namespace, kind)
-        if not pods:
-            return None
-        return self._network_of(self._pick(pods, None, kind)[0].metadata.name, namespace, KINDS[kind].container)
+        rank 0's log); None before that line exists, or where it cannot be read (see `describe`)."""
+        return cast("dict[str, Any] | None", self.describe(name).details["network"])
 
     def _network_of(self, pod: str, namespace: str, container: str) -> dict[str, Any] | None:
         try:
-            with api_errors(f"reading logs of {pod}", self.host):
+            with api_errors(f"reading logs of {pod}", self.host, keep=_unanswered):
                 head = self._core().read_namespaced_pod_log(pod, namespace, container=container,
                                                             limit_bytes=NETWORK_HEAD, _preload_content=False).data
         except Exception as e:  # no container yet, or gone: no verdict yet
             if _not_yet(e):
                 return None
-            raise
+            raise  # refused, or its kubelet did not answer: untranslated, for the caller to name
         return network_verdict(head.decode(errors="replace").splitlines())
 
     # -- watch ---------------------------------------------------------------------------------------
@@ -223,15 +342,17 @@ class KubeObserver(KubeAPI):
         return parse_sample(out if isinstance(out, str) else "", window).to_dict()
 
     def _pod_log_tail(self, pod: str, namespace: str, container: str, lines: int) -> str:
-        with api_errors(f"reading logs of {pod}", self.host):
+        with api_errors(f"reading logs of {pod}", self.host, keep=_kubelet_down):
             raw: bytes = self._core().read_namespaced_pod_log(pod, namespace, container=container, tail_lines=lines,
                                                               timestamps=True, _preload_content=False).data
             return raw.decode(errors="replace")
 
     def _nodes(self, pods: list[dict[str, Any]], namespace: str, container: str, window: float,
-               rank0: str | None, rank0_log: list[str]) -> list[dict[str, Any]]:
-        """Per running pod (one per node): the node's sample and its own step time from its log."""
-        running = [p for p in pods if (p.get("status") or {}).get("phase") == "Running"]
+               rank0: str | None, rank0_log: list[str], kubelet: dict[str, str]) -> list[dict[str, Any]]:
+        """Per running pod (one per node): the node's sample and its own step time from its log. A pod
+        whose kubelet does not answer goes into `kubelet` (pod -> why) and is not sampled."""
+        running = [p for p in pods if (p.get("status") or {}).get("phase") == "Running"
+                   and p["metadata"]["name"] not in kubelet]
 
         def one(p: dict[str, Any]) -> dict[str, Any]:
             name = p["metadata"]["name"]
@@ -239,8 +360,10 @@ class KubeObserver(KubeAPI):
             row.update(self.sample_node(name, namespace, container, window))
             try:
                 lines = rank0_log if name == rank0 else self._pod_log_tail(name, namespace, container, 50).splitlines()
-            except Exception as e:  # a log that cannot be read yet: no step time
-                if not _not_yet(e):
+            except Exception as e:  # a log that cannot be read yet, or whose node does not answer: no step time
+                if _kubelet_down(e):
+                    kubelet[name] = api_message(e)
+                elif not _not_yet(e):
                     raise
                 lines = []
             row["step_time_s"] = step_time(lines)
@@ -255,23 +378,19 @@ class KubeObserver(KubeAPI):
         """One look at a running job: state, per-pod phase and restarts, the trainer's latest step,
         loss and tokens/s from rank 0's log, and findings (stall, OOMKilled, crash loop, pending
         reason, NCCL timeout). With `sample` seconds, also each node's GPU and EFA rates over that
-        window and its step time, with stragglers and flat EFA among the findings."""
+        window and its step time, with stragglers and flat EFA among the findings. A node that is not
+        ready or whose kubelet does not answer is named in `unreachable`; the look goes on."""
         namespace = self.namespace
         kind, obj = self._require_job(name, namespace)
         st, k = self._status_of(kind, obj), KINDS[kind]
-        sel = {k.pod_label: name}
-        with api_errors(f"listing pods of {name}", self.host):
-            resp = self._core().list_namespaced_pod(namespace, label_selector=label_selector(sel),
-                                                    _preload_content=False)
-        pods = [p for p in json.loads(resp.data or b"{}").get("items") or []
-                if labels_match((p.get("metadata") or {}).get("labels"), sel)]
+        pods = self._raw_pods(name, namespace, kind)
         findings = pod_findings(pods)
         progress: dict[str, Any] = {}
         network = None
         log: list[str] = []  # rank 0's last lines, read once for progress, network and step time
-        by_replica = {k.replica((p.get("metadata") or {}).get("labels") or {}): p for p in pods}
-        rank0 = next((by_replica[r] for r in k.rank0 if r in by_replica), None)
-        rank0_name: str | None = rank0["metadata"]["name"] if rank0 is not None else None
+        kubelet: dict[str, str] = {}
+        rank0_name = self._rank0(pods, kind)
+        rank0 = next((p for p in pods if p["metadata"]["name"] == rank0_name), None)
         if rank0_name and rank0 and (rank0.get("status") or {}).get("phase") == "Running" and not st.finished:
             try:
                 log = self._pod_log_tail(rank0_name, namespace, k.container, 500).splitlines()
@@ -279,9 +398,11 @@ class KubeObserver(KubeAPI):
                 findings += more
                 network = network_verdict(log) or self._network_of(rank0_name, namespace, k.container)
             except Exception as e:  # a log that cannot be read yet is not a finding of its own
-                if not _not_yet(e):
+                if _kubelet_down(e):
+                    kubelet[rank0_name] = api_message(e)
+                elif not _not_yet(e):
                     raise
-        nodes = self._nodes(pods, namespace, k.container, sample, rank0_name, log) \
+        nodes = self._nodes(pods, namespace, k.container, sample, rank0_name, log, kubelet) \
             if sample and not st.finished else []
         if nodes:
             findings += stragglers(nodes)
@@ -290,6 +411,9 @@ class KubeObserver(KubeAPI):
                 findings += efa_flat(nodes, name)
             if history is not None:
                 history.add(nodes)
+        gaps: dict[str, str] = {}
+        unreachable = self._unreachable(self._node_health(pods, gaps), pods, kubelet)
         return {"name": name, "state": st.state, "attempt": st.attempt, "message": st.message,
-                "pods": [pod_summary(p) for p in pods], "nodes": nodes, "progress": progress, "network": network,
-                "findings": [f.to_dict() for f in findings]}
+                "pods": [{**pod_summary(p), "node": (p.get("spec") or {}).get("nodeName")} for p in pods],
+                "nodes": nodes, "progress": progress, "network": network, "unreachable": unreachable,
+                "gaps": gaps, "findings": [f.to_dict() for f in findings]}

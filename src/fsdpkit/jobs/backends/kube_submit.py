@@ -37,10 +37,13 @@ class KubeSubmitter(KubeAPI):
                    "manifests": objs}
             if dry_run == "server":
                 self.require_operator(objs[-1]["kind"], spec.namespace)
+                self.require_access("job submit --dry-run=server", objs[-1]["kind"], spec.namespace, objs)
                 out["accepted"], out["existing"] = self.server_dry_run(spec, objs, replace)
             return {**out, "warnings": [missing]} if missing else out
         if missing:
             raise UserError(missing)
+        self.require_access("job submit --replace" if replace else "job submit", objs[-1]["kind"], spec.namespace,
+                            objs)
         if self.get_job(spec.name, spec.namespace) is not None:
             if not replace:
                 raise Conflict(f"job {spec.name!r} already exists in namespace {spec.namespace}; pick another name, "
@@ -176,6 +179,8 @@ class KubeSubmitter(KubeAPI):
 
     def _cancel(self, name: str, namespace: str, delete_storage: bool = False, dry_run: bool = False) -> list[str]:
         kind, _obj = self._require_job(name, namespace)
+        if not dry_run:
+            self.require_access("job delete --delete-storage" if delete_storage else "job delete", kind, namespace)
         targets = [(kind, name)]
         core = self._core()
         kinds = [("Secret", core.list_namespaced_secret)]
@@ -201,6 +206,7 @@ class KubeSubmitter(KubeAPI):
             "spec": copy.deepcopy(obj["spec"]),
         }
         fresh["metadata"]["annotations"][ATTEMPT] = str(int(fresh["metadata"]["annotations"].get(ATTEMPT, 0)) + 1)
+        self.require_access("job wait (resubmit)", kind, meta.get("namespace"))  # never deleted and not made again
         self._delete_object(kind, meta["name"], meta.get("namespace"))
         self._wait_gone(meta["name"], meta.get("namespace"))
         with api_errors(f"resubmitting {kind}/{meta['name']}", self.host):

@@ -21,7 +21,7 @@ from typing import Any
 from fsdpkit.errors import Conflict, NotFound, UserError
 from fsdpkit.home import home as fsdpkit_home
 from fsdpkit.home import make_dir
-from fsdpkit.jobs.backends.base import Rendered, Target, no_server
+from fsdpkit.jobs.backends.base import Listing, Rendered, Target, no_server
 from fsdpkit.jobs.backends.files import NETWORK_LINES, read_lines
 from fsdpkit.jobs.command import trainer_flags
 from fsdpkit.jobs.health import network_verdict
@@ -147,10 +147,10 @@ class LocalBackend:
         return JobStatus(name, self.name, "Failed", "the process ended without recording an exit code",
                          details=details)
 
-    def jobs(self) -> list[JobStatus]:
+    def jobs(self) -> Listing:
         root = home()
-        return [self.status(d.name) for d in sorted(root.iterdir()) if (d / "spec.json").exists()] \
-            if root.is_dir() else []
+        return Listing([self.status(d.name) for d in sorted(root.iterdir()) if (d / "spec.json").exists()]
+                       if root.is_dir() else [], {})
 
     def cancel(self, name: str, delete_storage: bool = False,
                dry_run: bool = False) -> list[str]:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from fsdpkit.errors import Conflict, UserError
-from fsdpkit.jobs.backends.base import Rendered, Target, no_server
+from fsdpkit.jobs.backends.base import Listing, Rendered, Target, no_server
 from fsdpkit.jobs.backends.files import NETWORK_LINES, read_lines
 from fsdpkit.jobs.command import grace_seconds, node_command, node_env
 from fsdpkit.jobs.health import network_verdict
@@ -184,8 +184,8 @@ class SlurmBackend:
                                  f"{state} exit {exit_code}", details={"job_id": job_id})
         raise UserError(f"no Slurm job named {name!r} (see `fsdpkit job list --backend slurm`)")
 
-    def jobs(self) -> list[JobStatus]:
-        return [self._status_of(j) for j in self._jobs()]
+    def jobs(self) -> Listing:
+        return Listing([self._status_of(j) for j in self._jobs()], {})
 
     def cancel(self, name: str, delete_storage: bool = False,
                dry_run: bool = False) -> list[str]:
