@@ -479,3 +479,101 @@ def test_a_server_dry_run_has_the_api_server_check_every_object_and_stores_nothi
                 "instance_type=", "--dry-run=server")
     assert (r.returncode, r.stderr) == (2, "error: --dry-run=server: the local backend has no API server to ask; "
                                            "use --dry-run\n")
+
+
+PT_ROLE = [{"apiGroups": ["kubeflow.org"], "resources": ["pytorchjobs"], "verbs": ["get", "list"]},
+           {"apiGroups": [""], "resources": ["pods", "pods/log"], "verbs": ["get", "list"]}]
+
+
+def test_job_list_never_says_no_jobs_for_an_error(kube, tmp_path):
+    """Unreachable, or every kind refused: exit 3, ok false, the local jobs still listed. One kind
+    refused and another readable: those jobs, the refused kind named, exit 0. No kubeconfig: a note."""
+    home = {"FSDPKIT_HOME": str(tmp_path / "home")}
+    local = tmp_path / "home" / "jobs" / "local-one"   # a finished local job, as `job submit` leaves it
+    local.mkdir(parents=True)
+    (local / "spec.json").write_text(json.dumps({"name": "local-one", "backend": "local"}))
+    (local / "rc").write_text("0")
+    assert job_cli(kube, "submit", str(write_spec(tmp_path))).returncode == 0
+
+    down = tmp_path / "down"
+    down.write_text(kube.kubeconfig.read_text().replace(kube.url, "http://127.0.0.1:9"))
+    for env, why in (({"KUBECONFIG": str(down)}, "cannot reach the Kubernetes API at http://127.0.0.1:9"),
+                     (kube.user("system:serviceaccount:default:nobody", []), "every job kind it serves was refused")):
+        r = job_cli(kube, "list", env={**env, **home})
+        assert r.returncode == 3 and "no jobs" not in r.stdout
+        assert r.stdout.split()[0] == "local-one" and why in r.stderr
+        envelope = json.loads(job_cli(kube, "list", "--json", env={**env, **home}).stdout)
+        assert envelope["ok"] is False and why in envelope["error"]["message"]
+        assert envelope["error"]["code"] == ("unreachable" if "reach" in why else "access_denied")
+        assert [j["name"] for j in envelope["data"]["jobs"]] == ["local-one"]
+
+    env = {**kube.user("system:serviceaccount:default:pt-user", PT_ROLE), **home}
+    r = job_cli(kube, "list", env=env)
+    assert r.returncode == 0 and [line.split()[0] for line in r.stdout.splitlines()] == ["local-one", "llama-tiny"]
+    assert ('warning: trainjobs.trainer.kubeflow.org not listed: trainjobs.trainer.kubeflow.org is forbidden: User '
+            '"system:serviceaccount:default:pt-user" cannot list resource "trainjobs" in API group '
+            '"trainer.kubeflow.org" in the namespace "default"') in r.stderr.splitlines()
+    envelope = json.loads(job_cli(kube, "list", "--json", env=env).stdout)
+    assert envelope["ok"] is True and sorted(envelope["data"]["unread"]) == [
+        "hyperpodpytorchjobs.sagemaker.amazonaws.com", "trainjobs.trainer.kubeflow.org"]
+    # The same user reads its PyTorchJob with every read verb: the kinds it may not read are not the job's.
+    assert job_cli(kube, "status", "llama-tiny", env=env).returncode == 0
+    assert job_cli(kube, "wait", "llama-tiny", "--timeout", "0.1", env=env).returncode == 124
+
+    no_config = {"KUBECONFIG": str(tmp_path / "absent"), **home}
+    r = job_cli(kube, "list", env=no_config)
+    assert r.returncode == 0 and r.stdout.split()[0] == "local-one" and "note: cluster jobs not listed" in r.stderr
+
+
+def test_a_node_that_stopped_answering_is_named_and_the_rest_of_the_status_kept(kube, tmp_path):
+    """The pod still Running on a node whose kubelet no longer answers: the API server answers its
+    log with the kubelet's dial error (500), the node's Ready condition is Unknown."""
+    from kubernetes import client
+
+    assert job_cli(kube, "submit", str(write_spec(tmp_path))).returncode == 0
+    set_conditions(kube, "llama-tiny", "Created", "Running")
+    core = client.CoreV1Api(kube.api())
+    since = "2026-11-27T09:58:00Z"
+    for node, ready in (("gpu-a", {"status": "True"}),
+                        ("gpu-b", {"status": "Unknown", "reason": "NodeStatusUnknown",
+                                   "message": "Kubelet stopped posting node status.", "lastTransitionTime": since})):
+        kube.create("/api/v1/nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node},
+                                      "status": {"conditions": [{"type": "Ready", **ready}]}})
+    for rtype, node in (("Master", "gpu-b"), ("Worker", "gpu-a")):
+        name = make_pod(kube, "llama-tiny", rtype, 0)
+        core.patch_namespaced_pod(name, "default", {"spec": {"nodeName": node}})
+    dial = ('Get "https://10.0.1.5:10250/containerLogs/default/llama-tiny-master-0/pytorch": dial tcp '
+            '10.0.1.5:10250: connect: connection refused')
+    kube.route("get /api/v1/namespaces/default/pods/llama-tiny-master-0/log",
+               kmock_status(500, dial))
+    for args in (["status", "llama-tiny"], ["watch", "llama-tiny", "--once", "--no-sample"]):
+        r = job_cli(kube, *args)
+        assert r.returncode == 0, r.stderr
+        node_line = ("  node gpu-b since 2026-11-27T09:58:00Z: not ready (Ready=Unknown: Kubelet stopped posting "
+                     "node status.); its pods: llama-tiny-master-0")
+        assert node_line in r.stdout.splitlines(), r.stdout
+        assert "llama-tiny-worker-0 Running on gpu-a" in r.stdout
+    r = job_cli(kube, "status", "llama-tiny", "--json")
+    data = json.loads(r.stdout)["data"]
+    assert r.returncode == 0 and data["state"] == "Running"
+    assert data["details"]["unreachable"] == [{"node": "gpu-b", "since": since, "pods": ["llama-tiny-master-0"],
+                                               "detail": "not ready (Ready=Unknown: Kubelet stopped posting node "
+                                                         "status.)"}]
+    assert [(p["name"], p["phase"], p["node"]) for p in data["details"]["pods"]] == [
+        ("llama-tiny-master-0", "Running", "gpu-b"), ("llama-tiny-worker-0", "Running", "gpu-a")]
+
+    # A user who may not read nodes (cluster-scoped) still hears of it: from the kubelet's silence.
+    env = kube.user("system:serviceaccount:default:pt-user", PT_ROLE)
+    r = job_cli(kube, "status", "llama-tiny", "--json", env=env)
+    data = json.loads(r.stdout)["data"]
+    assert r.returncode == 0 and data["details"]["unreachable"] == [
+        {"node": "gpu-b", "since": None, "pods": ["llama-tiny-master-0"], "detail": f"kubelet unreachable: {dial}"}]
+    assert 'cannot get resource "nodes" in API group "" at the cluster scope' in data["details"]["gaps"]["nodes"]
+
+
+def kmock_status(code, message):
+    """A payload kmock answers with: the API server's Status body for a failure it relays."""
+    import kmock
+
+    return kmock.Response(status=code, payload={"kind": "Status", "apiVersion": "v1", "metadata": {},
+                                               "status": "Failure", "message": message, "code": code})
