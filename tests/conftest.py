@@ -156,6 +156,7 @@ class KubeMock:
         self.dry_runs: list[tuple[str, dict]] = []
         # token -> (user name, Role rules, the Role's namespace): users the API server authorizes with RBAC.
         self.users: dict[str, tuple[str, list[dict], str]] = {}
+        self.reviews: list[dict] = []   # the SelfSubjectAccessReviews asked, in order
         self.kubeconfig = tmp_path / "kubeconfig"
         self.kubeconfig.write_text(
             "apiVersion: v1\nkind: Config\ncurrent-context: kmock\n"
@@ -195,7 +196,7 @@ class KubeMock:
     def user(self, name: str, rules: list[dict], namespace: str = "default") -> dict[str, str]:
         """A user bound to a Role with these rules in `namespace` and nothing cluster-wide, as a
         shared cluster gives a team: the environment whose kubeconfig is that user's."""
-        token = f"token-{len(self.users)}-{name.replace(':', '-')}"
+        token = f"token-{len(self.users)}-" + "".join(c if c.isalnum() else "-" for c in name)
         self.users = {**self.users, token: (name, rules, namespace)}
         path = self.kubeconfig.parent / f"kubeconfig-{token}"
         path.write_text(self.kubeconfig.read_text().replace("not-a-real-token", token))
@@ -212,6 +213,7 @@ class KubeMock:
         name, rules, namespace = self.users.get(token, ("tester", None, ""))
         if raw_request.method == "POST" and raw_request.path.startswith("/apis/authorization.k8s.io/v1/selfsubject"):
             review = await raw_request.json()
+            self.reviews.append(review)
             return web.json_response(kube_access.access_review(review, name, rules, namespace), status=201)
         if rules is None:
             return None
@@ -275,11 +277,15 @@ class KubeMock:
     def route(self, pattern: str, payload) -> None:
         self.call(lambda: self.handler[pattern] << payload)
 
-    def requests(self) -> list[tuple[str, str, object]]:
-        """(METHOD, path?query, parsed body) of every request the server saw, in order."""
+    def request_count(self) -> int:
+        return self.call(lambda: len(list(self.handler)))
+
+    def requests(self, since: int = 0) -> list[tuple[str, str, object]]:
+        """(METHOD, path?query, parsed body) of every request the server saw, in order (from the
+        `since`-th on)."""
         def snapshot():
             out = []
-            for r in list(self.handler):
+            for r in list(self.handler)[since:]:
                 url = r.url if hasattr(r, "url") else ""
                 path = str(url).split(self.url, 1)[-1]
                 out.append((str(r.method.value if hasattr(r.method, "value") else r.method).upper(), path, r.data))

@@ -140,10 +140,10 @@ def test_another_backend_s_operator_left_without_its_controller_is_a_note(kube, 
                                                     "trainjobs")["items"]:
             assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
             time.sleep(0.1)
+        done = {"type": "Complete", "status": "True", "reason": "Complete", "message": "done",
+                "lastTransitionTime": "2026-11-24T10:00:00Z"}
         api.patch_namespaced_custom_object_status("trainer.kubeflow.org", "v1alpha1", "default", "trainjobs",
-                                                  "llama-tiny", {"status": {"conditions": [
-                                                      {"type": "Complete", "status": "True", "reason": "Complete",
-                                                       "message": "done", "lastTransitionTime": "2026-11-24T10:00:00Z"}]}})
+                                                  "llama-tiny", {"status": {"conditions": [done]}})
     code, out, err = deploy(kube, tmp_path, spec=write_spec(tmp_path, backend="trainjob"), operator=trainer_plays)
     assert code == 0, err
     check = out.split("[storage]")[0]
