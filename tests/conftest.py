@@ -322,6 +322,9 @@ class KubeMock:
             return None
 
     def close(self):
+        """Stop the server; again is a no-op (a test may close its fixture's server and start another)."""
+        if not self._thread.is_alive():
+            return
         self.loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(10)
 
