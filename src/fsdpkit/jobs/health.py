@@ -136,7 +136,7 @@ def pod_summary(pod: dict[str, Any]) -> dict[str, Any]:
     reasons = [((cs.get("state") or {}).get("waiting") or {}).get("reason") for cs in
                status.get("containerStatuses") or []]
     return {"name": (pod.get("metadata") or {}).get("name"), "phase": status.get("phase"), "restarts": restarts,
-            "reason": next((r for r in reasons if r), None)}
+            "reason": next((r for r in reasons if r), None), "node": (pod.get("spec") or {}).get("nodeName")}
 
 
 def check_network_log(text: str) -> tuple[str, str]:

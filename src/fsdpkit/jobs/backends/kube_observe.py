@@ -182,7 +182,7 @@ class KubeObserver(KubeAPI):
                     kubelet[rank0] = api_message(e)
                 else:
                     raise
-        st.details.update(pods=[{**pod_summary(p), "node": (p.get("spec") or {}).get("nodeName")} for p in pods],
+        st.details.update(pods=[pod_summary(p) for p in pods],
                           network=network,
                           unreachable=self._unreachable(self._node_health(pods, gaps), pods, kubelet), gaps=gaps)
         return st
@@ -414,6 +414,6 @@ class KubeObserver(KubeAPI):
         gaps: dict[str, str] = {}
         unreachable = self._unreachable(self._node_health(pods, gaps), pods, kubelet)
         return {"name": name, "state": st.state, "attempt": st.attempt, "message": st.message,
-                "pods": [{**pod_summary(p), "node": (p.get("spec") or {}).get("nodeName")} for p in pods],
+                "pods": [pod_summary(p) for p in pods],
                 "nodes": nodes, "progress": progress, "network": network, "unreachable": unreachable,
                 "gaps": gaps, "findings": [f.to_dict() for f in findings]}
