@@ -97,6 +97,18 @@ GPU_PEAKS_MIB = [
     ("llama3_2_1b", 2048, 4, [], 29_909, "e5d5fbc"),
     ("llama3_2_1b", 8192, 1, [], 29_922, "e5d5fbc"),
     ("llama3_1_8b", 2048, 2, ["--n_layers", "4", "--activation_checkpointing", "full"], 29_544, "e5d5fbc"),
+    # Issue 34's shapes, on one H200 (the same torch; an allocator peak does not depend on the card).
+    ("llama3_2_1b", 8192, 1, ["--document_masking", "1"], 29_154, "cda7ee9"),
+    ("mixtral_8x7b", 2048, 2, ["--n_layers", "2"], 50_450, "a3ace69"),
+    ("llama3_1_8b", 8192, 1, ["--n_layers", "4", "--activation_checkpointing", "selective"], 29_682, "86e4ba6"),
+    ("llama3_1_8b", 8192, 1, ["--n_layers", "4", "--activation_checkpointing", "selective", "--float8", "1"],
+     29_684, "86e4ba6"),
+    ("llama3_1_8b", 8192, 1, ["--n_layers", "4", "--activation_checkpointing", "selective", "--float8", "1",
+                              "--float8_recipe", "rowwise"], 29_684, "86e4ba6"),
+    ("mathstral_7b", 8192, 1, ["--n_layers", "4", "--sliding_window", "4096"], 18_326, "86e4ba6"),
+    ("mathstral_7b", 8192, 1, ["--n_layers", "4", "--sliding_window", "0"], 18_422, "86e4ba6"),
+    ("mathstral_7b", 8192, 1, ["--n_layers", "4", "--sliding_window", "4096", "--document_masking", "1"], 18_326,
+     "cda7ee9"),
 ]
 
 
