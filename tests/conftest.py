@@ -141,7 +141,8 @@ class KubeMock:
                  "v1/secrets", "v1/persistentvolumeclaims", "v1/pods", "v1/nodes", "apps/v1/daemonsets",
                  "apps/v1/deployments", "apiextensions.k8s.io/v1/customresourcedefinitions",
                  "storage.k8s.io/v1/storageclasses", "storage.k8s.io/v1/csidrivers", "ray.io/v1/rayclusters",
-                 "ray.io/v1/rayjobs", "kubeflow.org/v2beta1/mpijobs", "v1/persistentvolumes", "v1/services")
+                 "ray.io/v1/rayjobs", "kubeflow.org/v2beta1/mpijobs", "v1/persistentvolumes", "v1/services",
+                 "kueue.x-k8s.io/v1beta2/localqueues")
 
     def __init__(self, tmp_path):
         import asyncio
@@ -176,6 +177,8 @@ class KubeMock:
 
             async def __call__(self, raw_request):
                 if (refused := await mock._authorize(raw_request)) is not None:
+                    return refused
+                if (refused := await mock._admit(raw_request)) is not None:
                     return refused
                 if raw_request.path.endswith("/exec") and mock.exec_handler is not None:
                     return await mock._exec(raw_request)
@@ -225,6 +228,22 @@ class KubeMock:
                                        a.name):
                 return web.json_response(kube_access.forbidden_status(name, a, verb), status=403)
         return None
+    # The admission Pod creates meet (tests/kube_admission.py: PriorityClasses, Pod Security levels by
+    # namespace); None admits every pod.
+    pod_admission = None
+
+    async def _admit(self, raw_request):
+        import re
+
+        from aiohttp import web
+
+        m = re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods", raw_request.path)
+        if raw_request.method != "POST" or m is None or self.pod_admission is None:
+            return None
+        if (status := self.pod_admission.refuse(m.group(1), await raw_request.json())) is not None:
+            return web.json_response(status, status=status["code"])
+        return None
+
     # A server-side dry run's verdict: `refuse(path, body)` -> None to accept, or the API server's
     # message for a 400 (what a real one says of a field its CRD does not know, say).
     refuse = None

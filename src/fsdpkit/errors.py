@@ -15,6 +15,8 @@ CODES = {
     "no_credentials": "no AWS credentials, or expired ones",
     "access_denied": "AWS, the cluster or Prometheus refused: a permission (IAM, RBAC) is missing",
     "unreachable": "AWS, the Kubernetes API or Prometheus could not be reached, or kept throttling",
+    "refused": "the cluster's admission (Pod Security, PriorityClass, quota, LimitRange, a webhook) refused what "
+               "would be created, naming its rule; nothing was stored",
     "conflict": "something of that name already exists",
     "unconfirmed": "a command that deletes or changes what exists was not confirmed (--yes, or yes: true as a tool); "
                    "nothing was changed",

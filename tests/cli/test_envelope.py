@@ -87,8 +87,8 @@ def test_json_envelope_on_success_and_on_error(group, run_dir, tmp_path):
 def test_error_codes_are_one_fixed_documented_set():
     from fsdpkit.errors import CODES
 
-    assert set(CODES) == {"bad_input", "not_found", "no_credentials", "access_denied", "unreachable", "conflict",
-                          "unconfirmed", "timeout", "failed"}
+    assert set(CODES) == {"bad_input", "not_found", "no_credentials", "access_denied", "unreachable", "refused",
+                          "conflict", "unconfirmed", "timeout", "failed"}
     reference = (ROOT / "docs" / "reference.md").read_text()
     assert all(f"`{code}`" in reference for code in CODES)
 

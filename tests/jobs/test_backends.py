@@ -35,7 +35,8 @@ def test_render_is_one_typed_result_printed_the_same_way(backend, key, tmp_path)
     if backend in CLUSTER_BACKENDS:
         overrides += [("image", "ghcr.io/x/fsdpkit:1"), ("instance_type", "p5.48xlarge")]
     rendered = get_backend(backend).render(load_spec(None, overrides))
-    assert rendered.kind == key and list(rendered.as_json()) == [key]
+    # A Kubernetes render also says which Pod Security level its pods meet.
+    assert rendered.kind == key and list(rendered.as_json()) == [key] + (["pod_security"] if key == "manifests" else [])
     args = ["job", "render"] + [arg for k, v in overrides for arg in ("--set", f"{k}={json.dumps(v)}")]
     r = run_cli(*args, "--json")
     assert r.returncode == 0, r.stderr

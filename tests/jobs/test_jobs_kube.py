@@ -13,8 +13,11 @@ import time
 import pytest
 import yaml
 
+from fsdpkit.cluster.rbac import role_rules
+
 from conftest import ROOT, require, run_cli
 from job_specs import GROUP, PLURAL, TOKEN, VERSION, job_cli, set_conditions, write_spec, writes
+from kube_admission import PodAdmission
 
 require("kmock")
 require("kubernetes")
@@ -449,11 +452,13 @@ def test_a_server_dry_run_has_the_api_server_check_every_object_and_stores_nothi
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)["data"]
     kinds = ["Secret/llama-tiny-hf-token", "PersistentVolumeClaim/llama-tiny-ckpt", "PyTorchJob/llama-tiny"]
-    assert data["dry_run"] == "server" and data["accepted"] == kinds
+    pods = ["Pod/llama-tiny-master-0", "Pod/llama-tiny-worker-0"]   # one of each replica type, after the job
+    assert data["dry_run"] == "server" and data["accepted"] == kinds + pods
     assert [p for p, _ in kube.dry_runs] == [
         "/api/v1/namespaces/default/secrets?dryRun=All&fieldValidation=Strict",
         "/api/v1/namespaces/default/persistentvolumeclaims?dryRun=All&fieldValidation=Strict",
-        JOBS_PATH + "?dryRun=All&fieldValidation=Strict"]
+        JOBS_PATH + "?dryRun=All&fieldValidation=Strict",
+        *["/api/v1/namespaces/default/pods?dryRun=All&fieldValidation=Strict"] * 2]
     assert TOKEN not in json.dumps(kube.dry_runs) and TOKEN not in r.stdout   # the Secret went with its placeholder
     assert writes(kube) == [] and kube.get_job("llama-tiny") is None
     # The server refuses a field its CRD does not know: one line, exit 3, nothing made.
@@ -465,7 +470,7 @@ def test_a_server_dry_run_has_the_api_server_check_every_object_and_stores_nothi
     r = job_cli(kube, "submit", str(spec), "--dry-run", "-o", "yaml")
     assert r.returncode == 0, r.stderr
     assert [f"{o['kind']}/{o['metadata']['name']}" for o in yaml.safe_load_all(r.stdout)] == kinds
-    assert len(kube.dry_runs) == 6 and writes(kube) == []   # 3 and 3 from the two server dry runs
+    assert len(kube.dry_runs) == 8 and writes(kube) == []   # 5 and 3 from the two server dry runs
     # No API server behind the local backend to ask.
     # What a submit would reuse or replace is not sent; a job that exists is refused as a real submit refuses it.
     kube.refuse = None
@@ -474,11 +479,112 @@ def test_a_server_dry_run_has_the_api_server_check_every_object_and_stores_nothi
     assert r.returncode == 2 and json.loads(r.stdout)["error"]["code"] == "conflict"
     r = job_cli(kube, "submit", str(spec), "--dry-run=server", "--replace", "--json")
     data = json.loads(r.stdout)["data"]
-    assert r.returncode == 0 and data["existing"] == kinds and data["accepted"] == []
+    assert r.returncode == 0 and data["existing"] == kinds and data["accepted"] == pods
     r = job_cli(kube, "submit", str(spec), "--set", "backend=local", "--set", "nodes=1", "--set",
                 "instance_type=", "--dry-run=server")
     assert (r.returncode, r.stderr) == (2, "error: --dry-run=server: the local backend has no API server to ask; "
                                            "use --dry-run\n")
+
+
+FIRST_POD = {"pytorchjob": ("PyTorchJob", "master"), "trainjob": ("TrainJob", "node"),
+             "hyperpod": ("HyperPodPyTorchJob", "pod")}
+
+
+@pytest.mark.parametrize("backend", ["pytorchjob", "trainjob", "hyperpod"])
+def test_a_server_dry_run_sends_the_operator_s_pods_through_admission_and_stores_nothing(kube, tmp_path, backend):
+    """The job object passes admission that its pods do not: a server dry run also creates one Pod of
+    each kind the operator will make (dryRun=All), so a PriorityClass that does not exist and a
+    namespace that enforces Pod Security's restricted level refuse now, in one line naming the pod,
+    the admission and its rule, with nothing stored. `security: restricted` pods pass."""
+    kind, replica = FIRST_POD[backend]
+    pod = f"llama-tiny-{replica}-0"
+    instance = "ml.p5.48xlarge" if backend == "hyperpod" else "p5.48xlarge"
+    where = {"pytorchjob": "Master", "trainjob": "node", "hyperpod": "pod"}[backend]
+    prefix = f"error: server dry run of Pod/{pod} (a pod of {kind} llama-tiny: {where}): refused by "
+    kube.pod_admission = PodAdmission(priority_classes={"training"})
+    if backend != "trainjob":  # a TrainJob's pods take no priorityClassName (Kueue's label orders it)
+        spec = write_spec(tmp_path, backend=backend, instance_type=instance, priority_class="high")
+        r = job_cli(kube, "submit", str(spec), "--dry-run=server")
+        assert (r.returncode, r.stderr) == (3, prefix + "the Priority admission plugin: priorityClassName high: no "
+                                            "such PriorityClass; pick one of `kubectl get priorityclasses`, or drop "
+                                            "priority_class; with a queue, priority_class names a Kueue "
+                                            "WorkloadPriorityClass\n")
+    # The namespace enforces restricted; fsdpkit's default pods meet baseline only.
+    kube.pod_admission.enforce["default"] = "restricted"
+    spec = write_spec(tmp_path, backend=backend, instance_type=instance, priority_class="training")
+    r = job_cli(kube, "submit", str(spec), "--dry-run=server", "--json")
+    assert r.returncode == 3
+    error = json.loads(r.stdout)["error"]
+    container = {"pytorchjob": "pytorch", "trainjob": "node", "hyperpod": "pytorch"}[backend]
+    assert error["code"] == "refused"
+    assert "error: " + error["message"] + "\n" == prefix + (
+        'Pod Security admission (the namespace enforces "restricted:latest"): unrestricted capabilities (container '
+        f'"{container}" must set securityContext.capabilities.drop=["ALL"]), runAsNonRoot != true (pod or container '
+        f'"{container}" must set securityContext.runAsNonRoot=true), seccompProfile (pod or container "{container}" '
+        'must set securityContext.seccompProfile.type to "RuntimeDefault" or "Localhost"); set `security: '
+        "restricted` in the spec (an image that runs as a user other than root), or ask the cluster's admin for a "
+        "namespace at the baseline level\n")
+    # At the restricted level every pod of the job is admitted; the objects were checked first, and
+    # nothing of either run was stored.
+    spec = write_spec(tmp_path, backend=backend, instance_type=instance, priority_class="training",
+                      security="restricted")
+    r = job_cli(kube, "submit", str(spec), "--dry-run=server", "--json")
+    assert r.returncode == 0, r.stdout
+    accepted = json.loads(r.stdout)["data"]["accepted"]
+    pods = {"pytorchjob": [pod, "llama-tiny-worker-0"]}.get(backend, [pod])
+    assert accepted == ["Secret/llama-tiny-hf-token", "PersistentVolumeClaim/llama-tiny-ckpt", f"{kind}/llama-tiny",
+                        *(f"Pod/{p}" for p in pods)]
+    sent = [(path, body) for path, body in kube.dry_runs if path.startswith("/api/v1/namespaces/default/pods?")]
+    assert [b["metadata"]["name"] for _, b in sent][-len(pods):] == pods
+    assert all(path == "/api/v1/namespaces/default/pods?dryRun=All&fieldValidation=Strict" for path, _ in sent)
+    assert writes(kube) == [] and kube.get_job("llama-tiny") is None
+    from kubernetes import client
+
+    assert client.CoreV1Api(kube.api()).list_namespaced_pod("default").items == []
+
+
+LOCALQUEUES = "/apis/kueue.x-k8s.io/v1beta2/namespaces/default/localqueues"
+
+
+def test_a_named_queue_must_exist_and_orders_the_job_by_kueue_s_priority_label(kube, tmp_path):
+    """A job on a LocalQueue that does not exist is created and never admitted; fsdpkit refuses it
+    first, in one line, with nothing made. On a queue that exists, the priority is Kueue's label (a
+    WorkloadPriorityClass), never a priorityClassName the Priority plugin would refuse. A user who may
+    not read LocalQueues is told the queue went unchecked; a cluster without Kueue is named."""
+    kube.pod_admission = PodAdmission()   # no PriorityClass "urgent": only Kueue's label may carry it
+    spec = write_spec(tmp_path, queue="team-a", priority_class="urgent")
+    # A cluster without Kueue.
+    kube.forget("kueue.x-k8s.io/v1beta2/localqueues")
+    r = job_cli(kube, "submit", str(spec), "--dry-run=server")
+    assert (r.returncode, r.stderr) == (3, "error: queue: team-a: this cluster has no Kueue (no kueue.x-k8s.io "
+                                           "API); install Kueue, or drop queue\n")
+    kube.call(lambda: kube.handler.resources.__setitem__("kueue.x-k8s.io/v1beta2/localqueues", {}))
+    for args in ([], ["--dry-run=server"]):
+        r = job_cli(kube, "submit", str(spec), *args)
+        assert (r.returncode, r.stderr) == (3, "error: queue: no Kueue LocalQueue 'team-a' in namespace default; pick "
+                                               "one of `kubectl get localqueues -n default`\n")
+    assert writes(kube) == []
+    kube.create(LOCALQUEUES, {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
+                              "metadata": {"name": "team-a", "namespace": "default"},
+                              "spec": {"clusterQueue": "cluster-queue"}})
+    r = job_cli(kube, "submit", str(spec), "--dry-run=server", "--json")
+    assert r.returncode == 0, r.stdout
+    r = job_cli(kube, "submit", str(spec))
+    assert r.returncode == 0, r.stderr
+    job = kube.get_job("llama-tiny")
+    labels = {k: v for k, v in job["metadata"]["labels"].items() if k.startswith("kueue.")}
+    assert labels == {"kueue.x-k8s.io/queue-name": "team-a", "kueue.x-k8s.io/priority-class": "urgent"}
+    pods = [r["template"]["spec"] for r in job["spec"]["pytorchReplicaSpecs"].values()]
+    assert [p.get("priorityClassName") for p in pods] == [None, None]
+    assert "schedulingPolicy" not in job["spec"]["runPolicy"]
+    # A namespace user bound to the Role `fsdpkit cluster rbac` renders, which does not grant LocalQueues.
+    assert job_cli(kube, "delete", "llama-tiny", "--yes").returncode == 0
+    user = kube.user("team-a-ci", role_rules([("kubeflow.org", "pytorchjobs")]))
+    r = job_cli(kube, "submit", str(spec), env=user)
+    assert r.returncode == 0, r.stderr
+    assert ("warning: queue 'team-a' not checked: localqueues.kueue.x-k8s.io \"team-a\" is forbidden: User "
+            '"team-a-ci" cannot get resource "localqueues" in API group "kueue.x-k8s.io" in the namespace '
+            '"default"') in r.stderr
 
 
 PT_ROLE = [{"apiGroups": ["kubeflow.org"], "resources": ["pytorchjobs"], "verbs": ["get", "list"]},

@@ -14,14 +14,18 @@ from pathlib import Path
 import pytest
 import yaml
 
+from fsdpkit.cluster import pod_rules
 from fsdpkit.errors import UserError
 from fsdpkit.hardware.instances import INSTANCES
 from fsdpkit.jobs import hyperpod, manifests
+from fsdpkit.jobs.backends import get_backend
 from fsdpkit.jobs.backends.slurm import script
+from fsdpkit.jobs.ray import raycluster_manifest
 from fsdpkit.jobs.spec import load_spec, parse_overrides
 from fsdpkit.train.observe import log_lines
 
 from conftest import ROOT, losses, require, run_cli, unavailable
+from kube_admission import pod_security_violations
 from manifest_schemas import IMAGE, crd_validator, pod_of, validate_builtin, validate_hyperpod_job
 
 
@@ -186,6 +190,64 @@ def test_strict_validation_catches_a_wrong_type_and_an_unknown_field():
     assert list(validator.iter_errors(bad))
 
 
+@pytest.mark.parametrize("backend", ["pytorchjob", "hyperpod", "trainjob"])
+def test_priority_is_kueue_s_label_when_a_queue_orders_the_job_and_the_pods_priority_class_otherwise(backend):
+    """With a queue, priority_class names a Kueue WorkloadPriorityClass: Kueue's label on the job and its
+    pods (the HyperPod CLI's way), and no priorityClassName, which the Priority admission plugin would look
+    up among PriorityClasses and refuse. Without one, the pods' priorityClassName (and the PyTorchJob's
+    gang-scheduling priority); a TrainJob's pods take none, its label is all it has."""
+    queued = get_backend(backend).render(spec_for(backend)).objects()[-1]
+    bare = get_backend(backend).render(spec_for(backend, queue=None)).objects()[-1]
+    for job in (queued, bare):
+        pods = [t for _, t in pod_rules.templates(job)]
+        assert job["metadata"]["labels"].get("kueue.x-k8s.io/priority-class") == (
+            "training" if job is queued or backend == "trainjob" else None)
+        assert job["metadata"]["labels"].get("kueue.x-k8s.io/queue-name") == ("team-a" if job is queued else None)
+        want = None if job is queued or backend == "trainjob" else "training"
+        assert [p["spec"].get("priorityClassName") for p in pods] == [want] * len(pods)
+        if backend != "trainjob":
+            assert all((p["metadata"]["labels"]).get("kueue.x-k8s.io/priority-class") ==
+                       ("training" if job is queued else None) for p in pods)
+    if backend == "pytorchjob":
+        assert "schedulingPolicy" not in queued["spec"]["runPolicy"]
+        assert bare["spec"]["runPolicy"]["schedulingPolicy"] == {"priorityClass": "training"}
+
+
+@pytest.mark.parametrize("backend", ["pytorchjob", "trainjob", "hyperpod", "ray"])
+def test_every_pod_meets_the_pod_security_level_its_spec_names_and_the_render_says_which(tmp_path, backend):
+    """Pod Security admission's checks (tests/kube_admission.py) over each pod the operator makes:
+    the default pods meet baseline (no privilege escalation, nothing taken away that training
+    needs) and fail restricted; `security: restricted` pods meet restricted, as `run_as_user`, HOME
+    where that user can write, the checkpoint volume theirs through fsGroup."""
+    def pods(spec):
+        job = raycluster_manifest(spec) if backend == "ray" else get_backend(backend).render(spec).objects()[-1]
+        return [pod for _, pod in pod_rules.pods(job)]
+
+    instance = "ml.p5.48xlarge" if backend == "hyperpod" else "p5.48xlarge"
+    kind = "pytorchjob" if backend == "ray" else backend   # `fsdpkit ray create` takes a Kubernetes job's spec
+    base = pods(spec_for(kind, instance=instance))
+    assert len(base) == {"pytorchjob": 2, "ray": 2}.get(backend, 1)
+    for pod in base:
+        assert pod_security_violations(pod, "baseline") == []
+        assert pod_security_violations(pod, "restricted")
+        assert [c["securityContext"] for c in pod["spec"]["containers"]] == [{"allowPrivilegeEscalation": False}]
+    for pod in pods(spec_for(kind, instance=instance, security="restricted", run_as_user=1234)):
+        assert pod_security_violations(pod, "restricted") == []
+        assert pod["spec"]["securityContext"] == {"runAsNonRoot": True, "runAsUser": 1234, "runAsGroup": 1234,
+                                                  "fsGroup": 1234, "seccompProfile": {"type": "RuntimeDefault"}}
+        assert {"name": "HOME", "value": "/tmp"} in pod["spec"]["containers"][0]["env"]
+    if backend == "ray":
+        return
+    doc = {"name": "t1", "backend": backend, "image": IMAGE, "nodes": 2, "instance_type": instance}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc))
+    r = run_cli("job", "render", str(tmp_path / "job.yaml"))
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.splitlines()[-1] == ('note: these pods meet Pod Security "baseline"; a namespace that enforces '
+                                         '"restricted" refuses them: set security: restricted there')
+    r = run_cli("job", "render", str(tmp_path / "job.yaml"), "--set", "security=restricted", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["data"]["pod_security"] == "restricted"
+
+
 def test_manifest_shape_follows_the_spec():
     fixed = manifests.pytorchjob_manifest(spec_for(nodes="3"))
     assert fixed["spec"]["nprocPerNode"] == "8"
@@ -200,7 +262,6 @@ def test_manifest_shape_follows_the_spec():
     assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "64Gi"}} in pod["volumes"]
     assert {"name": "checkpoints", "persistentVolumeClaim": {"claimName": "fsx-claim"}} in pod["volumes"]
     assert cmd[cmd.index("--checkpoint-dir") + 1] == "/checkpoints/t1/checkpoints"
-    assert pod["priorityClassName"] == "training"
     assert fixed["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
 
     elastic = manifests.pytorchjob_manifest(spec_for(nodes="2:4"))
@@ -376,6 +437,9 @@ def test_topology_placement_asks_kueue_on_every_pod_template_of_every_kueue_back
         job_name="t1", namespace="default", image=IMAGE, node_count=4,
         **{("required_topology" if required else "preferred_topology"): level}))
     assert official["spec"]["replicaSpecs"][0]["template"]["metadata"]["annotations"] == want
+    # The HyperPod CLI puts it on the job too; so does fsdpkit, beside its own annotations.
+    assert official["metadata"]["annotations"] == want
+    assert {k: v for k, v in ours["metadata"]["annotations"].items() if k.startswith("kueue.")} == want
 
 
 def test_hyperpodrun_parses_the_command_with_sigterm_and_the_checkpoint_s_time(monkeypatch):

@@ -10,6 +10,7 @@ from typing import Any, cast
 
 from fsdpkit.aws import session as aws_session
 from fsdpkit.aws.eks import api_client
+from fsdpkit.cluster.admission import refusal
 from fsdpkit.errors import UserError
 from fsdpkit.readers import reading
 
@@ -69,7 +70,8 @@ def api_message(e: Any) -> str:
 
 def translate(e: BaseException, what: str, host: str | None = None, not_found: bool = True) -> ClusterError | None:
     """The one-line ClusterError for a Kubernetes client failure (None for anything else):
-    refused (401/403), not found, other API errors, unreachable."""
+    refused by an admission (named, with its rule), refused by authorization (401/403), not found,
+    other API errors, unreachable."""
     k8s = _kubernetes()
     import urllib3
 
@@ -79,6 +81,8 @@ def translate(e: BaseException, what: str, host: str | None = None, not_found: b
                 return None  # the caller decides what a missing object means
             return ClusterError(f"{what}: not found ({api_message(e)}); check the name and the namespace",
                                 code="not_found")
+        if e.status in (400, 403, 422) and (refused := refusal(api_message(e))) is not None:
+            return ClusterError(f"{what}: {refused.line()}", code="refused")
         if e.status in (401, 403):
             return ClusterError(f"{what}: the cluster refused ({e.status} {e.reason}): {api_message(e)}; check "
                                 "your kubeconfig credentials and RBAC permissions", code="access_denied")
@@ -113,6 +117,11 @@ def api_errors(what: str, host: str | None = None, keep: Callable[[BaseException
 
 def is_not_found(e: BaseException) -> bool:
     return getattr(e, "status", None) == 404
+
+
+def is_conflict(e: BaseException) -> bool:
+    """409: the name is taken (a create's admission passed before storage said so)."""
+    return getattr(e, "status", None) == 409
 
 
 def is_forbidden(e: BaseException) -> bool:

@@ -17,10 +17,12 @@ The API server defaults a missing request to its limit before it validates; so d
 
 from __future__ import annotations
 
+import copy
 from decimal import Decimal
 from typing import Any
 
 from fsdpkit.cluster.quantity import parse
+from fsdpkit.cluster.trainer import NODE
 from fsdpkit.errors import UserError
 
 _NATIVE_DOMAINS = ("", "kubernetes.io")
@@ -91,7 +93,7 @@ def check(template: dict[str, Any], what: str) -> None:
 def templates(obj: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     """(where, pod template) of every pod an object makes: a Pod itself, each replica of a
     PyTorchJob, MPIJob or HyperPodPyTorchJob, a RayCluster's head and worker groups, and a TrainJob's
-    node container as `trainer.resourcesPerNode` sets it (the runtime supplies the rest)."""
+    node pod."""
     spec = obj.get("spec") or {}
     kind = obj.get("kind")
     if kind == "Pod":
@@ -105,9 +107,50 @@ def templates(obj: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
         head = [("head", spec["headGroupSpec"]["template"])] if "headGroupSpec" in spec else []
         return head + [(g.get("groupName", str(i)), g["template"]) for i, g in enumerate(spec.get("workerGroupSpecs")
                                                                                          or [])]
-    if kind == "TrainJob" and "resourcesPerNode" in (spec.get("trainer") or {}):
-        return [("trainer", {"spec": {"containers": [{"resources": spec["trainer"]["resourcesPerNode"]}]}})]
+    if kind == "TrainJob":
+        return [(NODE, _trainjob_pod(spec))]
     return []
+
+
+def _trainjob_pod(spec: dict[str, Any]) -> dict[str, Any]:
+    """A TrainJob's node pod as Trainer v2 assembles it: the runtime patches' pod template (volumes,
+    node selection, tolerations, the grace period, the container's mounts) with the `trainer`
+    container (image, command, env, resources). The runtime's own template adds nothing that
+    admission reads in fsdpkit's runtime or upstream's torch-distributed."""
+    template: dict[str, Any] = {"metadata": {}, "spec": {}}
+    for patch in spec.get("runtimePatches") or []:
+        replicated = (((patch.get("trainingRuntimeSpec") or {}).get("template") or {}).get("spec") or {}).get(
+            "replicatedJobs") or []
+        for job in replicated:
+            if job.get("name") == NODE:
+                template = copy.deepcopy(((job.get("template") or {}).get("spec") or {}).get("template") or template)
+    trainer = spec.get("trainer") or {}
+    patched: dict[str, Any] = next(
+        (c for c in template.get("spec", {}).get("containers") or [] if c.get("name") == NODE), {})
+    container = {**patched, "name": NODE, "image": trainer.get("image")}
+    for field, source in (("command", "command"), ("args", "args"), ("env", "env"), ("resources", "resourcesPerNode")):
+        if source in trainer:
+            container[field] = trainer[source]
+    template.setdefault("spec", {})["containers"] = [container]
+    return template
+
+
+def pods(obj: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(where, Pod) for each kind of pod an object's operator creates, named as its first such pod
+    (`JOB-master-0`), in the object's namespace: what a server dry run sends, so that the admission
+    that will see the operator's pods (Pod Security, Priority, quotas, webhooks) answers now."""
+    meta = obj.get("metadata") or {}
+    out = []
+    for where, template in templates(obj):
+        tmeta = template.get("metadata") or {}
+        name = f"{meta.get('name')}-{where.lower()}-0" if where else meta.get("name")
+        pod_meta = {"name": name, "namespace": meta.get("namespace"),
+                    "labels": {**(meta.get("labels") or {}), **(tmeta.get("labels") or {})}}
+        if tmeta.get("annotations"):
+            pod_meta["annotations"] = tmeta["annotations"]
+        out.append((where, {"apiVersion": "v1", "kind": "Pod", "metadata": pod_meta,
+                            "spec": copy.deepcopy(template.get("spec") or {})}))
+    return out
 
 
 def check_objects(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -159,10 +159,13 @@ def hyperpod_job_manifest(spec: JobSpec) -> dict[str, Any]:
     job: dict[str, Any] = {"nprocPerNode": str(spec.procs), "replicaSpecs": [replica], "runPolicy": run_policy(spec)}
     if spec.nodes.elastic:
         job["elasticPolicy"] = {"minReplicas": spec.nodes.min, "maxReplicas": spec.nodes.max}
+    annotations = {m.ATTEMPT: "0", m.MAX_RESUBMITS: str(spec.resubmits)}
+    if spec.placement == "topology":  # on the job too, where task governance reads it (as the HyperPod CLI puts it)
+        annotations.update(spec.topology.annotations)
     return {
         "apiVersion": "sagemaker.amazonaws.com/v1", "kind": "HyperPodPyTorchJob",
         "metadata": {"name": spec.name, "namespace": spec.namespace, "labels": m.labels(spec),
-                     "annotations": {m.ATTEMPT: "0", m.MAX_RESUBMITS: str(spec.resubmits)}},
+                     "annotations": annotations},
         "spec": job,
     }
 

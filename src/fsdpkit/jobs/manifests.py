@@ -25,11 +25,40 @@ SECRET_PLACEHOLDER = "<set at submit from ${env}>"
 CONTAINER = "pytorch"  # the training operator finds the container by this name
 
 
+KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
+KUEUE_PRIORITY = "kueue.x-k8s.io/priority-class"   # names a WorkloadPriorityClass, not a PriorityClass
+
+
 def labels(spec: JobSpec) -> dict[str, str]:
+    """fsdpkit's labels, and Kueue's where a queue is named: the queue, and the priority the way
+    Kueue reads it (on the job and on its pods, as the HyperPod CLI sets them)."""
     out = {**MANAGED_BY, JOB_LABEL: spec.name}
     if spec.queue:
-        out["kueue.x-k8s.io/queue-name"] = spec.queue
+        out[KUEUE_QUEUE] = spec.queue
+        if spec.priority_class:
+            out[KUEUE_PRIORITY] = spec.priority_class
     return out
+
+
+def pod_priority(spec: JobSpec) -> str | None:
+    """The pods' priorityClassName: the spec's priority unless Kueue orders the queue by it (then it
+    names a WorkloadPriorityClass, which the Priority admission plugin would not find)."""
+    return spec.priority_class if not spec.queue else None
+
+
+def security_context(spec: JobSpec) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """(the pod's, the container's) securityContext for the spec's Pod Security level. Baseline: no
+    privilege escalation, nothing else taken from what training needs (the image's user, its
+    capabilities: EFA and NCCL need none beyond the runtime's defaults). Restricted: also no root,
+    every capability dropped, the runtime's seccomp profile; fsGroup so the checkpoint volume is
+    writable by that user."""
+    container: dict[str, Any] = {"allowPrivilegeEscalation": False}
+    if spec.security != "restricted":
+        return None, container
+    uid = spec.run_as_user
+    pod = {"runAsNonRoot": True, "runAsUser": uid, "runAsGroup": uid, "fsGroup": uid,
+           "seccompProfile": {"type": "RuntimeDefault"}}
+    return pod, {**container, "capabilities": {"drop": ["ALL"]}}
 
 
 def secret_manifest(spec: JobSpec, value: str | None = None) -> dict[str, Any]:
@@ -54,7 +83,10 @@ def pvc_manifest(spec: JobSpec) -> dict[str, Any]:
 
 
 def env_list(spec: JobSpec) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = [{"name": k, "value": str(v)} for k, v in node_env(spec).items()]
+    env = node_env(spec)
+    if spec.security == "restricted":
+        env.setdefault("HOME", "/tmp")  # the image's HOME is root's, which run_as_user cannot write
+    out: list[dict[str, Any]] = [{"name": k, "value": str(v)} for k, v in env.items()]
     if spec.hf_token_env:
         out.append({"name": "HF_TOKEN",
                     "valueFrom": {"secretKeyRef": {"name": spec.hf_secret_name, "key": HF_TOKEN_KEY}}})
@@ -99,28 +131,38 @@ def pod_template(spec: JobSpec, command: list[str] | None, container: str = CONT
     res = resources(spec)
     if res:
         container_spec["resources"] = res
+    pod_security, container_spec["securityContext"] = security_context(spec)
     pod: dict[str, Any] = {"containers": [container_spec], "volumes": volumes}
+    if pod_security:
+        pod["securityContext"] = pod_security
     if (grace := grace_seconds(spec)) is not None:
         pod["terminationGracePeriodSeconds"] = grace
+    pod.update(placement(spec))
+    if priority := pod_priority(spec):
+        pod["priorityClassName"] = priority
+    meta: dict[str, Any] = {"labels": labels(spec)}
+    if spec.placement == "topology":
+        meta["annotations"] = spec.topology.annotations
+    return {"metadata": meta, "spec": pod}
+
+
+def placement(spec: JobSpec) -> dict[str, Any]:
+    """The pod's nodeSelector, tolerations and affinity, where the spec has any."""
+    out: dict[str, Any] = {}
     node_selector = dict(spec.node_selector)
     if spec.instance_type:
         node_selector.setdefault("node.kubernetes.io/instance-type", spec.instance_type)
     if node_selector:
-        pod["nodeSelector"] = node_selector
+        out["nodeSelector"] = node_selector
     tolerations = list(spec.tolerations)
     if spec.gpus and not any(t.get("key") == spec.accelerator_resource for t in tolerations):
         # GPU node groups are commonly tainted so that only GPU pods land there.
         tolerations.append({"key": spec.accelerator_resource, "operator": "Exists", "effect": "NoSchedule"})
     if tolerations:
-        pod["tolerations"] = tolerations
+        out["tolerations"] = tolerations
     if spec.affinity:
-        pod["affinity"] = spec.affinity
-    if spec.priority_class:
-        pod["priorityClassName"] = spec.priority_class
-    meta: dict[str, Any] = {"labels": labels(spec)}
-    if spec.placement == "topology":
-        meta["annotations"] = spec.topology.annotations
-    return {"metadata": meta, "spec": pod}
+        out["affinity"] = spec.affinity
+    return out
 
 
 def pull_policy(image: str | None) -> str:
@@ -146,8 +188,8 @@ def pytorchjob_manifest(spec: JobSpec) -> dict[str, Any]:
     }}
     if spec.ttl_after_finished is not None:
         job_spec["runPolicy"]["ttlSecondsAfterFinished"] = spec.ttl_after_finished
-    if spec.priority_class:
-        job_spec["runPolicy"]["schedulingPolicy"] = {"priorityClass": spec.priority_class}
+    if priority := pod_priority(spec):
+        job_spec["runPolicy"]["schedulingPolicy"] = {"priorityClass": priority}
     if spec.nodes.elastic:
         job_spec["elasticPolicy"] = {
             "rdzvBackend": "c10d", "rdzvPort": spec.rdzv_port, "rdzvId": spec.name,

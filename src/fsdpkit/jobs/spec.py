@@ -204,8 +204,16 @@ class JobSpec(Settings):
     node_selector: dict[str, Str] = option(default_factory=dict, help="Kubernetes nodeSelector")
     tolerations: list[dict[str, Any]] = option(default_factory=list, help="Kubernetes tolerations")
     affinity: dict[str, Any] = option(default_factory=dict, help="Kubernetes affinity")
-    priority_class: Str | None = option(None, "Kubernetes PriorityClass")
-    queue: Str | None = option(None, "Kueue LocalQueue")
+    priority_class: Str | None = option(
+        None, "the job's priority: a Kubernetes PriorityClass, or with queue a Kueue WorkloadPriorityClass (set as "
+        "Kueue's kueue.x-k8s.io/priority-class label, as the HyperPod CLI and task governance do)")
+    queue: Str | None = option(None, "Kueue LocalQueue (it must exist in the namespace)")
+    security: Literal["baseline", "restricted"] = option(
+        "baseline", "the Pod Security level the pods meet: baseline (the image's own user; no privilege escalation), "
+        "or restricted, for namespaces that enforce it (no root: the pods run as run_as_user; every capability "
+        "dropped; the runtime's seccomp profile)", what="a Pod Security level")
+    run_as_user: Int = option(1000, "with security: restricted, the user and group id the pods run as (the image "
+                              "must work without root; HOME is /tmp)", ge=1)
     placement: Literal["any", "topology"] = option(
         "any", "topology: the job's nodes close together in the network, so NCCL's rings cross fewer switches "
         "(Kueue's topology-aware scheduling; needs queue)", what="a placement")

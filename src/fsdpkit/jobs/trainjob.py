@@ -18,7 +18,8 @@ from fsdpkit.jobs.spec import JobSpec
 
 PATCH_MANAGER = "fsdpkit.dev/job"  # who owns the runtime patch (the list is keyed by manager)
 # The only pod fields a runtime patch may set that fsdpkit's pod template uses.
-_PATCHABLE = ("volumes", "nodeSelector", "tolerations", "affinity", "terminationGracePeriodSeconds")
+_PATCHABLE = ("volumes", "nodeSelector", "tolerations", "affinity", "terminationGracePeriodSeconds",
+              "securityContext")
 
 
 # The kubelet's --cluster-domain (EKS's, and Kubernetes' default).
@@ -36,7 +37,7 @@ def rdzv_endpoint(spec: JobSpec) -> str:
 def trainjob_labels(spec: JobSpec) -> dict[str, str]:
     out = m.labels(spec)
     if spec.priority_class:  # a TrainJob's pods take no priorityClassName; Kueue's workload priority does it
-        out["kueue.x-k8s.io/priority-class"] = spec.priority_class
+        out[m.KUEUE_PRIORITY] = spec.priority_class
     return out
 
 
@@ -48,7 +49,8 @@ def trainjob_manifest(spec: JobSpec) -> dict[str, Any]:
     if "resources" in container:
         trainer["resourcesPerNode"] = container["resources"]
     pod_patch = {k: v for k, v in pod["spec"].items() if k in _PATCHABLE}
-    pod_patch["containers"] = [{"name": NODE, "volumeMounts": container["volumeMounts"]}]
+    pod_patch["containers"] = [{"name": NODE, "volumeMounts": container["volumeMounts"],
+                                "securityContext": container["securityContext"]}]
     node_patch = {"name": NODE, "template": {"metadata": {"labels": m.labels(spec)}, "spec": {
         "template": {"metadata": pod["metadata"], "spec": pod_patch}}}}
     return {

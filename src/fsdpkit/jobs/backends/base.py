@@ -24,6 +24,7 @@ class Rendered:
     manifests: list[dict[str, Any]] | None = None
     script: str | None = None
     command: str | None = None
+    pod_security: str | None = None   # the Pod Security level the manifests' pods meet
 
     @property
     def kind(self) -> str:
@@ -36,7 +37,8 @@ class Rendered:
         return self.manifests
 
     def as_json(self) -> dict[str, Any]:
-        return {self.kind: getattr(self, self.kind)}
+        out = {self.kind: getattr(self, self.kind)}
+        return {**out, "pod_security": self.pod_security} if self.pod_security else out
 
     def text(self) -> str:
         """As a person reads it: YAML documents, or the script or command as it runs."""

@@ -35,11 +35,11 @@ class HyperPodBackend(KubeBackend):
     name = "hyperpod"
 
     def render(self, spec: JobSpec) -> Rendered:
-        return Rendered(manifests=hyperpod.render(spec))
+        return Rendered(manifests=hyperpod.render(spec), pod_security=spec.security)
 
 
 class TrainJobBackend(KubeBackend):
     name = "trainjob"
 
     def render(self, spec: JobSpec) -> Rendered:
-        return Rendered(manifests=trainjob.render(spec))
+        return Rendered(manifests=trainjob.render(spec), pod_security=spec.security)

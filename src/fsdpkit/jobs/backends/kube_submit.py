@@ -10,7 +10,17 @@ import copy
 import os
 from typing import Any
 
-from fsdpkit.cluster.client import ClusterError, api_errors, api_message, is_not_found, label_selector, labels_match
+from fsdpkit.cluster import pod_rules
+from fsdpkit.cluster.client import (
+    ClusterError,
+    api_errors,
+    api_message,
+    is_conflict,
+    is_forbidden,
+    is_not_found,
+    label_selector,
+    labels_match,
+)
 from fsdpkit.errors import Conflict, UserError
 from fsdpkit.jobs import manifests
 from fsdpkit.jobs.backends.base import Rendered
@@ -18,10 +28,13 @@ from fsdpkit.jobs.backends.kube_api import KINDS, KubeAPI, log
 from fsdpkit.jobs.manifests import ATTEMPT, JOB_LABEL
 from fsdpkit.jobs.spec import JobSpec
 
+KUEUE_GROUP = "kueue.x-k8s.io"
+KUEUE_VERSIONS = ("v1beta2", "v1beta1")
+
 
 class KubeSubmitter(KubeAPI):
     def render(self, spec: JobSpec) -> Rendered:
-        return Rendered(manifests=manifests.render(spec))
+        return Rendered(manifests=manifests.render(spec), pod_security=spec.security)
 
     def submit(self, spec: JobSpec, replace: bool = False, dry_run: str | None = None) -> dict[str, Any]:
         """Create the job's objects. `dry_run` "client": only render and say what would be made;
@@ -37,6 +50,7 @@ class KubeSubmitter(KubeAPI):
                    "manifests": objs}
             if dry_run == "server":
                 self.require_operator(objs[-1]["kind"], spec.namespace)
+                self.require_queue(spec)
                 self.require_access("job submit --dry-run=server", objs[-1]["kind"], spec.namespace, objs)
                 out["accepted"], out["existing"] = self.server_dry_run(spec, objs, replace)
             return {**out, "warnings": [missing]} if missing else out
@@ -51,6 +65,7 @@ class KubeSubmitter(KubeAPI):
             self._cancel(spec.name, spec.namespace)
             self._wait_gone(spec.name, spec.namespace)
         self.require_operator(objs[-1]["kind"], spec.namespace)
+        self.require_queue(spec)
         created, reused = self.apply(spec, objs, token)
         return {"name": spec.name, "namespace": spec.namespace, "dry_run": False, "created": created,
                 "reused": reused}
@@ -60,7 +75,11 @@ class KubeSubmitter(KubeAPI):
         every check it would run for real (schema, strict fields, admission webhooks) and stores
         nothing. The Secret goes with its placeholder, never the token. What exists already is
         what the submit would reuse (a PVC) or replace (the Secret; the job with --replace), and is
-        not sent. Returns (accepted, existing) as KIND/NAME."""
+        not sent. Then one Pod of each kind the job's operator will create, the same way: the
+        job object passes admission that its pods do not (Pod Security, PriorityClass, quotas,
+        LimitRanges, webhooks on pods), and those would refuse only once the job exists, in its
+        events. A 409 for a pod means admission let it through (an old pod has its name).
+        Returns (accepted, existing) as KIND/NAME."""
         if not replace and self.get_job(spec.name, spec.namespace) is not None:
             raise Conflict(f"job {spec.name!r} already exists in namespace {spec.namespace}; pick another name, or "
                            "pass --replace to delete it and submit again (checkpoints on its storage are kept)")
@@ -73,13 +92,56 @@ class KubeSubmitter(KubeAPI):
             with api_errors(f"server dry run of {kind}/{name}", self.host):
                 self._create(spec.namespace, obj, dry_run="All")
             accepted.append(f"{kind}/{name}")
+        job = objs[-1]
+        for where, pod in pod_rules.pods(job):
+            name = pod["metadata"]["name"]
+            try:
+                with api_errors(f"server dry run of Pod/{name} (a pod of {job['kind']} {spec.name}: {where})",
+                                self.host, keep=is_conflict):
+                    self._create(spec.namespace, pod, dry_run="All")
+            except Exception as e:
+                if not is_conflict(e):
+                    raise
+            accepted.append(f"Pod/{name}")
         return accepted, existing
+
+    def require_queue(self, spec: JobSpec) -> None:
+        """The spec's Kueue LocalQueue exists in the job's namespace: on a queue that does not, the job
+        is created and then waits for ever, never admitted (only its Workload says why). A user who
+        may not read LocalQueues is told the queue went unchecked."""
+        if not spec.queue:
+            return
+        found = None
+        for version in KUEUE_VERSIONS:  # v1beta2 from Kueue 0.15; v1beta1 before and beside it
+            try:
+                with api_errors("finding Kueue's API", self.host):
+                    found = self._custom().get_api_resources(KUEUE_GROUP, version, _preload_content=False)
+                break
+            except Exception as e:
+                if not is_not_found(e):
+                    raise
+        if found is None:
+            raise ClusterError(f"queue: {spec.queue}: this cluster has no Kueue (no {KUEUE_GROUP} API); install "
+                               "Kueue, or drop queue", code="not_found")
+        try:
+            with api_errors(f"reading Kueue LocalQueue {spec.queue}", self.host, keep=is_forbidden):
+                self._custom().get_namespaced_custom_object(KUEUE_GROUP, version, spec.namespace, "localqueues",
+                                                            spec.queue)
+        except Exception as e:
+            if is_not_found(e):
+                raise ClusterError(f"queue: no Kueue LocalQueue {spec.queue!r} in namespace {spec.namespace}; pick "
+                                   f"one of `kubectl get localqueues -n {spec.namespace}`", code="not_found") from None
+            if not is_forbidden(e):
+                raise
+            log.warning(f"warning: queue {spec.queue!r} not checked: {api_message(e)}")
 
     def _create(self, namespace: str, obj: dict[str, Any], **kw: Any) -> None:
         """One create, with strict field validation."""
         kw["field_validation"] = "Strict"
         kind = obj["kind"]
-        if kind == "Secret":
+        if kind == "Pod":
+            self._core().create_namespaced_pod(namespace, obj, **kw)
+        elif kind == "Secret":
             self._core().create_namespaced_secret(namespace, obj, **kw)
         elif kind == "PersistentVolumeClaim":
             self._core().create_namespaced_persistent_volume_claim(namespace, obj, **kw)
