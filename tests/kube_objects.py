@@ -3,6 +3,8 @@ cluster made of them: what the cluster, deploy and validate tests put into kmock
 
 from __future__ import annotations
 
+from fsdpkit.cluster.rbac import role_rules
+
 
 def node(name, itype, gpus=0, efa=0, cpu="191450m", memory="2097152000Ki", ready=True, labels=None):
     alloc = {"cpu": cpu, "memory": memory, "pods": "110"}
@@ -86,3 +88,13 @@ def healthy_eks(kube, *, operator=True, gpu_plugin=True, gpu_plugin_labels=None,
     kube.create("/apis/storage.k8s.io/v1/storageclasses",
                 {"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": "fsx-sc"},
                  "provisioner": "fsx.csi.aws.com"})
+
+
+def namespace_user(kube, namespace="default"):
+    """A team's user on a shared cluster: the Role `fsdpkit cluster rbac` renders, nothing cluster-wide.
+    This cluster serves only the training operator's jobs (kmock serves every kind it was told of)."""
+    for resource in ("trainer.kubeflow.org/v1alpha1/trainjobs", "trainer.kubeflow.org/v1alpha1/clustertrainingruntimes",
+                     "jobset.x-k8s.io/v1alpha2/jobsets", "sagemaker.amazonaws.com/v1/hyperpodpytorchjobs",
+                     "ray.io/v1/rayclusters", "ray.io/v1/rayjobs"):
+        kube.forget(resource)
+    return kube.user("team-a-ci", role_rules([("kubeflow.org", "pytorchjobs")]), namespace)

@@ -12,7 +12,7 @@ from fsdpkit.cluster.quantity import parse
 from fsdpkit.errors import UserError
 
 from conftest import require, run_cli
-from kube_objects import daemonset, healthy_eks, hyperpod_operator, node, trainer_v2
+from kube_objects import daemonset, healthy_eks, hyperpod_operator, namespace_user, node, trainer_v2
 
 require("kmock")
 
@@ -71,6 +71,34 @@ def test_healthy_eks_gpu_cluster_passes(kube):
     human = run_cli("cluster", "check", env=kube.env, timeout=60)
     assert human.returncode == 0 and "ready: 0 failed, 2 warning(s)" in human.stdout
     assert "8/8" in human.stdout and "0.5/191.45" in human.stdout
+
+
+def test_a_namespace_user_gets_every_check_it_can_read_and_each_it_cannot_named(kube):
+    """Nodes, DaemonSets, Deployments, CRDs and storage are cluster-wide reads a namespace's Role does
+    not grant: each check that needs one is `unread`, naming the API server's refusal, never a verdict
+    drawn from an empty list ("the cluster has no nodes"). Which job APIs exist comes from discovery."""
+    healthy_eks(kube)
+    user = namespace_user(kube, "team-a")
+    r = run_cli("cluster", "check", "--json", env=user, timeout=60)
+    assert r.returncode == 0, r.stdout
+    data = json.loads(r.stdout)["data"]
+    checks = {c["name"]: c for c in data["checks"]}
+    assert {k: c["status"] for k, c in checks.items()} == {
+        "nodes": "unread", "NVIDIA device plugin": "unread", "EFA device plugin": "unread",
+        "Kubeflow Trainer v2": "warn", "Kubeflow training operator": "unread", "KubeRay operator": "warn",
+        "FSx for Lustre": "unread"}
+    forbidden = 'is forbidden: User "team-a-ci" cannot list resource'
+    assert checks["nodes"]["detail"] == (f'not read (nodes: nodes {forbidden} "nodes" in API group "" at the cluster '
+                                         "scope)")
+    assert checks["Kubeflow training operator"]["detail"] == (
+        "CRD pytorchjobs.kubeflow.org served; its controller not read (deployments: deployments.apps "
+        f'{forbidden} "deployments" in API group "apps" at the cluster scope)')
+    assert checks["Kubeflow Trainer v2"]["detail"] == "CRD trainjobs.trainer.kubeflow.org not installed"
+    assert (data["backends"], data["nodes"]) == (["pytorchjob"], [])
+    human = run_cli("cluster", "check", env=user, timeout=60)
+    assert human.returncode == 0
+    assert human.stdout.strip().endswith("ready as far as this user can read: 0 failed, 2 warning(s), 5 not read")
+    assert "GAP   nodes: not read (nodes: nodes is forbidden" in human.stdout
 
 
 def test_static_manifest_plugin_labels_are_recognised(kube):

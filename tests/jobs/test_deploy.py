@@ -14,7 +14,7 @@ import pytest
 
 from conftest import ROOT, require
 from job_specs import TOKEN, set_conditions, write_spec, writes
-from kube_objects import crd, deployment, healthy_eks, trainer_v2
+from kube_objects import crd, deployment, healthy_eks, namespace_user, trainer_v2
 
 require("kmock")
 
@@ -23,9 +23,10 @@ PVCS = "/api/v1/namespaces/default/persistentvolumeclaims"
 JOBS = "/apis/kubeflow.org/v1/namespaces/default/pytorchjobs"
 
 
-def deploy(kube, tmp_path, *args, operator=None, spec=None):
-    """Run `fsdpkit deploy` as a user would; `operator(kube)` plays the training operator meanwhile."""
-    env = {**os.environ, **kube.env, "MY_HF_TOKEN": TOKEN, "FSDPKIT_HOME": str(tmp_path / "home")}
+def deploy(kube, tmp_path, *args, operator=None, spec=None, user=None):
+    """Run `fsdpkit deploy` as a user would (`user`: a namespace user's environment); `operator(kube)`
+    plays the training operator meanwhile."""
+    env = {**os.environ, **kube.env, **(user or {}), "MY_HF_TOKEN": TOKEN, "FSDPKIT_HOME": str(tmp_path / "home")}
     seen = job_posts(kube)
     spec = spec or write_spec(tmp_path)
     proc = subprocess.Popen([sys.executable, "-m", "fsdpkit", "deploy", str(spec), "--poll", "0.2", *args], cwd=ROOT,
@@ -150,6 +151,20 @@ def test_another_backend_s_operator_left_without_its_controller_is_a_note(kube, 
     assert "FAIL" not in check
     assert f"  note: {failed} (not used by this trainjob job)" in check.splitlines()
     assert "check passed" in out
+
+
+def test_a_namespace_user_deploys_with_what_it_cannot_read_named(kube, tmp_path):
+    """A team's user bound to the Role `fsdpkit cluster rbac` renders: the cluster-wide reads of
+    [check] are notes naming the refusal, the job's API is found by discovery, and the deploy goes
+    through to the end."""
+    healthy_eks(kube)
+    code, out, err = deploy(kube, tmp_path, operator=succeed_when_created, user=namespace_user(kube))
+    assert code == 0, err
+    assert created(kube) == [PVCS, SECRETS, JOBS]
+    notes = [line for line in (out + err).splitlines() if line.startswith("  note: ")]
+    assert [n.split(":")[1].strip() for n in notes] == ["nodes", "NVIDIA device plugin", "EFA device plugin",
+                                                        "Kubeflow training operator", "FSx for Lustre"]
+    assert out.strip().endswith("deployed llama-tiny: check passed, storage ok, secret ok, submit ok, watch Succeeded")
 
 
 def test_a_job_the_planner_says_cannot_fit_warns_and_strict_stops_at_check(kube, tmp_path):

@@ -14,7 +14,7 @@ from fsdpkit.cli.output import Parser, confirmed, dispatch, emit_json, progress
 from fsdpkit.envelope import duration
 from fsdpkit.errors import UserError
 
-_MARK = {"pass": "PASS", "warn": "WARN", "fail": "FAIL"}
+_MARK = {"pass": "PASS", "warn": "WARN", "fail": "FAIL", "unread": "GAP "}
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -33,7 +33,9 @@ def cmd_check(args: argparse.Namespace) -> int:
             print(f"      fix: {c.fix}")
     fails = sum(c.status == "fail" for c in report.checks)
     warns = sum(c.status == "warn" for c in report.checks)
-    print(f"\n{'not ready' if fails else 'ready'}: {fails} failed, {warns} warning(s)")
+    gaps = sum(c.status == "unread" for c in report.checks)
+    verdict = "not ready" if fails else "ready as far as this user can read" if gaps else "ready"
+    print(f"\n{verdict}: {fails} failed, {warns} warning(s)" + (f", {gaps} not read" if gaps else ""))
     if args.fix:
         _fix([c for c in report.checks if c.status != "pass" and c.remedy], args.yes)
     return 1 if fails else 0

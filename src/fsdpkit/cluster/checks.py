@@ -1,6 +1,11 @@
 """`fsdpkit cluster check`: is this cluster ready to train? Each check reads the API the way an SRE
 would (nodes and what is allocated on them, device-plugin DaemonSets by every label they ship
-with, operator CRDs and controllers, storage) and gives pass / warn / fail with what to do."""
+with, operator CRDs and controllers, storage) and gives pass / warn / fail with what to do.
+
+A user a shared cluster gives a namespace may read none of that (nodes, CRDs and storage classes
+are cluster-scoped): each read refused is a check marked `unread` that names the refusal, never an
+empty list taken for "none". Which job operators' APIs exist comes from discovery then, which every
+user may read."""
 
 from __future__ import annotations
 
@@ -12,7 +17,7 @@ from decimal import Decimal
 from typing import Any
 
 from fsdpkit.cluster import trainer
-from fsdpkit.cluster.client import api_errors, is_not_found, labels_match
+from fsdpkit.cluster.client import api_errors, api_message, api_resources, is_forbidden, is_not_found, labels_match
 from fsdpkit.cluster.quantity import fmt_bytes, fmt_cores, parse
 
 GPU, EFA, NEURON = "nvidia.com/gpu", "vpc.amazonaws.com/efa", "aws.amazon.com/neuron"
@@ -64,6 +69,10 @@ REMEDIES = {
 FIXES = {k: f"install it: {v}" for k, v in REMEDIES.items()}
 FIXES["hyperpod-operator"] = ("install the HyperPod training operator add-on: aws eks create-addon --cluster-name "
                               "CLUSTER --addon-name amazon-sagemaker-hyperpod-training-operator (needs cert-manager)")
+# The CRDs the checks look for, each with the version discovery finds it at where CRDs cannot be listed.
+CRD_VERSIONS = {"trainjobs.trainer.kubeflow.org": trainer.VERSION, "jobsets.jobset.x-k8s.io": "v1alpha2",
+                "pytorchjobs.kubeflow.org": "v1", "hyperpodpytorchjobs.sagemaker.amazonaws.com": "v1",
+                "rayclusters.ray.io": "v1"}
 # The job backend each job operator serves, in the order a plain cluster prefers them.
 JOB_OPERATORS = {"hyperpod": "HyperPod training operator", "trainjob": "Kubeflow Trainer v2",
                  "pytorchjob": "Kubeflow training operator"}
@@ -72,7 +81,7 @@ JOB_OPERATORS = {"hyperpod": "HyperPod training operator", "trainjob": "Kubeflow
 @dataclass
 class Check:
     name: str
-    status: str           # pass | warn | fail
+    status: str           # pass | warn | fail | unread (this user may not read what it checks)
     detail: str
     fix: str = ""
     remedy: str = ""      # a command `--fix` may run, after asking
@@ -127,16 +136,39 @@ class ClusterReader:
         self.storage = client.StorageV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
         self.host = api_client.configuration.host
+        self.gaps: dict[str, str] = {}   # what this user may not list -> the API server's refusal
 
     def items(self, what: str, fn: Any, **kw: Any) -> list[dict[str, Any]]:
+        """The objects, or [] with `what` in `gaps` where RBAC refused the list."""
         try:
-            with api_errors(f"listing {what}", self.host):
+            with api_errors(f"listing {what}", self.host, keep=is_forbidden):
                 resp = fn(_preload_content=False, **kw)
         except Exception as e:
             if is_not_found(e):
                 return []
+            if is_forbidden(e):
+                self.gaps[what] = api_message(e)
+                return []
             raise
         return json.loads(resp.data or b"{}").get("items") or []
+
+    def unread(self, name: str, *reads: str) -> Check | None:
+        """The check `name` as unread, when any of the reads it needs was refused."""
+        refused = [f"{what}: {self.gaps[what]}" for what in reads if what in self.gaps]
+        if not refused:
+            return None
+        return Check(name, "unread", f"not read ({'; '.join(refused)})", "ask the cluster's admin for read access "
+                     "(a ClusterRole), or run `fsdpkit cluster check` as a user who has it")
+
+    def crds(self, names: Sequence[str]) -> set[str]:
+        """The CRDs installed: listed, or where this user may not list CRDs, each of `names`
+        (PLURAL.GROUP) the API server serves (discovery)."""
+        crds = {str((c.get("metadata") or {}).get("name")) for c in self.items("CRDs",
+                                                                                self.ext.list_custom_resource_definition)}
+        if "CRDs" not in self.gaps:
+            return crds
+        return {name for name in names if name.split(".", 1)[0] in
+                (api_resources(self.custom, name.split(".", 1)[1], CRD_VERSIONS[name], self.host) or ())}
 
 
 def node_infos(nodes: list[dict[str, Any]], pods: list[dict[str, Any]]) -> list[NodeInfo]:
@@ -184,9 +216,12 @@ def _daemonset_check(name: str, daemonsets: list[dict[str, Any]], label_sets: La
 
 
 def _operator_check(name: str, crd: str, crds: set[str], deployments: list[dict[str, Any]],
-                    label_sets: LabelSets, fix: str, needed: bool) -> Check:
+                    label_sets: LabelSets, fix: str, needed: bool, r: ClusterReader | None = None) -> Check:
     if crd not in crds:
         return Check(name, "fail" if needed else "warn", f"CRD {crd} not installed", fix)
+    if r is not None and (unread := r.unread(name, "deployments")):
+        unread.detail = f"CRD {crd} served; its controller {unread.detail}"
+        return unread
     found = [d for d in deployments
              if any(labels_match((d.get("metadata") or {}).get("labels"), ls) for ls in label_sets)]
     if not found:
@@ -207,19 +242,21 @@ def _job_operator_checks(r: ClusterReader, crds: set[str], deployments: list[dic
     cluster, else Trainer v2) fails with its install command."""
     found = {
         "trainjob": ("trainer", _operator_check(JOB_OPERATORS["trainjob"], "trainjobs.trainer.kubeflow.org", crds,
-                                                deployments, trainer.CONTROLLER_LABELS, FIXES["trainer"], False)),
+                                                deployments, trainer.CONTROLLER_LABELS, FIXES["trainer"], False, r)),
         "pytorchjob": ("training-operator", _operator_check(
             JOB_OPERATORS["pytorchjob"], "pytorchjobs.kubeflow.org", crds, deployments, TRAINING_OPERATOR_LABELS,
-            FIXES["training-operator"], False)),
+            FIXES["training-operator"], False, r)),
     }
     if hyperpod_cluster or "hyperpodpytorchjobs.sagemaker.amazonaws.com" in crds:
         found["hyperpod"] = ("hyperpod-operator", _operator_check(
             JOB_OPERATORS["hyperpod"], "hyperpodpytorchjobs.sagemaker.amazonaws.com", crds, deployments,
-            HYPERPOD_OPERATOR_LABELS, FIXES["hyperpod-operator"], False))
+            HYPERPOD_OPERATOR_LABELS, FIXES["hyperpod-operator"], False, r))
     for backend, (_, check) in found.items():
         check.backend = backend
     _trainer_detail(r, crds, found["trainjob"][1])
-    running = {b: b in found and found[b][1].status == "pass" for b in JOB_OPERATORS}
+    # An operator whose API is served and whose controller this user cannot see is taken as running:
+    # its jobs would be accepted, and `job submit` says so if not.
+    running = {b: b in found and found[b][1].status in ("pass", "unread") for b in JOB_OPERATORS}
     backends = [b for b in JOB_OPERATORS if running[b]]
     if "hyperpod" in found and "hyperpod" not in backends and "pytorchjob" in backends:
         backends.insert(0, "hyperpod")  # through the PyTorchJob path (hyperpod.operator: kubeflow)
@@ -243,6 +280,9 @@ def _trainer_detail(r: ClusterReader, crds: set[str], check: Check) -> None:
     runtimes = sorted((o.get("metadata") or {}).get("name", "?") for o in r.items(
         "cluster training runtimes", r.custom.list_cluster_custom_object, group=trainer.GROUP,
         version=trainer.VERSION, plural="clustertrainingruntimes"))
+    if "cluster training runtimes" in r.gaps:
+        check.detail += f"; runtimes not read ({r.gaps['cluster training runtimes']})"
+        return
     check.detail += f"; runtimes: {', '.join(runtimes) or 'none (install them: ' + trainer.INSTALL + ')'}"
 
 
@@ -284,11 +324,13 @@ def run_checks(api_client: Any) -> Report:
     nodes = node_infos(nodes_raw, pods)
     daemonsets = r.items("daemonsets", r.apps.list_daemon_set_for_all_namespaces)
     deployments = r.items("deployments", r.apps.list_deployment_for_all_namespaces)
-    crds = {str((c.get("metadata") or {}).get("name")) for c in r.items("CRDs", r.ext.list_custom_resource_definition)}
+    crds = r.crds(list(CRD_VERSIONS))
     classes = r.items("storage classes", r.storage.list_storage_class)
     drivers = {(d.get("metadata") or {}).get("name") for d in r.items("CSI drivers", r.storage.list_csi_driver)}
 
-    checks = _node_checks(nodes)
+    checks = [unread] if (unread := r.unread("nodes", "nodes")) else _node_checks(nodes)
+    if "pods" in r.gaps and (capacity := next((c for c in checks if c.name == "GPU capacity"), None)):
+        capacity.detail += f" (free not known: pods not read: {r.gaps['pods']})"
     hyperpod_cluster = any(HEALTH in n.labels for n in nodes)
     operators, backends, running = _job_operator_checks(r, crds, deployments, hyperpod_cluster)
     gpu_types = any(n.instance_type.removeprefix("ml.").split(".")[0] in ("p4d", "p4de", "p5", "p5e", "p5en", "g5",
@@ -301,13 +343,18 @@ def run_checks(api_client: Any) -> Report:
         ("efa", _daemonset_check("EFA device plugin", daemonsets, EFA_PLUGIN_LABELS, FIXES["efa"], needed=efa_nodes)),
         *operators,
         ("kuberay", _operator_check("KubeRay operator", "rayclusters.ray.io", crds, deployments, KUBERAY_LABELS,
-                                    FIXES["kuberay"], needed=False)),
+                                    FIXES["kuberay"], False, r)),
     ):
+        if key in ("nvidia", "efa") and (unread := r.unread(check.name, "nodes", "daemonsets")):
+            check = unread
         # Missing (not merely unhealthy): installing it is the remedy; the legacy v1 operator is
         # never offered (its fix says how, for a spec that needs it).
         if key in REMEDIES and check.fix == FIXES[key] and key != "training-operator":
             check.remedy = REMEDIES[key]
         checks.append(check)
+    if unread := r.unread("FSx for Lustre", "CSI drivers", "storage classes"):
+        checks.append(unread)
+        return Report(checks, nodes, backends, running)
     fsx = [c["metadata"]["name"] for c in classes if c.get("provisioner") == "fsx.csi.aws.com"]
     checks.append(Check("FSx for Lustre", "pass" if "fsx.csi.aws.com" in drivers else "warn",
                         ("CSI driver installed" + (f"; storage classes: {', '.join(fsx)}" if fsx else

@@ -3,14 +3,21 @@ finding, deleting and waiting out a job by name."""
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
 from fsdpkit.cluster import rbac, trainer
-from fsdpkit.cluster.client import ClusterError, api_errors, api_message, connect, is_forbidden, is_not_found
+from fsdpkit.cluster.client import (
+    ClusterError,
+    api_errors,
+    api_message,
+    api_resources,
+    connect,
+    is_forbidden,
+    is_not_found,
+)
 from fsdpkit.errors import NotFound, TimedOut
 from fsdpkit.jobs.backends.base import Target
 from fsdpkit.jobs.manifests import CONTAINER, JOB_LABEL, KF_JOB_NAME, KF_REPLICA_INDEX, KF_REPLICA_TYPE
@@ -101,19 +108,8 @@ class KubeAPI:
         """The job kinds this API server serves (their operators' CRDs installed), from discovery,
         which every authenticated user may read: a kind is looked for only where it exists."""
         if self._served is None:
-            served = []
-            for kind, k in KINDS.items():
-                try:
-                    with api_errors("finding which job kinds the cluster serves", self.host):
-                        found = self._custom().get_api_resources(k.group, k.version, _preload_content=False)
-                except Exception as e:
-                    if is_not_found(e):
-                        continue
-                    raise
-                names = {r.get("name") for r in json.loads(found.data or b"{}").get("resources") or []}
-                if k.plural in names:
-                    served.append(kind)
-            self._served = served
+            self._served = [kind for kind, k in KINDS.items()
+                            if k.plural in (api_resources(self._custom(), k.group, k.version, self.host) or ())]
         return self._served
 
     def get_job(self, name: str, namespace: str) -> tuple[str, dict[str, Any]] | None:

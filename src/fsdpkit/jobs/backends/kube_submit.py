@@ -15,6 +15,7 @@ from fsdpkit.cluster.client import (
     ClusterError,
     api_errors,
     api_message,
+    api_resources,
     is_conflict,
     is_forbidden,
     is_not_found,
@@ -111,16 +112,10 @@ class KubeSubmitter(KubeAPI):
         may not read LocalQueues is told the queue went unchecked."""
         if not spec.queue:
             return
-        found = None
-        for version in KUEUE_VERSIONS:  # v1beta2 from Kueue 0.15; v1beta1 before and beside it
-            try:
-                with api_errors("finding Kueue's API", self.host):
-                    found = self._custom().get_api_resources(KUEUE_GROUP, version, _preload_content=False)
-                break
-            except Exception as e:
-                if not is_not_found(e):
-                    raise
-        if found is None:
+        # v1beta2 from Kueue 0.15; v1beta1 before and beside it
+        version = next((v for v in KUEUE_VERSIONS
+                        if "localqueues" in (api_resources(self._custom(), KUEUE_GROUP, v, self.host) or ())), None)
+        if version is None:
             raise ClusterError(f"queue: {spec.queue}: this cluster has no Kueue (no {KUEUE_GROUP} API); install "
                                "Kueue, or drop queue", code="not_found")
         try:
