@@ -446,6 +446,36 @@ def test_every_create_is_strict_and_an_unknown_field_is_named(kube, tmp_path):
         ("DELETE", "/api/v1/namespaces/default/secrets/other-hf-token")]
 
 
+def test_a_submit_waits_out_a_claim_still_being_deleted_instead_of_reusing_it(kube, tmp_path):
+    """Right after a rolled-back submit its PVC is Terminating (pvc-protection holds it until no pod
+    uses it): reused, it would vanish under the job. The submit waits, saying so, and creates it anew."""
+    import threading
+
+    from kubernetes import client
+
+    kube.create("/api/v1/namespaces/default/persistentvolumeclaims", {
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "llama-tiny-ckpt", "namespace": "default", "deletionTimestamp": "2026-11-27T10:00:00Z",
+                     "finalizers": ["kubernetes.io/pvc-protection"],
+                     "labels": {"app.kubernetes.io/managed-by": "fsdpkit", "fsdpkit.dev/job": "llama-tiny"}},
+        "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1200Gi"}}}})
+    # The pvc-protection controller drops its finalizer once the last pod is gone, 2.5 s from now, and
+    # the API server removes the claim.
+    gone = threading.Timer(2.5, lambda: client.CoreV1Api(kube.api()).patch_namespaced_persistent_volume_claim(
+        "llama-tiny-ckpt", "default", {"metadata": {"finalizers": None}}))
+    gone.start()
+    r = job_cli(kube, "submit", str(write_spec(tmp_path)), "--json")
+    gone.join()
+    assert r.returncode == 0, r.stdout
+    data = json.loads(r.stdout)["data"]
+    assert data["created"][1] == "PersistentVolumeClaim/llama-tiny-ckpt" and data["reused"] == []
+    waits = [line for line in r.stderr.splitlines() if line.startswith("waiting for PersistentVolumeClaim")]
+    assert waits == ["waiting for PersistentVolumeClaim/llama-tiny-ckpt to finish deleting (0 s of 120); a claim "
+                     "being deleted cannot hold this job's checkpoints"]
+    claim = client.CoreV1Api(kube.api()).read_namespaced_persistent_volume_claim("llama-tiny-ckpt", "default")
+    assert claim.metadata.deletion_timestamp is None
+
+
 def test_a_server_dry_run_has_the_api_server_check_every_object_and_stores_nothing(kube, tmp_path):
     spec = write_spec(tmp_path)
     r = job_cli(kube, "submit", str(spec), "--dry-run=server", "--json")

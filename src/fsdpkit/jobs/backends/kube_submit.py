@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import os
+import time
 from typing import Any
 
 from fsdpkit.cluster import pod_rules
@@ -22,7 +23,7 @@ from fsdpkit.cluster.client import (
     label_selector,
     labels_match,
 )
-from fsdpkit.errors import Conflict, UserError
+from fsdpkit.errors import Conflict, TimedOut, UserError
 from fsdpkit.jobs import manifests
 from fsdpkit.jobs.backends.base import Rendered
 from fsdpkit.jobs.backends.kube_api import KINDS, KubeAPI, log
@@ -30,6 +31,7 @@ from fsdpkit.jobs.manifests import ATTEMPT, JOB_LABEL
 from fsdpkit.jobs.spec import JobSpec
 
 KUEUE_GROUP = "kueue.x-k8s.io"
+CLAIM_GONE_S = 120.0   # how long a submit waits for a claim being deleted to go
 KUEUE_VERSIONS = ("v1beta2", "v1beta1")
 
 
@@ -167,7 +169,9 @@ class KubeSubmitter(KubeAPI):
                     self._put_secret(manifests.secret_manifest(spec, token))
                     created.append(obj)
                 elif kind == "PersistentVolumeClaim":
-                    # An existing claim of this job holds the checkpoints of an earlier run: keep it.
+                    # An existing claim of this job holds the checkpoints of an earlier run: keep it;
+                    # one being deleted (a rollback a moment ago) is waited out, never reused.
+                    self._wait_claim_deleted(name, spec.namespace)
                     if self._exists(kind, name, spec.namespace):
                         reused.append(f"{kind}/{name}")
                     else:
@@ -205,6 +209,32 @@ class KubeSubmitter(KubeAPI):
                 core.delete_namespaced_secret(name, ns)
         with api_errors(f"creating Secret/{name}", self.host):
             self._create(ns, secret)
+
+    def _wait_claim_deleted(self, name: str, namespace: str, timeout: float = CLAIM_GONE_S, poll: float = 1.0) -> None:
+        """A claim with a deletionTimestamp (kept by its pvc-protection finalizer until no pod uses
+        it) would pass for the job's checkpoints and then vanish: wait until it is gone."""
+        def deleting() -> bool:
+            try:
+                with api_errors(f"reading PersistentVolumeClaim/{name}", self.host):
+                    claim = self._core().read_namespaced_persistent_volume_claim(name, namespace)
+            except Exception as e:
+                if is_not_found(e):
+                    return False
+                raise
+            return claim.metadata.deletion_timestamp is not None
+
+        started, note = time.monotonic(), 0.0
+        while deleting():
+            waited = time.monotonic() - started
+            if waited >= timeout:
+                raise TimedOut(f"PersistentVolumeClaim/{name} is still being deleted after {timeout:.0f} s (a pod or a "
+                               f"finalizer holds it: kubectl -n {namespace} describe pvc {name}); try again once it "
+                               "is gone")
+            if waited >= note:  # a line every 10 s, not every poll
+                log.info(f"waiting for PersistentVolumeClaim/{name} to finish deleting ({waited:.0f} s of "
+                         f"{timeout:.0f}); a claim being deleted cannot hold this job's checkpoints")
+                note += 10
+            time.sleep(poll)
 
     def _exists(self, kind: str, name: str, namespace: str) -> bool:
         if kind in KINDS:
