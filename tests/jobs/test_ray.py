@@ -135,6 +135,28 @@ def test_ray_up_twice_makes_one_cluster_and_waits_for_the_head(kube, tmp_path):
     assert run_cli("ray", "status", "verl", env=kube.env).returncode == 2
 
 
+def test_ray_create_names_its_cluster_and_exec_on_a_missing_one_says_so(kube, tmp_path):
+    """`--name` makes a second cluster from the same spec (the spec's name is the default); `ray exec`
+    on a cluster that does not exist says it does not exist, not that its head is not up yet."""
+    path = write(tmp_path)
+    r = run_cli("ray", "create", str(path), "--name", "verl-b", "--dry-run", "--json", env=kube.env)
+    assert r.returncode == 0 and json.loads(r.stdout)["data"]["manifest"]["metadata"]["name"] == "verl-b"
+    r = run_cli("ray", "create", str(path), "--name", "verl-b", "--json", env=kube.env)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["data"]["name"] == "verl-b"
+    assert [p for m, p, b in kube.requests() if m == "POST" and b["metadata"]["name"] == "verl-b"] == [
+        "/apis/ray.io/v1/namespaces/default/rayclusters?fieldValidation=Strict"]
+    r = run_cli("ray", "submit", str(path), "--name", "verl-b", "--dry-run", "--json", "--", "python", "x.py",
+                env=kube.env)
+    assert json.loads(r.stdout)["data"]["manifest"]["spec"]["clusterSelector"] == {"ray.io/cluster": "verl-b"}
+    r = run_cli("ray", "exec", "nope", "--", "ray", "status", env=kube.env)
+    assert (r.returncode, r.stderr) == (2, "error: RayCluster 'nope' not found in namespace default; create it with "
+                                           "`fsdpkit ray create SPEC`, or see `kubectl get rayclusters -A`\n")
+    r = run_cli("ray", "exec", "verl-b", "--", "ray", "status", env=kube.env)   # made, its head not up yet
+    assert (r.returncode, r.stderr) == (2, "error: RayCluster 'verl-b' has no head pod yet (fsdpkit ray status "
+                                           "verl-b)\n")
+
+
 def test_ray_submit_dry_run_prints_the_rayjob_without_a_cluster(tmp_path):
     path = write(tmp_path)
     r = run_cli("ray", "submit", str(path), "--job-name", "grpo", "--dry-run", "--", "python3", "-m", "verl.x",

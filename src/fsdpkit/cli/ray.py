@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from fsdpkit import yamlfile
 from fsdpkit.cli.output import Parser, delete_asked, dispatch, emit_json
 from fsdpkit.envelope import duration
-from fsdpkit.errors import UserError
+from fsdpkit.errors import NotFound, UserError
 
 if TYPE_CHECKING:  # imported when a verb runs, so that --help stays fast
     from fsdpkit.jobs.ray import RayClient
@@ -33,6 +33,8 @@ def _spec(args: argparse.Namespace) -> JobSpec:
     # Any backend validates as a cluster spec here (a RayCluster always needs an image); a HyperPod
     # spec keeps its backend, so its pods get HyperPod's node-health rules.
     overrides = parse_overrides(args.set or [])
+    if args.cluster_name:
+        overrides.append(("name", args.cluster_name))
     backend = dict(overrides).get("backend", load_mapping(args.spec, "job spec", "fields").get("backend"))
     spec = load_spec(args.spec, [*overrides, ("backend", "hyperpod" if backend == "hyperpod" else "pytorchjob")])
     if spec.nodes.max > 1 and spec.efa and has_ofi_nccl(spec.image) is False:
@@ -102,11 +104,18 @@ def cmd_exec(args: argparse.Namespace) -> int:
     from kubernetes import client
     from kubernetes.stream import stream
 
+    from fsdpkit.cluster.client import api_errors
+
     if not args.rest:
         raise UserError("give the command after --, for example: fsdpkit ray exec NAME -- ray status")
-    _, api = _client(args)
+    ray, api = _client(args)
+    if ray.get(args.name, args.namespace) is None:
+        raise NotFound(f"RayCluster {args.name!r} not found in namespace {args.namespace}; create it with "
+                       "`fsdpkit ray create SPEC`, or see `kubectl get rayclusters -A`")
     core = client.CoreV1Api(api)
-    pods = core.list_namespaced_pod(args.namespace, label_selector=f"ray.io/cluster={args.name},ray.io/node-type=head")
+    with api_errors(f"listing the head pod of RayCluster {args.name}", ray.host):
+        pods = core.list_namespaced_pod(args.namespace,
+                                        label_selector=f"ray.io/cluster={args.name},ray.io/node-type=head")
     heads = [p for p in pods.items if (p.metadata.labels or {}).get("ray.io/node-type") == "head"
              and (p.metadata.labels or {}).get("ray.io/cluster") == args.name]
     if not heads:
@@ -135,6 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     def spec_args(p: Parser) -> None:
         p.add_argument("spec", help="job spec YAML (image, nodes, instance_type, storage, ...)")
+        p.add_argument("--name", dest="cluster_name", help="the RayCluster's name (default: the spec's name)")
         p.add_spec_overrides()
 
     p = sub.add_parser("create", help="create the RayCluster, or reuse it if it exists with the same spec")
