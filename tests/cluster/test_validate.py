@@ -42,6 +42,7 @@ def test_gpu_validation_runs_nvidia_smi_on_free_gpu_nodes(kube):
     core = client.CoreV1Api(kube.api())
 
     def kubelet(pod):
+        time.sleep(1.0)   # the image is pulled and nvidia-smi runs: the CLI sees it Pending first
         name = pod["metadata"]["name"]
         listing = "".join(f"GPU {i}: NVIDIA H100 80GB HBM3 (UUID: GPU-{i:08x}-aaaa-bbbb-cccc-0123456789ab)\n"
                           for i in range(8))
@@ -60,6 +61,8 @@ def test_gpu_validation_runs_nvidia_smi_on_free_gpu_nodes(kube):
         "nvidia.com/gpu": 8}
     validate_builtin(pod)
     assert any(m == "DELETE" and pod["metadata"]["name"] in p for m, p, _ in kube.requests())
+    # What the wait said, once, while it waited.
+    assert r.stderr.splitlines() == [f"waiting for 1 pod(s) to finish: {pod['metadata']['name']} Pending (0 s of 600)"]
 
 
 def test_a_node_with_a_missing_gpu_fails(kube):
@@ -96,6 +99,7 @@ def test_mpijob_pods_are_valid():
                                                                                   "EFA not used")])
 def test_nccl_validation_reads_the_launcher_log(kube, log, code, verdict):
     def mpi_operator(job):
+        time.sleep(1.0)   # the operator makes the launcher a moment later
         name = job["metadata"]["name"]
         pod = f"{name}-launcher"
         kube.route(f"get /api/v1/namespaces/default/pods/{pod}/log", (NCCL / log).read_bytes())
@@ -109,5 +113,6 @@ def test_nccl_validation_reads_the_launcher_log(kube, log, code, verdict):
     t.join()
     assert r.returncode == code, r.stderr
     assert verdict in r.stdout
+    assert r.stderr.splitlines() == ["waiting for nccl-tests on 2 nodes: launcher not created yet (0 s of 1800)"]
     assert "17179869184 B  busbw   284.03" in r.stdout or log != "p5-2node-efa.log"
     assert any(m == "DELETE" and "/mpijobs/fsdpkit-nccl-" in p for m, p, _ in kube.requests())

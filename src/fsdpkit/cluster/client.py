@@ -115,14 +115,15 @@ def api_errors(what: str, host: str | None = None, keep: Callable[[BaseException
         raise err from None
 
 
-def api_resources(custom: Any, group: str, version: str, host: str | None = None) -> set[str] | None:
+def api_resources(custom: Any, group: str, version: str, host: str | None = None, what: str | None = None
+                  ) -> set[str] | None:
     """The resources (plurals) an API group version serves, from discovery, which every
     authenticated user may read (system:discovery); None where the server does not serve it.
     `custom` is a CustomObjectsApi."""
     import json
 
     try:
-        with api_errors(f"discovering {group}/{version}", host):
+        with api_errors(what or f"discovering {group}/{version}", host):
             found = custom.get_api_resources(group, version, _preload_content=False)
     except Exception as e:
         if is_not_found(e):

@@ -3,6 +3,7 @@ Used for commands on a PVC (checkpoints on FSx / EFS) and for validation pods.""
 
 from __future__ import annotations
 
+import logging
 import secrets
 import time
 from typing import Any
@@ -10,6 +11,9 @@ from typing import Any
 from fsdpkit.cluster import pod_rules
 from fsdpkit.cluster.client import ClusterError, api_errors, is_not_found
 from fsdpkit.errors import TimedOut
+from fsdpkit.polling import poll_until
+
+log = logging.getLogger(__name__)
 
 MOUNT = "/ckpt"
 
@@ -46,28 +50,12 @@ def run_pods(api_client: Any, namespace: str, pods: list[dict[str, Any]], timeou
             with api_errors(f"creating pod {name}", host):
                 core.create_namespaced_pod(namespace, pod, field_validation="Strict")
             created.append(name)
-        deadline = time.monotonic() + timeout
-        phases: dict[str, str] = {}
-        while len(phases) < len(created):
-            for name in created:
-                if name in phases:
-                    continue
-                with api_errors(f"reading pod {name}", host):
-                    phase = (core.read_namespaced_pod(name, namespace, _preload_content=False).json().get("status")
-                             or {}).get("phase")
-                if phase in ("Succeeded", "Failed"):
-                    phases[name] = phase
-            if len(phases) < len(created):
-                if time.monotonic() > deadline:
-                    waiting = ", ".join(n for n in created if n not in phases)
-                    raise TimedOut(f"pods did not finish in {timeout:.0f} s: {waiting}; kubectl -n {namespace} "
-                                       "describe pod NAME (image pull, volume, or no room to schedule)")
-                time.sleep(poll)
+        phases = _wait_ended(core, host, namespace, created, timeout, poll)
         out = {}
         for name in created:
             with api_errors(f"reading logs of {name}", host):
-                log = core.read_namespaced_pod_log(name, namespace, _preload_content=False).data
-            out[name] = (phases[name], log.decode(errors="replace"))
+                printed = core.read_namespaced_pod_log(name, namespace, _preload_content=False).data
+            out[name] = (phases[name], printed.decode(errors="replace"))
         return out
     finally:
         for name in created:
@@ -77,6 +65,36 @@ def run_pods(api_client: Any, namespace: str, pods: list[dict[str, Any]], timeou
             except Exception as e:
                 if not is_not_found(e):
                     raise
+
+
+def _wait_ended(core: Any, host: str, namespace: str, created: list[str], timeout: float, poll: float
+                ) -> dict[str, str]:
+    """Each pod's final phase, saying which are still running (on a change, and every 30 s)."""
+    started = time.monotonic()
+    phases: dict[str, str | None] = {}
+
+    def look() -> dict[str, str | None]:
+        for name in created:
+            if phases.get(name) not in ("Succeeded", "Failed"):
+                with api_errors(f"reading pod {name}", host):
+                    phases[name] = (core.read_namespaced_pod(name, namespace, _preload_content=False).json().get(
+                        "status") or {}).get("phase")
+        return dict(phases)
+
+    def waiting(seen: dict[str, str | None]) -> list[str]:
+        return [f"{n} {p or 'Pending'}" for n, p in seen.items() if p not in ("Succeeded", "Failed")]
+
+    def told(seen: dict[str, str | None]) -> None:
+        if left := waiting(seen):
+            log.info(f"waiting for {len(left)} pod(s) to finish: {', '.join(left)} "
+                     f"({time.monotonic() - started:.0f} s of {timeout:.0f})")
+
+    seen = poll_until(look, lambda s: not waiting(s), timeout, poll, told,
+                      key=lambda s: (tuple(waiting(s)), int((time.monotonic() - started) // 30)))
+    if left := waiting(seen):
+        raise TimedOut(f"pods did not finish in {timeout:.0f} s: {', '.join(left)}; kubectl -n {namespace} "
+                       "describe pod NAME (image pull, volume, or no room to schedule)")
+    return {n: str(p) for n, p in seen.items()}
 
 
 def run_in_pod(api_client: Any, namespace: str, claim: str, image: str, argv: list[str],

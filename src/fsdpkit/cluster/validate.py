@@ -3,6 +3,7 @@ nccl-tests all_reduce_perf MPIJob across nodes (is NCCL on EFA, and how fast?)."
 
 from __future__ import annotations
 
+import logging
 import re
 import secrets
 import time
@@ -16,6 +17,9 @@ from fsdpkit.cluster.nccl import parse_all_reduce, verdict
 from fsdpkit.cluster.pods import run_pods
 from fsdpkit.errors import TimedOut
 from fsdpkit.hardware.instances import lookup, network_env
+from fsdpkit.polling import poll_until
+
+log = logging.getLogger(__name__)
 
 CUDA_IMAGE = "nvidia/cuda:12.6.3-base-ubuntu22.04"
 NCCL_TESTS_IMAGE = "public.ecr.aws/hpc-cloud/nccl-tests:latest"
@@ -58,11 +62,11 @@ def validate_gpu(api_client: Any, namespace: str = "default", image: str = CUDA_
     done = run_pods(api_client, namespace, [gpu_pod(p, namespace, node, free, image)
                                             for p, (node, free) in pods.items()], timeout, poll) if pods else {}
     for pod, (node, free) in pods.items():
-        phase, log = done[pod]
-        seen = len(_GPU_LINE.findall(log))
+        phase, printed = done[pod]
+        seen = len(_GPU_LINE.findall(printed))
         ok = phase == "Succeeded" and seen == free
         detail = f"{seen}/{free} GPUs listed by nvidia-smi" if phase == "Succeeded" else \
-            f"nvidia-smi failed: {log.strip().splitlines()[-1] if log.strip() else phase}"
+            f"nvidia-smi failed: {printed.strip().splitlines()[-1] if printed.strip() else phase}"
         results.append({"node": node, "status": "pass" if ok else "fail", "expected": free, "seen": seen,
                         "detail": detail})
     return sorted(results, key=lambda x: x["node"])
@@ -122,24 +126,32 @@ def validate_nccl(api_client: Any, nodes: int, instance_type: str, namespace: st
                                "install --only mpi` (the MPI operator runs nccl-tests)", code="not_found") from None
         raise
     try:
-        deadline = time.monotonic() + timeout
+        started = time.monotonic()
         sel = f"training.kubeflow.org/job-name={name},training.kubeflow.org/job-role=launcher"
-        while True:
+
+        def look() -> list[dict[str, Any]]:
             with api_errors("reading the launcher pod", host):
                 items = core.list_namespaced_pod(namespace, label_selector=sel, _preload_content=False).json()["items"]
-            launcher = [p for p in items if (p["metadata"].get("labels") or {}).get("training.kubeflow.org/job-name")
-                        == name and (p["metadata"].get("labels") or {}).get("training.kubeflow.org/job-role")
-                        == "launcher"]
-            phase = (launcher[0].get("status") or {}).get("phase") if launcher else None
-            if phase in ("Succeeded", "Failed"):
-                break
-            if time.monotonic() > deadline:
-                raise TimedOut(f"nccl-tests did not finish in {timeout:.0f} s; kubectl -n {namespace} describe "
-                                   f"mpijob {name}")
-            time.sleep(poll)
+            return [p for p in items if (p["metadata"].get("labels") or {}).get("training.kubeflow.org/job-name")
+                    == name and (p["metadata"].get("labels") or {}).get("training.kubeflow.org/job-role")
+                    == "launcher"]
+
+        def phase(launcher: list[dict[str, Any]]) -> str | None:
+            return (launcher[0].get("status") or {}).get("phase") if launcher else None
+
+        def told(launcher: list[dict[str, Any]]) -> None:
+            if phase(launcher) not in ("Succeeded", "Failed"):
+                log.info(f"waiting for nccl-tests on {nodes} nodes: launcher {phase(launcher) or 'not created yet'} "
+                         f"({time.monotonic() - started:.0f} s of {timeout:.0f})")
+
+        launcher = poll_until(look, lambda seen: phase(seen) in ("Succeeded", "Failed"), timeout, poll, told,
+                              key=lambda seen: (phase(seen), int((time.monotonic() - started) // 30)))
+        if phase(launcher) not in ("Succeeded", "Failed"):
+            raise TimedOut(f"nccl-tests did not finish in {timeout:.0f} s; kubectl -n {namespace} describe "
+                           f"mpijob {name}")
         with api_errors("reading the launcher's log", host):
-            log = core.read_namespaced_pod_log(launcher[0]["metadata"]["name"], namespace,
-                                               _preload_content=False).data.decode(errors="replace")
+            printed = core.read_namespaced_pod_log(launcher[0]["metadata"]["name"], namespace,
+                                                   _preload_content=False).data.decode(errors="replace")
     finally:
         try:
             with api_errors("deleting the nccl-tests MPIJob", host):
@@ -147,7 +159,7 @@ def validate_nccl(api_client: Any, nodes: int, instance_type: str, namespace: st
         except Exception as e:
             if not is_not_found(e):
                 raise
-    res = parse_all_reduce(log)
+    res = parse_all_reduce(printed)
     status, why = verdict(res, lookup(instance_type), nodes)
     return {"job": name, "status": status, "detail": why, "network": res.network, "provider": res.provider,
             "nics": res.nics, "rows": res.rows, "avg_busbw": res.avg_busbw, "peak_busbw": res.peak_busbw}

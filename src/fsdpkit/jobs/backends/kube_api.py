@@ -109,7 +109,8 @@ class KubeAPI:
         which every authenticated user may read: a kind is looked for only where it exists."""
         if self._served is None:
             self._served = [kind for kind, k in KINDS.items()
-                            if k.plural in (api_resources(self._custom(), k.group, k.version, self.host) or ())]
+                            if k.plural in (api_resources(self._custom(), k.group, k.version, self.host,
+                                                          "finding which job kinds the cluster serves") or ())]
         return self._served
 
     def get_job(self, name: str, namespace: str) -> tuple[str, dict[str, Any]] | None:

@@ -29,6 +29,7 @@ from fsdpkit.jobs.backends.base import Rendered
 from fsdpkit.jobs.backends.kube_api import KINDS, KubeAPI, log
 from fsdpkit.jobs.manifests import ATTEMPT, JOB_LABEL
 from fsdpkit.jobs.spec import JobSpec
+from fsdpkit.polling import poll_until
 
 KUEUE_GROUP = "kueue.x-k8s.io"
 CLAIM_GONE_S = 120.0   # how long a submit waits for a claim being deleted to go
@@ -116,7 +117,8 @@ class KubeSubmitter(KubeAPI):
             return
         # v1beta2 from Kueue 0.15; v1beta1 before and beside it
         version = next((v for v in KUEUE_VERSIONS
-                        if "localqueues" in (api_resources(self._custom(), KUEUE_GROUP, v, self.host) or ())), None)
+                        if "localqueues" in (api_resources(self._custom(), KUEUE_GROUP, v, self.host,
+                                                           "finding Kueue's API") or ())), None)
         if version is None:
             raise ClusterError(f"queue: {spec.queue}: this cluster has no Kueue (no {KUEUE_GROUP} API); install "
                                "Kueue, or drop queue", code="not_found")
@@ -210,7 +212,7 @@ class KubeSubmitter(KubeAPI):
         with api_errors(f"creating Secret/{name}", self.host):
             self._create(ns, secret)
 
-    def _wait_claim_deleted(self, name: str, namespace: str, timeout: float = CLAIM_GONE_S, poll: float = 1.0) -> None:
+    def _wait_claim_deleted(self, name: str, namespace: str, timeout: float = CLAIM_GONE_S, poll: float = 2.0) -> None:
         """A claim with a deletionTimestamp (kept by its pvc-protection finalizer until no pod uses
         it) would pass for the job's checkpoints and then vanish: wait until it is gone."""
         def deleting() -> bool:
@@ -223,18 +225,19 @@ class KubeSubmitter(KubeAPI):
                 raise
             return claim.metadata.deletion_timestamp is not None
 
-        started, note = time.monotonic(), 0.0
-        while deleting():
-            waited = time.monotonic() - started
-            if waited >= timeout:
-                raise TimedOut(f"PersistentVolumeClaim/{name} is still being deleted after {timeout:.0f} s (a pod or a "
-                               f"finalizer holds it: kubectl -n {namespace} describe pvc {name}); try again once it "
-                               "is gone")
-            if waited >= note:  # a line every 10 s, not every poll
+        started = time.monotonic()
+
+        def told(still: bool) -> None:
+            if still:
+                waited = time.monotonic() - started
                 log.info(f"waiting for PersistentVolumeClaim/{name} to finish deleting ({waited:.0f} s of "
                          f"{timeout:.0f}); a claim being deleted cannot hold this job's checkpoints")
-                note += 10
-            time.sleep(poll)
+
+        if poll_until(deleting, lambda still: not still, timeout, poll, told,
+                      key=lambda still: (still, int((time.monotonic() - started) // 10))):
+            raise TimedOut(f"PersistentVolumeClaim/{name} is still being deleted after {timeout:.0f} s (a pod or a "
+                           f"finalizer holds it: kubectl -n {namespace} describe pvc {name}); try again once it is "
+                           "gone")
 
     def _exists(self, kind: str, name: str, namespace: str) -> bool:
         if kind in KINDS:
