@@ -14,6 +14,7 @@ from fsdpkit.jobs.ray import raycluster_manifest, rayjob_manifest
 from fsdpkit.jobs.spec import load_spec
 
 from conftest import require, run_cli
+from kube_admission import PodAdmission
 from manifest_schemas import IMAGE, crd_validator, pod_of, validate_builtin
 
 require("kmock")
@@ -155,6 +156,31 @@ def test_ray_create_names_its_cluster_and_exec_on_a_missing_one_says_so(kube, tm
     r = run_cli("ray", "exec", "verl-b", "--", "ray", "status", env=kube.env)   # made, its head not up yet
     assert (r.returncode, r.stderr) == (2, "error: RayCluster 'verl-b' has no head pod yet (fsdpkit ray status "
                                            "verl-b)\n")
+
+
+def test_ray_create_server_dry_run_sends_the_head_and_each_group_s_pod_through_admission(kube, tmp_path):
+    """KubeRay's pods meet admission the RayCluster never meets: a namespace enforcing Pod Security's
+    restricted refuses the head's pod in one line; restricted pods pass; nothing is stored."""
+    from kubernetes import client
+
+    kube.pod_admission = PodAdmission(enforce={"default": "restricted"})
+    path = write(tmp_path)
+    r = run_cli("ray", "create", str(path), "--dry-run=server", env=kube.env)
+    assert r.returncode == 3
+    assert r.stderr.startswith('error: server dry run of Pod/verl-head-0 (a pod of RayCluster verl: head): refused by '
+                               'Pod Security admission (the namespace enforces "restricted:latest"): unrestricted '
+                               'capabilities (container "ray-head" must set')
+    r = run_cli("ray", "create", str(path), "--dry-run=server", "--set", "security=restricted", "--json", env=kube.env)
+    assert r.returncode == 0, r.stdout
+    assert json.loads(r.stdout)["data"]["accepted"] == ["RayCluster/verl", "Pod/verl-head-0", "Pod/verl-gpu-0"]
+    assert [p for p, _ in kube.dry_runs] == [
+        "/apis/ray.io/v1/namespaces/default/rayclusters?dryRun=All&fieldValidation=Strict",
+        "/apis/ray.io/v1/namespaces/default/rayclusters?dryRun=All&fieldValidation=Strict",
+        "/api/v1/namespaces/default/pods?dryRun=All&fieldValidation=Strict",
+        "/api/v1/namespaces/default/pods?dryRun=All&fieldValidation=Strict"]
+    assert [m for m, _, _ in kube.requests() if m != "GET"] == []
+    assert client.CustomObjectsApi(kube.api()).list_namespaced_custom_object(
+        "ray.io", "v1", "default", "rayclusters")["items"] == []
 
 
 def test_ray_submit_dry_run_prints_the_rayjob_without_a_cluster(tmp_path):

@@ -47,8 +47,14 @@ def cmd_create(args: argparse.Namespace) -> int:
     from fsdpkit.jobs.ray import raycluster_manifest
 
     spec = _spec(args)
+    if args.dry_run == "server":
+        ray, _ = _client(args)
+        accepted = ray.server_dry_run(spec)
+        if args.json:
+            return emit_json({"dry_run": "server", "accepted": accepted, "manifest": raycluster_manifest(spec)})
+        print(f"dry run: the API server accepted {', '.join(accepted)}")
+        return 0
     if args.dry_run:
-
         manifest = raycluster_manifest(spec)
         if args.json:
             return emit_json({"manifest": manifest})
@@ -152,7 +158,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=duration, help="how long to wait for the head to be ready: seconds, or 10m "
                    "(default: do not wait)")
     p.add_argument("--poll", type=duration, default=5.0, help=argparse.SUPPRESS)
-    p.add_argument("--dry-run", action="store_true", help="print the RayCluster manifest")
+    p.add_argument("--dry-run", nargs="?", const="client", choices=("client", "server"),
+                   help="print the RayCluster manifest; --dry-run=server has the API server check it and a pod of "
+                   "each group (schema, admission) without storing anything")
     common(p)
     p.set_defaults(func=cmd_create)
     for verb, func, text in (("status", cmd_status, "the cluster's state"),

@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 from fsdpkit.cluster import pod_rules
-from fsdpkit.cluster.client import ClusterError, api_errors, is_not_found
+from fsdpkit.cluster.client import ClusterError, api_errors, is_conflict, is_not_found
 from fsdpkit.errors import TimedOut
 from fsdpkit.polling import poll_until
 
@@ -31,6 +31,27 @@ def helper_manifest(name: str, namespace: str, claim: str, image: str, argv: lis
             "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": claim}}],
         },
     }
+
+
+def dry_run_pods(core: Any, obj: dict[str, Any], host: str | None = None) -> list[str]:
+    """One Pod of each kind `obj`'s operator will make (pod_rules.pods), created with dryRun=All in
+    its namespace: admission speaks to pods, which the job object alone never meets (Pod Security,
+    PriorityClass, quotas, LimitRanges, webhooks on pods). Nothing is stored. A 409 means
+    admission let it through (a pod of that name exists). Returns Pod/NAME of each; `core` is a
+    CoreV1Api."""
+    meta = obj["metadata"]
+    accepted = []
+    for where, pod in pod_rules.pods(obj):
+        name = pod["metadata"]["name"]
+        try:
+            with api_errors(f"server dry run of Pod/{name} (a pod of {obj['kind']} {meta['name']}: {where})", host,
+                            keep=is_conflict):
+                core.create_namespaced_pod(meta["namespace"], pod, field_validation="Strict", dry_run="All")
+        except Exception as e:
+            if not is_conflict(e):
+                raise
+        accepted.append(f"Pod/{name}")
+    return accepted
 
 
 def run_pods(api_client: Any, namespace: str, pods: list[dict[str, Any]], timeout: float = 300,

@@ -15,6 +15,7 @@ from typing import Any, cast
 
 from fsdpkit.cluster import pod_rules
 from fsdpkit.cluster.client import ClusterError, api_errors, is_not_found, label_selector, labels_match
+from fsdpkit.cluster.pods import dry_run_pods
 from fsdpkit.errors import Conflict, NotFound, TimedOut
 from fsdpkit.jobs import manifests as m
 from fsdpkit.jobs.command import GPU_ENV
@@ -110,6 +111,19 @@ class RayClient:
             if is_not_found(e):
                 return None
             raise
+
+    def server_dry_run(self, spec: JobSpec) -> list[str]:
+        """The RayCluster, then one Pod of each group KubeRay will make (the head, each worker group),
+        created with dryRun=All: admission speaks to the pods, which the RayCluster alone never meets
+        (Pod Security, PriorityClass, quotas). Nothing is stored; KIND/NAME of each accepted."""
+        from kubernetes import client
+
+        obj = raycluster_manifest(spec)
+        core = client.CoreV1Api(self.custom.api_client)
+        with api_errors(f"server dry run of RayCluster/{spec.name}", self.host):
+            self.custom.create_namespaced_custom_object(GROUP, VERSION, spec.namespace, "rayclusters", obj,
+                                                        field_validation="Strict", dry_run="All")
+        return [f"RayCluster/{spec.name}", *dry_run_pods(core, obj, self.host)]
 
     def create(self, spec: JobSpec, wait: float | None = None, poll: float = 5.0) -> dict[str, Any]:
         """Create the RayCluster, or reuse the one of this name if it was made from the same spec."""

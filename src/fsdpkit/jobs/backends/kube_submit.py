@@ -11,18 +11,17 @@ import os
 import time
 from typing import Any
 
-from fsdpkit.cluster import pod_rules
 from fsdpkit.cluster.client import (
     ClusterError,
     api_errors,
     api_message,
     api_resources,
-    is_conflict,
     is_forbidden,
     is_not_found,
     label_selector,
     labels_match,
 )
+from fsdpkit.cluster.pods import dry_run_pods
 from fsdpkit.errors import Conflict, TimedOut, UserError
 from fsdpkit.jobs import manifests
 from fsdpkit.jobs.backends.base import Rendered
@@ -96,18 +95,7 @@ class KubeSubmitter(KubeAPI):
             with api_errors(f"server dry run of {kind}/{name}", self.host):
                 self._create(spec.namespace, obj, dry_run="All")
             accepted.append(f"{kind}/{name}")
-        job = objs[-1]
-        for where, pod in pod_rules.pods(job):
-            name = pod["metadata"]["name"]
-            try:
-                with api_errors(f"server dry run of Pod/{name} (a pod of {job['kind']} {spec.name}: {where})",
-                                self.host, keep=is_conflict):
-                    self._create(spec.namespace, pod, dry_run="All")
-            except Exception as e:
-                if not is_conflict(e):
-                    raise
-            accepted.append(f"Pod/{name}")
-        return accepted, existing
+        return accepted + dry_run_pods(self._core(), objs[-1], self.host), existing
 
     def require_queue(self, spec: JobSpec) -> None:
         """The spec's Kueue LocalQueue exists in the job's namespace: on a queue that does not, the job
@@ -138,9 +126,7 @@ class KubeSubmitter(KubeAPI):
         """One create, with strict field validation."""
         kw["field_validation"] = "Strict"
         kind = obj["kind"]
-        if kind == "Pod":
-            self._core().create_namespaced_pod(namespace, obj, **kw)
-        elif kind == "Secret":
+        if kind == "Secret":
             self._core().create_namespaced_secret(namespace, obj, **kw)
         elif kind == "PersistentVolumeClaim":
             self._core().create_namespaced_persistent_volume_claim(namespace, obj, **kw)
