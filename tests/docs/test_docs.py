@@ -107,6 +107,7 @@ NEEDS = [
      "an AWS account or a Kubernetes cluster"),
     (r"^fsdpkit (cluster create|ray create|storage fsx storage-class)\b(?!.*--dry-run)", "an AWS account or a cluster"),
     (r"--eks-cluster|--context", "an AWS account or a cluster"),
+    (r"--dry-run=server", "a Kubernetes API server to ask"),
     (r"^fsdpkit job (status|logs|wait|watch|delete|list)\b", "a job that is running"),
     (r"^fsdpkit job submit (?!.*--dry-run)", "a cluster (or Slurm's sbatch), or it starts a job in the background"),
     (r"--pvc|/fsx/|/ckpt/", "a cluster's shared storage"),
