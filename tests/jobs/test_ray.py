@@ -87,10 +87,12 @@ def test_ray_up_twice_makes_one_cluster_and_waits_for_the_head(kube, tmp_path):
 
     api = client.CustomObjectsApi(kube.api())
 
-    def operator():  # KubeRay marks the cluster ready once the head pod runs
+    def operator():  # KubeRay marks the cluster ready once the head pod runs, a moment after it exists
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
+                api.get_namespaced_custom_object("ray.io", "v1", "default", "rayclusters", "verl")
+                time.sleep(1.5)
                 api.patch_namespaced_custom_object_status("ray.io", "v1", "default", "rayclusters", "verl",
                                                           {"status": {"state": "ready"}})
                 return
@@ -103,6 +105,7 @@ def test_ray_up_twice_makes_one_cluster_and_waits_for_the_head(kube, tmp_path):
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["data"] == {"name": "verl", "namespace": "default", "action": "created",
                                             "state": "ready"}
+    assert r.stderr.splitlines() == ["waiting for RayCluster verl to be ready (state pending, 0 s of 60)"]
     r = run_cli("ray", "create", str(path), "--json", env=kube.env)
     assert r.returncode == 0 and json.loads(r.stdout)["data"]["action"] == "reused"
     posts = [p for m, p, _ in kube.requests() if m == "POST"]

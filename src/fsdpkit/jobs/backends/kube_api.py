@@ -4,6 +4,7 @@ finding, deleting and waiting out a job by name."""
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
@@ -166,6 +167,14 @@ class KubeAPI:
                                                                propagation_policy="Foreground")
 
     def _wait_gone(self, name: str, namespace: str, timeout: float = 120, poll: float = 1.0) -> None:
-        if poll_until(lambda: self.get_job(name, namespace), lambda job: job is None, timeout, poll) is not None:
+        started = time.monotonic()
+
+        def told(job: tuple[str, dict[str, Any]] | None) -> None:
+            if job is not None:
+                log.info(f"waiting for job {name} to be deleted ({time.monotonic() - started:.0f} s of {timeout:.0f}): "
+                         "its operator removes its pods first")
+
+        if poll_until(lambda: self.get_job(name, namespace), lambda job: job is None, timeout, poll, told,
+                      key=lambda job: (job is None, int((time.monotonic() - started) // 30))) is not None:
             raise TimedOut(f"job {name!r} is still being deleted after {timeout:.0f} s; try again later")
 
