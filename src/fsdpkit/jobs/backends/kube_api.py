@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from fsdpkit.cluster import rbac, trainer
 from fsdpkit.cluster.client import (
@@ -25,6 +25,7 @@ from fsdpkit.jobs.manifests import CONTAINER, JOB_LABEL, KF_JOB_NAME, KF_REPLICA
 from fsdpkit.polling import poll_until
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def _kubeflow_replica(labels: dict[str, str]) -> str | None:
@@ -55,6 +56,10 @@ class JobKind:
 
     def find(self) -> tuple[str, str, str]:
         return self.group, self.version, self.plural
+
+    def first_rank0(self, by_replica: Mapping[str, T]) -> T | None:
+        """Of pods by replica name (raw dicts or client objects), the one that holds rank 0."""
+        return next((by_replica[r] for r in self.rank0 if r in by_replica), None)
 
 
 KINDS = {k.kind: k for k in (

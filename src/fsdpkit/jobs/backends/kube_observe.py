@@ -190,8 +190,7 @@ class KubeObserver(KubeAPI):
     def _rank0(self, pods: list[dict[str, Any]], kind: str) -> str | None:
         """The pod that holds rank 0 (its log has the network verdict and the progress lines)."""
         k = KINDS[kind]
-        by_replica = {k.replica((p.get("metadata") or {}).get("labels") or {}): p for p in pods}
-        first = next((by_replica[r] for r in k.rank0 if r in by_replica), None)
+        first = k.first_rank0({k.replica((p.get("metadata") or {}).get("labels") or {}) or "": p for p in pods})
         return first["metadata"]["name"] if first is not None else None
 
     # -- logs --------------------------------------------------------------------------------------
@@ -215,10 +214,8 @@ class KubeObserver(KubeAPI):
             if replica not in by_replica:
                 raise UserError(f"--replica {replica!r}: no such pod; this job has: {', '.join(sorted(by_replica))}")
             return [by_replica[replica]]
-        for first in KINDS[kind].rank0:  # rank 0 by default
-            if first in by_replica:
-                return [by_replica[first]]
-        return [by_replica[sorted(by_replica)[0]]]
+        first = KINDS[kind].first_rank0(by_replica)  # rank 0 by default
+        return [first if first is not None else by_replica[sorted(by_replica)[0]]]
 
     def logs(self, name: str, follow: bool = False, replica: str | None = None, previous: bool = False,
              wait: float = 600, poll: float = 2.0) -> Iterator[str]:
