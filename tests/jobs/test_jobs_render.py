@@ -248,6 +248,52 @@ def test_every_pod_meets_the_pod_security_level_its_spec_names_and_the_render_sa
     assert r.returncode == 0 and json.loads(r.stdout)["data"]["pod_security"] == "restricted"
 
 
+def test_the_longest_job_name_keeps_every_name_kubernetes_derives_from_it_within_63_characters():
+    """Service names, pod hostnames and label values are RFC 1123 labels (63 characters at most). The
+    operators derive them from the job's name: a PyTorchJob's Service per replica (NAME-worker-127),
+    a JobSet pod's hostname (NAME-node-0-127), HyperPod's pods (NAME-pod-127), and fsdpkit's Secret
+    and claim. 50 characters is the longest name that keeps all of them within 63 on 128 nodes."""
+    longest, lengths = "a" * 50, {}
+    for backend in ("pytorchjob", "trainjob", "hyperpod"):
+        instance = "ml.p5.48xlarge" if backend == "hyperpod" else "p5.48xlarge"
+        objs = get_backend(backend).render(spec_for(backend, "128", instance, name=longest,
+                                                    storage={"size": "1Ti", "storage_class": "fsx"})).objects()
+        job = objs[-1]
+        derived = [o["metadata"]["name"] for o in objs]
+        if backend == "pytorchjob":
+            derived += [f"{longest}-{r.lower()}-{i}" for r, s in job["spec"]["pytorchReplicaSpecs"].items()
+                        for i in range(s["replicas"])]
+        elif backend == "trainjob":
+            derived += [f"{longest}-node-0-{i}" for i in range(job["spec"]["trainer"]["numNodes"])]
+        else:
+            derived += [f"{longest}-pod-{i}" for i in range(job["spec"]["replicaSpecs"][0]["replicas"])]
+        lengths[backend] = max(map(len, derived))
+    # NAME-worker-126, NAME-node-0-127, NAME-hf-token: two characters to spare at the most.
+    assert lengths == {"pytorchjob": 61, "trainjob": 61, "hyperpod": 59}
+    with pytest.raises(UserError) as e:
+        spec_for(name="a" * 51)
+    assert str(e.value) == (f"name: {'a' * 51!r} is not a valid job name: use at most 50 lowercase letters, digits and "
+                            "'-', starting with a letter and ending with a letter or digit (RFC 1123)")
+
+
+@pytest.mark.parametrize("operator", ["hyperpod", "kubeflow"])
+def test_hyperpod_retries_a_failed_job_only_with_auto_resume(operator):
+    """auto_resume: false means no retry at all: HyperPod's operator retries jobMaxRetryCount times,
+    and its Kubeflow path acts on the auto-resume annotations; either is present only with auto_resume."""
+    def job(auto_resume):
+        extra = {"namespace": "kubeflow"} if operator == "kubeflow" else {}
+        return hyperpod.render(spec_for("hyperpod", "2", "ml.p5.48xlarge", **extra, hyperpod={
+            "operator": operator, "auto_resume": auto_resume, "max_retry": 4}))[-1]
+
+    on, off = job(True), job(False)
+    if operator == "hyperpod":
+        assert (on["spec"]["runPolicy"]["jobMaxRetryCount"], off["spec"]["runPolicy"]["jobMaxRetryCount"]) == (4, 0)
+    else:
+        assert {k: v for k, v in on["metadata"]["annotations"].items() if k.startswith("sagemaker.amazonaws.com/")} \
+            == {hyperpod.AUTO_RESUME: "true", hyperpod.MAX_RETRY: "4"}
+        assert not [k for k in off["metadata"]["annotations"] if k.startswith("sagemaker.amazonaws.com/")]
+
+
 def test_manifest_shape_follows_the_spec():
     fixed = manifests.pytorchjob_manifest(spec_for(nodes="3"))
     assert fixed["spec"]["nprocPerNode"] == "8"
