@@ -37,10 +37,12 @@ def effective(records: list[dict], key: str = "step") -> dict[int, dict]:
 
 
 def samples_by_step(run_dir) -> dict[int, list[int]]:
+    """The samples each step trained on, over ranks and micro-batches, from the attempt that survived."""
     out: dict[int, list[int]] = {}
     for f in sorted(run_dir.glob("samples-rank*.jsonl")):
-        per_rank = effective([r for r in map(json.loads, f.read_text().splitlines()) if r.get("kind") != "start"])
-        for step, rec in per_rank.items():
+        records = [r for r in map(json.loads, f.read_text().splitlines()) if r.get("kind") != "start"]
+        per_micro = {(r["step"], r["micro"]): r for r in records}   # a restart's record replaces the first
+        for (step, _), rec in sorted(per_micro.items()):
             out.setdefault(step, []).extend(rec["blocks"])
     return out
 
@@ -105,6 +107,26 @@ def test_resume_continues_exactly(two_rank_run, tmp_path, nproc, batch):
     assert [m["step"] for m in read_metrics(tmp_path / "run")] == [4, 5, 6]
     uninterrupted = losses(two_rank_run / "run")
     assert losses(tmp_path / "run") == pytest.approx(uninterrupted[3:], abs=1e-5)
+
+
+def test_resume_with_gradient_accumulation_continues_at_the_next_unseen_sample(tmp_path):
+    """With 2 micro-batches of 2 per step, a step consumes 4 samples: the checkpoint at step 3 records
+    12, and the resumed run trains steps 4..6 on samples 12..23, exactly as the uninterrupted run did,
+    to the same losses."""
+    args = [*BASE, "--train_batch_size", "2", "--grad_accum_steps", "2", "--log_samples", "1"]
+    whole = tmp_path / "whole"
+    r = run_cli("train", *args, "--run_dir", str(whole / "run"), "--checkpoint_dir", str(whole / "ckpt"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert [c.meta["samples"] for c in list_checkpoints(whole / "ckpt")] == [12, 24]
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(whole / "ckpt" / "step-00000003", ckpt / "step-00000003")
+    r = run_cli("train", *args, "--run_dir", str(tmp_path / "run"), "--checkpoint_dir", str(ckpt),
+                "--resume_from_checkpoint", "auto")
+    assert r.returncode == 0, r.stderr[-3000:]
+    resumed, uninterrupted = samples_by_step(tmp_path / "run"), samples_by_step(whole / "run")
+    assert sorted(resumed) == [4, 5, 6] and resumed == {s: uninterrupted[s] for s in (4, 5, 6)}
+    assert sorted(k for s in (4, 5, 6) for k in resumed[s]) == list(range(12, 24))
+    assert losses(tmp_path / "run") == losses(whole / "run")[3:]
 
 
 def test_checkpoints_by_wall_time_and_always_at_the_last_step(tmp_path):
