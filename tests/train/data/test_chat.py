@@ -58,6 +58,27 @@ def test_the_mask_covers_each_answer_and_its_end_of_turn_and_nothing_else(tmp_pa
     assert "What is" in text(ids[~mask]) and "2 plus 3 is 5" not in text(ids[~mask])
 
 
+@pytest.mark.parametrize("template", [QWEN25, LLAMA3], ids=["qwen2.5", "llama3"])
+def test_the_batch_stream_puts_the_loss_on_each_answer_token_and_its_end_of_turn(tmp_path, template):
+    """Through the stream the trainer reads: the targets that carry a loss are exactly the answers'
+    tokens and their end-of-turn tokens, each predicted from the token before it; the prompt, the
+    assistant header and the token after an answer carry none."""
+    tok = HFTokenizer(str(make_tokenizer(tmp_path / "tok", template)))
+    chat = template_of(None, tok.config, tok.directory)
+    conv = CONVERSATIONS[0]
+    n = len(encode_conversation(chat, tok.encode, conv)[0])
+    data = write_chat(tmp_path / "data" / "train" / "chat.jsonl", [{"messages": conv}] * 4)
+    stream = BatchStream(LocalFiles(str(tmp_path / "data"), "train", 0, data_format="chat"), tok, 2 * n, 1,
+                         shuffle_buffer=0, epochs=1, chat=chat)
+    batch = next(iter(stream))
+    assert data and batch.docs is not None
+    targets, inputs = batch.targets[0, : n - 1], batch.inputs[0]   # the first conversation, from its start
+    kept = targets != IGNORE
+    end = "<|eot_id|>" if template is LLAMA3 else "<|im_end|>\n"
+    assert tok.tok.decode(targets[kept].tolist(), skip_special_tokens=False) == f"2 plus 3 is 5.{end}8.{end}"
+    assert torch.equal(targets[kept], inputs[1:n][kept])
+
+
 def test_loss_counts_only_assistant_tokens_and_equals_transformers_on_the_same_labels(tmp_path):
     transformers = require("transformers")
     tok = HFTokenizer(str(make_tokenizer(tmp_path / "tok", QWEN25)))
