@@ -10,6 +10,7 @@ own buffers such as oneDNN's), which is no part of the estimate."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -17,12 +18,16 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from fsdpkit.plan.comm import step_comm
-from fsdpkit.plan.memory import estimate
+from fsdpkit.plan.memory import block_activations, estimate
 from fsdpkit.plan.workload import workload
 from fsdpkit.train.config import parse_args
+from fsdpkit.train.model.config import LoraShape
+from fsdpkit.train.model.lora import add_adapters
 from fsdpkit.train.model.presets import PRESETS
+from fsdpkit.train.model.transformer import Transformer
 
 from conftest import ROOT, require, run_cli
 
@@ -123,6 +128,40 @@ def test_planned_peak_holds_every_peak_measured_on_a_gpu(preset, seq, batch, fla
                          "--mixed_precision", "bf16", *flags])
     planned = estimate(workload(cfg, 1, "cuda")).peak / MIB
     assert 0.97 <= planned / measured <= 1.10, f"planned {planned:,.0f} MiB, measured {measured:,} MiB at {commit}"
+
+
+ALL_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@pytest.mark.parametrize("lora", [
+    None, LoraShape(8, 16.0, 0.0, ("q_proj", "v_proj")), LoraShape(8, 16.0, 0.0, ALL_PROJECTIONS),
+    LoraShape(4, 16.0, 0.0, ("o_proj", "down_proj")), LoraShape(8, 16.0, 0.0, ("gate_proj",)),
+    LoraShape(8, 16.0, 0.1, ("q_proj", "v_proj")), LoraShape(8, 16.0, 0.1, ALL_PROJECTIONS),
+], ids=["full", "lora-qv", "lora-all", "lora-o-down", "lora-gate", "lora-qv-dropout", "lora-all-dropout"])
+def test_a_block_s_planned_activations_are_what_autograd_saves_byte_for_byte(lora):
+    """One eager decoder block of the trainer's model, forward under saved-tensor hooks: the bytes
+    autograd keeps for backward (each storage once, weights and buffers left out) are exactly the
+    planner's. With LoRA the base is frozen: its norms keep no normalised copy, and a projection's
+    input is kept only where an undropped adapter reads it."""
+    cfg = parse_args(["--preset", "debug", "--seq_len", "64", "--train_batch_size", "2", "--device", "cpu",
+                      "--compile", "0"])
+    torch.manual_seed(0)
+    model = Transformer(cfg.shape, rope_len=64)
+    if lora is not None:
+        add_adapters(model, lora)
+    model.init_weights()
+    state = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if (s := t.untyped_storage()).data_ptr() not in state:
+            saved[s.data_ptr()] = s.nbytes()
+        return t
+
+    x = torch.randn(2, 64, cfg.shape.dim, requires_grad=True)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model.model.layers[0](x, model.rope_cos, model.rope_sin)
+    assert sum(saved.values()) == block_activations(dataclasses.replace(workload(cfg, 1, "cpu"), lora=lora))
 
 
 # A vocabulary large enough that the loss and the validation pass weigh in the peak (a byte-level one

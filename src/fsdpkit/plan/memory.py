@@ -153,12 +153,14 @@ def trained_elements(w: Workload) -> tuple[int, int]:
 
 def adapter_activations(w: Workload) -> int:
     """Bytes a block's adapters save for backward: each A's output (and with dropout, the dropped
-    input and its mask)."""
+    input and its mask: a bool mask from CUDA's fused dropout kernel, elsewhere a tensor of the
+    input's dtype that the input is multiplied by)."""
     if w.lora is None:
         return 0
     cb, n = DTYPE_BYTES[w.compute], w.tokens
+    mask = 1 if w.fused_norm else cb   # fused_norm: the CUDA kernels
     adapted = [inp for name, (_, inp) in projections(w.model).items() if name in w.lora.targets]
-    return sum(n * w.lora.rank * cb + (n * inp * (cb + 1) if w.lora.dropout else 0) for inp in adapted)
+    return sum(n * w.lora.rank * cb + (n * inp * (cb + mask) if w.lora.dropout else 0) for inp in adapted)
 
 
 def block_activations(w: Workload) -> int:
@@ -176,14 +178,20 @@ def block_activations(w: Workload) -> int:
     # Each RMSNorm keeps its fp32 input and rstd, and unfused (CPU) also the normalised x for its
     # weight's gradient, which a frozen (LoRA) weight does not have.
     norms = 2 * ((1 if w.fused_norm or w.lora else 2) * s * d * 4 + s * 4)
-    attn_in = s * d * cb                        # q/k/v projections share their input
+    # A projection's input is kept for its weight's gradient; a frozen one (LoRA) keeps it only where
+    # an adapter reads it undropped (with dropout the adapter keeps its own dropped copy instead).
+    def kept(*names: str) -> int:
+        return int(w.lora is None or (not w.lora.dropout and any(n in w.lora.targets for n in names)))
+
+    attn_in = kept("q_proj", "k_proj", "v_proj") * s * d * cb   # q/k/v projections share their input
     qkv = 3 * s * d * cb                        # q, and K/V repeated to every query head for SDPA
-    attn_out = 2 * s * d * cb + s * m.n_heads * 4   # kernel output, o_proj's (reshaped) input; lse
+    # The kernel's output and its log-sum-exp; o_proj's (reshaped) input.
+    attn_out = s * d * cb + s * m.n_heads * 4 + kept("o_proj") * s * d * cb
     if m.is_moe:
         routed = s * m.experts_per_token
         mlp = s * d * cb + s * m.n_experts * 4 * 2 + routed * (d * cb + 4 * m.ffn_dim * cb)
-    else:
-        mlp = s * d * cb + 4 * s * m.ffn_dim * cb   # input; gate, silu(gate), up, and their product
+    else:   # the input; gate, silu(gate) and up; their product, down_proj's input
+        mlp = kept("gate_proj", "up_proj") * s * d * cb + (3 + kept("down_proj")) * s * m.ffn_dim * cb
     return norms + attn_in + qkv + attn_out + mlp + adapter_activations(w)
 
 
