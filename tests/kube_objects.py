@@ -30,24 +30,29 @@ def daemonset(name, ns, labels, ready=2, desired=2):
             "status": {"desiredNumberScheduled": desired, "numberReady": ready}}
 
 
-def deployment(name, ns, labels, available=1):
-    return {"apiVersion": "apps/v1", "kind": "Deployment",
-            "metadata": {"name": name, "namespace": ns, "labels": labels}, "status": {"availableReplicas": available}}
+def deployment(name, ns, labels, available=1, image=None):
+    out = {"apiVersion": "apps/v1", "kind": "Deployment",
+           "metadata": {"name": name, "namespace": ns, "labels": labels}, "status": {"availableReplicas": available}}
+    if image:
+        out["spec"] = {"template": {"spec": {"containers": [{"name": "manager", "image": image}]}}}
+    return out
 
 
 def crd(name):
     return {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition", "metadata": {"name": name}}
 
 
-def trainer_v2(kube, runtimes=("torch-distributed",), jobset=True):
-    """Kubeflow Trainer v2 as its upstream manifests leave it: CRDs, the controller, JobSet, runtimes."""
+def trainer_v2(kube, runtimes=("torch-distributed",), jobset=True, version="v2.3.0"):
+    """Kubeflow Trainer v2 as its upstream manifests leave it: CRDs, the controller (its image tagged
+    with the release), JobSet, runtimes."""
     for name in ("trainjobs.trainer.kubeflow.org", "clustertrainingruntimes.trainer.kubeflow.org",
                  *(["jobsets.jobset.x-k8s.io"] if jobset else [])):
         kube.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd(name))
     kube.create("/apis/apps/v1/namespaces/kubeflow-system/deployments",
                 deployment("kubeflow-trainer-controller-manager", "kubeflow-system",
                            {"app.kubernetes.io/name": "trainer", "app.kubernetes.io/component": "manager",
-                            "app.kubernetes.io/part-of": "kubeflow"}))
+                            "app.kubernetes.io/part-of": "kubeflow"},
+                           image=f"ghcr.io/kubeflow/trainer/trainer-controller-manager:{version}"))
     for name in runtimes:
         kube.create("/apis/trainer.kubeflow.org/v1alpha1/clustertrainingruntimes",
                     {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "ClusterTrainingRuntime",

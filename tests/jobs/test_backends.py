@@ -35,8 +35,9 @@ def test_render_is_one_typed_result_printed_the_same_way(backend, key, tmp_path)
     if backend in CLUSTER_BACKENDS:
         overrides += [("image", "ghcr.io/x/fsdpkit:1"), ("instance_type", "p5.48xlarge")]
     rendered = get_backend(backend).render(load_spec(None, overrides))
-    # A Kubernetes render also says which Pod Security level its pods meet.
-    assert rendered.kind == key and list(rendered.as_json()) == [key] + (["pod_security"] if key == "manifests" else [])
+    # A Kubernetes render also says which Pod Security level its pods meet, and a TrainJob's the Trainer it needs.
+    extra = (["pod_security"] if key == "manifests" else []) + (["needs"] if backend == "trainjob" else [])
+    assert rendered.kind == key and list(rendered.as_json()) == [key, *extra]
     args = ["job", "render"] + [arg for k, v in overrides for arg in ("--set", f"{k}={json.dumps(v)}")]
     r = run_cli(*args, "--json")
     assert r.returncode == 0, r.stderr

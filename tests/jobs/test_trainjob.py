@@ -20,6 +20,7 @@ from fsdpkit.jobs.spec import load_spec
 
 from conftest import ROOT, run_cli
 from job_specs import TOKEN, job_cli, write_spec, writes
+from kube_objects import trainer_v2
 from manifest_schemas import IMAGE, SCHEMAS, crd_validator, jobset_of, pod_of, validate_builtin
 
 PLURAL = "trainjobs"
@@ -137,6 +138,33 @@ def make_pod(kube, job, index, phase="Running"):
 
 def tj_spec(tmp_path, **fields):
     return write_spec(tmp_path, backend="trainjob", instance_type="p5.48xlarge", **fields)
+
+
+@pytest.mark.parametrize(("tag", "code"), [("v2.1.0", 3), ("v2.3.0", 0), ("v2.4.1", 0), ("latest", 0)])
+def test_a_trainjob_needs_trainer_2_3_and_an_older_controller_is_refused_before_anything_is_made(kube, tmp_path,
+                                                                                              tag, code):
+    """runtimePatches carrying the pod's grace period need Trainer 2.3: the render says so, and a
+    submit (or server dry run) against an older controller, read from its image's tag, is refused in
+    one line with nothing made. A tag that names no release is said, and the submit goes on."""
+    trainer_v2(kube, version=tag)
+    spec = tj_spec(tmp_path)
+    r = job_cli(kube, "render", str(spec), "--json")
+    assert json.loads(r.stdout)["data"]["needs"] == trainer.NEEDS == (
+        "Kubeflow Trainer >= v2.3.0 (runtimePatches with the pod's grace period)")
+    assert f"note: these manifests need {trainer.NEEDS}" in job_cli(kube, "render", str(spec)).stderr
+    for args in (["--dry-run=server"], []):
+        r = job_cli(kube, "submit", str(spec), *args)
+        assert r.returncode == code, r.stderr
+        if code:
+            assert r.stderr == ("error: TrainJob: this cluster runs Kubeflow Trainer v2.1.0; this job needs Kubeflow "
+                                "Trainer >= v2.3.0 (runtimePatches with the pod's grace period); upgrade it: fsdpkit "
+                                "cluster addons install --only trainer, or submit with --set backend=pytorchjob\n")
+    made = [p for m, p in writes(kube) if m == "POST" and "customresourcedefinitions" not in p
+            and "/deployments" not in p and "clustertrainingruntimes" not in p]
+    assert (made == []) is (code == 3)
+    if tag == "latest":
+        assert ("warning: Kubeflow Trainer's release not known from its image "
+                "(ghcr.io/kubeflow/trainer/trainer-controller-manager:latest)") in r.stderr
 
 
 def test_submit_status_logs_and_delete_of_a_trainjob(kube, tmp_path):

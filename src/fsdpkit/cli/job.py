@@ -94,6 +94,8 @@ def cmd_render(args: argparse.Namespace) -> int:
     if args.json:
         return emit_json({"name": spec.name, "backend": spec.backend, **rendered.as_json()})
     print(rendered.text(), end="")
+    if rendered.needs:
+        log.info(f"note: these manifests need {rendered.needs}")
     if rendered.pod_security:  # on stderr: stdout stays YAML for kubectl
         log.info(f'note: these pods meet Pod Security "{rendered.pod_security}"'
                  + ('; a namespace that enforces "restricted" refuses them: set security: restricted there'

@@ -3,11 +3,25 @@ the ClusterTrainingRuntime fsdpkit adds beside the cluster's own `torch-distribu
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 GROUP, VERSION = "trainer.kubeflow.org", "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
 RELEASE = "v2.3.0"
+# What fsdpkit's TrainJob needs of the controller: runtimePatches (Trainer 2.2) carrying the pod's
+# terminationGracePeriodSeconds, so a checkpoint finishes before SIGKILL (2.3). An older one refuses
+# the fields, or drops them where validation is not strict.
+MIN_VERSION = (2, 3, 0)
+NEEDS = f"Kubeflow Trainer >= v{'.'.join(map(str, MIN_VERSION))} (runtimePatches with the pod's grace period)"
+_TAG = re.compile(r":v?(\d+)\.(\d+)\.(\d+)(?:[-+].*)?$")
+
+
+def image_version(image: str) -> tuple[int, ...] | None:
+    """The release an image's tag names (`...trainer-controller-manager:v2.1.0` -> (2, 1, 0)); None for
+    `latest`, a digest or another tag that says nothing."""
+    m = _TAG.search(image.split("@", 1)[0])
+    return tuple(int(g) for g in m.groups()) if m else None
 NODE = "node"                       # the runtime's replicated job and container Trainer v2 fills in
 ANCESTOR = "trainer.kubeflow.org/trainjob-ancestor-step"
 FSDPKIT_RUNTIME = "fsdpkit-torch"

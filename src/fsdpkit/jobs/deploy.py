@@ -137,6 +137,7 @@ def _apply(step: str, spec: JobSpec, backend: KubeBackend, objs: dict[str, dict[
     if kind is None:
         kind = next(k for k in objs if k in KINDS)
         backend.require_operator(kind, spec.namespace)
+        backend.require_release(kind)
         if backend.get_job(spec.name, spec.namespace) is not None:
             raise Conflict(f"job {spec.name!r} already exists in {spec.namespace}; `fsdpkit job delete "
                             f"{spec.name}` first, or watch it with `fsdpkit job watch {spec.name}`")

@@ -25,6 +25,7 @@ class Rendered:
     script: str | None = None
     command: str | None = None
     pod_security: str | None = None   # the Pod Security level the manifests' pods meet
+    needs: str | None = None          # the operator release the manifests need, where it matters
 
     @property
     def kind(self) -> str:
@@ -38,7 +39,7 @@ class Rendered:
 
     def as_json(self) -> dict[str, Any]:
         out = {self.kind: getattr(self, self.kind)}
-        return {**out, "pod_security": self.pod_security} if self.pod_security else out
+        return {**out, **{k: v for k, v in (("pod_security", self.pod_security), ("needs", self.needs)) if v}}
 
     def text(self) -> str:
         """As a person reads it: YAML documents, or the script or command as it runs."""

@@ -4,6 +4,7 @@ HyperPod) through the official `kubernetes` client: submission (kube_submit) and
 
 from __future__ import annotations
 
+from fsdpkit.cluster import trainer
 from fsdpkit.jobs import hyperpod, trainjob
 from fsdpkit.jobs.backends.base import Rendered
 from fsdpkit.jobs.backends.kube_api import log
@@ -42,4 +43,4 @@ class TrainJobBackend(KubeBackend):
     name = "trainjob"
 
     def render(self, spec: JobSpec) -> Rendered:
-        return Rendered(manifests=trainjob.render(spec), pod_security=spec.security)
+        return Rendered(manifests=trainjob.render(spec), pod_security=spec.security, needs=trainer.NEEDS)

@@ -105,6 +105,11 @@ class KubeAPI:
 
         return client.CoreV1Api(self.client)
 
+    def _apps(self) -> Any:
+        from kubernetes import client
+
+        return client.AppsV1Api(self.client)
+
     def _custom(self) -> Any:
         from kubernetes import client
 

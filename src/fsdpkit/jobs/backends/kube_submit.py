@@ -11,6 +11,7 @@ import os
 import time
 from typing import Any
 
+from fsdpkit.cluster import trainer
 from fsdpkit.cluster.client import (
     ClusterError,
     api_errors,
@@ -53,6 +54,7 @@ class KubeSubmitter(KubeAPI):
                    "manifests": objs}
             if dry_run == "server":
                 self.require_operator(objs[-1]["kind"], spec.namespace)
+                self.require_release(objs[-1]["kind"])
                 self.require_queue(spec)
                 self.require_access("job submit --dry-run=server", objs[-1]["kind"], spec.namespace, objs)
                 out["accepted"], out["existing"] = self.server_dry_run(spec, objs, replace)
@@ -68,6 +70,7 @@ class KubeSubmitter(KubeAPI):
             self._cancel(spec.name, spec.namespace)
             self._wait_gone(spec.name, spec.namespace)
         self.require_operator(objs[-1]["kind"], spec.namespace)
+        self.require_release(objs[-1]["kind"])
         self.require_queue(spec)
         created, reused = self.apply(spec, objs, token)
         return {"name": spec.name, "namespace": spec.namespace, "dry_run": False, "created": created,
@@ -96,6 +99,39 @@ class KubeSubmitter(KubeAPI):
                 self._create(spec.namespace, obj, dry_run="All")
             accepted.append(f"{kind}/{name}")
         return accepted + dry_run_pods(self._core(), objs[-1], self.host), existing
+
+    def require_release(self, kind: str) -> None:
+        """A TrainJob needs Trainer's controller at MIN_VERSION or newer: an older one is refused in
+        one line, before anything is made, naming both. The release is its image's tag; where the
+        controller cannot be read (a namespace user) or its tag names no release, that is said."""
+        if kind != "TrainJob":
+            return
+        selector = label_selector({k: v for k, v in trainer.CONTROLLER_LABELS[0].items() if v is not None})
+        try:
+            with api_errors("reading Kubeflow Trainer's controller", self.host, keep=is_forbidden):
+                found = self._apps().list_deployment_for_all_namespaces(
+                    label_selector=selector, _preload_content=False).json().get("items") or []
+        except Exception as e:
+            if not is_forbidden(e):
+                raise
+            log.warning(f"warning: Kubeflow Trainer's release not checked ({api_message(e)}); this job needs "
+                        f"{trainer.NEEDS}")
+            return
+        found = [d for d in found if any(labels_match((d.get("metadata") or {}).get("labels"), ls)
+                                         for ls in trainer.CONTROLLER_LABELS)]
+        images = [c.get("image", "") for d in found for c in
+                  ((((d.get("spec") or {}).get("template") or {}).get("spec") or {}).get("containers") or [])]
+        versions = [v for v in map(trainer.image_version, images) if v is not None]
+        if not versions:
+            if images:
+                log.warning(f"warning: Kubeflow Trainer's release not known from its image ({images[0]}); this job "
+                            f"needs {trainer.NEEDS}")
+            return
+        running = min(versions)
+        if running < trainer.MIN_VERSION:
+            raise ClusterError(f"TrainJob: this cluster runs Kubeflow Trainer v{'.'.join(map(str, running))}; this "
+                               f"job needs {trainer.NEEDS}; upgrade it: fsdpkit cluster addons install --only "
+                               "trainer, or submit with --set backend=pytorchjob")
 
     def require_queue(self, spec: JobSpec) -> None:
         """The spec's Kueue LocalQueue exists in the job's namespace: on a queue that does not, the job
