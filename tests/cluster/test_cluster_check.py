@@ -154,6 +154,18 @@ def test_which_job_operators_run_and_the_backend_they_make_the_default(kube):
     assert data["operators"] == {"hyperpod": False, "trainjob": True, "pytorchjob": False}
 
 
+def test_a_trainer_older_than_fsdpkit_s_trainjobs_need_fails_naming_both_releases(kube):
+    healthy_eks(kube, operator=False)
+    trainer_v2(kube, version="v2.1.0")
+    code, data = envelope(kube)
+    c = {c["name"]: c for c in data["checks"]}["Kubeflow Trainer v2"]
+    assert code == 1 and c["status"] == "fail" and c["fix"].startswith("install it: kubectl apply --server-side")
+    assert c["detail"] == ("CRD trainjobs.trainer.kubeflow.org; controller kubeflow-system/kubeflow-trainer-controller-"
+                           "manager available (1); release v2.1.0, but fsdpkit's TrainJobs need Kubeflow Trainer >= "
+                           "v2.3.0 (runtimePatches with the pod's grace period)")
+    assert data["backends"] == [] and data["operators"]["trainjob"] is False
+
+
 def test_trainer_v2_without_jobset_fails(kube):
     healthy_eks(kube)
     trainer_v2(kube, jobset=False)

@@ -253,7 +253,7 @@ def _job_operator_checks(r: ClusterReader, crds: set[str], deployments: list[dic
             HYPERPOD_OPERATOR_LABELS, FIXES["hyperpod-operator"], False, r))
     for backend, (_, check) in found.items():
         check.backend = backend
-    _trainer_detail(r, crds, found["trainjob"][1])
+    _trainer_detail(r, crds, found["trainjob"][1], deployments)
     # An operator whose API is served and whose controller this user cannot see is taken as running:
     # its jobs would be accepted, and `job submit` says so if not.
     running = {b: b in found and found[b][1].status in ("pass", "unread") for b in JOB_OPERATORS}
@@ -269,12 +269,19 @@ def _job_operator_checks(r: ClusterReader, crds: set[str], deployments: list[dic
     return list(found.values()), backends, running
 
 
-def _trainer_detail(r: ClusterReader, crds: set[str], check: Check) -> None:
-    """Trainer v2 also needs JobSet, and a TrainJob names a runtime: say which ones there are."""
+def _trainer_detail(r: ClusterReader, crds: set[str], check: Check, deployments: list[dict[str, Any]]) -> None:
+    """Trainer v2 also needs JobSet and the release fsdpkit's TrainJobs need, and a TrainJob names a
+    runtime: say which ones there are."""
     if check.status != "pass":
         return
     if "jobsets.jobset.x-k8s.io" not in crds:
         check.status, check.detail = "fail", f"{check.detail}; but CRD jobsets.jobset.x-k8s.io is not installed"
+        check.fix = FIXES["trainer"]
+        return
+    releases = [v for v in map(trainer.image_version, trainer.controller_images(deployments)) if v is not None]
+    if releases and min(releases) < trainer.MIN_VERSION:
+        check.status = "fail"
+        check.detail += f"; release v{'.'.join(map(str, min(releases)))}, but fsdpkit's TrainJobs need {trainer.NEEDS}"
         check.fix = FIXES["trainer"]
         return
     runtimes = sorted((o.get("metadata") or {}).get("name", "?") for o in r.items(

@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from fsdpkit.cluster.client import labels_match
+
 GROUP, VERSION = "trainer.kubeflow.org", "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
 RELEASE = "v2.3.0"
@@ -15,6 +17,13 @@ RELEASE = "v2.3.0"
 MIN_VERSION = (2, 3, 0)
 NEEDS = f"Kubeflow Trainer >= v{'.'.join(map(str, MIN_VERSION))} (runtimePatches with the pod's grace period)"
 _TAG = re.compile(r":v?(\d+)\.(\d+)\.(\d+)(?:[-+].*)?$")
+
+
+def controller_images(deployments: list[dict[str, Any]]) -> list[str]:
+    """The images of Trainer's controller among these Deployments (raw objects), found by its labels."""
+    return [c.get("image", "") for d in deployments
+            if any(labels_match((d.get("metadata") or {}).get("labels"), ls) for ls in CONTROLLER_LABELS)
+            for c in (((d.get("spec") or {}).get("template") or {}).get("spec") or {}).get("containers") or []]
 
 
 def image_version(image: str) -> tuple[int, ...] | None:

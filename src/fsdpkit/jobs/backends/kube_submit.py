@@ -54,24 +54,25 @@ class KubeSubmitter(KubeAPI):
                    "manifests": objs}
             if dry_run == "server":
                 self.require_operator(objs[-1]["kind"], spec.namespace)
+                self.require_access("job submit --dry-run=server", objs[-1]["kind"], spec.namespace, objs)
                 self.require_release(objs[-1]["kind"])
                 self.require_queue(spec)
-                self.require_access("job submit --dry-run=server", objs[-1]["kind"], spec.namespace, objs)
                 out["accepted"], out["existing"] = self.server_dry_run(spec, objs, replace)
             return {**out, "warnings": [missing]} if missing else out
         if missing:
             raise UserError(missing)
         self.require_access("job submit --replace" if replace else "job submit", objs[-1]["kind"], spec.namespace,
                             objs)
+        # Everything that could refuse the new job before the old one is deleted for --replace.
+        self.require_operator(objs[-1]["kind"], spec.namespace)
+        self.require_release(objs[-1]["kind"])
+        self.require_queue(spec)
         if self.get_job(spec.name, spec.namespace) is not None:
             if not replace:
                 raise Conflict(f"job {spec.name!r} already exists in namespace {spec.namespace}; pick another name, "
                                 "or pass --replace to delete it and submit again (checkpoints on its storage are kept)")
             self._cancel(spec.name, spec.namespace)
             self._wait_gone(spec.name, spec.namespace)
-        self.require_operator(objs[-1]["kind"], spec.namespace)
-        self.require_release(objs[-1]["kind"])
-        self.require_queue(spec)
         created, reused = self.apply(spec, objs, token)
         return {"name": spec.name, "namespace": spec.namespace, "dry_run": False, "created": created,
                 "reused": reused}
@@ -114,17 +115,14 @@ class KubeSubmitter(KubeAPI):
         except Exception as e:
             if not is_forbidden(e):
                 raise
-            log.warning(f"warning: Kubeflow Trainer's release not checked ({api_message(e)}); this job needs "
-                        f"{trainer.NEEDS}")
+            log.info(f"note: Kubeflow Trainer's release not checked ({api_message(e)}); this job needs "
+                     f"{trainer.NEEDS}")
             return
-        found = [d for d in found if any(labels_match((d.get("metadata") or {}).get("labels"), ls)
-                                         for ls in trainer.CONTROLLER_LABELS)]
-        images = [c.get("image", "") for d in found for c in
-                  ((((d.get("spec") or {}).get("template") or {}).get("spec") or {}).get("containers") or [])]
+        images = trainer.controller_images(found)
         versions = [v for v in map(trainer.image_version, images) if v is not None]
         if not versions:
             if images:
-                log.warning(f"warning: Kubeflow Trainer's release not known from its image ({images[0]}); this job "
+                log.warning(f"Kubeflow Trainer's release not known from its image ({images[0]}); this job "
                             f"needs {trainer.NEEDS}")
             return
         running = min(versions)
@@ -156,7 +154,7 @@ class KubeSubmitter(KubeAPI):
                                    f"one of `kubectl get localqueues -n {spec.namespace}`", code="not_found") from None
             if not is_forbidden(e):
                 raise
-            log.warning(f"warning: queue {spec.queue!r} not checked: {api_message(e)}")
+            log.warning(f"queue {spec.queue!r} not checked: {api_message(e)}")
 
     def _create(self, namespace: str, obj: dict[str, Any], **kw: Any) -> None:
         """One create, with strict field validation."""
