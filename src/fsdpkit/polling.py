@@ -30,3 +30,17 @@ def poll_until(look: Callable[[], T], done: Callable[[T], bool], timeout: float 
             return seen
         time.sleep(delay if left is None else min(delay, left))
         delay = min(poll, delay * 2)
+
+
+def wait_saying(look: Callable[[], T], done: Callable[[T], bool], timeout: float, poll: float,
+                what: Callable[[T, str], str | None], say: Callable[[str], None], every: float = 30.0) -> T:
+    """`poll_until` that says what it waits for: `what(seen, waited)` (waited: "N s of T") is said
+    when it changes and every `every` seconds while it does not; None says nothing."""
+    started = time.monotonic()
+
+    def told(seen: T) -> None:
+        if (text := what(seen, f"{time.monotonic() - started:.0f} s of {timeout:.0f}")) is not None:
+            say(text)
+
+    return poll_until(look, done, timeout, poll, told,
+                      key=lambda seen: (what(seen, ""), int((time.monotonic() - started) // every)))

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import logging
 import secrets
-import time
 from typing import Any
 
 from fsdpkit.cluster import pod_rules
 from fsdpkit.cluster.client import ClusterError, api_errors, is_conflict, is_not_found
 from fsdpkit.errors import TimedOut
-from fsdpkit.polling import poll_until
+from fsdpkit.polling import wait_saying
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +90,6 @@ def run_pods(api_client: Any, namespace: str, pods: list[dict[str, Any]], timeou
 def _wait_ended(core: Any, host: str, namespace: str, created: list[str], timeout: float, poll: float
                 ) -> dict[str, str]:
     """Each pod's final phase, saying which are still running (on a change, and every 30 s)."""
-    started = time.monotonic()
     phases: dict[str, str | None] = {}
 
     def look() -> dict[str, str | None]:
@@ -105,13 +103,11 @@ def _wait_ended(core: Any, host: str, namespace: str, created: list[str], timeou
     def waiting(seen: dict[str, str | None]) -> list[str]:
         return [f"{n} {p or 'Pending'}" for n, p in seen.items() if p not in ("Succeeded", "Failed")]
 
-    def told(seen: dict[str, str | None]) -> None:
-        if left := waiting(seen):
-            log.info(f"waiting for {len(left)} pod(s) to finish: {', '.join(left)} "
-                     f"({time.monotonic() - started:.0f} s of {timeout:.0f})")
+    def what(seen: dict[str, str | None], waited: str) -> str | None:
+        left = waiting(seen)
+        return f"waiting for {len(left)} pod(s) to finish: {', '.join(left)} ({waited})" if left else None
 
-    seen = poll_until(look, lambda s: not waiting(s), timeout, poll, told,
-                      key=lambda s: (tuple(waiting(s)), int((time.monotonic() - started) // 30)))
+    seen = wait_saying(look, lambda s: not waiting(s), timeout, poll, what, log.info)
     if left := waiting(seen):
         raise TimedOut(f"pods did not finish in {timeout:.0f} s: {', '.join(left)}; kubectl -n {namespace} "
                        "describe pod NAME (image pull, volume, or no room to schedule)")

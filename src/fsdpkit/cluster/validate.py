@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import re
 import secrets
-import time
 from decimal import Decimal
 from typing import Any
 
@@ -17,7 +16,7 @@ from fsdpkit.cluster.nccl import parse_all_reduce, verdict
 from fsdpkit.cluster.pods import run_pods
 from fsdpkit.errors import TimedOut
 from fsdpkit.hardware.instances import lookup, network_env
-from fsdpkit.polling import poll_until
+from fsdpkit.polling import wait_saying
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +125,6 @@ def validate_nccl(api_client: Any, nodes: int, instance_type: str, namespace: st
                                "install --only mpi` (the MPI operator runs nccl-tests)", code="not_found") from None
         raise
     try:
-        started = time.monotonic()
         sel = f"training.kubeflow.org/job-name={name},training.kubeflow.org/job-role=launcher"
 
         def look() -> list[dict[str, Any]]:
@@ -139,13 +137,13 @@ def validate_nccl(api_client: Any, nodes: int, instance_type: str, namespace: st
         def phase(launcher: list[dict[str, Any]]) -> str | None:
             return (launcher[0].get("status") or {}).get("phase") if launcher else None
 
-        def told(launcher: list[dict[str, Any]]) -> None:
-            if phase(launcher) not in ("Succeeded", "Failed"):
-                log.info(f"waiting for nccl-tests on {nodes} nodes: launcher {phase(launcher) or 'not created yet'} "
-                         f"({time.monotonic() - started:.0f} s of {timeout:.0f})")
+        def what(launcher: list[dict[str, Any]], waited: str) -> str | None:
+            if phase(launcher) in ("Succeeded", "Failed"):
+                return None
+            state = phase(launcher) or "not created yet"
+            return f"waiting for nccl-tests on {nodes} nodes: launcher {state} ({waited})"
 
-        launcher = poll_until(look, lambda seen: phase(seen) in ("Succeeded", "Failed"), timeout, poll, told,
-                              key=lambda seen: (phase(seen), int((time.monotonic() - started) // 30)))
+        launcher = wait_saying(look, lambda seen: phase(seen) in ("Succeeded", "Failed"), timeout, poll, what, log.info)
         if phase(launcher) not in ("Succeeded", "Failed"):
             raise TimedOut(f"nccl-tests did not finish in {timeout:.0f} s; kubectl -n {namespace} describe "
                            f"mpijob {name}")

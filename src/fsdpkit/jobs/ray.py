@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import time
 from typing import Any, cast
 
 from fsdpkit.cluster import pod_rules
@@ -23,7 +22,7 @@ from fsdpkit.jobs import manifests as m
 from fsdpkit.jobs.command import GPU_ENV
 from fsdpkit.jobs.hyperpod import adapt_pod
 from fsdpkit.jobs.spec import JobSpec
-from fsdpkit.polling import poll_until
+from fsdpkit.polling import wait_saying
 
 log = logging.getLogger(__name__)
 
@@ -163,15 +162,9 @@ class RayClient:
     def wait_ready(self, name: str, namespace: str, timeout: float, poll: float) -> str:
         """The cluster's state once KubeRay says it is ready, saying what it is meanwhile (on a change,
         and every 30 s)."""
-        started = time.monotonic()
-
-        def told(state: str) -> None:
-            if state != "ready":
-                log.info(f"waiting for RayCluster {name} to be ready (state {state}, "
-                         f"{time.monotonic() - started:.0f} s of {timeout:.0f})")
-
-        state = poll_until(lambda: self.state(name, namespace), lambda s: s == "ready", timeout, poll, told,
-                           key=lambda s: (s, int((time.monotonic() - started) // 30)))
+        state = wait_saying(lambda: self.state(name, namespace), lambda s: s == "ready", timeout, poll,
+                            lambda s, waited: None if s == "ready" else
+                            f"waiting for RayCluster {name} to be ready (state {s}, {waited})", log.info)
         if state != "ready":
             raise TimedOut(f"RayCluster {name!r} is not ready after {timeout:.0f} s (state {state}); "
                                f"kubectl -n {namespace} describe raycluster {name}")

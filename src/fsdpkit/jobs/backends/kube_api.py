@@ -4,7 +4,6 @@ finding, deleting and waiting out a job by name."""
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
@@ -22,7 +21,7 @@ from fsdpkit.cluster.client import (
 from fsdpkit.errors import NotFound, TimedOut
 from fsdpkit.jobs.backends.base import Target
 from fsdpkit.jobs.manifests import CONTAINER, JOB_LABEL, KF_JOB_NAME, KF_REPLICA_INDEX, KF_REPLICA_TYPE
-from fsdpkit.polling import poll_until
+from fsdpkit.polling import wait_saying
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -177,14 +176,9 @@ class KubeAPI:
                                                                propagation_policy="Foreground")
 
     def _wait_gone(self, name: str, namespace: str, timeout: float = 120, poll: float = 1.0) -> None:
-        started = time.monotonic()
-
-        def told(job: tuple[str, dict[str, Any]] | None) -> None:
-            if job is not None:
-                log.info(f"waiting for job {name} to be deleted ({time.monotonic() - started:.0f} s of {timeout:.0f}): "
-                         "its operator removes its pods first")
-
-        if poll_until(lambda: self.get_job(name, namespace), lambda job: job is None, timeout, poll, told,
-                      key=lambda job: (job is None, int((time.monotonic() - started) // 30))) is not None:
+        if wait_saying(lambda: self.get_job(name, namespace), lambda job: job is None, timeout, poll,
+                       lambda job, waited: None if job is None else
+                       f"waiting for job {name} to be deleted ({waited}): its operator removes its pods first",
+                       log.info) is not None:
             raise TimedOut(f"job {name!r} is still being deleted after {timeout:.0f} s; try again later")
 

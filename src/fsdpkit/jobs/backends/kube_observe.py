@@ -27,7 +27,7 @@ from fsdpkit.jobs.health import log_progress, network_verdict, pod_findings, pod
 from fsdpkit.jobs.manifests import ATTEMPT
 from fsdpkit.jobs.status import JobStatus, state_from_conditions, trainer_progress, trainjob_state
 from fsdpkit.jobs.utilisation import WatchHistory, asks_for_efa, efa_flat, parse_sample, sample_script, stragglers
-from fsdpkit.polling import poll_until
+from fsdpkit.polling import wait_saying
 
 # The trainer reports its network before the first step: this much of rank 0's log holds it.
 NETWORK_HEAD = 256 * 1024
@@ -227,7 +227,6 @@ class KubeObserver(KubeAPI):
         kind, obj = self._require_job(name, namespace)
         self._not_deleting(name, obj)
         deadline = time.monotonic() + wait
-        started = time.monotonic()
 
         def look() -> tuple[list[Any], JobStatus | None]:
             pods = self.pods(name, namespace, kind)
@@ -236,15 +235,14 @@ class KubeObserver(KubeAPI):
             found = self.get_job(name, namespace)
             return [], self._status_of(*found) if found else None
 
-        def told(seen: tuple[list[Any], JobStatus | None]) -> None:
+        def what(seen: tuple[list[Any], JobStatus | None], waited: str) -> str | None:
             pods, st = seen
-            if not pods and st is not None and not st.finished:
-                log.info(f"waiting for the pods of {name} (job {st.state}, {time.monotonic() - started:.0f} s of "
-                         f"{wait:.0f}) ...")
+            if pods or st is None or st.finished:
+                return None
+            return f"waiting for the pods of {name} (job {st.state}, {waited}) ..."
 
-        pods, st = poll_until(look, lambda seen: bool(seen[0]) or seen[1] is None or seen[1].finished, wait, poll,
-                              told, key=lambda seen: (bool(seen[0]), seen[1] and seen[1].state,
-                                                      int((time.monotonic() - started) // 30)))
+        pods, st = wait_saying(look, lambda seen: bool(seen[0]) or seen[1] is None or seen[1].finished, wait, poll,
+                               what, log.info)
         if not pods:
             if st is None:
                 raise NotFound(f"job {name!r} was deleted while waiting for its pods; it has no logs")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import os
-import time
 from typing import Any
 
 from fsdpkit.cluster import trainer
@@ -29,7 +28,7 @@ from fsdpkit.jobs.backends.base import Rendered
 from fsdpkit.jobs.backends.kube_api import KINDS, KubeAPI, log
 from fsdpkit.jobs.manifests import ATTEMPT, JOB_LABEL
 from fsdpkit.jobs.spec import JobSpec
-from fsdpkit.polling import poll_until
+from fsdpkit.polling import wait_saying
 
 KUEUE_GROUP = "kueue.x-k8s.io"
 CLAIM_GONE_S = 120.0   # how long a submit waits for a claim being deleted to go
@@ -245,16 +244,10 @@ class KubeSubmitter(KubeAPI):
                 raise
             return claim.metadata.deletion_timestamp is not None
 
-        started = time.monotonic()
-
-        def told(still: bool) -> None:
-            if still:
-                waited = time.monotonic() - started
-                log.info(f"waiting for PersistentVolumeClaim/{name} to finish deleting ({waited:.0f} s of "
-                         f"{timeout:.0f}); a claim being deleted cannot hold this job's checkpoints")
-
-        if poll_until(deleting, lambda still: not still, timeout, poll, told,
-                      key=lambda still: (still, int((time.monotonic() - started) // 10))):
+        if wait_saying(deleting, lambda still: not still, timeout, poll,
+                       lambda still, waited: f"waiting for PersistentVolumeClaim/{name} to finish deleting ({waited}); "
+                       "a claim being deleted cannot hold this job's checkpoints" if still else None,
+                       log.info, every=10):
             raise TimedOut(f"PersistentVolumeClaim/{name} is still being deleted after {timeout:.0f} s (a pod or a "
                            f"finalizer holds it: kubectl -n {namespace} describe pvc {name}); try again once it is "
                            "gone")
