@@ -13,6 +13,11 @@ def home() -> Path:
     return Path(os.environ.get("FSDPKIT_HOME") or Path.home() / ".fsdpkit")
 
 
+def jobs_home() -> Path:
+    """Where local jobs keep their state and, without a shared path, their outputs."""
+    return home() / "jobs"
+
+
 def make_dir(path: Path) -> Path:
     """Create a directory under FSDPKIT_HOME; one that cannot be made is one line saying where."""
     try:

@@ -10,7 +10,8 @@ import pytest
 import yaml
 
 from fsdpkit.jobs.backends import Backend, Watchable, get_backend
-from fsdpkit.jobs.spec import BACKENDS, CLUSTER_BACKENDS, load_spec
+from fsdpkit.jobs.resolved import load_job
+from fsdpkit.jobs.spec import BACKENDS, CLUSTER_BACKENDS
 
 from conftest import run_cli
 
@@ -34,7 +35,7 @@ def test_render_is_one_typed_result_printed_the_same_way(backend, key, tmp_path)
     overrides = [("name", "contract"), ("backend", backend), ("train", {"max_steps": 5})]
     if backend in CLUSTER_BACKENDS:
         overrides += [("image", "ghcr.io/x/fsdpkit:1"), ("instance_type", "p5.48xlarge")]
-    rendered = get_backend(backend).render(load_spec(None, overrides))
+    rendered = get_backend(backend).render(load_job(None, overrides))
     # A Kubernetes render also says which Pod Security level its pods meet, and a TrainJob's the Trainer it needs.
     extra = (["pod_security"] if key == "manifests" else []) + (["needs"] if backend == "trainjob" else [])
     assert rendered.kind == key and list(rendered.as_json()) == [key, *extra]

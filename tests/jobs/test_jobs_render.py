@@ -21,7 +21,8 @@ from fsdpkit.jobs import hyperpod, manifests
 from fsdpkit.jobs.backends import get_backend
 from fsdpkit.jobs.backends.slurm import script
 from fsdpkit.jobs.ray import raycluster_manifest
-from fsdpkit.jobs.spec import load_spec, parse_overrides
+from fsdpkit.jobs.resolved import load_job
+from fsdpkit.jobs.spec import parse_overrides
 from fsdpkit.train.observe import log_lines
 
 from conftest import ROOT, losses, require, run_cli, unavailable
@@ -37,7 +38,7 @@ def spec_for(backend="pytorchjob", nodes="2", instance="p5.48xlarge", **extra):
                                                           "effect": "NoSchedule"}],
            "priority_class": "training", "queue": "team-a", "train": {"preset": "tiny", "checkpoint_freq": 50},
            **extra}
-    return load_spec(None, list(doc.items()))
+    return load_job(None, list(doc.items()))
 
 
 
@@ -107,7 +108,7 @@ def test_the_8b_example_on_four_p5_nodes_carries_recipe_grace_pull_policy_and_ef
     """What a first real run on 4 x p5.48xlarge gets, field by field: the model's recipe (not one
     global learning rate), time to write its 96 GB checkpoint after SIGTERM, a pull policy that
     sees a re-pushed tag, and NCCL forced onto EFA."""
-    spec = load_spec(ROOT / "examples" / "jobs" / "eks-p5.yaml", [("nodes", 4)])
+    spec = load_job(ROOT / "examples" / "jobs" / "eks-p5.yaml", [("nodes", 4)])
     job = manifests.render(spec)[-1]
     assert not list(crd_validator("kubeflow.org_pytorchjobs.yaml").iter_errors(job))
     assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 3
@@ -145,7 +146,7 @@ def test_the_8b_example_on_four_p5_nodes_carries_recipe_grace_pull_policy_and_ef
 
     # g5.12xlarge has one EFA interface but no GPUDirect RDMA; g5.2xlarge has no EFA at all.
     def env_of(instance):
-        pod = _first_pod(manifests.render(load_spec(ROOT / "examples" / "jobs" / "eks-p5.yaml", [
+        pod = _first_pod(manifests.render(load_job(ROOT / "examples" / "jobs" / "eks-p5.yaml", [
             ("nodes", 2), ("instance_type", instance), ("train.preset", "llama3_2_1b")]))[-1])
         c = pod["containers"][0]
         return {e["name"]: e.get("value") for e in c["env"]}, c["resources"]["limits"]
@@ -162,7 +163,7 @@ def test_the_8b_example_on_four_p5_nodes_carries_recipe_grace_pull_policy_and_ef
     (None, {"NCCL_NET": "AWS Libfabric"}), ("1.9.1", {"NCCL_NET": "AWS Libfabric"}), ("1.14.0", {"NCCL_NET": "OFI"}),
     ("1.17.1", {"NCCL_NET": "OFI", "NCCL_NET_PLUGIN": "ofi"})])
 def test_nccl_is_pointed_at_the_ofi_plugin_of_the_images_generation(version, env):
-    got = {e["name"]: e.get("value") for e in manifests.env_list(spec_for(nodes="2", ofi_nccl=version))}
+    got = {e["name"]: e.get("value") for e in manifests.env_list(spec_for(nodes="2", ofi_nccl=version).spec)}
     assert {k: got.get(k) for k in ("NCCL_NET", "NCCL_NET_PLUGIN")} == {"NCCL_NET_PLUGIN": None, **env}
 
 
@@ -320,12 +321,12 @@ def test_manifest_shape_follows_the_spec():
 
     # EFA environment by platform: GPUDirect RDMA where the hardware has it; none without EFA.
     def env(instance):
-        spec = spec_for(instance=instance, nodes="1")
+        spec = spec_for(instance=instance, nodes="1").spec
         return {e["name"]: e.get("value") for e in manifests.env_list(spec)}
     assert env("p4d.24xlarge")["FI_EFA_USE_DEVICE_RDMA"] == "1"
     assert env("p5.48xlarge")["FI_PROVIDER"] == "efa" and env("p5.48xlarge")["FI_EFA_USE_DEVICE_RDMA"] == "1"
     assert "FI_PROVIDER" not in env("g5.xlarge") and "NCCL_DEBUG" not in env("p5.48xlarge")
-    diag = {e["name"]: e.get("value") for e in manifests.env_list(spec_for(diagnose_network=True))}
+    diag = {e["name"]: e.get("value") for e in manifests.env_list(spec_for(diagnose_network=True).spec)}
     assert diag["NCCL_DEBUG"] == "INFO"
     trn = manifests.pytorchjob_manifest(spec_for(instance="trn1.32xlarge", nodes="1"))
     res = trn["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["resources"]["limits"]
@@ -410,18 +411,18 @@ def test_hyperpod_deadlines_come_from_the_plan():
     """Unset, the startup deadline is the planned start-up (image, the checkpoint read back, compile)
     and the fault deadline the pod's grace (its checkpoint written) plus a start-up; spares stand in
     for as many repeat offenders. A job that runs its own command keeps the operator's defaults."""
-    from fsdpkit.jobs.command import job_grace, job_startup
-
     spec = spec_for("hyperpod", "2", "ml.p5.48xlarge", storage={"claim": "fsx", "write_mb_per_s": 100},
                     train={"preset": "llama3_1_8b"}, hyperpod={"spares": 1})
     policy = validate_hyperpod_job(job := hyperpod.render(spec)[-1]).model_dump(mode="json", exclude_unset=True)[
         "runPolicy"]
-    start, grace = job_startup(spec), job_grace(spec)
-    assert start is not None and grace is not None
-    # An 8B checkpoint (96 GB) read at 100 MB/s, with margin, and compiling on the GPUs.
-    assert start.read_s == pytest.approx(96.4e9 / 100e6, rel=0.01) and start.compile_s > 0
-    assert policy["startupDeadlineSeconds"] == start.seconds >= 600 + 1.5 * start.read_s
-    assert policy["faultDeadlineSeconds"] == grace.seconds + start.seconds
+    assert spec.trainer is not None and spec.trainer.grace is not None
+    start, grace = spec.trainer.startup, spec.trainer.grace
+    # An 8B checkpoint (96,363,134,976 bytes) read at 100 MB/s: 600 s + 1.5 x 963.6 s + 300 s to
+    # compile = 2345.4 s, in whole minutes; the grace 60 s + 2 x 1.4 s steps + 1.5 x 963.6 s, in tens.
+    assert (start.read_s, start.compile_s, start.seconds) == (96_363_134_976 / 100e6, 300, 2400)
+    assert grace.seconds == spec.grace_seconds == 1510
+    assert policy["startupDeadlineSeconds"] == 2400
+    assert policy["faultDeadlineSeconds"] == 1510 + 2400
     assert policy["restartPolicy"]["maxNumRepeatOffendersToAvoid"] == 1
     assert job["spec"]["replicaSpecs"][0]["spares"] == 1
     # Unchanged from the operator's defaults: no spares, no snooze; a command of the user's has no plan.
@@ -497,11 +498,10 @@ def test_hyperpodrun_parses_the_command_with_sigterm_and_the_checkpoint_s_time(m
     agent = require("hyperpod_elastic_agent.run")
     from torch.distributed.run import config_from_args, get_args_parser
 
-    from fsdpkit.jobs.command import job_grace
     from fsdpkit.train.config import parse_args
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # torch's config_from_args would set it in this process
-    spec = load_spec(ROOT / "examples" / "jobs" / "hyperpod-p5.yaml")
+    spec = load_job(ROOT / "examples" / "jobs" / "hyperpod-p5.yaml")
     pod = hyperpod.render(spec)[-1]["spec"]["replicaSpecs"][0]["template"]["spec"]
     command = pod["containers"][0]["command"]
     assert command[0] == "hyperpodrun"
@@ -518,17 +518,19 @@ def test_hyperpodrun_parses_the_command_with_sigterm_and_the_checkpoint_s_time(m
 
     args = parse(command[1:])
     _, _, shutdown = agent.additional_hyperpod_config_from_args(args)
-    grace = job_grace(spec)
+    assert spec.trainer is not None and spec.trainer.grace is not None
+    grace = spec.trainer.grace
     assert shutdown.shutdown_signal == signal.SIGTERM
-    assert shutdown.shutdown_timeout == grace.seconds - hyperpod.AGENT_MARGIN > grace.write_s * 1.2
-    assert pod["terminationGracePeriodSeconds"] == grace.seconds   # the kubelet waits longer than the agent
+    # 60 s + 2 x 1.4 s + 1.5 x 192.7 s (96.4 GB at 500 MB/s) = 351.9 s, in tens; the agent stops 15 s before.
+    assert grace.seconds == 360 and shutdown.shutdown_timeout == 360 - hyperpod.AGENT_MARGIN == 345
+    assert pod["terminationGracePeriodSeconds"] == 360   # the kubelet waits longer than the agent
     config, _entry, entry_args = config_from_args(args)
     assert config.min_nodes == config.max_nodes == 4   # what run() asserts before it starts anything
     assert config.nproc_per_node == 8
     cfg = parse_args(entry_args[entry_args.index("fsdpkit.train") + 1:])
     assert cfg.checkpoint.resume_from_checkpoint == "auto" and cfg.checkpoint.checkpoint_dir.startswith("/checkpoints")
     # Without a planned grace (no storage), Kubernetes' 30 s, and still SIGTERM.
-    bare = hyperpod.render(load_spec(ROOT / "examples" / "jobs" / "hyperpod-p5.yaml", [("storage", {})]))[-1]
+    bare = hyperpod.render(load_job(ROOT / "examples" / "jobs" / "hyperpod-p5.yaml", [("storage", {})]))[-1]
     pod = bare["spec"]["replicaSpecs"][0]["template"]["spec"]
     args = parse(pod["containers"][0]["command"][1:])
     assert (args.shutdown_signal, args.shutdown_timeout, pod["terminationGracePeriodSeconds"]) == ("SIGTERM", 15, 30)
@@ -536,7 +538,7 @@ def test_hyperpodrun_parses_the_command_with_sigterm_and_the_checkpoint_s_time(m
 
 def test_an_elastic_range_hyperpodrun_refuses_is_refused_at_render():
     with pytest.raises(UserError, match=r"^nodes: 2:4 is a range, and HyperPod's elastic agent "
-                                        r"\(hyperpod-elastic-agent==1.1.3\) starts a fixed number of nodes; give "
+                                        r"\(hyperpodrun\) starts a fixed number of nodes; give "
                                         r"nodes: 4, or hyperpod.operator: kubeflow for an elastic PyTorchJob$"):
         spec_for("hyperpod", "2:4", "ml.p5.48xlarge")
     # The Kubeflow variant is elastic through torchrun, and runs where HyperPod's auto-resume acts.
@@ -571,9 +573,8 @@ def test_slurm_script_parses_and_carries_rendezvous_and_efa(instance):
 def test_slurm_warns_ahead_of_the_time_limit_by_the_grace_period():
     spec = spec_for("slurm", "2", "p5.48xlarge", slurm={"time": "2-00:00:00"}, storage={"shared_path": "/fsx"},
                     train={"preset": "llama3_1_8b", "checkpoint_freq": 500})
-    from fsdpkit.jobs.command import grace_seconds
-
-    assert f"#SBATCH --signal=TERM@{grace_seconds(spec)}\n" in script(spec) and grace_seconds(spec) > 300
+    # 60 s + 2 x 1.4 s steps + 1.5 x 192.7 s to write 96.4 GB at 500 MB/s = 351.9 s, in tens.
+    assert spec.grace_seconds == 360 and "#SBATCH --signal=TERM@360\n" in script(spec)
 
 
 @pytest.mark.slow
@@ -587,7 +588,7 @@ def test_slurm_script_runs_training_through_srun_and_torchrun(tmp_path):
     for f in bin_dir.iterdir():
         f.chmod(f.stat().st_mode | stat.S_IEXEC)
     run_dir = tmp_path / "run"
-    spec = load_spec(None, [("name", "slurm-tiny"), ("backend", "slurm"), ("nodes", 1), ("procs_per_node", 2),
+    spec = load_job(None, [("name", "slurm-tiny"), ("backend", "slurm"), ("nodes", 1), ("procs_per_node", 2),
                             ("rdzv_port", 29731), ("max_restarts", 0),
                             ("train", {"max_steps": 12, "seq_len": 64, "validation_freq": 0, "progress": "off",
                                        "run_dir": str(run_dir), "logging_freq": 4})])
@@ -644,10 +645,10 @@ def test_bad_spec_is_one_line_and_exit_2(tmp_path, change, message):
 
 
 def test_set_overrides_and_unknown_fields():
-    spec = load_spec(None, [("name", "x"), ("backend", "slurm"), ("hyperpod.max_retry", 7), ("train.max_steps", 9)])
+    spec = load_job(None, [("name", "x"), ("backend", "slurm"), ("hyperpod.max_retry", 7), ("train.max_steps", 9)]).spec
     assert spec.hyperpod.max_retry == 7 and spec.train == {"max_steps": 9}
     with pytest.raises(UserError, match=r"hyperpod.colour: unknown field"):
-        load_spec(None, [("name", "x"), ("hyperpod.colour", 1)])
+        load_job(None, [("name", "x"), ("hyperpod.colour", 1)])
 
 
 @pytest.mark.parametrize("example", sorted((ROOT / "examples" / "jobs").glob("*.yaml")), ids=lambda p: p.stem)
@@ -671,10 +672,10 @@ def test_colon_values_are_not_base_60_numbers(tmp_path):
     ask for 124 nodes and a Slurm time limit would be seconds. fsdpkit reads them as written."""
     path = tmp_path / "job.yaml"
     path.write_text("name: colon\nbackend: pytorchjob\nimage: x:1\nnodes: 2:4\nslurm:\n  time: 48:00:00\n")
-    spec = load_spec(path)
+    spec = load_job(path).spec
     assert (spec.nodes.min, spec.nodes.max) == (2, 4) and spec.slurm.time == "48:00:00"
-    assert load_spec(None, [*parse_overrides(["name=colon", "backend=pytorchjob", "image=x:1", "nodes=2:4"])]).nodes \
-        == (2, 4)
+    overrides = parse_overrides(["name=colon", "backend=pytorchjob", "image=x:1", "nodes=2:4"])
+    assert load_job(None, overrides).spec.nodes == (2, 4)
 
 
 def test_a_hyperpod_operator_is_one_of_two():

@@ -16,14 +16,15 @@ from pathlib import Path
 import pytest
 
 from fsdpkit.jobs import hyperpod, log_rules
-from fsdpkit.jobs.spec import load_spec
+from fsdpkit.jobs.resolved import load_job
+from fsdpkit.plan.grace import MIN_HANG_S
 
 from conftest import FAST, ROOT
 from manifest_schemas import IMAGE, hyperpod_log_evaluator
 
 
 def spec(**hp):
-    return load_spec(None, [("name", "rules"), ("backend", "hyperpod"), ("image", IMAGE), ("nodes", 2),
+    return load_job(None, [("name", "rules"), ("backend", "hyperpod"), ("image", IMAGE), ("nodes", 2),
                             ("instance_type", "ml.p5.48xlarge"), ("storage", {"claim": "fsx"}),
                             ("train", {"preset": "tiny"}), ("hyperpod", hp)])
 
@@ -119,13 +120,15 @@ def test_the_rules_trip_where_the_run_goes_wrong(node_logs):
 def test_rules_follow_the_spec_and_the_plan():
     default = {r["name"]: r for r in log_rules.log_monitoring(spec())}
     assert default["fsdpkit-started"]["expectedStartCutOffInSeconds"] == 1800
-    assert default["fsdpkit-progress"]["expectedRecurringFrequencyInSeconds"] == log_rules.MIN_HANG_S
-    # An 8B model on 2 p5 nodes: the hang limit outlasts five logging windows and a checkpoint's write.
-    big = load_spec(None, [("name", "big"), ("backend", "hyperpod"), ("image", IMAGE), ("nodes", 2),
+    assert default["fsdpkit-progress"]["expectedRecurringFrequencyInSeconds"] == MIN_HANG_S == 600
+    # An 8B model on 2 p5 nodes: five logging windows of 100 steps at the planned 1.40 s, 1.5 x the
+    # 963.6 s write of its 96.4 GB checkpoint at 100 MB/s, and 60 s: 2205 s, in whole minutes.
+    big = load_job(None, [("name", "big"), ("backend", "hyperpod"), ("image", IMAGE), ("nodes", 2),
                            ("instance_type", "ml.p5.48xlarge"), ("storage", {"claim": "fsx", "write_mb_per_s": 100}),
                            ("train", {"preset": "llama3_1_8b", "logging_freq": 100})])
     hang = {r["name"]: r for r in log_rules.log_monitoring(big)}["fsdpkit-progress"]
-    assert hang["expectedRecurringFrequencyInSeconds"] > 1.5 * 96e9 / 100e6
+    assert big.trainer.step_s == pytest.approx(1.39916, abs=1e-5)
+    assert hang["expectedRecurringFrequencyInSeconds"] == 2220 and hang["expectedStartCutOffInSeconds"] == 1800 + 2220
     custom = {r["name"]: r for r in log_rules.log_monitoring(spec(start_timeout=600, hang_timeout=900,
                                                                       loss_threshold=30))}
     assert custom["fsdpkit-started"]["expectedStartCutOffInSeconds"] == 600

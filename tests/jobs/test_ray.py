@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from fsdpkit.jobs.ray import raycluster_manifest, rayjob_manifest
-from fsdpkit.jobs.spec import load_spec
+from fsdpkit.jobs.resolved import load_job
 
 from conftest import require, run_cli
 from kube_admission import PodAdmission
@@ -23,7 +23,7 @@ require("kmock")
 def spec(**extra):
     doc = {"name": "verl", "backend": "pytorchjob", "image": IMAGE, "instance_type": "p5.48xlarge", "nodes": 2,
            "storage": {"claim": "fsx-claim"}, "command": ["unused"], **extra}
-    return load_spec(None, list(doc.items()))
+    return load_job(None, list(doc.items()))
 
 
 @pytest.mark.parametrize("nodes", ["1", "2", "2:4"])
@@ -43,7 +43,7 @@ def test_raycluster_and_rayjob_validate_against_kuberay_schemas(nodes):
         "nvidia.com/gpu" not in head["template"]["spec"]["containers"][0]["resources"].get("limits", {})
     for template in (head["template"], group["template"]):
         validate_builtin(pod_of(template))
-    job = rayjob_manifest(spec(nodes=nodes), "python -m verl.trainer.main_ppo", "grpo-1", entrypoint_gpus=1)
+    job = rayjob_manifest(spec(nodes=nodes).spec, "python -m verl.trainer.main_ppo", "grpo-1", entrypoint_gpus=1)
     assert not list(crd_validator("ray.io_rayjobs.yaml").iter_errors(job))
     assert job["spec"]["entrypointNumGpus"] == 1 and job["spec"]["clusterSelector"] == {"ray.io/cluster": "verl"}
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from fsdpkit.jobs import manifests, trainjob
-from fsdpkit.jobs.spec import load_spec
+from fsdpkit.jobs.resolved import load_job
 
 from conftest import ROOT, losses, read_metrics
 
@@ -44,7 +44,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(_can_namespace() is not None,
 
 
 def spec_for(tmp_path, nodes, backend="pytorchjob", **train):
-    return load_spec(None, [("name", "rc"), ("backend", backend), ("image", "x:1"), ("nodes", nodes),
+    return load_job(None, [("name", "rc"), ("backend", backend), ("image", "x:1"), ("nodes", nodes),
                             ("procs_per_node", 1), ("rdzv_port", _port()), ("max_restarts", 0),
                             ("storage", {"claim": "ckpt", "mount_path": str(tmp_path / "volume")}),
                             ("train", {**TRAIN, **train})])

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from fsdpkit.jobs.backends.slurm import script
-from fsdpkit.jobs.spec import load_spec
+from fsdpkit.jobs.resolved import load_job
 
 from conftest import ROOT, read_metrics
 
@@ -36,7 +36,7 @@ def write_spec(tmp_path, name, **train):
            "max_restarts": 0, "storage": {"shared_path": str(tmp_path / "shared")},
            "slurm": {"script_dir": str(tmp_path), "output": str(tmp_path / "%x-%j.out")},
            "train": {"seq_len": 64, "validation_freq": 0, "progress": "off", "logging_freq": 5,
-                     "tensorboard": False, **train}}
+                     "tensorboard": False, "max_steps": 300, **train}}
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(doc))
     return path
@@ -112,9 +112,9 @@ def test_slurm_script_uses_pyxis_only_with_an_image(tmp_path):
     """No image: the nodes run the submitting environment's fsdpkit-torchrun, with no pyxis flag a
     Slurm without pyxis would reject. An image: srun runs it through pyxis with the storage mounted."""
     base = [("name", "pyxis"), ("backend", "slurm"), ("nodes", 2), ("storage", {"shared_path": "/fsx"})]
-    bare = script(load_spec(None, base))
+    bare = script(load_job(None, base))
     assert "--container" not in bare and "srun --kill-on-bad-exit=1 fsdpkit-torchrun" in bare
-    boxed = script(load_spec(None, [*base, ("slurm", {"container_image": "nvcr.io#nvidia/pytorch:25.01-py3"})]))
+    boxed = script(load_job(None, [*base, ("slurm", {"container_image": "nvcr.io#nvidia/pytorch:25.01-py3"})]))
     assert "--container-image='nvcr.io#nvidia/pytorch:25.01-py3'" in boxed and "--container-mounts=/fsx:/fsx" in boxed
 
 

@@ -14,7 +14,8 @@ import yaml
 from raise_sites import raise_sites, unreached
 
 from fsdpkit.errors import UserError
-from fsdpkit.jobs import spec
+from fsdpkit.jobs import resolved, spec
+from fsdpkit.jobs.resolved import resolve
 from fsdpkit.jobs.spec import load_spec, load_spec_dict, parse_overrides
 
 from conftest import ROOT
@@ -112,6 +113,8 @@ RULES = {
                                     r"^storage: train.checkpoint_every is set but the job has no storage"),
     "a trainer rule broken": ({"train.lr": 1e-4, "train.min_lr": 2e-4}, r"^train.min_lr: 0.0002 must be <= lr"),
     "a trainer option unknown": ({"train.max_stepz": 3}, r"^train.unknown option 'max_stepz'"),
+    "a token budget beside max_steps": ({"train.tokens": 10**6},
+                                        r"^train.tokens: give a token budget or max_steps \(50\), not both$"),
 }
 # Each rule's edge, which it allows.
 EDGES = {
@@ -136,8 +139,9 @@ EDGES = {
 
 
 def refusal(changes: dict) -> str:
+    """The spec's own rules, then the trainer's (checked when the job is resolved)."""
     with pytest.raises(UserError) as e:
-        load_spec_dict(spec_of(changes))
+        resolve(load_spec_dict(spec_of(changes)))
     return str(e.value)
 
 
@@ -150,7 +154,7 @@ def test_each_rule_refuses_in_one_line_naming_the_field(case):
 
 @pytest.mark.parametrize("case", sorted(EDGES))
 def test_each_rule_allows_its_edge(case):
-    load_spec_dict(spec_of(EDGES[case]))
+    resolve(load_spec_dict(spec_of(EDGES[case])))
 
 
 SET_RULES = {
@@ -187,7 +191,8 @@ def test_every_refusal_of_the_spec_has_a_row(tmp_path):
     messages.append(str(e.value))
     sites = raise_sites(spec.check_variable_name, spec._check_quantity, spec._validate_identity,
                         spec._validate_nodes, spec._validate_placement, spec._validate_storage,
-                        spec._validate_environment, spec._validate_train, spec._set_dotted, spec.parse_overrides)
+                        spec._validate_environment, spec._validate_train, spec._set_dotted, spec.parse_overrides,
+                        resolved._trainer)
     assert not unreached(sites, messages)
 
 
@@ -206,7 +211,7 @@ def test_job_commands_import_no_torch():
     """Specs, renders and plans are read without torch: every `fsdpkit job` and `plan` call would
     otherwise spend seconds importing it (the trainer's config, LoRA's shape included, is plain data)."""
     code = ("import sys; from fsdpkit.cli import job, plan; from fsdpkit.jobs import manifests, hyperpod, trainjob; "
-            "from fsdpkit.jobs.spec import load_spec; s = load_spec('examples/jobs/hyperpod-p5.yaml'); "
+            "from fsdpkit.jobs.resolved import load_job; s = load_job('examples/jobs/hyperpod-p5.yaml'); "
             "hyperpod.render(s); print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert r.returncode == 0, r.stderr

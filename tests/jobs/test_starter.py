@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from fsdpkit.errors import UserError
-from fsdpkit.jobs.command import trainer_flags
+from fsdpkit.jobs.resolved import resolve
 from fsdpkit.jobs.spec import BACKENDS, JobSpec, load_spec_dict
 from fsdpkit.jobs.starter import example, examples, starter
 from fsdpkit.plan.grace import cadence
@@ -64,12 +64,12 @@ def test_slurm_on_hyperpod_auto_resumes_and_runs_in_the_image_init_names():
     text = starter("slurm", "hp", "ml.p5.48xlarge", "2", IMAGE, shared_path="/fsx")
     spec = load_spec_dict(yaml.safe_load(text))
     assert spec.slurm.hyperpod is True and spec.image == IMAGE
-    srun = next(line for line in script(spec).splitlines() if line.startswith("srun "))
+    srun = next(line for line in script(resolve(spec)).splitlines() if line.startswith("srun "))
     assert srun.startswith("srun --kill-on-bad-exit=1 --auto-resume=1 --container-image="
                            "'123456789012.dkr.ecr.us-west-2.amazonaws.com#fsdpkit:v1' --container-mounts=/fsx:/fsx ")
     plain = load_spec_dict(yaml.safe_load(starter("slurm", "p", "p5.48xlarge", "2", "nvcr.io/nvidia/pytorch:25.01-py3",
                                                   shared_path="/fsx")))
-    srun = next(line for line in script(plain).splitlines() if line.startswith("srun "))
+    srun = next(line for line in script(resolve(plain)).splitlines() if line.startswith("srun "))
     assert "--auto-resume" not in srun and "--container-image='nvcr.io#nvidia/pytorch:25.01-py3'" in srun
     # Docker Hub names have no registry part; an explicit container_image wins.
     assert load_spec_dict({"name": "d", "backend": "slurm", "image": "pytorch/pytorch:2.6"}).slurm.image(
@@ -107,7 +107,7 @@ def test_examples_ship_with_the_package_and_each_is_a_valid_spec():
 
 
 def _every(spec: JobSpec) -> str | None:
-    flags = trainer_flags(spec, spec.storage.root)
+    flags = resolve(spec).flags()
     cfg = parse_args(flags)
     return cfg.checkpoint.checkpoint_every
 
@@ -138,7 +138,11 @@ def test_hyperpod_instance_types_are_named_with_ml(capfd):
     job = json.loads(r.stdout)["data"]["manifests"][-1]
     assert "node.kubernetes.io/instance-type: ml.p5.48xlarge" not in r.stdout  # JSON, not YAML
     assert json.dumps(job).count('"ml.p5.48xlarge"') >= 1 and '"p5.48xlarge"' not in json.dumps(job)
-    assert r.stderr.strip() == "instance_type: p5.48xlarge is ml.p5.48xlarge on HyperPod (its nodes are labelled so)"
+    # ... and a job on the trainer's default steps says so: 300 steps x 256 tokens x 16 sequences x 8 GPUs.
+    assert r.stderr.splitlines() == [
+        "instance_type: p5.48xlarge is ml.p5.48xlarge on HyperPod (its nodes are labelled so)",
+        "warning: train.max_steps: this job trains the default 300 steps (9,830,400 tokens); set train.tokens (a "
+        "token budget) or train.max_steps"]
     # Other backends keep the EC2 name.
     assert load_spec_dict({"name": "j", "backend": "pytorchjob", "image": IMAGE,
                            "instance_type": "p5.48xlarge"}).instance_type == "p5.48xlarge"
@@ -155,7 +159,7 @@ def test_init_writes_a_chat_fine_tuning_job_on_weights_the_nodes_read(backend, l
     text = starter(backend, "sft", "p5.48xlarge", "2", IMAGE, "qwen2_5_3b", storage[0] or None, storage[1] or None,
                    "/fsx/data/chat.jsonl", None, base, "chat", lora)
     spec = load_spec_dict(yaml.safe_load(text))
-    flags = trainer_flags(spec, spec.storage.root)
+    flags = resolve(spec).flags()
     given = dict(zip(flags[::2], flags[1::2], strict=True))
     assert given["--init-from-hf"] == given["--tokenizer"] == base and given["--data-format"] == "chat"
     # The Qwen2.5 report's SFT rate; LoRA's QLoRA rate and shape over it.

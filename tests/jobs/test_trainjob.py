@@ -16,7 +16,7 @@ import yaml
 
 from fsdpkit.cluster import trainer
 from fsdpkit.jobs import trainjob
-from fsdpkit.jobs.spec import load_spec
+from fsdpkit.jobs.resolved import load_job
 
 from conftest import ROOT, run_cli
 from job_specs import TOKEN, job_cli, write_spec, writes
@@ -32,7 +32,7 @@ def spec_for(nodes="2", instance="p5.48xlarge", **extra):
            "storage": {"claim": "fsx-claim"}, "hf_token_env": "HF_TOKEN", "queue": "team-a",
            "secrets": [{"env": "WANDB_API_KEY", "secret": "wandb", "key": "api-key"}],
            "priority_class": "high", "train": {"preset": "tiny", "checkpoint_freq": 50}, **extra}
-    return load_spec(None, list(doc.items()))
+    return load_job(None, list(doc.items()))
 
 
 def _errors(validator, obj):

@@ -17,7 +17,7 @@ from doc_commands import command_lines
 
 from fsdpkit.hardware.instances import lookup
 from fsdpkit.jobs.ray import raycluster_manifest
-from fsdpkit.jobs.spec import load_spec
+from fsdpkit.jobs.resolved import load_job
 
 from conftest import ROOT, unavailable
 
@@ -66,7 +66,7 @@ def test_verls_checks_refuse_the_recipe_without_its_micro_batch_sizes():
 
 
 def _worker_env(image: str, **extra) -> tuple[dict[str, str | None], dict]:
-    spec = load_spec(None, [("name", "verl-grpo"), ("backend", "hyperpod"), ("image", image), ("nodes", 2),
+    spec = load_job(None, [("name", "verl-grpo"), ("backend", "hyperpod"), ("image", image), ("nodes", 2),
                             ("instance_type", "ml.p5.48xlarge"), ("storage", {"claim": "fsx-claim"}),
                             ("command", ["unused"]), *extra.items()])
     worker = raycluster_manifest(spec)["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]

@@ -253,8 +253,15 @@ def test_70b_does_not_fit_one_p5_and_the_suggested_change_does():
 
 def test_plan_reports_time_and_cost_for_a_token_budget():
     out = plan_json(*BIG, "--nodes", "8", "--tokens", "1e9", "--price-per-hour", "100")
-    assert out["hours"] == pytest.approx(1e9 / out["tokens_per_s"] / 3600, rel=1e-3)
-    assert out["cost"] == pytest.approx(out["hours"] * 8 * 100, rel=1e-3)
+    # 1e9 tokens over 64 ranks of 4096-token sequences (micro-batch 1): ceil(1e9 / 262,144) steps; the
+    # run is those steps and the validation passes among them (no checkpoint directory: no saves).
+    run = out["run"]
+    assert (run["steps"], run["tokens"], run["saves"], run["checkpoint_s"]) == (3815, 3815 * 262_144, 0, 0)
+    assert run["train_s"] == pytest.approx(3815 * out["step_s"], rel=1e-4)
+    # The share is printed to 4 places.
+    assert run["validation_s"] == pytest.approx(run["train_s"] * out["validation"]["share"], abs=run["train_s"] * 5e-5)
+    assert out["hours"] == round((run["train_s"] + run["validation_s"]) / 3600, 2)
+    assert out["cost"] == round(run["total_s"] / 3600 * 8 * 100, 2)
     # A price alone is the nodes' hourly cost (it was ignored without --tokens).
     out = plan_json(*BIG, "--nodes", "8", "--price-per-hour", "98")
     assert out["cost_per_hour"] == 784 and "hours" not in out
@@ -305,27 +312,27 @@ def test_job_submit_warns_and_strict_refuses_a_job_that_cannot_fit(kube, tmp_pat
 
 def test_plan_shows_the_recipe_the_validation_share_and_the_grace_period_the_job_renders():
     from fsdpkit.jobs import hyperpod, manifests
-    from fsdpkit.jobs.spec import load_spec
+    from fsdpkit.jobs.resolved import load_job
 
     example = str(ROOT / "examples" / "jobs" / "eks-p5.yaml")
     out = plan_json(example)
     assert out["recipe"]["lr"] == 3e-4 and out["recipe"]["warmup_steps"] == 200 and out["recipe"]["min_lr"] == 3e-6
     assert out["recipe"]["source"].startswith("torchtitan") and out["recipe"]["tokenizer"].startswith("hf-internal")
     assert out["validation"]["share"] <= 0.02 and out["validation"]["every_steps"] == 500
-    job = manifests.render(load_spec(example))[-1]
+    job = manifests.render(load_job(example))[-1]
     rendered = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["terminationGracePeriodSeconds"]
     assert out["grace"]["seconds"] == rendered and out["grace"]["write_mb_per_s"] == 1200
     assert "to write the 96.4 GB checkpoint at 1200 MB/s" in out["grace"]["explanation"]
     # A slower volume needs longer; the human report says the same in words.
     slow = plan_json(example, "--write-mb-per-s", "200")["grace"]
     assert slow["seconds"] > out["grace"]["seconds"] and slow["write_s"] == pytest.approx(96.4e9 / 200e6, rel=0.01)
-    r = run_cli("plan", example, "--tokens", "1e9", "--price-per-hour", "98")
+    r = run_cli("plan", example, "--price-per-hour", "98")
     assert r.returncode == 0, r.stderr
     assert "recipe: lr 0.0003 -> 3e-06 (cosine), warm-up 200 steps" in r.stdout
     assert "validation: 8 batch(es) of 1 every 500 steps and at the end: 0." in r.stdout
     assert f"stopping: grace period {rendered} s = 60 s + 2 x " in r.stdout and " USD at your price" in r.stdout
     # The planned start-up, which HyperPod's startup and fault deadlines are rendered from.
-    hp = hyperpod.render(load_spec(str(ROOT / "examples" / "jobs" / "hyperpod-p5.yaml")))[-1]["spec"]["runPolicy"]
+    hp = hyperpod.render(load_job(str(ROOT / "examples" / "jobs" / "hyperpod-p5.yaml")))[-1]["spec"]["runPolicy"]
     start = plan_json(str(ROOT / "examples" / "jobs" / "hyperpod-p5.yaml"))["startup"]
     assert hp["startupDeadlineSeconds"] == start["seconds"] and start["compile_s"] == 300
     assert f"starting: {out['startup']['seconds']} s = 600 s to schedule, pull the image and rendezvous + 1.5 x " \
@@ -337,12 +344,12 @@ def test_tiered_checkpoints_shorten_the_grace_to_the_memory_tier_s_write():
     at the memory tier's rate on every node, while the hang rule still allows a durable write to
     shared storage, and shared storage's cadence becomes every durable_every-th checkpoint."""
     from fsdpkit.jobs import hyperpod, log_rules
-    from fsdpkit.jobs.spec import load_spec, train_options
+    from fsdpkit.jobs.resolved import load_job
     from fsdpkit.plan.grace import MEMORY_MB_S_PER_NODE, cadence, checkpoint_bytes
     from fsdpkit.train.model.presets import PRESETS
 
     example = str(ROOT / "examples" / "jobs" / "hyperpod-p5.yaml")
-    plain, tiered = load_spec(example), load_spec(example, [("train.tiered", True)])
+    plain, tiered = load_job(example), load_job(example, [("train.tiered", True)])
     size = checkpoint_bytes(PRESETS["llama3_1_8b"])
     out = plan_json(example, "--set", "train.tiered=true")
     assert out["grace"]["write_mb_per_s"] == MEMORY_MB_S_PER_NODE * 4
@@ -353,7 +360,7 @@ def test_tiered_checkpoints_shorten_the_grace_to_the_memory_tier_s_write():
     assert pods[0]["terminationGracePeriodSeconds"] == 360
     hang = [{r["name"]: r for r in log_rules.log_monitoring(s)}["fsdpkit-progress"] for s in (plain, tiered)]
     assert hang[0] == hang[1]   # a durable save to shared storage still stops the loop as long
-    opts = train_options(tiered, tiered.storage.root)
+    opts = tiered.trainer.options
     memory, durable = cadence(PRESETS["llama3_1_8b"], 4000), cadence(PRESETS["llama3_1_8b"], 500)
     assert opts["checkpoint_every"] == memory.every and opts["durable_every"] == -(-durable.seconds // memory.seconds)
 

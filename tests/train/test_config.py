@@ -90,6 +90,9 @@ RULES = {
     "LoRA under float8": (["--lora", "1", "--float8", "1"], r"^lora: float8 linear layers would replace"),
     "an unknown LoRA target": (["--lora-targets", "qkv"], r"^lora_targets: unknown LoRA target 'qkv'; allowed: all"),
     "a chat format nobody reads": (["--data-format", "sharegpt"], r"^data_format: .*text.*chat"),
+    "a token budget and a step count": (["--tokens", "1000", "--max-steps", "5"],
+                                        r"^tokens: give a token budget or max_steps \(5\), not both$"),
+    "an empty token budget": (["--tokens", "0"], r"^tokens: .*>= 1"),
 }
 # Each rule's edge, which it allows (a rule tightened by one, `>` to `>=`, fails here).
 EDGES = [
@@ -128,10 +131,24 @@ def test_every_refusal_of_the_config_has_a_row():
             parse_args(flags)
         except UserError as e:
             messages.append(str(e))
-    sites = raise_sites(config.validate, config._validate_shape, config.parse_args, Parser.error)
+    sites = raise_sites(config.validate, config._validate_shape, config.parse_args, Parser.error, config.resolve)
     assert not unreached(sites, messages)
     # _nest's refusal of an unknown key: test_yaml_unknown_key; replicas: test_precision_and_hsdp_replicas_...;
     # _resumed_data: tests/train/checkpoint/test_checkpoint.py (resume on other data).
+
+
+def test_a_token_budget_is_the_steps_that_train_on_all_of_it(monkeypatch):
+    """tokens / (seq_len x micro-batch x accumulation x ranks), rounded up; the ranks the job's
+    resolver gives, else torchrun's WORLD_SIZE, else --nproc. Warm-up follows those steps."""
+    layer = {"tokens": 100_000, "seq_len": 128, "train_batch_size": 4, "grad_accum_steps": 2, "warmup": 0.1}
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert config.build([layer]).optim.max_steps == 98            # 100,000 / 1,024 = 97.7
+    assert config.build([{**layer, "nproc": 2}]).optim.max_steps == 49
+    cfg = config.build([layer], ranks=3)                          # 100,000 / 3,072 = 32.6
+    assert (cfg.optim.max_steps, cfg.optim.warmup_steps) == (33, 3)
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    assert config.build([layer]).optim.max_steps == 25            # 100,000 / 4,096 = 24.4
+    assert config.build([{**layer, "tokens": 4096}]).optim.max_steps == 1
 
 
 BAD_INPUT = {

@@ -12,13 +12,15 @@ from fsdpkit.envelope import duration
 def cmd_deploy(args: argparse.Namespace) -> int:
     from fsdpkit.jobs.backends import Target, get_backend
     from fsdpkit.jobs.deploy import deploy
-    from fsdpkit.jobs.spec import load_spec, parse_overrides
+    from fsdpkit.jobs.resolved import load_job
+    from fsdpkit.jobs.spec import parse_overrides
 
-    spec = load_spec(args.spec, parse_overrides(args.set or []), pin_image=True)
+    job = load_job(args.spec, parse_overrides(args.set or []), pin_image=True)
+    spec = job.spec
     backend = get_backend(spec.backend, Target(args.context, args.kubeconfig, spec.namespace))
     say = progress(args)
     skip = {s.strip() for s in (args.skip or "").split(",") if s.strip()}
-    out = deploy(spec, backend, skip, say, poll=args.poll, fresh=args.fresh, strict=args.strict)
+    out = deploy(job, backend, skip, say, poll=args.poll, fresh=args.fresh, strict=args.strict)
     if args.json:
         return emit_json(out)
     print(f"deployed {spec.name}: " + ", ".join(f"{k} {v if isinstance(v, str) else 'ok'}"

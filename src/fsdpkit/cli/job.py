@@ -11,10 +11,12 @@ from typing import Any, cast
 from fsdpkit.cli.output import Parser, delete_asked, dispatch, emit_json, finding_message, print_findings, write_new
 from fsdpkit.envelope import duration
 from fsdpkit.errors import UserError
+from fsdpkit.home import jobs_home
 from fsdpkit.jobs.backends import Backend, Target, Watchable, get_backend, wait
 from fsdpkit.jobs.capacity import capacity as check_capacity
 from fsdpkit.jobs.hub import check_hub_access
-from fsdpkit.jobs.spec import BACKENDS, CLUSTER_BACKENDS, JobSpec, load_spec, parse_overrides
+from fsdpkit.jobs.resolved import ResolvedJob, load_job
+from fsdpkit.jobs.spec import BACKENDS, CLUSTER_BACKENDS, JobSpec, parse_overrides
 from fsdpkit.jobs.status import JobStatus
 from fsdpkit.jobs.utilisation import WatchHistory
 
@@ -24,18 +26,16 @@ log = logging.getLogger(__name__)
 _SHORTCUTS = ("name", "image", "backend", "namespace", "nodes", "instance_type")
 
 
-def _spec(args: argparse.Namespace) -> JobSpec:
+def _job(args: argparse.Namespace) -> ResolvedJob:
     overrides = parse_overrides(args.set or [])
     overrides += [(k, getattr(args, k)) for k in _SHORTCUTS if getattr(args, k, None) is not None]
-    return load_spec(args.spec, overrides, pin_image=True)
+    return load_job(args.spec, overrides, pin_image=True)
 
 
 def _backend(args: argparse.Namespace, spec: JobSpec | None = None) -> Backend:
     name = spec.backend if spec is not None else args.backend
     if name is None:  # a NAME verb without --backend: a local job of that name, else the cluster
-        from fsdpkit.jobs.backends.local import home
-
-        name = "local" if (home() / args.job).is_dir() else "pytorchjob"
+        name = "local" if (jobs_home() / args.job).is_dir() else "pytorchjob"
     return get_backend(name, _target(args, spec))
 
 
@@ -88,11 +88,26 @@ def cmd_init(args: argparse.Namespace) -> int:
     return 0
 
 
+def _print_sources(job: ResolvedJob) -> None:
+    width = max(len(s.name) for s in job.sources)
+    print(f"{job.spec.name} ({job.spec.backend}) runs with:")
+    for s in job.sources:
+        value = f"{s.value:,}" if isinstance(s.value, int) else str(s.value)
+        print(f"  {s.name:<{width}}  {value:>14}  {s.source}: {s.why}")
+
+
 def cmd_render(args: argparse.Namespace) -> int:
-    spec = _spec(args)
-    rendered = get_backend(spec.backend).render(spec)
+    job = _job(args)
+    spec = job.spec
+    rendered = get_backend(spec.backend).render(job)
+    if why := job.default_steps():
+        log.warning(why)
     if args.json:
-        return emit_json({"name": spec.name, "backend": spec.backend, **rendered.as_json()})
+        explained = {"explain": [s.to_dict() for s in job.sources]} if args.explain else {}
+        return emit_json({"name": spec.name, "backend": spec.backend, **rendered.as_json(), **explained})
+    if args.explain:
+        _print_sources(job)
+        return 0
     print(rendered.text(), end="")
     if rendered.needs:
         log.info(f"note: these manifests need {rendered.needs}")
@@ -106,11 +121,14 @@ def cmd_render(args: argparse.Namespace) -> int:
 def cmd_submit(args: argparse.Namespace) -> int:
     if args.output and not args.dry_run:
         raise UserError("-o yaml prints what a dry run would create; add --dry-run")
-    spec = _spec(args)
+    job = _job(args)
+    spec = job.spec
     check_hub_access(spec)
     backend = _backend(args, spec)
-    capacity = check_capacity(spec, args.strict, log.warning)
-    result = backend.submit(spec, replace=args.replace, dry_run=args.dry_run)
+    capacity = check_capacity(job, args.strict, log.warning)
+    result = backend.submit(job, replace=args.replace, dry_run=args.dry_run)
+    if why := job.default_steps():   # once it is submitted (or would be): a failed submit stays one line
+        log.warning(why)
     if capacity is not None:
         result["plan"] = capacity
     if args.wait and not args.dry_run:
@@ -123,7 +141,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         return emit_json(result)
     if args.dry_run:
         if args.output == "yaml":
-            print(backend.render(spec).text(), end="")
+            print(backend.render(job).text(), end="")
             return 0
         made = result.get("objects") or [str(result.get("command") or result.get("script") or result)]
         checked = " (the API server accepted each)" if result.get("accepted") else ""
@@ -375,6 +393,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("render", help="print the manifests (or script) a spec becomes, after validating it")
     spec_args(p)
+    p.add_argument("--explain", action="store_true", help="instead, each value the job derives (grace period, "
+                   "deadlines, hang time, checkpoint interval, steps, tokens) with where it came from")
     common(p, cluster=False)
     p.set_defaults(func=cmd_render)
 

@@ -87,9 +87,14 @@ def _to_stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)  # the stream of the moment (tests swap it)
 
 
+def show_notes() -> None:
+    """fsdpkit's notes and warnings (its logger) on stderr, whatever stream is stderr at the time."""
+    show_diagnostics(_to_stderr)
+
+
 def dispatch(parser: argparse.ArgumentParser, argv: list[str]) -> int:
     """Parse, run the chosen `func(args) -> int`, and turn a UserError into the error contract."""
-    show_diagnostics(_to_stderr)
+    show_notes()
     args = None
     try:
         args = parser.parse_args(argv)

@@ -3,18 +3,24 @@
 from __future__ import annotations
 
 import argparse
+import logging
+import math
 import sys
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from fsdpkit.cli.output import Parser, emit_error, emit_json
+from fsdpkit.cli.output import Parser, emit_error, emit_json, show_notes
 from fsdpkit.errors import UserError
 from fsdpkit.plan.grace import DEFAULT_WRITE_MB_S, cadence, grace_period, startup, stop_tier
 from fsdpkit.train.model.presets import RECIPES, canonical
 
 if TYPE_CHECKING:  # imported when a verb runs, so that --help stays fast
+    from fsdpkit.plan.planner import Plan
     from fsdpkit.train.config import TrainConfig
 
+log = logging.getLogger(__name__)
 GIB = 2**30
+DEFAULT_MFU = 0.4
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,8 +34,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="a training YAML (as `fsdpkit train --config`)")
     p.add_argument("--instance-type", help="p5.48xlarge, p4d.24xlarge, g6e.12xlarge, ... (default: the job spec's)")
     p.add_argument("--nodes", type=int, help="nodes (default: the job spec's, or 1)")
-    p.add_argument("--mfu", type=float, default=0.4, help="model FLOPs utilisation to assume (default 0.4)")
-    p.add_argument("--tokens", type=float, help="token budget: report the time (and cost) to train on it")
+    p.add_argument("--mfu", type=float, default=DEFAULT_MFU,
+                   help=f"model FLOPs utilisation to assume (default {DEFAULT_MFU})")
+    p.add_argument("--tokens", type=float, help="token budget: report the steps, time (and cost) to train on it; "
+                   "with a job spec, the same as --set train.tokens=N (the job trains exactly that)")
     p.add_argument("--price-per-hour", type=float, help="your price per node-hour (no price list is built in): the "
                    "hourly cost of the nodes, and with --tokens the budget's")
     p.add_argument("--currency", default="USD", help="the unit of --price-per-hour (default USD)")
@@ -43,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    show_notes()
     parser = build_parser()
     try:
         jobspec = argv.pop(0) if argv and not argv[0].startswith("-") else None
@@ -53,30 +62,56 @@ def main(argv: list[str] | None = None) -> int:
         return emit_error(e, "--json" in argv)
 
 
+@dataclass(frozen=True)
+class Planned:
+    """What the plan is of: the config, where it runs, and its storage (from a job spec, or flags)."""
+
+    cfg: TrainConfig
+    instance_type: str | None
+    nodes: int
+    procs: int | None
+    write_rate: float
+    keeps_checkpoints: bool     # a checkpoint directory: saves are part of the run's time
+    plan: Plan | None = None    # the job's own, where it was planned at the asked MFU
+
+
 def run(args: argparse.Namespace, train_flags: list[str]) -> int:
     from fsdpkit.plan.planner import advice, plan_config
+    from fsdpkit.plan.runtime import run_time
+    from fsdpkit.train.config import budget_steps, step_tokens
 
-    cfg, instance_type, nodes, procs, write_rate = _config(args, train_flags)
     if args.tokens is not None and args.tokens <= 0:
         raise UserError(f"tokens: {args.tokens} is out of range (> 0)")
     if args.price_per_hour is not None and args.price_per_hour <= 0:
         raise UserError(f"price_per_hour: {args.price_per_hour} is out of range (> 0)")
-    if write_rate <= 0:
-        raise UserError(f"write_mb_per_s: {write_rate} is out of range (> 0)")
-    p = plan_config(cfg, instance_type, nodes, args.mfu, procs)
+    if args.write_mb_per_s is not None and args.write_mb_per_s <= 0:
+        raise UserError(f"write_mb_per_s: {args.write_mb_per_s} is out of range (> 0)")
+    got = _from_spec(args, train_flags) if args.jobspec else _from_flags(args, train_flags)
+    cfg, nodes, write_rate = got.cfg, got.nodes, got.write_rate
+    p = got.plan or plan_config(cfg, got.instance_type, nodes, args.mfu, got.procs)
     stop_rate, stop_to = stop_tier(cfg.checkpoint.tiered, write_rate, nodes)
     grace = grace_period(cfg.shape, stop_rate, p.step_s, stop_to)
-    start = startup(cfg.shape, write_rate, cfg.parallel.compiles("cuda" if instance_type else "cpu"))
+    start = startup(cfg.shape, write_rate, cfg.parallel.compiles("cuda" if got.instance_type else "cpu"))
     derived, every = cadence(cfg.shape, write_rate), cfg.checkpoint.checkpoint_every
     checkpoints = derived.to_dict() if every in ("0", derived.every) else {
         "every": every, "explanation": f"every {every}{' steps' if every.isdigit() else ''}, as configured (the "
         f"derived default: every {derived.every})"}
-    out = {"model": cfg.preset, "verdict": advice(p), **p.summary(args.tokens, args.price_per_hour),
+    per_step = step_tokens(cfg.data, p.workload.world)
+    # A spec's budget is already its steps (train.tokens); flags' --tokens is shared over the plan's ranks.
+    steps = budget_steps(int(args.tokens), cfg.data, p.workload.world) if args.tokens and not args.jobspec else \
+        cfg.optim.max_steps
+    out = {"model": cfg.preset, "verdict": advice(p), **p.summary(args.price_per_hour),
            "currency": args.currency, "recipe": _recipe(cfg),
            "validation": {"batches": cfg.log.validation_batches, "batch_size": cfg.data.val_batch_size,
-                          "every_steps": cfg.log.validation_freq, "share": round(cfg.validation_share(), 4)},
+                          "every_steps": cfg.log.validation_freq, "share": round(cfg.validation_share(steps), 4)},
            "grace": grace.to_dict(), "startup": start.to_dict(), "checkpoints": checkpoints,
-           "alternatives": [a.summary(args.tokens, args.price_per_hour) for a in p.alternatives]}
+           "alternatives": [a.summary(args.price_per_hour) for a in p.alternatives]}
+    if p.step_s is not None:
+        rt = run_time(cfg, steps, per_step, p.step_s, write_rate if got.keeps_checkpoints else None, nodes)
+        out["run"] = rt.to_dict()
+        if args.tokens or args.jobspec:   # a budget, or the job as its spec runs it
+            out["hours"] = round(rt.total_s / 3600, 2)
+            out["cost"] = round(rt.total_s / 3600 * nodes * args.price_per_hour, 2) if args.price_per_hour else None
     # A plan that does not fit is a check that failed: exit 1, with what to change as the hint.
     code = 1 if p.fits is False else 0
     if args.json:
@@ -86,30 +121,48 @@ def run(args: argparse.Namespace, train_flags: list[str]) -> int:
     return code
 
 
-def _config(args: argparse.Namespace,
-            train_flags: list[str]) -> tuple[TrainConfig, str | None, int, int | None, float]:
+def _from_spec(args: argparse.Namespace, train_flags: list[str]) -> Planned:
+    """The job the spec resolves to, with --instance-type, --nodes, --write-mb-per-s and --tokens
+    applied to the spec itself, so the plan is of the job that would run."""
+    from fsdpkit.jobs.resolved import resolve, with_budget
+    from fsdpkit.jobs.spec import load_spec, parse_overrides
+
+    if train_flags or args.preset or args.config:
+        raise UserError("with a job spec, change its train options with --set train.KEY=VALUE")
+    overrides = parse_overrides(args.set)
+    for key, value in (("instance_type", args.instance_type), ("nodes", args.nodes),
+                       ("storage.write_mb_per_s", args.write_mb_per_s)):
+        if value is not None:
+            overrides.append((key, int(value) if isinstance(value, float) and value.is_integer() else value))
+    spec = load_spec(args.jobspec, overrides)
+    if args.tokens is not None:
+        tokens = math.ceil(args.tokens)
+        spec, replaced = with_budget(spec, tokens)
+        if replaced:
+            log.info(f"note: --tokens {tokens:,} replaces the spec's {replaced}; to run this plan, set train.tokens: "
+                     f"{tokens} in the spec and drop {replaced.split()[0]}")
+    job = resolve(spec)
+    t = job.trainer
+    if t is None:
+        raise UserError("jobspec: this job runs its own command, not fsdpkit's trainer; nothing to plan")
+    if t.budget.source == "default" and spec.backend != "local":
+        log.warning(job.default_steps())
+    return Planned(t.config, spec.instance_type, spec.nodes.max, spec.procs if spec.instance_type else None,
+                   spec.storage.write_mb_per_s, bool(job.root), t.plan if args.mfu == DEFAULT_MFU else None)
+
+
+def _from_flags(args: argparse.Namespace, train_flags: list[str]) -> Planned:
     from fsdpkit.train.config import parse_args
 
     unknown = [f for f in train_flags if f.startswith("-")]
-    if args.jobspec:
-        if train_flags or args.preset or args.config:
-            raise UserError("with a job spec, change its train options with --set train.KEY=VALUE")
-        from fsdpkit.jobs.spec import load_spec, parse_overrides, train_config
-
-        spec = load_spec(args.jobspec, parse_overrides(args.set))
-        if spec.command is not None:
-            raise UserError("jobspec: this job runs its own command, not fsdpkit's trainer; nothing to plan")
-        return (train_config(spec), args.instance_type or spec.instance_type,
-                args.nodes if args.nodes is not None else spec.nodes.max,
-                spec.procs if spec.instance_type else None, args.write_mb_per_s or spec.storage.write_mb_per_s)
     flags = (["--preset", args.preset] if args.preset else []) + (["--config", args.config] if args.config else [])
     try:
         cfg = parse_args([*flags, *train_flags])
     except SystemExit:  # argparse inside the trainer's parser: a bad flag
         raise UserError(f"unknown or bad trainer option among: {' '.join(unknown)} (see fsdpkit train --help)") \
             from None
-    return (cfg, args.instance_type, args.nodes if args.nodes is not None else 1, None,
-            args.write_mb_per_s or DEFAULT_WRITE_MB_S)
+    return Planned(cfg, args.instance_type, args.nodes if args.nodes is not None else 1, None,
+                   args.write_mb_per_s or DEFAULT_WRITE_MB_S, bool(cfg.checkpoint.checkpoint_dir))
 
 
 def _recipe(cfg: TrainConfig) -> dict[str, Any]:
@@ -142,9 +195,9 @@ def _print(out: dict[str, Any]) -> None:
               f"-> {out['bound']}-bound, about {out['tokens_per_s']:,} tokens/s")
     if out.get("cost_per_hour") is not None:
         print(f"cost: {out['cost_per_hour']:,.2f} {out['currency']} per hour for {out['nodes']} node(s) at your price")
-    if out.get("hours") is not None:
+    if out.get("run"):
         cost = f", {out['cost']:,.2f} {out['currency']} at your price" if out.get("cost") is not None else ""
-        print(f"token budget: {out['hours']:,.1f} hours{cost}")
+        print(f"run: {out['run']['explanation']}{cost}")
     r, v = out["recipe"], out["validation"]
     print(f"\nrecipe: lr {r['lr']:g} -> {r['min_lr']:g} ({r['lr_decay_style']}), warm-up {r['warmup_steps']} steps, "
           f"weight decay {r['weight_decay']:g}, betas ({r['betas'][0]:g}, {r['betas'][1]:g}), clip "

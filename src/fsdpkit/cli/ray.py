@@ -14,7 +14,7 @@ from fsdpkit.errors import NotFound, UserError
 
 if TYPE_CHECKING:  # imported when a verb runs, so that --help stays fast
     from fsdpkit.jobs.ray import RayClient
-    from fsdpkit.jobs.spec import JobSpec
+    from fsdpkit.jobs.resolved import ResolvedJob
 
 
 def _client(args: argparse.Namespace) -> tuple[RayClient, Any]:
@@ -25,9 +25,10 @@ def _client(args: argparse.Namespace) -> tuple[RayClient, Any]:
     return RayClient(api), api
 
 
-def _spec(args: argparse.Namespace) -> JobSpec:
+def _job(args: argparse.Namespace) -> ResolvedJob:
     from fsdpkit.image.dockerfile import has_ofi_nccl
-    from fsdpkit.jobs.spec import load_spec, parse_overrides
+    from fsdpkit.jobs.resolved import load_job
+    from fsdpkit.jobs.spec import parse_overrides
     from fsdpkit.yamlfile import load_mapping
 
     # Any backend validates as a cluster spec here (a RayCluster always needs an image); a HyperPod
@@ -36,32 +37,33 @@ def _spec(args: argparse.Namespace) -> JobSpec:
     if args.cluster_name:
         overrides.append(("name", args.cluster_name))
     backend = dict(overrides).get("backend", load_mapping(args.spec, "job spec", "fields").get("backend"))
-    spec = load_spec(args.spec, [*overrides, ("backend", "hyperpod" if backend == "hyperpod" else "pytorchjob")])
+    job = load_job(args.spec, [*overrides, ("backend", "hyperpod" if backend == "hyperpod" else "pytorchjob")])
+    spec = job.spec
     if spec.nodes.max > 1 and spec.efa and has_ofi_nccl(spec.image) is False:
         print(f"warning: {spec.image} has no aws-ofi-nccl, so NCCL between the {spec.nodes} nodes runs on TCP "
               "sockets, not EFA; build an image with it: fsdpkit image init --base verl-0.5", file=sys.stderr)
-    return spec
+    return job
 
 
 def cmd_create(args: argparse.Namespace) -> int:
     from fsdpkit.jobs.ray import raycluster_manifest
 
-    spec = _spec(args)
+    job = _job(args)
     if args.dry_run == "server":
         ray, _ = _client(args)
-        accepted = ray.server_dry_run(spec)
+        accepted = ray.server_dry_run(job)
         if args.json:
-            return emit_json({"dry_run": "server", "accepted": accepted, "manifest": raycluster_manifest(spec)})
+            return emit_json({"dry_run": "server", "accepted": accepted, "manifest": raycluster_manifest(job)})
         print(f"dry run: the API server accepted {', '.join(accepted)}")
         return 0
     if args.dry_run:
-        manifest = raycluster_manifest(spec)
+        manifest = raycluster_manifest(job)
         if args.json:
             return emit_json({"manifest": manifest})
         print(yamlfile.dump(manifest), end="")
         return 0
     ray, _ = _client(args)
-    out = ray.create(spec, wait=args.timeout, poll=args.poll)
+    out = ray.create(job, wait=args.timeout, poll=args.poll)
     if args.json:
         return emit_json(out)
     print(f"RayCluster {out['name']} {out['action']} ({out['state']})")
@@ -89,7 +91,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
     if not args.rest:
         raise UserError("give the entrypoint after --, for example: fsdpkit ray submit SPEC -- python train.py")
-    spec = _spec(args)
+    spec = _job(args).spec
     job_name = args.job_name or f"{spec.name}-job"
     if args.dry_run:  # what would be created, from the spec alone: no cluster asked
         manifest = rayjob_manifest(spec, shlex.join(args.rest), job_name, args.entrypoint_gpus)

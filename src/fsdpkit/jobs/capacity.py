@@ -8,8 +8,9 @@ from collections.abc import Callable
 from typing import Any
 
 from fsdpkit.errors import UserError, hint_of
-from fsdpkit.jobs.spec import JobSpec, train_config
-from fsdpkit.plan.planner import Plan, advice, plan_config
+from fsdpkit.jobs.resolved import ResolvedJob
+from fsdpkit.jobs.spec import JobSpec
+from fsdpkit.plan.planner import Plan, advice
 
 
 class DoesNotFit(UserError):
@@ -27,24 +28,22 @@ def unkept(spec: JobSpec) -> str | None:
     return None
 
 
-def check_job(spec: JobSpec) -> tuple[Plan, str] | None:
-    """The plan for a job spec's training on its GPUs and the one-line verdict; None when there is
+def check_job(job: ResolvedJob) -> tuple[Plan, str] | None:
+    """The plan for a job's training on its GPUs and the one-line verdict; None when there is
     nothing to plan (its own command, no instance type, not NVIDIA GPUs)."""
-    inst = spec.instance
-    if spec.command is not None or inst is None or inst.resource != "nvidia.com/gpu":
+    if job.trainer is None or job.trainer.plan is None:
         return None
-    p = plan_config(train_config(spec), spec.instance_type, spec.nodes.max, procs_per_node=spec.procs)
-    return p, advice(p)
+    return job.trainer.plan, advice(job.trainer.plan)
 
 
-def capacity(spec: JobSpec, strict: bool, warn: Callable[[str], None]) -> dict[str, Any] | None:
+def capacity(job: ResolvedJob, strict: bool, warn: Callable[[str], None]) -> dict[str, Any] | None:
     """The verdict as data; a job that will not fit, or cannot keep its checkpoints, is `warn`ed
     about, or with `strict` refused."""
-    if why := unkept(spec):
+    if why := unkept(job.spec):
         if strict:
             raise DoesNotFit(f"{why}; not submitted (--strict)", hint=hint_of(why))
         warn(why)
-    checked = check_job(spec)
+    checked = check_job(job)
     if checked is None:
         return None
     p, verdict = checked

@@ -22,6 +22,7 @@ from fsdpkit.jobs.backends.kube import KubeBackend
 from fsdpkit.jobs.backends.kube_api import KINDS
 from fsdpkit.jobs.capacity import DoesNotFit, capacity
 from fsdpkit.jobs.hub import check_hub_access
+from fsdpkit.jobs.resolved import ResolvedJob
 from fsdpkit.jobs.spec import CLUSTER_BACKENDS, JobSpec
 
 STEPS = ("check", "storage", "secret", "submit", "watch")
@@ -52,15 +53,18 @@ class StepFailed(UserError):
     exit_code = 1
 
 
-def deploy(spec: JobSpec, backend: Backend, skip: set[str], say: Callable[[str], None], stall_after: float = 900,
+def deploy(job: ResolvedJob, backend: Backend, skip: set[str], say: Callable[[str], None], stall_after: float = 900,
            poll: float = 15.0, fresh: bool = False, strict: bool = False) -> dict[str, Any]:
+    spec = job.spec
     token = _preconditions(spec, skip)
     assert isinstance(backend, KubeBackend)  # a cluster backend's, as the preconditions make sure
     path = state_path(spec)
     state = DeployState() if fresh else DeployState.load(path)
     if state.done:
         say(f"resuming: already done: {', '.join(state.done)}")
-    objs = {o["kind"]: o for o in backend.render(spec).objects()}
+    if why := job.default_steps():
+        say(f"  WARN {why}")
+    objs = {o["kind"]: o for o in backend.render(job).objects()}
     job_kind = next(k for k in objs if k in KINDS)
     results: dict[str, Any] = {}
     for step in STEPS:
@@ -70,7 +74,7 @@ def deploy(spec: JobSpec, backend: Backend, skip: set[str], say: Callable[[str],
         say(f"[{step}]")
         try:
             if step == "check":
-                results[step] = _check(spec, backend, job_kind, strict, say)
+                results[step] = _check(job, backend, job_kind, strict, say)
             elif step == "watch":
                 results[step] = _watch(spec, backend, poll, say)
             else:
@@ -101,7 +105,7 @@ def _preconditions(spec: JobSpec, skip: set[str]) -> str | None:
     return token
 
 
-def _check(spec: JobSpec, backend: KubeBackend, kind: str, strict: bool, say: Callable[[str], None]) -> str:
+def _check(job: ResolvedJob, backend: KubeBackend, kind: str, strict: bool, say: Callable[[str], None]) -> str:
     """The cluster is ready for this job (no failed check of what it uses) and the job fits its GPUs
     (or only a warning). Another backend's operator is not this job's concern: CRDs an add-on left
     behind are common, and its check is a note, not a failure."""
@@ -124,7 +128,7 @@ def _check(spec: JobSpec, backend: KubeBackend, kind: str, strict: bool, say: Ca
     if failed:
         raise StepFailed(f"cluster check failed ({len(failed)} problem(s) above); fix them, or --skip check")
     try:
-        capacity(spec, strict, lambda line: say(f"  WARN {line}"))
+        capacity(job, strict, lambda line: say(f"  WARN {line}"))
     except DoesNotFit as e:
         raise StepFailed(str(e)) from None
     return "passed"

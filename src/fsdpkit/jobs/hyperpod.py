@@ -12,8 +12,8 @@ from typing import Any
 
 from fsdpkit.cluster import pod_rules
 from fsdpkit.jobs import manifests as m
-from fsdpkit.jobs.command import grace_seconds, job_startup, trainer_flags
 from fsdpkit.jobs.log_rules import log_monitoring
+from fsdpkit.jobs.resolved import ResolvedJob
 from fsdpkit.jobs.spec import JobSpec
 
 HEALTH = "sagemaker.amazonaws.com/node-health-status"
@@ -24,7 +24,6 @@ MAX_RETRY = "sagemaker.amazonaws.com/job-max-retry-count"
 AGENT_PORT = 8080  # the elastic agent's server, which the operator talks to
 # libfabric registers EFA buffers in 2 MiB pages; HyperPod's AMIs reserve them and AWS's examples ask.
 HUGEPAGES = {"hugepages-2Mi": "5120Mi"}
-DEFAULT_GRACE = 30   # Kubernetes' terminationGracePeriodSeconds when a pod names none
 AGENT_MARGIN = 15    # seconds hyperpodrun keeps for itself between its workers' deadline and SIGKILL
 
 
@@ -60,8 +59,9 @@ def adapt_pod(spec: JobSpec, template: dict[str, Any], instance_group: bool = Tr
         pod.setdefault("nodeSelector", {})[INSTANCE_GROUP] = spec.hyperpod.instance_group
 
 
-def pytorchjob_manifest(spec: JobSpec) -> dict[str, Any]:
-    job = m.pytorchjob_manifest(spec)
+def pytorchjob_manifest(resolved: ResolvedJob) -> dict[str, Any]:
+    spec = resolved.spec
+    job = m.pytorchjob_manifest(resolved)
     if spec.hyperpod.auto_resume:
         job["metadata"]["annotations"].update({AUTO_RESUME: "true", MAX_RETRY: str(spec.hyperpod.max_retry)})
     for replica in job["spec"]["pytorchReplicaSpecs"].values():
@@ -69,29 +69,25 @@ def pytorchjob_manifest(spec: JobSpec) -> dict[str, Any]:
     return job
 
 
-def pod_grace(spec: JobSpec) -> int:
-    """terminationGracePeriodSeconds of a HyperPod pod: the planned grace, else Kubernetes' 30 s."""
-    return grace_seconds(spec) or DEFAULT_GRACE
-
-
-def shutdown_timeout(spec: JobSpec) -> int:
+def shutdown_timeout(job: ResolvedJob) -> int:
     """How long hyperpodrun lets its workers stop after SIGTERM before it kills them: the pod's grace
     less the agent's own margin, so the agent is done before the kubelet's SIGKILL."""
-    return max(1, pod_grace(spec) - AGENT_MARGIN)
+    return max(1, job.pod_grace - AGENT_MARGIN)
 
 
-def hyperpod_job_command(spec: JobSpec, root: str | None) -> list[str]:
+def hyperpod_job_command(job: ResolvedJob) -> list[str]:
     """HyperPod's training operator starts workers through its elastic agent, `hyperpodrun`
     (pip package hyperpod-elastic-agent), which takes torchrun's place and reports to the operator.
     Its defaults would end a stop with SIGKILL 15 s after it began; the workers get SIGTERM instead
     (fsdpkit's trainer then saves a checkpoint after its step) and the time the checkpoint needs."""
+    spec = job.spec
     if spec.command is not None:
         return list(spec.command)
     # --tee=3 also writes each rank's output under --log_dir, which is where the agent's log monitor reads it.
     return ["hyperpodrun", f"--nnodes={spec.nodes}", f"--nproc-per-node={spec.procs}",
-            "--shutdown-signal=SIGTERM", f"--shutdown-timeout={shutdown_timeout(spec)}",
+            "--shutdown-signal=SIGTERM", f"--shutdown-timeout={shutdown_timeout(job)}",
             "--server-host=0.0.0.0", f"--server-port={AGENT_PORT}", "--tee=3", "--log_dir=/tmp/hyperpod",
-            "-m", "fsdpkit.train", *trainer_flags(spec, root)]
+            "-m", "fsdpkit.train", *job.flags()]
 
 
 def _agent_container(spec: JobSpec, template: dict[str, Any]) -> None:
@@ -103,16 +99,10 @@ def _agent_container(spec: JobSpec, template: dict[str, Any]) -> None:
             res.setdefault(side, {}).update(HUGEPAGES)
 
 
-def deadlines(spec: JobSpec) -> dict[str, int]:
-    """runPolicy's startup and fault deadlines: the spec's, else from the plan. Starting may last
-    the planned start-up; Faulted, the grace a stop needs (its checkpoint written) and a start-up
-    after it. None for a job that runs its own command (the operator's defaults)."""
-    hp, start = spec.hyperpod, job_startup(spec)
-    startup_s = hp.startup_deadline if hp.startup_deadline is not None else (start.seconds if start else None)
-    fault_s = hp.fault_deadline
-    if fault_s is None and start is not None:
-        fault_s = pod_grace(spec) + start.seconds
-    out = {"startupDeadlineSeconds": startup_s, "faultDeadlineSeconds": fault_s}
+def deadlines(job: ResolvedJob) -> dict[str, int]:
+    """runPolicy's startup and fault deadlines, as resolved (the spec's, else from the plan); none
+    for a job that runs its own command (the operator's defaults)."""
+    out = {"startupDeadlineSeconds": job.startup_deadline, "faultDeadlineSeconds": job.fault_deadline}
     return {k: v for k, v in out.items() if v is not None}
 
 
@@ -130,33 +120,35 @@ def restart_policy(spec: JobSpec) -> dict[str, Any]:
     return policy
 
 
-def run_policy(spec: JobSpec) -> dict[str, Any]:
+def run_policy(job: ResolvedJob) -> dict[str, Any]:
     """Retries, restarts, deadlines and the log-monitoring rules. Finished pods are kept for
     `job logs --previous`."""
+    spec = job.spec
     hp = spec.hyperpod
     policy: dict[str, Any] = {
         "cleanPodPolicy": "None",
         "jobMaxRetryCount": hp.max_retry if hp.auto_resume else 0,
         "restartPolicy": restart_policy(spec),
-        **deadlines(spec),
+        **deadlines(job),
     }
     if spec.ttl_after_finished is not None:
         policy["ttlSecondsAfterFinished"] = spec.ttl_after_finished
-    if rules := log_monitoring(spec):
+    if rules := log_monitoring(job):
         policy["logMonitoringConfiguration"] = rules
     return policy
 
 
-def hyperpod_job_manifest(spec: JobSpec) -> dict[str, Any]:
-    root = spec.storage.root
-    template = m.pod_template(spec, hyperpod_job_command(spec, root))
-    template["spec"]["terminationGracePeriodSeconds"] = pod_grace(spec)
+def hyperpod_job_manifest(resolved: ResolvedJob) -> dict[str, Any]:
+    spec = resolved.spec
+    template = m.pod_template(resolved, hyperpod_job_command(resolved))
+    template["spec"]["terminationGracePeriodSeconds"] = resolved.pod_grace
     adapt_pod(spec, template)
     _agent_container(spec, template)
     replica: dict[str, Any] = {"name": "pod", "replicas": spec.nodes.max, "template": template}
     if spec.hyperpod.spares:
         replica["spares"] = spec.hyperpod.spares
-    job: dict[str, Any] = {"nprocPerNode": str(spec.procs), "replicaSpecs": [replica], "runPolicy": run_policy(spec)}
+    job: dict[str, Any] = {"nprocPerNode": str(spec.procs), "replicaSpecs": [replica],
+                           "runPolicy": run_policy(resolved)}
     if spec.nodes.elastic:
         job["elasticPolicy"] = {"minReplicas": spec.nodes.min, "maxReplicas": spec.nodes.max}
     annotations = {m.ATTEMPT: "0", m.MAX_RESUBMITS: str(spec.resubmits)}
@@ -170,6 +162,7 @@ def hyperpod_job_manifest(spec: JobSpec) -> dict[str, Any]:
     }
 
 
-def render(spec: JobSpec) -> list[dict[str, Any]]:
-    job = hyperpod_job_manifest(spec) if spec.hyperpod.operator == "hyperpod" else pytorchjob_manifest(spec)
+def render(resolved: ResolvedJob) -> list[dict[str, Any]]:
+    spec = resolved.spec
+    job = hyperpod_job_manifest(resolved) if spec.hyperpod.operator == "hyperpod" else pytorchjob_manifest(resolved)
     return pod_rules.check_objects([*m.support_objects(spec), job])

@@ -9,7 +9,8 @@ import copy
 from typing import Any
 
 from fsdpkit.cluster import pod_rules
-from fsdpkit.jobs.command import grace_seconds, node_command, node_env
+from fsdpkit.jobs.command import node_command, node_env
+from fsdpkit.jobs.resolved import ResolvedJob
 from fsdpkit.jobs.spec import JobSpec
 
 MANAGED_BY = {"app.kubernetes.io/managed-by": "fsdpkit"}
@@ -114,8 +115,9 @@ def resources(spec: JobSpec) -> dict[str, Any]:
     return {k: v for k, v in (("requests", requests), ("limits", limits)) if v}
 
 
-def pod_template(spec: JobSpec, command: list[str] | None, container: str = CONTAINER) -> dict[str, Any]:
+def pod_template(job: ResolvedJob, command: list[str] | None, container: str = CONTAINER) -> dict[str, Any]:
     """The pod every replica runs; `command` None keeps the image's (KubeRay injects `ray start`)."""
+    spec = job.spec
     mounts = [{"name": "dshm", "mountPath": "/dev/shm"}]
     # /dev/shm is 64 MB in a container by default; NCCL and data loaders need far more.
     volumes: list[dict[str, Any]] = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.shm_size}}]
@@ -135,8 +137,8 @@ def pod_template(spec: JobSpec, command: list[str] | None, container: str = CONT
     pod: dict[str, Any] = {"containers": [container_spec], "volumes": volumes}
     if pod_security:
         pod["securityContext"] = pod_security
-    if (grace := grace_seconds(spec)) is not None:
-        pod["terminationGracePeriodSeconds"] = grace
+    if job.grace_seconds is not None:
+        pod["terminationGracePeriodSeconds"] = job.grace_seconds
     pod.update(placement(spec))
     if priority := pod_priority(spec):
         pod["priorityClassName"] = priority
@@ -177,10 +179,10 @@ def rdzv_endpoint(spec: JobSpec) -> str:
     return f"{spec.name}-{'worker' if spec.nodes.elastic else 'master'}-0:{spec.rdzv_port}"
 
 
-def pytorchjob_manifest(spec: JobSpec) -> dict[str, Any]:
+def pytorchjob_manifest(job: ResolvedJob) -> dict[str, Any]:
+    spec = job.spec
     lo, hi = spec.nodes
-    root = spec.storage.root
-    template = pod_template(spec, node_command(spec, rdzv_endpoint(spec), spec.name, root))
+    template = pod_template(job, node_command(job, rdzv_endpoint(spec), spec.name))
     job_spec: dict[str, Any] = {"runPolicy": {
         "backoffLimit": spec.backoff_limit,
         # Keep finished pods, so `fsdpkit job logs --previous` can still read them; the TTL cleans up.
@@ -223,7 +225,7 @@ def support_objects(spec: JobSpec) -> list[dict[str, Any]]:
     return objs
 
 
-def render(spec: JobSpec) -> list[dict[str, Any]]:
+def render(job: ResolvedJob) -> list[dict[str, Any]]:
     """Everything `submit` creates, in creation order (the job last, so its volumes exist); pods
     the API server would refuse are refused here."""
-    return pod_rules.check_objects([*support_objects(spec), pytorchjob_manifest(spec)])
+    return pod_rules.check_objects([*support_objects(job.spec), pytorchjob_manifest(job)])

@@ -9,6 +9,7 @@ is absent."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -21,6 +22,7 @@ from fsdpkit.errors import Conflict, NotFound, TimedOut
 from fsdpkit.jobs import manifests as m
 from fsdpkit.jobs.command import GPU_ENV
 from fsdpkit.jobs.hyperpod import adapt_pod
+from fsdpkit.jobs.resolved import ResolvedJob
 from fsdpkit.jobs.spec import JobSpec
 from fsdpkit.polling import wait_saying
 
@@ -48,13 +50,14 @@ def _head_spec(spec: JobSpec) -> JobSpec:
                                    "cpu": spec.cpu or "4", "memory": spec.memory or "16Gi"})
 
 
-def raycluster_manifest(spec: JobSpec) -> dict[str, Any]:
+def raycluster_manifest(job: ResolvedJob) -> dict[str, Any]:
+    spec = job.spec
     lo, hi = spec.nodes
-    head = m.pod_template(_head_spec(spec), None, container="ray-head")
+    head = m.pod_template(dataclasses.replace(job, spec=_head_spec(spec)), None, container="ray-head")
     head["spec"]["containers"][0]["ports"] = [
         {"containerPort": 6379, "name": "gcs"}, {"containerPort": 8265, "name": "dashboard"},
         {"containerPort": 10001, "name": "client"}]
-    worker = m.pod_template(spec, None, container="ray-worker")
+    worker = m.pod_template(job, None, container="ray-worker")
     _without_allocator_setting(spec, worker)
     if spec.backend == "hyperpod":  # the same node-health rules as HyperPod's jobs; the CPU head in any group
         adapt_pod(spec, head, instance_group=False)
@@ -115,22 +118,22 @@ class RayClient:
                 return None
             raise
 
-    def server_dry_run(self, spec: JobSpec) -> list[str]:
+    def server_dry_run(self, job: ResolvedJob) -> list[str]:
         """The RayCluster, then one Pod of each group KubeRay will make (the head, each worker group),
         created with dryRun=All: admission speaks to the pods, which the RayCluster alone never meets
         (Pod Security, PriorityClass, quotas). Nothing is stored; KIND/NAME of each accepted."""
         from kubernetes import client
 
-        obj = raycluster_manifest(spec)
+        spec, obj = job.spec, raycluster_manifest(job)
         core = client.CoreV1Api(self.custom.api_client)
         with api_errors(f"server dry run of RayCluster/{spec.name}", self.host):
             self.custom.create_namespaced_custom_object(GROUP, VERSION, spec.namespace, "rayclusters", obj,
                                                         field_validation="Strict", dry_run="All")
         return [f"RayCluster/{spec.name}", *dry_run_pods(core, obj, self.host)]
 
-    def create(self, spec: JobSpec, wait: float | None = None, poll: float = 5.0) -> dict[str, Any]:
+    def create(self, job: ResolvedJob, wait: float | None = None, poll: float = 5.0) -> dict[str, Any]:
         """Create the RayCluster, or reuse the one of this name if it was made from the same spec."""
-        obj = raycluster_manifest(spec)
+        spec, obj = job.spec, raycluster_manifest(job)
         existing = self.get(spec.name, spec.namespace)
         if existing is not None:
             theirs = (existing["metadata"].get("annotations") or {}).get(SPEC_HASH)

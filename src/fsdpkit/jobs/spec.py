@@ -10,7 +10,6 @@ A bad value is rejected with the field's name before anything is rendered or sen
 from __future__ import annotations
 
 import logging
-import math
 import re
 import typing
 from collections.abc import Callable, Sequence
@@ -23,11 +22,9 @@ from pydantic import model_validator
 from fsdpkit import yamlfile
 from fsdpkit.errors import UserError
 from fsdpkit.hardware.instances import Instance, lookup
-from fsdpkit.image import pins
-from fsdpkit.image.dockerfile import HYPERPOD_AGENT
-from fsdpkit.plan.grace import MEMORY_MB_S_PER_NODE, cadence
+from fsdpkit.home import jobs_home
 from fsdpkit.settings import Bool, Int, NodeRange, Nodes, Settings, Str, aliases, fail, load, option
-from fsdpkit.train.config import SECTIONS, TrainConfig, build
+from fsdpkit.train.config import SECTIONS
 from fsdpkit.train.sections import CheckpointConfig
 from fsdpkit.yamlfile import describe_yaml_error, load_mapping
 
@@ -350,17 +347,12 @@ def parse_overrides(pairs: list[str]) -> list[tuple[str, Any]]:
     return out
 
 
-def load_spec(path: str | Path | None, overrides: Sequence[tuple[str, Any]] = (), pin_image: bool = False) -> JobSpec:
-    """Read a spec file (or start from the defaults), apply overrides, validate. With `pin_image`,
-    an image this machine pushed (`fsdpkit image push`) runs as the digest it was pushed as, unless
-    the image was given as an override."""
+def load_spec(path: str | Path | None, overrides: Sequence[tuple[str, Any]] = ()) -> JobSpec:
+    """Read a spec file (or start from the defaults), apply overrides, validate."""
     doc = load_mapping(path, "job spec", "fields (name, image, nodes, ...)") if path is not None else {}
     for key, value in overrides:
         _set_dotted(doc, key, value)
-    spec = load_spec_dict(doc)
-    if pin_image and not any(key == "image" for key, _ in overrides) and (digest := pins.pinned(spec.image)):
-        spec = spec.model_copy(update={"image": digest})
-    return spec
+    return load_spec_dict(doc)
 
 
 def load_spec_dict(doc: dict[str, Any]) -> JobSpec:
@@ -438,7 +430,7 @@ def _validate_nodes(spec: JobSpec) -> None:
     if spec.nodes.elastic and spec.backend == "hyperpod" and spec.hyperpod.operator == "hyperpod" and \
             spec.command is None:
         # hyperpodrun's run() asserts min_nodes == max_nodes ("Elastic cluster size is currently not supported").
-        raise UserError(f"nodes: {spec.nodes} is a range, and HyperPod's elastic agent ({HYPERPOD_AGENT}) starts a "
+        raise UserError(f"nodes: {spec.nodes} is a range, and HyperPod's elastic agent (hyperpodrun) starts a "
                         f"fixed number of nodes; give nodes: {spec.nodes.max}, or hyperpod.operator: kubeflow for an "
                         "elastic PyTorchJob")
     if spec.backend == "local" and spec.nodes.min != 1:
@@ -513,29 +505,17 @@ def _validate_environment(spec: JobSpec) -> None:
         raise UserError(f"ofi_nccl: {spec.ofi_nccl!r} is not an aws-ofi-nccl version (for example 1.14.0)")
 
 
-def train_config(spec: JobSpec) -> TrainConfig:
-    """The TrainConfig the job's nodes will run (output directories on the job's storage). A
-    cluster job's init_from_hf may name a directory on its storage: where it is not here, the
-    spec's preset gives the model's shape (for checks and the planner) until the nodes read it."""
-    return job_config(spec, train_options(spec, output_root(spec)))
-
-
-def job_config(spec: JobSpec, options: dict[str, Any]) -> TrainConfig:
-    """`options` (a job's trainer options) as the config its nodes build: a cluster job's paths are
-    the nodes', so an init_from_hf not found here is not read here (see train.config._shape)."""
-    return build([options], on_nodes=spec.backend != "local")
-
-
 def output_root(spec: JobSpec) -> str | None:
-    """Where the job's outputs go, as validation sees it: its storage, or for a local job without a
-    shared path its own directory (a stand-in path here: the local backend passes the real one);
-    None where nothing keeps them."""
-    return "/local-job-dir" if spec.backend == "local" and not spec.storage.shared_path else spec.storage.root
+    """Where the job's outputs go on its nodes: its storage, or for a local job without a shared
+    path FSDPKIT_HOME's jobs directory; None where nothing keeps them."""
+    if spec.backend == "local" and not spec.storage.shared_path:
+        return str(jobs_home())
+    return spec.storage.root
 
 
 def _validate_train(spec: JobSpec) -> None:
-    """The trainer's own rules, run here so a bad option fails before submission, not in a pod.
-    Checked on the options the job will really pass (output directories on the job's storage)."""
+    """The rules between the trainer's options and the job's other fields. The trainer's own rules
+    are checked when the job is resolved (fsdpkit.jobs.resolved), on the options it will pass."""
     root = output_root(spec)
     flat = flat_options(spec.train)
     for name, field in LAUNCHER_OPTIONS.items():
@@ -553,60 +533,21 @@ def _validate_train(spec: JobSpec) -> None:
         if root is None:
             raise UserError("storage: train.tiered keeps the last step and every durable_every-th checkpoint on "
                             "shared storage; give storage.claim or storage.size and storage.storage_class")
-    every = _named(flat, "checkpoint_every")
+    every = named(flat, CheckpointConfig, "checkpoint_every")
     if every is not None and str(flat[every]) != "0" and root is None:
         raise UserError("storage: train.checkpoint_every is set but the job has no storage, so checkpoints "
                         "would be written inside the container and lost; give storage.claim (an existing PVC "
                         "such as FSx for Lustre) or storage.size and storage.storage_class")
-    try:
-        train_config(spec)
-    except UserError as e:
-        raise UserError(f"train.{e}") from None
 
 
 # Trainer options a job spec owns as its own fields (what every node's launcher is given).
 LAUNCHER_OPTIONS = {"max_restarts": "max_restarts", "nproc": "procs_per_node"}
 
 
-def output_dirs(spec: JobSpec, root: str) -> dict[str, str]:
-    """Checkpoints and run outputs of this job under `root` (the mounted storage)."""
-    return {"checkpoint_dir": f"{root}/{spec.name}/checkpoints", "run_dir": f"{root}/{spec.name}/run",
-            "compile_cache_dir": f"{root}/{spec.name}/compile-cache"}
-
-
-def train_options(spec: JobSpec, root: str | None) -> dict[str, Any]:
-    """The trainer's options for this job. With storage, checkpoints and metrics go to the shared
-    volume and every start resumes from the newest checkpoint there: a restarted pod, a resubmitted
-    job and HyperPod's auto-resume all continue instead of starting over."""
-    opts = dict(spec.train)
-    if root is not None:
-        flat = flat_options(opts)
-        dirs = output_dirs(spec, root)
-        if "checkpoint_dir" not in flat:
-            opts["checkpoint_dir"] = dirs["checkpoint_dir"]
-        if "run_dir" not in flat:
-            opts["run_dir"] = dirs["run_dir"]
-        if "compile_cache_dir" not in flat:  # compile is on by default on GPUs: a restart starts warm
-            opts["compile_cache_dir"] = dirs["compile_cache_dir"]
-        if _named(flat, "resume_from_checkpoint") is None:
-            opts["resume_from_checkpoint"] = "auto"
-        if spec.storage.enabled and _named(flat, "checkpoint_every") is None:
-            # Checkpoints on by default where they survive the pod: as often as costs <= 5% of the run.
-            # Tiered, the periodic ones go to node memory, and shared storage's cadence becomes every
-            # durable_every-th of them.
-            cfg = job_config(spec, opts)
-            durable = cadence(cfg.shape, spec.storage.write_mb_per_s)
-            every = cadence(cfg.shape, MEMORY_MB_S_PER_NODE * spec.nodes.max) if cfg.checkpoint.tiered else durable
-            opts["checkpoint_every"] = every.every
-            if cfg.checkpoint.tiered and "durable_every" not in flat:
-                opts["durable_every"] = max(1, math.ceil(durable.seconds / every.seconds))
-    return opts
-
-
-def _named(flat: dict[str, Any], field: str) -> str | None:
-    """Under which name (the checkpoint option's own, or an alias) the spec's train options give
-    `field`; None when they do not."""
-    names = (field, *aliases(CheckpointConfig.model_fields[field]))
+def named(flat: dict[str, Any], owner: type[Settings], option: str) -> str | None:
+    """Under which name (the option's own, or an alias) flattened trainer options give `option`
+    of the section `owner`; None when they do not."""
+    names = (option, *aliases(owner.model_fields[option]))
     return next((n for n in names if n in flat), None)
 
 

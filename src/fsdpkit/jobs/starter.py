@@ -15,7 +15,8 @@ import yaml
 from pydantic import BaseModel
 
 from fsdpkit.errors import NotFound
-from fsdpkit.jobs.spec import CLUSTER_BACKENDS, JobSpec, load_spec_dict, train_config
+from fsdpkit.jobs.resolved import resolve
+from fsdpkit.jobs.spec import CLUSTER_BACKENDS, JobSpec, load_spec_dict
 from fsdpkit.settings import Settings, section_of
 from fsdpkit.train.config import TrainOptions
 
@@ -30,7 +31,8 @@ _SECTION_HELP = {"storage": "where checkpoints and run outputs live (on: checkpo
 _TRAIN_OPTIONS = (("preset", None), ("init_from_hf", "checkpoint"), ("dataset", "data"), ("data_format", "data"),
                   ("dataset_config_name", "data"), ("tokenizer", "data"), ("lora", "adapters"),
                   ("lora_rank", "adapters"),
-                  ("seq_len", "data"), ("train_batch_size", "data"), ("max_steps", "optim"), ("lr", "optim"),
+                  ("seq_len", "data"), ("train_batch_size", "data"), ("max_steps", "optim"), ("tokens", "optim"),
+                  ("lr", "optim"),
                   ("activation_checkpointing", "parallel"), ("checkpoint_every", "checkpoint"),
                   ("keep_last", "checkpoint"))
 
@@ -109,7 +111,9 @@ def starter(backend: str, name: str, instance_type: str | None = None, nodes: st
     spec = load_spec_dict({**doc, **({"image": "IMAGE"} if needs_image else {})})
     # What the job will really use where the spec says nothing: the preset's recipe, and checkpoint_every
     # from its storage.
-    cfg = train_config(spec)
+    trainer = resolve(spec).trainer
+    assert trainer is not None  # a starter spec runs fsdpkit's trainer
+    cfg = trainer.config
     derived = {name: getattr(getattr(cfg, group) if group else cfg, name) for name, group in _TRAIN_OPTIONS}
 
     lines = [f"# fsdpkit job spec ({backend}), written by `fsdpkit job init`. Every field is listed with what it",

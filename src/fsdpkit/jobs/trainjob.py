@@ -14,6 +14,7 @@ from fsdpkit.cluster import pod_rules
 from fsdpkit.cluster.trainer import API_VERSION, GROUP, NODE
 from fsdpkit.jobs import manifests as m
 from fsdpkit.jobs.command import node_command
+from fsdpkit.jobs.resolved import ResolvedJob
 from fsdpkit.jobs.spec import JobSpec
 
 PATCH_MANAGER = "fsdpkit.dev/job"  # who owns the runtime patch (the list is keyed by manager)
@@ -41,8 +42,9 @@ def trainjob_labels(spec: JobSpec) -> dict[str, str]:
     return out
 
 
-def trainjob_manifest(spec: JobSpec) -> dict[str, Any]:
-    pod = m.pod_template(spec, node_command(spec, rdzv_endpoint(spec), spec.name, spec.storage.root), container=NODE)
+def trainjob_manifest(job: ResolvedJob) -> dict[str, Any]:
+    spec = job.spec
+    pod = m.pod_template(job, node_command(job, rdzv_endpoint(spec), spec.name), container=NODE)
     container = pod["spec"]["containers"][0]
     trainer: dict[str, Any] = {"image": spec.image, "command": container["command"], "numNodes": spec.nodes.max,
                                "numProcPerNode": spec.procs, "env": container["env"]}
@@ -66,6 +68,6 @@ def trainjob_manifest(spec: JobSpec) -> dict[str, Any]:
     }
 
 
-def render(spec: JobSpec) -> list[dict[str, Any]]:
+def render(job: ResolvedJob) -> list[dict[str, Any]]:
     """Secret and PVC as for every Kubernetes job, then the TrainJob."""
-    return pod_rules.check_objects([*m.support_objects(spec), trainjob_manifest(spec)])
+    return pod_rules.check_objects([*m.support_objects(job.spec), trainjob_manifest(job)])

@@ -130,3 +130,26 @@ def startup(model: ModelConfig | None, read_mb_per_s: float = DEFAULT_WRITE_MB_S
     compile_s = COMPILE_S if compiles else 0.0
     total = PULL_S + WRITE_MARGIN * read_s + compile_s
     return StartUp(int(math.ceil(total / 60) * 60), read_s, compile_s)
+
+
+MIN_HANG_S = 600       # below this, a slow storage stall or a long validation reads as a hang
+DEFAULT_HANG_S = 1800  # without a step time to plan from (no NVIDIA instance type)
+HANG_WINDOWS = 5       # logging windows a hang must outlast
+
+
+def hang_seconds(step_s: float | None, logging_freq: int, write_s: float, planned: bool) -> int:
+    """Time between two step lines that means a hang: several logging windows at the planned step
+    time, plus a checkpoint's write (a synchronous save stops the loop) and a validation pass.
+    `planned`: the job's nodes are GPUs the planner models (else DEFAULT_HANG_S)."""
+    if not planned:
+        return DEFAULT_HANG_S
+    window_s = logging_freq * (step_s or 0.0)
+    return max(MIN_HANG_S, math.ceil((HANG_WINDOWS * window_s + WRITE_MARGIN * write_s + 60) / 60) * 60)
+
+
+def explain_hang(step_s: float | None, logging_freq: int, write_s: float, planned: bool) -> str:
+    if not planned:
+        return f"{DEFAULT_HANG_S} s: no step time to plan from (no NVIDIA instance type)"
+    raw = HANG_WINDOWS * logging_freq * (step_s or 0.0) + WRITE_MARGIN * write_s + 60
+    return (f"{HANG_WINDOWS} logging windows of {logging_freq} steps at {step_s or 0.0:.1f} s + {WRITE_MARGIN} x "
+            f"{write_s:.0f} s to write a checkpoint + 60 s = {raw:.0f} s, in whole minutes, at least {MIN_HANG_S} s")

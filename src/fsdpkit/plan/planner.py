@@ -65,7 +65,7 @@ class Plan:
             return None
         return max(self.compute_s, self.comm_s) + self.offload_s
 
-    def summary(self, tokens: float | None = None, price: float | None = None) -> dict[str, Any]:
+    def summary(self, price: float | None = None) -> dict[str, Any]:
         w = self.workload
         out: dict[str, Any] = {
             "change": self.change or None,
@@ -85,10 +85,6 @@ class Plan:
         }
         if price:
             out["cost_per_hour"] = round(self.nodes * price, 2)
-        if tokens and self.tokens_per_s:
-            hours = tokens / self.tokens_per_s / 3600
-            out["hours"] = round(hours, 2)
-            out["cost"] = round(hours * self.nodes * price, 2) if price else None
         return out
 
 

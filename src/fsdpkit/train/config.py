@@ -108,9 +108,9 @@ class TrainConfig(TrainOptions):
         c = self.adapters
         return LoraShape(c.lora_rank, c.lora_alpha, c.lora_dropout, c.targets) if c.lora else None
 
-    def validation_share(self) -> float:
-        """Validation's FLOPs as a share of training's."""
-        return _validation_share(self.optim.max_steps, self.log.validation_freq, self.log.validation_batches,
+    def validation_share(self, steps: int | None = None) -> float:
+        """Validation's FLOPs as a share of training's, over `steps` (default: max_steps)."""
+        return _validation_share(steps or self.optim.max_steps, self.log.validation_freq, self.log.validation_batches,
                                  self.data.val_batch_size, self.data.train_batch_size, self.data.grad_accum_steps)
 
     def record(self, run_dir: Path) -> dict[str, Any]:
@@ -249,7 +249,7 @@ def _nest(items: list[tuple[str, Any]], index: dict[str, tuple[str | None, str]]
     return doc
 
 
-def build(layers: list[dict[str, Any]], on_nodes: bool = False) -> TrainConfig:
+def build(layers: list[dict[str, Any]], on_nodes: bool = False, ranks: int | None = None) -> TrainConfig:
     """The one way a TrainConfig is made from settings. Layers (a YAML file, a job spec's `train:`,
     flags) apply in order over the preset's recipe, which lies over the field defaults. The preset is
     the one a layer names; with none, a reference-style `--model_type` plus dimensions names the
@@ -272,7 +272,7 @@ def build(layers: list[dict[str, Any]], on_nodes: bool = False) -> TrainConfig:
     recipe = list(_recipe_for(preset, first).items())
     resumed = _resumed_data(first, {index[k][1] for k, _ in items}, dict(recipe))
     cfg = load(TrainOptions, _nest([("preset", preset), *recipe, *resumed, *items], index), flat=True)
-    cfg = resolve(cfg, {name for _, name in (index[k] for k, _ in items)}, on_nodes)
+    cfg = resolve(cfg, {name for _, name in (index[k] for k, _ in items)}, on_nodes, ranks)
     validate(cfg)
     return cfg
 
@@ -337,25 +337,32 @@ def _resumed_data(first: TrainOptions, given: set[str], recipe: dict[str, Any]) 
     return taken
 
 
-def resolve(cfg: TrainOptions, given: Set[str] = frozenset(), on_nodes: bool = False) -> TrainConfig:
-    """The config with every derived value written into its field (sequence length, warm-up,
-    learning-rate floor, validation batch size and count, the model's shape), so it holds what the
-    run does. `given` names the fields a layer set: a recipe's warm-up, not given, is capped for a
-    short run."""
+def resolve(cfg: TrainOptions, given: Set[str] = frozenset(), on_nodes: bool = False,
+            ranks: int | None = None) -> TrainConfig:
+    """The config with every derived value written into its field (sequence length, the steps a
+    token budget means, warm-up, learning-rate floor, validation batch size and count, the model's
+    shape), so it holds what the run does. `given` names the fields a layer set: a recipe's warm-up,
+    not given, is capped for a short run. `ranks`: the data-parallel ranks a token budget is
+    shared over (default: the ranks torchrun started, else --nproc)."""
     o, d, lg, shape = cfg.optim, cfg.data, cfg.log, _shape(cfg, on_nodes)
-    warmup_steps = o.warmup_steps
-    if "warmup_steps" not in given and warmup_steps is not None:   # the recipe's
-        # The user's fraction wins over the recipe's steps; else the recipe's, capped.
-        warmup_steps = None if "warmup" in given else min(warmup_steps, round(RECIPE_WARMUP_SHARE * o.max_steps))
-    if warmup_steps is None:
-        warmup_steps = round(o.warmup * o.max_steps)
-    min_lr = o.min_lr if o.min_lr is not None else float(f"{o.lr * o.min_lr_ratio:.12g}")  # 3e-5, not 2.99..e-05
     data = ResolvedData(**{**d.model_dump(), "seq_len": d.seq_len or min(shape.max_seq_len, 2048),
                            "val_batch_size": d.val_batch_size or d.train_batch_size,
                            "tokenizer": _tokenizer(cfg, given, on_nodes)})
+    steps = o.max_steps
+    if o.tokens is not None:
+        if "max_steps" in given:
+            raise UserError(f"tokens: give a token budget or max_steps ({o.max_steps}), not both")
+        steps = budget_steps(o.tokens, data, ranks or int(os.environ.get("WORLD_SIZE") or cfg.parallel.nproc))
+    warmup_steps = o.warmup_steps
+    if "warmup_steps" not in given and warmup_steps is not None:   # the recipe's
+        # The user's fraction wins over the recipe's steps; else the recipe's, capped.
+        warmup_steps = None if "warmup" in given else min(warmup_steps, round(RECIPE_WARMUP_SHARE * steps))
+    if warmup_steps is None:
+        warmup_steps = round(o.warmup * steps)
+    min_lr = o.min_lr if o.min_lr is not None else float(f"{o.lr * o.min_lr_ratio:.12g}")  # 3e-5, not 2.99..e-05
     batches = lg.validation_batches
     if batches is None:
-        per_batch = _validation_share(o.max_steps, lg.validation_freq, 1, data.val_batch_size, data.train_batch_size,
+        per_batch = _validation_share(steps, lg.validation_freq, 1, data.val_batch_size, data.train_batch_size,
                                       data.grad_accum_steps)
         batches = max(1, min(8, math.floor(VALIDATION_SHARE / per_batch + 1e-9)))
     out = TrainConfig(
@@ -363,7 +370,7 @@ def resolve(cfg: TrainOptions, given: Set[str] = frozenset(), on_nodes: bool = F
         model=ResolvedModel(**{k: getattr(shape, k) for k in ModelOverrides.model_fields}
                             | {"sliding_window": shape.sliding_window or 0}),
         data=data,
-        optim=ResolvedOptim(**{**o.model_dump(), "warmup_steps": warmup_steps, "min_lr": min_lr}),
+        optim=ResolvedOptim(**{**o.model_dump(), "max_steps": steps, "warmup_steps": warmup_steps, "min_lr": min_lr}),
         parallel=cfg.parallel,
         log=ResolvedLog(**{**lg.model_dump(), "validation_batches": batches}),
         checkpoint=cfg.checkpoint,
@@ -372,6 +379,16 @@ def resolve(cfg: TrainOptions, given: Set[str] = frozenset(), on_nodes: bool = F
     out._shape = shape
     out._given = frozenset(given)
     return out
+
+
+def step_tokens(data: ResolvedData, ranks: int) -> int:
+    """Tokens one optimizer step trains on: every rank's micro-batches of full sequences."""
+    return data.seq_len * data.train_batch_size * data.grad_accum_steps * ranks
+
+
+def budget_steps(tokens: int, data: ResolvedData, ranks: int) -> int:
+    """The optimizer steps a token budget means: enough to train on all of it."""
+    return math.ceil(tokens / step_tokens(data, ranks))
 
 
 def _recipe_for(preset: str, cfg: TrainOptions) -> dict[str, Any]:

@@ -90,6 +90,9 @@ class DataConfig(Settings):
 
 class OptimConfig(Settings):
     max_steps: Int = option(300, "optimizer steps to train (exact)", ge=1, aliases=("max_training_steps",))
+    tokens: Int | None = option(
+        None, "a token budget instead of max_steps: max_steps becomes tokens / (seq_len x train_batch_size x "
+        "grad_accum_steps x ranks), rounded up", ge=1)
     lr: Float = option(3e-3, "peak learning rate", ge=0)
     min_lr: Float | None = option(
         None, "learning-rate floor the schedule decays to (default: lr x min_lr_ratio)", ge=0)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from fsdpkit.jobs import trainjob
-from fsdpkit.jobs.spec import load_spec
+from fsdpkit.jobs.resolved import load_job
 from fsdpkit.train.observe.trainjob_status import MIN_INTERVAL_S, TrainJobStatusSink
 
 from conftest import FAST, read_metrics, run_cli
@@ -52,7 +52,7 @@ def _certificate(tmp: Path) -> tuple[Path, Path]:
 
 def trainjob_with(status: dict) -> dict:
     """A rendered TrainJob carrying `status`, as the API server would store it."""
-    spec = load_spec(None, [("name", "llama-tiny"), ("backend", "trainjob"), ("image", IMAGE),
+    spec = load_job(None, [("name", "llama-tiny"), ("backend", "trainjob"), ("image", IMAGE),
                             ("train", {"preset": "tiny"})])
     return {**trainjob.trainjob_manifest(spec), "status": status}
 

@@ -11,7 +11,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from fsdpkit import yamlfile
 from fsdpkit.errors import UserError
-from fsdpkit.jobs.spec import JobSpec
+from fsdpkit.jobs.resolved import ResolvedJob
 from fsdpkit.jobs.status import JobStatus
 from fsdpkit.polling import poll_until
 
@@ -69,9 +69,9 @@ class Backend(Protocol):
     name: str
     target: Target
 
-    def render(self, spec: JobSpec) -> Rendered: ...
+    def render(self, job: ResolvedJob) -> Rendered: ...
 
-    def submit(self, spec: JobSpec, replace: bool = False, dry_run: str | None = None) -> dict[str, Any]:
+    def submit(self, job: ResolvedJob, replace: bool = False, dry_run: str | None = None) -> dict[str, Any]:
         """`dry_run`: None submits; "client" renders and says what would happen; "server" also has a
         Kubernetes API server check every object (no other backend has one to ask)."""
         ...

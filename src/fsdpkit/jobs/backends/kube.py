@@ -11,7 +11,7 @@ from fsdpkit.jobs.backends.kube_api import log
 from fsdpkit.jobs.backends.kube_observe import KubeObserver
 from fsdpkit.jobs.backends.kube_submit import KubeSubmitter
 from fsdpkit.jobs.manifests import MAX_RESUBMITS
-from fsdpkit.jobs.spec import JobSpec
+from fsdpkit.jobs.resolved import ResolvedJob
 
 
 class KubeBackend(KubeSubmitter, KubeObserver):
@@ -35,12 +35,12 @@ class KubeBackend(KubeSubmitter, KubeObserver):
 class HyperPodBackend(KubeBackend):
     name = "hyperpod"
 
-    def render(self, spec: JobSpec) -> Rendered:
-        return Rendered(manifests=hyperpod.render(spec), pod_security=spec.security)
+    def render(self, job: ResolvedJob) -> Rendered:
+        return Rendered(manifests=hyperpod.render(job), pod_security=job.spec.security)
 
 
 class TrainJobBackend(KubeBackend):
     name = "trainjob"
 
-    def render(self, spec: JobSpec) -> Rendered:
-        return Rendered(manifests=trainjob.render(spec), pod_security=spec.security, needs=trainer.NEEDS)
+    def render(self, job: ResolvedJob) -> Rendered:
+        return Rendered(manifests=trainjob.render(job), pod_security=job.spec.security, needs=trainer.NEEDS)

@@ -27,6 +27,7 @@ from fsdpkit.jobs import manifests
 from fsdpkit.jobs.backends.base import Rendered
 from fsdpkit.jobs.backends.kube_api import KINDS, KubeAPI, log
 from fsdpkit.jobs.manifests import ATTEMPT, JOB_LABEL
+from fsdpkit.jobs.resolved import ResolvedJob
 from fsdpkit.jobs.spec import JobSpec
 from fsdpkit.polling import wait_saying
 
@@ -36,14 +37,14 @@ KUEUE_VERSIONS = ("v1beta2", "v1beta1")
 
 
 class KubeSubmitter(KubeAPI):
-    def render(self, spec: JobSpec) -> Rendered:
-        return Rendered(manifests=manifests.render(spec), pod_security=spec.security)
+    def render(self, job: ResolvedJob) -> Rendered:
+        return Rendered(manifests=manifests.render(job), pod_security=job.spec.security)
 
-    def submit(self, spec: JobSpec, replace: bool = False, dry_run: str | None = None) -> dict[str, Any]:
+    def submit(self, job: ResolvedJob, replace: bool = False, dry_run: str | None = None) -> dict[str, Any]:
         """Create the job's objects. `dry_run` "client": only render and say what would be made;
         "server": the API server validates each create (schemas, strict fields, admission) and
         persists nothing."""
-        objs = self.render(spec).objects()
+        spec, objs = job.spec, self.render(job).objects()
         token = os.environ.get(spec.hf_token_env) if spec.hf_token_env else None
         missing = (f"hf_token_env: ${spec.hf_token_env} is not set in this shell; export it, or drop hf_token_env "
                    "for public models") if spec.hf_token_env and not token else None

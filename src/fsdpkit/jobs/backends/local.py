@@ -19,21 +19,16 @@ from pathlib import Path
 from typing import Any
 
 from fsdpkit.errors import Conflict, NotFound, UserError
-from fsdpkit.home import home as fsdpkit_home
-from fsdpkit.home import make_dir
+from fsdpkit.home import jobs_home, make_dir
 from fsdpkit.jobs.backends.base import Listing, Rendered, Target, no_server
 from fsdpkit.jobs.backends.files import NETWORK_LINES, read_lines
-from fsdpkit.jobs.command import trainer_flags
 from fsdpkit.jobs.health import network_verdict
+from fsdpkit.jobs.resolved import ResolvedJob
 from fsdpkit.jobs.spec import JobSpec, load_spec_dict
 from fsdpkit.jobs.status import JobStatus
 from fsdpkit.polling import poll_until
 
 log = logging.getLogger(__name__)
-
-
-def home() -> Path:
-    return fsdpkit_home() / "jobs"
 
 
 class LocalBackend:
@@ -43,24 +38,26 @@ class LocalBackend:
         self.target = target or Target()   # jobs are named in FSDPKIT_HOME: no context or namespace
 
     def _dir(self, name: str) -> Path:
-        return home() / name
+        return jobs_home() / name
 
-    def command(self, spec: JobSpec, job_dir: Path) -> list[str]:
+    @staticmethod
+    def command(job: ResolvedJob) -> list[str]:
+        """Outputs in the job's own directory (FSDPKIT_HOME/jobs/NAME), or under a shared path if
+        given (the job's resolved root)."""
+        spec = job.spec
         if spec.command is not None:
             return list(spec.command)
-        # Outputs in the job's own directory (FSDPKIT_HOME/jobs/NAME), or under a shared path if given.
-        root = spec.storage.shared_path or str(job_dir.parent)
         return [sys.executable, "-m", "fsdpkit", "train", "--nproc", str(spec.procs),
-                "--max-restarts", str(spec.max_restarts), *trainer_flags(spec, root)]
+                "--max-restarts", str(spec.max_restarts), *job.flags()]
 
-    def render(self, spec: JobSpec) -> Rendered:
-        cmd = self.command(spec, self._dir(spec.name))
-        env = "".join(f"{k}={shlex.quote(v)} " for k, v in spec.env.items())
-        return Rendered(command=f"{env}{shlex.join(cmd)}\n")
+    def render(self, job: ResolvedJob) -> Rendered:
+        env = "".join(f"{k}={shlex.quote(v)} " for k, v in job.spec.env.items())
+        return Rendered(command=f"{env}{shlex.join(self.command(job))}\n")
 
-    def submit(self, spec: JobSpec, replace: bool = False, dry_run: str | None = None) -> dict[str, Any]:
+    def submit(self, job: ResolvedJob, replace: bool = False, dry_run: str | None = None) -> dict[str, Any]:
+        spec = job.spec
         job_dir = self._dir(spec.name)
-        cmd = self.command(spec, job_dir)
+        cmd = self.command(job)
         if dry_run:
             no_server(self.name, dry_run)
             return {"name": spec.name, "dry_run": dry_run, "command": cmd, "dir": str(job_dir)}
@@ -130,7 +127,7 @@ class LocalBackend:
     def status(self, name: str) -> JobStatus:
         job_dir = self._dir(name)
         if not job_dir.is_dir():
-            raise NotFound(f"job {name!r} not found in {home()} (see `fsdpkit job list --backend local`)")
+            raise NotFound(f"job {name!r} not found in {jobs_home()} (see `fsdpkit job list --backend local`)")
         rc_file = job_dir / "rc"
         details: dict[str, Any] = {"dir": str(job_dir), "log": str(job_dir / "log")}
         if rc_file.exists() and rc_file.read_text().strip():
@@ -148,7 +145,7 @@ class LocalBackend:
                          details=details)
 
     def jobs(self) -> Listing:
-        root = home()
+        root = jobs_home()
         return Listing([self.status(d.name) for d in sorted(root.iterdir()) if (d / "spec.json").exists()]
                        if root.is_dir() else [], {})
 

@@ -19,8 +19,9 @@ from typing import Any
 from fsdpkit.errors import Conflict, UserError
 from fsdpkit.jobs.backends.base import Listing, Rendered, Target, no_server
 from fsdpkit.jobs.backends.files import NETWORK_LINES, read_lines
-from fsdpkit.jobs.command import grace_seconds, node_command, node_env
+from fsdpkit.jobs.command import node_command, node_env
 from fsdpkit.jobs.health import network_verdict
+from fsdpkit.jobs.resolved import ResolvedJob
 from fsdpkit.jobs.spec import JobSpec
 from fsdpkit.jobs.status import JobStatus
 
@@ -54,7 +55,8 @@ def _shell_word(arg: str) -> str:
     return shlex.quote(arg)
 
 
-def script(spec: JobSpec) -> str:
+def script(job: ResolvedJob) -> str:
+    spec = job.spec
     lo, _ = spec.nodes
     s = spec.slurm
     lines = ["#!/bin/bash", f"#SBATCH --job-name={spec.name}", f"#SBATCH --nodes={lo}",
@@ -64,7 +66,7 @@ def script(spec: JobSpec) -> str:
     for flag, value in (("partition", s.partition), ("account", s.account), ("time", s.time)):
         if value:
             lines.append(f"#SBATCH --{flag}={value}")
-    if s.time and (grace := grace_seconds(spec)):
+    if s.time and (grace := job.grace_seconds):
         # SIGTERM this long before the time limit: the run checkpoints and exits 143 instead of
         # being killed at the limit with its work since the last checkpoint lost.
         lines.append(f"#SBATCH --signal=TERM@{grace}")
@@ -85,8 +87,7 @@ def script(spec: JobSpec) -> str:
         f'rdzv_endpoint="${{head_addr:-$head_node}}:{spec.rdzv_port}"',
         "",
     ]
-    root = spec.storage.root
-    cmd = node_command(spec, "${rdzv_endpoint}", "${SLURM_JOB_ID}", root, nnodes="${SLURM_JOB_NUM_NODES}")
+    cmd = node_command(job, "${rdzv_endpoint}", "${SLURM_JOB_ID}", nnodes="${SLURM_JOB_NUM_NODES}")
     quoted = " ".join(_shell_word(a) for a in cmd)
     srun = ["srun", "--kill-on-bad-exit=1", *(["--auto-resume=1"] if s.hyperpod else [])]
     if image := s.image(spec.image):
@@ -106,14 +107,14 @@ class SlurmBackend:
     def __init__(self, target: Target | None = None):
         self.target = target or Target()   # the cluster is the one sbatch and squeue reach
 
-    def render(self, spec: JobSpec) -> Rendered:
-        return Rendered(script=script(spec))
+    def render(self, job: ResolvedJob) -> Rendered:
+        return Rendered(script=script(job))
 
     def _path(self, spec: JobSpec) -> Path:
         return Path(spec.slurm.script_dir) / f"{spec.name}.sbatch"
 
-    def submit(self, spec: JobSpec, replace: bool = False, dry_run: str | None = None) -> dict[str, Any]:
-        text = script(spec)
+    def submit(self, job: ResolvedJob, replace: bool = False, dry_run: str | None = None) -> dict[str, Any]:
+        spec, text = job.spec, script(job)
         path = self._path(spec)
         if dry_run:
             no_server(self.name, dry_run)

@@ -1,0 +1,161 @@
+"""ResolvedJob: a job's derived values worked out once (one build of the trainer's config per
+render), shown with their sources by `job render --explain` and held there to what the manifest
+carries; a token budget that `plan` and the rendered job agree on; the warning for a cluster job
+on the trainer's default steps; and the plan's time with its checkpoint saves and validation."""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+from pathlib import Path
+from unittest import mock
+
+import pytest
+import yaml
+
+from fsdpkit.cli import job as job_cli
+from fsdpkit.jobs import resolved
+from fsdpkit.plan.grace import checkpoint_bytes
+from fsdpkit.train.config import build
+from fsdpkit.train.model.presets import PRESETS
+
+from conftest import ROOT, run_cli
+
+EXAMPLES = sorted((ROOT / "examples" / "jobs").glob("*.yaml"))
+HYPERPOD = ROOT / "examples" / "jobs" / "hyperpod-p5.yaml"
+CKPT_8B = checkpoint_bytes(PRESETS["llama3_1_8b"])
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
+def test_one_render_builds_the_trainer_config_once(example, monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("FSDPKIT_HOME", str(tmp_path))
+    with mock.patch.object(resolved, "build", wraps=build) as built:
+        assert job_cli.main(["render", str(example)]) == 0
+    assert built.call_count == 1
+    assert capsys.readouterr().out   # the render itself
+
+
+def test_the_spec_module_is_schema_and_checks_alone():
+    """No planner, image or manifest code in jobs/spec.py: what a job derives lives in jobs/resolved."""
+    tree = ast.parse((ROOT / "src" / "fsdpkit" / "jobs" / "spec.py").read_text())
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert not {m for m in imported if m.startswith(("fsdpkit.plan", "fsdpkit.image", "fsdpkit.cluster"))
+                or m in ("fsdpkit.jobs.manifests", "fsdpkit.jobs.command", "fsdpkit.jobs.hyperpod")}
+
+
+def _render(*args: str) -> dict:
+    r = run_cli("job", "render", *args, "--json")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)["data"]
+
+
+def _flag(command: list[str], name: str) -> str:
+    return command[command.index(name) + 1]
+
+
+def test_explain_of_the_hyperpod_example_holds_each_value_to_what_the_manifest_carries():
+    explained = {s["name"]: s for s in _render(str(HYPERPOD), "--explain")["explain"]}
+    job = _render(str(HYPERPOD))["manifests"][-1]
+    pod = job["spec"]["replicaSpecs"][0]["template"]["spec"]
+    policy, command = job["spec"]["runPolicy"], pod["containers"][0]["command"]
+    rules = {r["name"]: r for r in policy["logMonitoringConfiguration"]}
+    carried = {"grace_seconds": pod["terminationGracePeriodSeconds"],
+               "startup_deadline": policy["startupDeadlineSeconds"], "fault_deadline": policy["faultDeadlineSeconds"],
+               "hang_seconds": rules["fsdpkit-progress"]["expectedRecurringFrequencyInSeconds"],
+               "loss_threshold": rules["fsdpkit-loss"]["metricThreshold"],
+               "checkpoint_every": _flag(command, "--checkpoint-every"), "steps": int(_flag(command, "--max-steps"))}
+    assert {k: explained[k]["value"] for k in carried} == carried
+    # The values themselves, and where each came from. An 8B checkpoint is 96.4 GB: 192.7 s at the
+    # example's 500 MB/s; 4 p5 nodes of 8 GPUs at 8192 tokens a sequence.
+    assert {k: (v["value"], v["source"]) for k, v in explained.items()} == {
+        "grace_seconds": (360, "plan"),        # 60 + 2 x 1.4 + 1.5 x 192.7 = 351.9, in tens
+        "startup_deadline": (1200, "plan"),    # 600 + 1.5 x 192.7 + 300 = 1189.1, in minutes
+        "fault_deadline": (1560, "plan"),      # the grace and a start-up
+        "hang_seconds": (600, "plan"),         # 5 x 10 x 1.4 + 1.5 x 192.7 + 60 = 419, at least 600
+        "loss_threshold": (24, "default"),     # 2 ln(128,256) = 23.5, up
+        "checkpoint_every": ("65m", "plan"),   # 192.7 s / 5%, in minutes
+        "steps": (10_000, "given"), "tokens": (10_000 * 8192 * 32, "given")}
+    assert explained["hang_seconds"]["why"] == ("5 logging windows of 10 steps at 1.4 s + 1.5 x 193 s to write a "
+                                                "checkpoint + 60 s = 419 s, in whole minutes, at least 600 s")
+    r = run_cli("job", "render", str(HYPERPOD), "--explain")
+    assert r.returncode == 0 and r.stdout.splitlines()[0] == "llama3-8b-hp (hyperpod) runs with:"
+    assert "  grace_seconds                360  plan: 360 s = 60 s + 2 x 1.4 s to finish the step" in r.stdout
+
+
+def _without_steps(tmp_path: Path) -> Path:
+    doc = yaml.safe_load(HYPERPOD.read_text())
+    del doc["train"]["max_steps"]
+    path = tmp_path / "budget.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def test_plan_tokens_and_the_rendered_job_train_the_same_tokens(tmp_path):
+    spec = _without_steps(tmp_path)
+    r = run_cli("plan", str(spec), "--tokens", "1e10", "--json")
+    assert r.returncode == 0, r.stderr
+    run = json.loads(r.stdout)["data"]["run"]
+    # 1e10 tokens in steps of 8192 x 1 x 32 = 262,144 tokens: 38,147 steps, the last one partly over.
+    assert (run["steps"], run["tokens"]) == (38_147, 38_147 * 262_144)
+    rendered = _render(str(spec), "--set", "train.tokens=10000000000", "--explain")
+    command = rendered["manifests"][-1]["spec"]["replicaSpecs"][0]["template"]["spec"]["containers"][0]["command"]
+    assert int(_flag(command, "--max-steps")) == run["steps"] and "--tokens" not in command
+    explained = {s["name"]: s for s in rendered["explain"]}
+    assert explained["tokens"]["value"] == run["tokens"] and explained["steps"]["source"] == "given"
+    # A spec with its own step count: --tokens plans the budget in its place, and says how to run it.
+    r = run_cli("plan", str(HYPERPOD), "--tokens", "1e10", "--json")
+    assert json.loads(r.stdout)["data"]["run"]["steps"] == 38_147
+    assert r.stderr.splitlines() == ["note: --tokens 10,000,000,000 replaces the spec's train.max_steps 10000; to run "
+                                     "this plan, set train.tokens: 10000000000 in the spec and drop train.max_steps"]
+    r = run_cli("job", "render", str(HYPERPOD), "--set", "train.tokens=10000000000")
+    assert (r.returncode, r.stderr) == (2, "error: train.tokens: give a token budget or max_steps (10000), not "
+                                           "both\n")
+
+
+DEFAULT_STEPS = ("warning: train.max_steps: this job trains the default 300 steps (78,643,200 tokens); set "
+                 "train.tokens (a token budget) or train.max_steps")
+
+
+def test_a_cluster_job_on_the_default_steps_warns_at_render_and_submit(tmp_path):
+    spec = _without_steps(tmp_path)
+    render = run_cli("job", "render", str(spec))
+    submit = run_cli("job", "submit", str(spec), "--dry-run")
+    assert render.returncode == submit.returncode == 0, submit.stderr
+    for r in (render, submit):
+        assert DEFAULT_STEPS in r.stderr.splitlines()
+    assert "default 300 steps" not in run_cli("job", "render", str(HYPERPOD)).stderr
+    # A local job is the user's own machine at work: nothing to warn about.
+    local = run_cli("job", "render", "--backend", "local", "--name", "l", "--set", "storage={}", "--set",
+                    "instance_type=null", "--set", "nodes=1", "--set", "hyperpod={}", str(spec))
+    assert local.returncode == 0 and "default 300 steps" not in local.stderr, local.stderr
+
+
+def _plan(tmp_path: Path, **train) -> dict:
+    doc = {"name": "budget", "backend": "pytorchjob", "image": "x:1", "instance_type": "p5.48xlarge", "nodes": 1,
+           "storage": {"claim": "fsx", "write_mb_per_s": 1000},
+           "train": {"preset": "llama3_1_8b", "max_steps": 1000, "validation_freq": 250, **train}}
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    r = run_cli("plan", str(path), "--json")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)["data"]
+
+
+def test_plan_time_includes_checkpoint_saves_and_validation_at_the_job_s_intervals(tmp_path):
+    write_s = CKPT_8B / 1000e6   # 96.4 s at 1,000 MB/s
+    every_100 = _plan(tmp_path, checkpoint_every=100)
+    run = every_100["run"]
+    # Steps 100, 200, ..., 900 and the last (1000, saved once): 10 saves, each stopping the loop.
+    assert (run["steps"], run["saves"]) == (1000, 10)
+    assert run["checkpoint_s"] == pytest.approx(10 * write_s, rel=1e-12)
+    assert run["train_s"] == pytest.approx(1000 * every_100["step_s"], rel=1e-4)
+    assert run["validation_s"] > 0 and run["total_s"] == pytest.approx(
+        run["train_s"] + run["validation_s"] + run["checkpoint_s"], rel=1e-12)
+    assert every_100["hours"] == round(run["total_s"] / 3600, 2)
+    # By wall time: a save every full 10 minutes of training and validation, then the last.
+    timed = _plan(tmp_path, checkpoint_every="10m")["run"]
+    assert timed["saves"] == math.floor((timed["train_s"] + timed["validation_s"]) / 600) + 1
+    assert timed["checkpoint_s"] == pytest.approx(timed["saves"] * write_s, rel=1e-12)
+    # Only the last step's save, at 0.
+    assert _plan(tmp_path, checkpoint_every=0)["run"]["saves"] == 1
