@@ -57,9 +57,16 @@ def trainjob_with(status: dict) -> dict:
     return {**trainjob.trainjob_manifest(spec), "status": status}
 
 
-def check_trainer_status(status: dict) -> None:
+def trainjob_schema():
+    """The TrainJob CRD's schema, read in the test's own thread: where ../shared is absent the test
+    is skipped there, before any server starts (a skip raised in the server's thread would only drop
+    the client's connection)."""
+    return crd_validator("trainer.kubeflow.org_trainjobs.yaml")
+
+
+def check_trainer_status(status: dict, schema=None) -> None:
     """What the API server would accept: the CRD's schema (strict), its CEL rule and RFC 3339 time."""
-    crd_validator("trainer.kubeflow.org_trainjobs.yaml").validate(trainjob_with({"trainerStatus": status}))
+    (schema or trainjob_schema()).validate(trainjob_with({"trainerStatus": status}))
     assert "lastUpdatedTime" in status  # x-kubernetes-validations: lastUpdatedTime is required
     datetime.datetime.strptime(status["lastUpdatedTime"], "%Y-%m-%dT%H:%M:%SZ")
 
@@ -70,6 +77,7 @@ def controller(tmp_path):
     controller does (404, 403)."""
     import ssl
 
+    schema = trainjob_schema()
     cert, key = _certificate(tmp_path)
     posts: list[dict] = []
     refused: list[int] = []
@@ -83,8 +91,11 @@ def controller(tmp_path):
             elif self.headers.get("Authorization") != f"Bearer {TOKEN}":
                 code = 403
             else:
-                check_trainer_status(body["trainerStatus"])
-                posts.append(body["trainerStatus"])
+                try:
+                    check_trainer_status(body["trainerStatus"], schema)
+                    posts.append(body["trainerStatus"])
+                except Exception:   # what the API server refuses: 422, seen by the test as a refusal
+                    code = 422
             if code != 200:
                 refused.append(code)
             self.send_response(code)
