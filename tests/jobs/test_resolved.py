@@ -98,10 +98,10 @@ def test_plan_tokens_and_the_rendered_job_train_the_same_tokens(tmp_path):
     run = json.loads(r.stdout)["data"]["run"]
     # 1e10 tokens in steps of 8192 x 1 x 32 = 262,144 tokens: 38,147 steps, the last one partly over.
     assert (run["steps"], run["tokens"]) == (38_147, 38_147 * 262_144)
-    rendered = _render(str(spec), "--set", "train.tokens=10000000000", "--explain")
+    rendered = _render(str(spec), "--set", "train.tokens=10000000000")
     command = rendered["manifests"][-1]["spec"]["replicaSpecs"][0]["template"]["spec"]["containers"][0]["command"]
     assert int(_flag(command, "--max-steps")) == run["steps"] and "--tokens" not in command
-    explained = {s["name"]: s for s in rendered["explain"]}
+    explained = {s["name"]: s for s in _render(str(spec), "--set", "train.tokens=10000000000", "--explain")["explain"]}
     assert explained["tokens"]["value"] == run["tokens"] and explained["steps"]["source"] == "given"
     # A spec with its own step count: --tokens plans the budget in its place, and says how to run it.
     r = run_cli("plan", str(HYPERPOD), "--tokens", "1e10", "--json")
@@ -159,3 +159,20 @@ def test_plan_time_includes_checkpoint_saves_and_validation_at_the_job_s_interva
     assert timed["checkpoint_s"] == pytest.approx(timed["saves"] * write_s, rel=1e-12)
     # Only the last step's save, at 0.
     assert _plan(tmp_path, checkpoint_every=0)["run"]["saves"] == 1
+
+
+def test_a_spec_without_its_image_yet_is_planned_and_explained_but_not_rendered(tmp_path):
+    """`job init` writes a cluster spec before any image is pushed: `plan` and `--explain` read it
+    (the image is a concern of the pods), and the render says what is missing, in one line."""
+    spec = tmp_path / "job.yaml"
+    r = run_cli("job", "init", "--backend", "pytorchjob", "--instance-type", "p5.48xlarge", "--nodes", "2",
+                "--preset", "llama3_1_8b", "--storage-claim", "fsx", "--out", str(spec))
+    assert r.returncode == 0, r.stderr
+    assert "\nimage:" not in spec.read_text()
+    plan = run_cli("plan", str(spec), "--json")
+    assert plan.returncode == 0 and json.loads(plan.stdout)["data"]["model"] == "llama3_1_8b", plan.stderr
+    assert [s["name"] for s in _render(str(spec), "--explain")["explain"]][-2:] == ["steps", "tokens"]
+    render = run_cli("job", "render", str(spec))
+    assert (render.returncode, render.stderr) == (2, "error: image: the pytorchjob backend runs a container image; "
+                                                     "give image: (for example ACCOUNT.dkr.ecr.REGION.amazonaws.com/"
+                                                     "fsdpkit:TAG; `fsdpkit image push` prints it)\n")

@@ -15,6 +15,7 @@ from raise_sites import raise_sites, unreached
 
 from fsdpkit.errors import UserError
 from fsdpkit.jobs import resolved, spec
+from fsdpkit.jobs.backends import get_backend
 from fsdpkit.jobs.resolved import resolve
 from fsdpkit.jobs.spec import load_spec, load_spec_dict, parse_overrides
 
@@ -139,9 +140,11 @@ EDGES = {
 
 
 def refusal(changes: dict) -> str:
-    """The spec's own rules, then the trainer's (checked when the job is resolved)."""
+    """The spec's own rules, then the trainer's (checked when the job is resolved), then what a
+    render needs (an image for a pod)."""
     with pytest.raises(UserError) as e:
-        resolve(load_spec_dict(spec_of(changes)))
+        job = resolve(load_spec_dict(spec_of(changes)))
+        get_backend(job.spec.backend).render(job)
     return str(e.value)
 
 
@@ -154,7 +157,8 @@ def test_each_rule_refuses_in_one_line_naming_the_field(case):
 
 @pytest.mark.parametrize("case", sorted(EDGES))
 def test_each_rule_allows_its_edge(case):
-    resolve(load_spec_dict(spec_of(EDGES[case])))
+    job = resolve(load_spec_dict(spec_of(EDGES[case])))
+    get_backend(job.spec.backend).render(job)
 
 
 SET_RULES = {
@@ -192,7 +196,7 @@ def test_every_refusal_of_the_spec_has_a_row(tmp_path):
     sites = raise_sites(spec.check_variable_name, spec._check_quantity, spec._validate_identity,
                         spec._validate_nodes, spec._validate_placement, spec._validate_storage,
                         spec._validate_environment, spec._validate_train, spec._set_dotted, spec.parse_overrides,
-                        resolved._trainer)
+                        resolved._trainer, spec.require_image)
     assert not unreached(sites, messages)
 
 

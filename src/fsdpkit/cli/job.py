@@ -99,15 +99,17 @@ def _print_sources(job: ResolvedJob) -> None:
 def cmd_render(args: argparse.Namespace) -> int:
     job = _job(args)
     spec = job.spec
+    if args.explain:   # what the job derives, which needs no image yet
+        if args.json:
+            return emit_json({"name": spec.name, "backend": spec.backend,
+                              "explain": [s.to_dict() for s in job.sources]})
+        _print_sources(job)
+        return 0
     rendered = get_backend(spec.backend).render(job)
     if why := job.default_steps():
         log.warning(why)
     if args.json:
-        explained = {"explain": [s.to_dict() for s in job.sources]} if args.explain else {}
-        return emit_json({"name": spec.name, "backend": spec.backend, **rendered.as_json(), **explained})
-    if args.explain:
-        _print_sources(job)
-        return 0
+        return emit_json({"name": spec.name, "backend": spec.backend, **rendered.as_json()})
     print(rendered.text(), end="")
     if rendered.needs:
         log.info(f"note: these manifests need {rendered.needs}")

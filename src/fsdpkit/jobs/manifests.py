@@ -11,7 +11,7 @@ from typing import Any
 from fsdpkit.cluster import pod_rules
 from fsdpkit.jobs.command import node_command, node_env
 from fsdpkit.jobs.resolved import ResolvedJob
-from fsdpkit.jobs.spec import JobSpec
+from fsdpkit.jobs.spec import JobSpec, require_image
 
 MANAGED_BY = {"app.kubernetes.io/managed-by": "fsdpkit"}
 JOB_LABEL = "fsdpkit.dev/job"
@@ -124,8 +124,9 @@ def pod_template(job: ResolvedJob, command: list[str] | None, container: str = C
     if spec.claim_name:
         mounts.append({"name": "checkpoints", "mountPath": spec.storage.mount_path})
         volumes.append({"name": "checkpoints", "persistentVolumeClaim": {"claimName": spec.claim_name}})
+    image = require_image(spec)
     container_spec: dict[str, Any] = {
-        "name": container, "image": spec.image, "imagePullPolicy": pull_policy(spec.image),
+        "name": container, "image": image, "imagePullPolicy": pull_policy(image),
         "env": env_list(spec), "volumeMounts": mounts,
     }
     if command is not None:

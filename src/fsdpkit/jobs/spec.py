@@ -408,9 +408,16 @@ def _validate_identity(spec: JobSpec) -> None:
     if spec.backend == "hyperpod" and hp.spares and not spec.queue:
         raise UserError(f"hyperpod.spares: {hp.spares} spare nodes are held by Kueue; give queue: (the Kueue "
                         "LocalQueue the job is admitted through), or hyperpod.spares: 0")
-    if spec.backend in CLUSTER_BACKENDS and not spec.image:
+
+
+def require_image(spec: JobSpec) -> str:
+    """The image a Kubernetes pod of the job runs. Checked where a pod is made, not when the spec is
+    read: `plan` and `job render --explain` of a spec whose image is not pushed yet still work."""
+    if not spec.image:
         raise UserError(f"image: the {spec.backend} backend runs a container image; give image: "
-                        "(for example ACCOUNT.dkr.ecr.REGION.amazonaws.com/fsdpkit:TAG)")
+                        "(for example ACCOUNT.dkr.ecr.REGION.amazonaws.com/fsdpkit:TAG; `fsdpkit image push` "
+                        "prints it)")
+    return spec.image
 
 
 # HyperPodOptions fields that only the HyperPod training operator reads (not a Kubeflow PyTorchJob).

@@ -106,9 +106,8 @@ def starter(backend: str, name: str, instance_type: str | None = None, nodes: st
     doc = {**top, **({"storage": storage} if storage else {}), **({"train": train} if train else {}),
            **({"slurm": slurm} if slurm else {})}
     # A bad value is refused here, before anything is written. A cluster job's image may be filled in
-    # later: it is checked with a stand-in and written commented out, so rendering says it is missing.
-    needs_image = backend in CLUSTER_BACKENDS and not image
-    spec = load_spec_dict({**doc, **({"image": "IMAGE"} if needs_image else {})})
+    # later (written commented out): `plan` reads the spec without one, rendering says it is missing.
+    spec = load_spec_dict(doc)
     # What the job will really use where the spec says nothing: the preset's recipe, and checkpoint_every
     # from its storage.
     trainer = resolve(spec).trainer

@@ -41,6 +41,7 @@ from fsdpkit.settings import (
     section_of,
 )
 from fsdpkit.train.checkpoint import catalog
+from fsdpkit.train.data.sources import shards_tokenizer
 from fsdpkit.train.model.config import LoraShape, ModelConfig
 from fsdpkit.train.model.hf_config import QWEN, model_config_from_hf
 from fsdpkit.train.model.presets import get_preset, get_recipe, match_preset
@@ -397,8 +398,15 @@ def _recipe_for(preset: str, cfg: TrainOptions) -> dict[str, Any]:
 
 
 def _tokenizer(cfg: TrainOptions, given: Set[str], on_nodes: bool) -> str:
-    """The tokenizer: as given; else, starting from Hugging Face weights, the one saved with them
-    (their tokenizer.json; on a cluster job's nodes, the directory they read); else the recipe's."""
+    """The tokenizer: token shards' own (`data prepare` made them with it; another is refused); as
+    given; else, starting from Hugging Face weights, the one saved with them (their tokenizer.json;
+    on a cluster job's nodes, the directory they read); else the recipe's."""
+    if (theirs := shards_tokenizer(cfg.data.dataset)) is not None:
+        if "tokenizer" in given and not _same_data(cfg.data.tokenizer, theirs):
+            raise UserError(f"tokenizer: the token shards in {cfg.data.dataset} were made with {theirs!r}, not "
+                            f"{cfg.data.tokenizer!r}; drop --tokenizer (training on shards uses theirs), or prepare "
+                            "the data again with this one")
+        return theirs
     hf = cfg.checkpoint.init_from_hf
     if "tokenizer" in given or not hf:
         return cfg.data.tokenizer

@@ -91,3 +91,32 @@ def test_tokenizer_train_says_when_the_text_gives_fewer_tokens_than_asked(tmp_pa
     r = run_cli("tokenizer", "train", "--dataset", str(tmp_path / "tiny"), "--vocab_size", "1000", "--out",
                 str(tmp_path / "tok2"))
     assert r.returncode == 0 and r.stderr.startswith("warning: the text held merges for ")
+
+
+def test_shards_train_with_their_own_tokenizer_and_the_export_carries_it(corpus, tmp_path):
+    """`data prepare --tokenizer DIR` -> `train --dataset SHARDS` (no --tokenizer) -> `export`: the run
+    records the shards' tokenizer, and the export's tokenizer (loaded by transformers) encodes text
+    as the shards were encoded. Another --tokenizer than the shards' is refused before anything runs."""
+    transformers = pytest.importorskip("transformers")
+    meta = json.loads((corpus / "shards" / "meta.json").read_text())
+    assert meta["tokenizer"] == str((corpus / "tok").resolve())   # absolute: any working directory finds it
+    ckpt = tmp_path / "ckpt"
+    r = run_cli("train", *FAST, "--dataset", str(corpus / "shards"), "--vocab_size", "300", "--max_steps", "2",
+                "--train_batch_size", "2", "--tensorboard", "0", "--checkpoint_dir", str(ckpt), "--run_dir",
+                str(tmp_path / "run"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert (tmp_path / "run" / "config.yaml").read_text().count(f"tokenizer: {meta['tokenizer']}") == 1
+    out = tmp_path / "hf"
+    r = run_cli("export", str(ckpt), str(out))
+    assert r.returncode == 0, r.stderr
+    theirs = transformers.PreTrainedTokenizerFast(tokenizer_file=str(corpus / "tok" / "tokenizer.json"))
+    exported = transformers.AutoTokenizer.from_pretrained(out)
+    text = "The quick brown fox trains on its own tokens."
+    assert exported(text)["input_ids"] == theirs(text)["input_ids"]
+    assert json.loads((out / "config.json").read_text())["eos_token_id"] == meta["eos_id"]
+    r = run_cli("train", "--dataset", str(corpus / "shards"), "--tokenizer", "bytes", "--run_dir",
+                str(tmp_path / "other"))
+    assert (r.returncode, r.stderr) == (2, f"error: tokenizer: the token shards in {corpus / 'shards'} were made "
+                                           f"with {meta['tokenizer']!r}, not 'bytes'; drop --tokenizer (training on "
+                                           "shards uses theirs), or prepare the data again with this one\n")
+    assert not (tmp_path / "other").exists()

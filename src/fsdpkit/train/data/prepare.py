@@ -70,7 +70,10 @@ def _write(tokenizer: Tokenizer, sources: dict[str, DocumentSource], out: Path, 
             splits[split], counts[split] = files, total
     if "train" not in splits:
         raise UserError("data prepare: the dataset produced no training tokens")
-    meta = {"format": TOKENS_FORMAT, "dtype": np.dtype(dtype).name, "tokenizer": tokenizer.name,
+    # A tokenizer directory by its absolute path: training reads the shards' tokenizer from here,
+    # whatever directory it runs in.
+    name = str(Path(tokenizer.name).resolve()) if Path(tokenizer.name).is_dir() else tokenizer.name
+    meta = {"format": TOKENS_FORMAT, "dtype": np.dtype(dtype).name, "tokenizer": name,
             "vocab_size": tokenizer.vocab_size, "eos_id": tokenizer.eos_id, "splits": splits, "tokens": counts}
     (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     if out.exists():
