@@ -41,7 +41,6 @@ from fsdpkit.settings import (
     section_of,
 )
 from fsdpkit.train.checkpoint import catalog
-from fsdpkit.train.data.sources import shards_tokenizer
 from fsdpkit.train.model.config import LoraShape, ModelConfig
 from fsdpkit.train.model.hf_config import QWEN, model_config_from_hf
 from fsdpkit.train.model.presets import get_preset, get_recipe, match_preset
@@ -59,6 +58,7 @@ from fsdpkit.train.sections import (
     ResolvedModel,
     ResolvedOptim,
 )
+from fsdpkit.train.token_meta import shards_tokenizer
 from fsdpkit.yamlfile import load_mapping
 
 log = logging.getLogger(__name__)

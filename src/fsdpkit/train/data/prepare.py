@@ -15,8 +15,9 @@ from typing import Any
 import numpy as np
 
 from fsdpkit.errors import UserError
-from fsdpkit.train.data.sources import TOKENS_FORMAT, DocumentSource
+from fsdpkit.train.data.sources import DocumentSource
 from fsdpkit.train.data.tokenizers import Tokenizer
+from fsdpkit.train.token_meta import TOKENS_FORMAT
 
 SHARD_TOKENS = 100_000_000  # 200 MB of uint16 per shard
 
