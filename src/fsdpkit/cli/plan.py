@@ -145,8 +145,8 @@ def _from_spec(args: argparse.Namespace, train_flags: list[str]) -> Planned:
     t = job.trainer
     if t is None:
         raise UserError("jobspec: this job runs its own command, not fsdpkit's trainer; nothing to plan")
-    if t.budget.source == "default" and spec.backend != "local":
-        log.warning(job.default_steps())
+    if why := job.default_steps():
+        log.warning(why)
     return Planned(t.config, spec.instance_type, spec.nodes.max, spec.procs if spec.instance_type else None,
                    spec.storage.write_mb_per_s, bool(job.root), t.plan if args.mfu == DEFAULT_MFU else None)
 

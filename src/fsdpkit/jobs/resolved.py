@@ -13,7 +13,8 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from fsdpkit.errors import UserError
@@ -23,14 +24,13 @@ from fsdpkit.plan.grace import (
     MEMORY_MB_S_PER_NODE,
     Cadence,
     GracePeriod,
+    HangTime,
     StartUp,
     cadence,
-    checkpoint_bytes,
-    explain_hang,
     grace_period,
-    hang_seconds,
     startup,
     stop_tier,
+    write_seconds,
 )
 from fsdpkit.plan.planner import Plan, plan_config
 from fsdpkit.train.config import TrainConfig, build, recipe_values, step_tokens, to_flags
@@ -82,12 +82,9 @@ class Trainer:
     cadence: Cadence | None          # the derived checkpoint interval, where the spec gives none
     grace: GracePeriod | None        # None: no shared storage to write a stop's checkpoint to
     startup: StartUp
-    hang: tuple[int, str, str]       # HyperPod's hang time, its source and why
+    hang: HangTime                   # the planned one, whether or not the spec gives its own
+    hang_seconds: int                # HyperPod's: hyperpod.hang_timeout, else the planned
     loss_threshold: int
-
-    @property
-    def hang_seconds(self) -> int:
-        return self.hang[0]
 
     @property
     def step_s(self) -> float | None:
@@ -106,7 +103,11 @@ class ResolvedJob:
     root: str | None                 # where the job's outputs live on its nodes
     trainer: Trainer | None          # None: the job runs its own command
     grace_seconds: int | None        # terminationGracePeriodSeconds; None keeps Kubernetes' 30 s
-    sources: tuple[Source, ...] = field(default=())
+
+    @cached_property
+    def sources(self) -> list[Source]:
+        """Each value the job derives, with where it came from (`job render --explain`)."""
+        return _sources(self)
 
     @property
     def pod_grace(self) -> int:
@@ -176,9 +177,9 @@ def with_budget(spec: JobSpec, tokens: int) -> tuple[JobSpec, str | None]:
     """The spec training on a token budget instead of its step count, and the train option that
     budget replaced (None where the spec gave none)."""
     flat = flat_options(spec.train)
-    steps = named(flat, OptimConfig, "max_steps")
-    train = _without(_without(dict(spec.train), steps, "optim"), "tokens", "optim") if steps else \
-        _without(dict(spec.train), "tokens", "optim")
+    train = _without(spec.train, "tokens", "optim")
+    if steps := named(flat, OptimConfig, "max_steps"):
+        train = _without(train, steps, "optim")
     replaced = f"train.{steps} {flat[steps]}" if steps else None
     return spec.model_copy(update={"train": {**train, "tokens": tokens}}), replaced
 
@@ -203,8 +204,7 @@ def resolve(spec: JobSpec) -> ResolvedJob:
     grace = trainer.grace if trainer else None
     grace_s = spec.termination_grace_seconds if spec.termination_grace_seconds is not None else \
         grace.seconds if grace else None
-    job = ResolvedJob(spec, root, trainer, grace_s)
-    return ResolvedJob(spec, root, trainer, grace_s, tuple(_sources(job)))
+    return ResolvedJob(spec, root, trainer, grace_s)
 
 
 def _trainer(spec: JobSpec, root: str | None) -> Trainer:
@@ -234,24 +234,21 @@ def _trainer(spec: JobSpec, root: str | None) -> Trainer:
             written["durable_every"] = max(1, math.ceil(durable.seconds / derived.seconds))
         opts = {**opts, **written}
         cfg = cfg.model_copy(update={"checkpoint": cfg.checkpoint.model_copy(update=written)})
-    inst = spec.instance
-    gpu = inst is not None and inst.resource == "nvidia.com/gpu" and spec.gpus > 0
-    plan = plan_config(cfg, spec.instance_type, spec.nodes.max, procs_per_node=spec.procs) \
-        if inst is not None and inst.resource == "nvidia.com/gpu" else None
+    nvidia = spec.instance is not None and spec.instance.resource == "nvidia.com/gpu"
+    plan = plan_config(cfg, spec.instance_type, spec.nodes.max, procs_per_node=spec.procs) if nvidia else None
     step_s = plan.step_s if plan is not None else None
     grace = None
     if spec.storage.root:
         rate, tier = stop_tier(cfg.checkpoint.tiered, spec.storage.write_mb_per_s, spec.nodes.max)
         grace = grace_period(cfg.shape, rate, step_s, tier)
     start = startup(cfg.shape if spec.storage.root else None, spec.storage.write_mb_per_s,
-                    cfg.parallel.compiles("cuda" if gpu else "cpu"))
+                    cfg.parallel.compiles("cuda" if nvidia and spec.gpus > 0 else "cpu"))
     hp = spec.hyperpod
-    write_s = checkpoint_bytes(cfg.shape) / (spec.storage.write_mb_per_s * 1e6) if spec.storage.root else 0.0
-    hang = (hp.hang_timeout, "given", "hyperpod.hang_timeout") if hp.hang_timeout is not None else \
-        (hang_seconds(step_s, cfg.log.logging_freq, write_s, planned=plan is not None), "plan",
-         explain_hang(step_s, cfg.log.logging_freq, write_s, planned=plan is not None))
+    write_s = write_seconds(cfg.shape, spec.storage.write_mb_per_s) if spec.storage.root else 0.0
+    hang = HangTime(step_s, cfg.log.logging_freq, write_s, planned=plan is not None)
     loss = hp.loss_threshold if hp.loss_threshold is not None else math.ceil(2 * math.log(cfg.shape.vocab_size))
-    return Trainer(opts, cfg, budget, plan, derived, grace, start, hang, loss)
+    return Trainer(opts, cfg, budget, plan, derived, grace, start, hang,
+                   hp.hang_timeout if hp.hang_timeout is not None else hang.seconds, loss)
 
 
 def _sources(job: ResolvedJob) -> list[Source]:
@@ -275,7 +272,8 @@ def _sources(job: ResolvedJob) -> list[Source]:
         out.append(Source("fault_deadline", job.fault_deadline, *(
             ("given", "hyperpod.fault_deadline") if hp.fault_deadline is not None else
             ("plan", f"the grace ({job.pod_grace} s) + the start-up ({t.startup.seconds} s)"))))
-        out.append(Source("hang_seconds", *t.hang))
+        out.append(Source("hang_seconds", t.hang_seconds, *(
+            ("given", "hyperpod.hang_timeout") if hp.hang_timeout is not None else ("plan", t.hang.explain()))))
         out.append(Source("loss_threshold", t.loss_threshold, *(
             ("given", "hyperpod.loss_threshold") if hp.loss_threshold is not None else
             ("default", f"twice a uniform guess's loss, 2 ln({t.config.shape.vocab_size})"))))

@@ -57,6 +57,11 @@ def checkpoint_bytes(model: ModelConfig) -> int:
     return 12 * count_params(model)
 
 
+def write_seconds(model: ModelConfig, mb_per_s: float) -> float:
+    """How long a complete checkpoint takes to write (or read) at `mb_per_s`."""
+    return checkpoint_bytes(model) / (mb_per_s * 1e6)
+
+
 # Periodic checkpoints cost at most this share of the run's time; never more often than every 10 min.
 SAVE_SHARE = 0.05
 MIN_EVERY_S = 600
@@ -81,7 +86,7 @@ class Cadence:
 
 
 def cadence(model: ModelConfig, write_mb_per_s: float = DEFAULT_WRITE_MB_S) -> Cadence:
-    write_s = checkpoint_bytes(model) / (write_mb_per_s * 1e6)
+    write_s = write_seconds(model, write_mb_per_s)
     minutes = math.ceil(max(MIN_EVERY_S, write_s / SAVE_SHARE) / 60)
     return Cadence(f"{minutes}m", minutes * 60, write_s, write_s / (minutes * 60 + write_s))
 
@@ -96,8 +101,7 @@ def stop_tier(tiered: bool, write_mb_per_s: float, nodes: int) -> tuple[float, s
 
 def grace_period(model: ModelConfig, write_mb_per_s: float = DEFAULT_WRITE_MB_S,
                  step_s: float | None = None, tier: str = "shared storage") -> GracePeriod:
-    size = checkpoint_bytes(model)
-    write_s = size / (write_mb_per_s * 1e6)
+    size, write_s = checkpoint_bytes(model), write_seconds(model, write_mb_per_s)
     total = FIXED_S + 2 * (step_s or 0.0) + WRITE_MARGIN * write_s
     return GracePeriod(int(math.ceil(total / 10) * 10), size, write_mb_per_s, write_s, step_s, tier)
 
@@ -126,7 +130,7 @@ class StartUp:
 def startup(model: ModelConfig | None, read_mb_per_s: float = DEFAULT_WRITE_MB_S, compiles: bool = True) -> StartUp:
     """The planned start-up; `model` None where nothing is resumed (no checkpoint storage). The
     volume's write rate stands for its read rate: FSx for Lustre reads at least as fast."""
-    read_s = checkpoint_bytes(model) / (read_mb_per_s * 1e6) if model is not None else 0.0
+    read_s = write_seconds(model, read_mb_per_s) if model is not None else 0.0
     compile_s = COMPILE_S if compiles else 0.0
     total = PULL_S + WRITE_MARGIN * read_s + compile_s
     return StartUp(int(math.ceil(total / 60) * 60), read_s, compile_s)
@@ -137,19 +141,29 @@ DEFAULT_HANG_S = 1800  # without a step time to plan from (no NVIDIA instance ty
 HANG_WINDOWS = 5       # logging windows a hang must outlast
 
 
-def hang_seconds(step_s: float | None, logging_freq: int, write_s: float, planned: bool) -> int:
-    """Time between two step lines that means a hang: several logging windows at the planned step
-    time, plus a checkpoint's write (a synchronous save stops the loop) and a validation pass.
-    `planned`: the job's nodes are GPUs the planner models (else DEFAULT_HANG_S)."""
-    if not planned:
-        return DEFAULT_HANG_S
-    window_s = logging_freq * (step_s or 0.0)
-    return max(MIN_HANG_S, math.ceil((HANG_WINDOWS * window_s + WRITE_MARGIN * write_s + 60) / 60) * 60)
+@dataclass(frozen=True)
+class HangTime:
+    """Time between two step lines that means a hang (HyperPod's log rule): several logging windows
+    at the planned step time, plus a checkpoint's write (a synchronous save stops the loop) and a
+    validation pass, in whole minutes; DEFAULT_HANG_S without a step time to plan from."""
 
+    step_s: float | None
+    logging_freq: int
+    write_s: float
+    planned: bool      # the job's nodes are GPUs the planner models
 
-def explain_hang(step_s: float | None, logging_freq: int, write_s: float, planned: bool) -> str:
-    if not planned:
-        return f"{DEFAULT_HANG_S} s: no step time to plan from (no NVIDIA instance type)"
-    raw = HANG_WINDOWS * logging_freq * (step_s or 0.0) + WRITE_MARGIN * write_s + 60
-    return (f"{HANG_WINDOWS} logging windows of {logging_freq} steps at {step_s or 0.0:.1f} s + {WRITE_MARGIN} x "
-            f"{write_s:.0f} s to write a checkpoint + 60 s = {raw:.0f} s, in whole minutes, at least {MIN_HANG_S} s")
+    @property
+    def seconds(self) -> int:
+        if not self.planned:
+            return DEFAULT_HANG_S
+        return max(MIN_HANG_S, math.ceil(self._raw() / 60) * 60)
+
+    def explain(self) -> str:
+        if not self.planned:
+            return f"{DEFAULT_HANG_S} s: no step time to plan from (no NVIDIA instance type)"
+        return (f"{HANG_WINDOWS} logging windows of {self.logging_freq} steps at {self.step_s or 0.0:.1f} s + "
+                f"{WRITE_MARGIN} x {self.write_s:.0f} s to write a checkpoint + 60 s = {self._raw():.0f} s, in whole "
+                f"minutes, at least {MIN_HANG_S} s")
+
+    def _raw(self) -> float:
+        return HANG_WINDOWS * self.logging_freq * (self.step_s or 0.0) + WRITE_MARGIN * self.write_s + 60

@@ -15,7 +15,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from fsdpkit.plan.grace import MEMORY_MB_S_PER_NODE, checkpoint_bytes
+from fsdpkit.plan.grace import MEMORY_MB_S_PER_NODE, write_seconds
 from fsdpkit.train.config import TrainConfig
 
 
@@ -53,8 +53,7 @@ def run_time(cfg: TrainConfig, steps: int, step_tokens: int, step_s: float, writ
     validation_s = cfg.validation_share(steps) * train_s
     if write_mb_per_s is None or not cfg.checkpoint.checkpoint_dir:
         return RunTime(steps, steps * step_tokens, train_s, validation_s, 0, 0.0)
-    size = checkpoint_bytes(cfg.shape)
-    durable_s = size / (write_mb_per_s * 1e6)
+    durable_s = write_seconds(cfg.shape, write_mb_per_s)
     ck = cfg.checkpoint
     if ck.every_steps:
         periodic = (steps - 1) // ck.every_steps   # the last step's save is counted once, below
@@ -64,7 +63,7 @@ def run_time(cfg: TrainConfig, steps: int, step_tokens: int, step_s: float, writ
         periodic = 0
     if ck.tiered:
         durable = periodic // ck.durable_every
-        memory_s = size / (MEMORY_MB_S_PER_NODE * nodes * 1e6)
+        memory_s = write_seconds(cfg.shape, MEMORY_MB_S_PER_NODE * nodes)
         saves_s = durable * durable_s + (periodic - durable) * memory_s
     else:
         saves_s = periodic * durable_s
