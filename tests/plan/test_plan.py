@@ -363,6 +363,11 @@ def test_tiered_checkpoints_shorten_the_grace_to_the_memory_tier_s_write():
     opts = tiered.trainer.options
     memory, durable = cadence(PRESETS["llama3_1_8b"], 4000), cadence(PRESETS["llama3_1_8b"], 500)
     assert opts["checkpoint_every"] == memory.every and opts["durable_every"] == -(-durable.seconds // memory.seconds)
+    # The run's time: a save every 10 min of its 14,066 s (23), every 7th of them (3) and the last step's to
+    # shared storage at 500 MB/s, the other 20 to node memory at 4,000 MB/s.
+    run = out["run"]
+    assert (run["saves"], opts["durable_every"]) == (24, 7)
+    assert run["checkpoint_s"] == pytest.approx((3 + 1) * size / 500e6 + 20 * size / 4000e6, rel=1e-12)
 
 
 def test_validation_defaults_stay_within_two_percent_of_training_for_every_preset():
