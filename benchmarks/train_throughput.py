@@ -489,6 +489,11 @@ def summarise(rows: list[dict], failed: list[dict], smoke: bool, device: str, dt
             "failed": failed}
 
 
+def case_name(r: dict) -> str:
+    """A row's case as the results table names it: fsdpkit's by its label, another's prefixed."""
+    return r["label"] if r["impl"] == "fsdpkit" else f"{r['impl']}: {r['label']}"
+
+
 def write_results_md(result: dict) -> None:
     env, rows = result["env"], result["rows"]
     peak = f"{result['peak_flops'] / 1e12:.3f}" if result["peak_flops"] else "n/a"
@@ -516,14 +521,16 @@ def write_results_md(result: dict) -> None:
                     [[*base_cols, f["preset"], f"{f['seq']} x {f['batch']}", f["dtype"], f["label"], p["label"],
                       fmt(f)[0], fmt(p)[0], f"{f['tokens_per_s'] / p['tokens_per_s']:.2f}x", fmt(f)[3], fmt(p)[3],
                       env["commit"]] for f, p in peers])
-    # Everything of fsdpkit's without a baseline beside it (the curve, the switches, GPU-only cases).
-    paired = {id(f) for f, _ in pairs}
-    other = [r for r in rows if r["impl"] == "fsdpkit" and id(r) not in paired]
+    # Every row without a partner beside it: fsdpkit's curve, switches and GPU-only cases, and a
+    # baseline or peer measured in a later lease than the fsdpkit row it is read against (its case
+    # named with its implementation, so it is not taken for fsdpkit's).
+    paired = {id(r) for pair in (*pairs, *peers) for r in pair}
+    other = [r for r in rows if id(r) not in paired]
     if other:
         append_rows("fsdpkit: cost curve, switches and GPU runs",
                     [*head, "section", "case", "preset", "seq x batch", "ranks", "dtype", "tok/s", "ms/step", "MFU",
                      "peak MiB", "commit"],
-                    [[*base_cols, r["section"], r["label"], r["preset"], f"{r['seq']} x {r['batch']}", r["world"],
+                    [[*base_cols, r["section"], case_name(r), r["preset"], f"{r['seq']} x {r['batch']}", r["world"],
                              r["dtype"], *fmt(r), env["commit"]] for r in other])
 
 

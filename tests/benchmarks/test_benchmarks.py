@@ -205,3 +205,26 @@ def test_mfu_counts_the_shape_the_case_trained():
     assert two < flops("mixtral_8x7b", 2048) / 10
     assert flops("mathstral_7b", 8192, "--n-layers", "4", "--sliding-window", "4096") < \
         flops("mathstral_7b", 8192, "--n-layers", "4", "--sliding-window", "0")
+
+
+def test_a_row_measured_without_its_partner_is_still_recorded(tmp_path, monkeypatch):
+    """A lease that measures only the peer or the baseline (its fsdpkit row came from an earlier
+    one) still lands in RESULTS.md, named with its implementation; a paired row is not repeated."""
+    from benchmarks import common
+    from benchmarks import train_throughput as tt
+
+    monkeypatch.setattr(common, "RESULTS_MD", tmp_path / "RESULTS.md")
+
+    def row(impl: str, label: str, step_s: float) -> dict:
+        c = tt.case("gpu", impl, "mathstral_7b", 8192, 1, 1, "bf16") | {"label": label}
+        return tt.timed({**c, "peak_memory_bytes": 2**30, "mfu": 0.25}, [step_s])
+
+    env = {"date": "2026-11-27", "device": "NVIDIA H200", "torch": "2.11", "commit": "abc1234"}
+    tt.write_results_md({"env": env, "peak_flops": 989e12, "rows": [row("baseline", "window 4096", 0.5)]})
+    text = (tmp_path / "RESULTS.md").read_text()
+    assert "| gpu | baseline: window 4096 | mathstral_7b | 8192 x 1 | 1 | bf16 | 16,384 | 500 | 25.0% | 1,024 |" in text
+    (tmp_path / "RESULTS.md").unlink()
+    tt.write_results_md({"env": env, "peak_flops": 989e12,
+                         "rows": [row("fsdpkit", "window 4096", 0.25), row("baseline", "window 4096", 0.5)]})
+    text = (tmp_path / "RESULTS.md").read_text()
+    assert "| 2.00x |" in text and "baseline: window 4096" not in text
