@@ -7,33 +7,42 @@ TEST_WORKERS ?= 2
 RUN_ARGS ?=
 BIN := $(VENV)/bin
 
-.PHONY: run test lint venv clean
+.PHONY: run test lint mutation venv venv-run clean
 
-# The stamp depends on pyproject.toml so a changed dependency list reinstalls.
-$(VENV)/.installed: pyproject.toml Makefile
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	# torch first and alone, so TORCH_SPEC decides the version; tools/install-torch picks the build
-	# (CPU where there is no NVIDIA GPU).
-	tools/install-torch $(BIN)/pip "$(TORCH_SPEC)"
-	$(BIN)/pip install -q -e ".[test]"
-	# The HyperPod tests read two of AWS's own packages: the HyperPod CLI's API models of a
-	# HyperPodPyTorchJob and the elastic agent's log-monitoring evaluator. Without their
-	# dependencies, which pin torch, pytest and ruff to old releases; the tests load only the
-	# modules that need none of them.
-	$(BIN)/pip install -q --no-deps "sagemaker-hyperpod==3.12.0" "hyperpod-elastic-agent==1.1.3"
-	# VERL's own config checks for the GRPO recipe (tests/jobs/test_verl_recipe.py): VERL 0.5.0, the release
-	# VERL's verl0.5 images are built for, and what its config path imports, in a folder of their own
-	# (ray alone is 250 MB, and none of it belongs beside the suite's packages).
-	$(BIN)/pip install -q --no-deps --target $(VENV)/verl-check "verl==0.5.0" "ray==2.60.0" "tensordict==0.9.1" \
+# The stamps depend on pyproject.toml so a changed dependency list reinstalls. Recipe lines are
+# silent (@): a newcomer sees pip's own output, not the Makefile's comments.
+# `make run`: torch first and alone, so TORCH_SPEC decides the version (tools/install-torch picks the
+# build: CPU where there is no NVIDIA GPU), then fsdpkit with what training needs and nothing else.
+$(VENV)/.installed-run: pyproject.toml Makefile
+	@echo "setting up $(VENV): torch, then fsdpkit (training only)"
+	@$(PYTHON) -m venv $(VENV)
+	@$(BIN)/pip install -q --upgrade pip
+	@tools/install-torch $(BIN)/pip "$(TORCH_SPEC)"
+	@$(BIN)/pip install -q -e .
+	@touch $@
+
+# `make test`: the test extras on top, and two of AWS's own packages the HyperPod tests read (the
+# HyperPod CLI's API models of a HyperPodPyTorchJob, the elastic agent's log-monitoring evaluator)
+# without their dependencies, which pin torch, pytest and ruff to old releases: the tests load only
+# the modules that need none of them. VERL's own config checks for the GRPO recipe
+# (tests/jobs/test_verl_recipe.py): VERL 0.5.0, the release VERL's verl0.5 images are built for, and
+# what its config path imports, in a folder of their own (ray alone is 250 MB, and none of it
+# belongs beside the suite's packages).
+$(VENV)/.installed: $(VENV)/.installed-run
+	@echo "adding the test extras to $(VENV)"
+	@$(BIN)/pip install -q -e ".[test]"
+	@$(BIN)/pip install -q --no-deps "sagemaker-hyperpod==3.12.0" "hyperpod-elastic-agent==1.1.3"
+	@$(BIN)/pip install -q --no-deps --target $(VENV)/verl-check "verl==0.5.0" "ray==2.60.0" "tensordict==0.9.1" \
 		"torchdata==0.11.0" "codetiming==1.4.0" "hydra-core==1.3.8" "omegaconf==2.3.1" \
 		"antlr4-python3-runtime==4.9.3" "msgpack==1.2.4" "orjson==3.13.0" "pyvers==0.1.0"
-	touch $@
+	@touch $@
+
+venv-run: $(VENV)/.installed-run
 
 venv: $(VENV)/.installed
 
-run: venv
-	$(BIN)/fsdpkit train $(RUN_ARGS)
+run: venv-run
+	@$(BIN)/fsdpkit train $(RUN_ARGS)
 
 test: venv
 	$(BIN)/ruff check .
@@ -45,6 +54,12 @@ lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 	$(BIN)/mypy
+
+# How many one-token changes to the modules that derive a job's numbers the tests catch, per module,
+# into benchmarks/RESULTS.md (benchmarks/mutation.py; an hour or more on two cores, so not in `make test`).
+mutation: venv
+	$(BIN)/pip install -q -e ".[mutation]"
+	$(BIN)/python -m benchmarks.mutation
 
 clean:
 	rm -rf $(VENV) runs

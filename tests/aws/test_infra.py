@@ -91,6 +91,13 @@ def test_missing_region_and_credentials_are_one_line(moto, tmp_path):
     r = run_cli("infra", "status", env={**env, "AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": ""})
     assert r.returncode == 3
     assert "no AWS credentials found" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    # Neither (a fresh laptop): exit 3 as every AWS command without credentials, not the region's 2.
+    r = run_cli("image", "push", "fsdpkit:v1", env={**env, "AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": "",
+                                                    "AWS_REGION": "", "AWS_DEFAULT_REGION": ""})
+    assert r.returncode == 3
+    assert r.stderr.strip().splitlines() == [
+        "error: no AWS credentials found and no AWS region: run `aws configure` or `aws sso login`, or set "
+        "AWS_PROFILE / AWS_ACCESS_KEY_ID and AWS_REGION"]
 
 
 class _Denying(http.server.BaseHTTPRequestHandler):

@@ -228,3 +228,21 @@ def test_a_row_measured_without_its_partner_is_still_recorded(tmp_path, monkeypa
                          "rows": [row("fsdpkit", "window 4096", 0.25), row("baseline", "window 4096", 0.5)]})
     text = (tmp_path / "RESULTS.md").read_text()
     assert "| 2.00x |" in text and "baseline: window 4096" not in text
+
+
+def test_mutation_scores_count_a_mutant_no_test_reaches_as_surviving():
+    """`make mutation`'s score per module from mutmut's own `results --all true` lines (3.8.1's
+    format: functions `x_NAME`, methods `xǁClassǁNAME`)."""
+    from benchmarks import mutation
+
+    results = ("    fsdpkit.jobs.resolved.x__trainer__mutmut_1: killed\n"
+               "    fsdpkit.jobs.resolved.xǁSourceǁto_dict__mutmut_2: no tests\n"
+               "    fsdpkit.jobs.resolved.x_resolve__mutmut_3: survived\n"
+               "    fsdpkit.jobs.resolved.x_resolve__mutmut_4: timeout\n"
+               "    fsdpkit.plan.grace.x_write_seconds__mutmut_1: killed\n")
+    by_module = mutation.parse(results)
+    assert by_module == {"fsdpkit.jobs.resolved": {"killed": 1, "no tests": 1, "survived": 1, "timeout": 1},
+                         "fsdpkit.plan.grace": {"killed": 1}}
+    assert mutation.score(by_module["fsdpkit.jobs.resolved"]) == 50.0
+    assert mutation.survivors(results) == ["fsdpkit.jobs.resolved.xǁSourceǁto_dict__mutmut_2",
+                                           "fsdpkit.jobs.resolved.x_resolve__mutmut_3"]

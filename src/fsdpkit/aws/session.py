@@ -57,7 +57,13 @@ def connect(region: str | None = None, profile: str | None = None, endpoint_url:
         session = boto3.Session(profile_name=profile, region_name=region)
     except bx.ProfileNotFound:
         raise AwsError(f"AWS profile {profile!r} not found; check ~/.aws/config", code="no_credentials") from None
-    region = pick_region(region, session.region_name)
+    try:
+        region = pick_region(region, session.region_name)
+    except UserError:
+        if session.get_credentials() is None:  # no AWS set up at all: what every other AWS command says
+            raise AwsError("no AWS credentials found and no AWS region: run `aws configure` or `aws sso login`, or "
+                           "set AWS_PROFILE / AWS_ACCESS_KEY_ID and AWS_REGION", code="no_credentials") from None
+        raise
     aws = Aws(session, region, "", endpoint_url)
     with aws_errors("reading your AWS identity (sts:GetCallerIdentity)"):
         aws.account = aws.client("sts").get_caller_identity()["Account"]

@@ -1,0 +1,69 @@
+"""The README's two entry points as the Makefile runs them: `make run` sets up what training needs
+and nothing of the suite's; the recipes run without echoing the Makefile's comments."""
+
+from __future__ import annotations
+
+import subprocess
+from importlib import metadata
+
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+from conftest import ROOT
+
+
+def _requirements(dist: str, extras: frozenset[str] = frozenset()) -> list[Requirement]:
+    """A distribution's requirements that apply with these extras, on this machine."""
+    out = []
+    for text in metadata.requires(dist) or []:
+        req = Requirement(text)
+        if req.marker is None or any(req.marker.evaluate({"extra": e}) for e in (extras or {""})):
+            out.append(req)
+    return out
+
+
+def _closure(dist: str, extras: frozenset[str] = frozenset()) -> set[str]:
+    """Every distribution `pip install DIST[EXTRAS]` brings, read from the installed ones' metadata."""
+    seen: set[str] = set()
+    todo = [(dist, extras)]
+    while todo:
+        name, ex = todo.pop()
+        for req in _requirements(name, ex):
+            key = canonicalize_name(req.name)
+            if key == "fsdpkit":  # an extra naming the package's other extras
+                todo.append((name, frozenset(req.extras)))
+            elif key not in seen:
+                seen.add(key)
+                todo.append((req.name, frozenset(req.extras)))
+    return seen
+
+
+def test_make_run_installs_fsdpkit_for_training_and_nothing_of_the_suites(tmp_path):
+    venv = tmp_path / "venv"  # not there yet: what a fresh machine's `make run` runs
+    lines = subprocess.run(["make", "-n", "run", f"VENV={venv}"], cwd=ROOT, capture_output=True, text=True,
+                           check=True).stdout.splitlines()
+    assert [line for line in lines if "pip" in line] == [
+        f"{venv}/bin/pip install -q --upgrade pip",
+        f'tools/install-torch {venv}/bin/pip "torch>=2.6"',
+        f"{venv}/bin/pip install -q -e .",          # no extras
+    ]
+    assert lines[-1] == f"{venv}/bin/fsdpkit train "
+    assert not [line for line in lines if line.lstrip().startswith("#")]
+    # What `-e .` brings, from the installed distributions' own metadata: none of the suite's tools.
+    core = _closure("fsdpkit")
+    suite_only = _closure("fsdpkit", frozenset({"test"})) - core
+    assert {"pytest", "mypy", "ruff", "moto", "kmock", "peft", "transformers", "torchao", "lm-eval",
+            "kubernetes", "boto3"} <= suite_only
+    assert "torch" in core and "tensorboard" in core
+
+
+def test_make_test_adds_the_suites_packages_on_top_of_the_training_install(tmp_path):
+    venv = tmp_path / "venv"
+    lines = subprocess.run(["make", "-n", "test", f"VENV={venv}"], cwd=ROOT, capture_output=True, text=True,
+                           check=True).stdout.splitlines()
+    pips = [line for line in lines if "pip" in line]
+    assert pips[:3] == [f"{venv}/bin/pip install -q --upgrade pip", f'tools/install-torch {venv}/bin/pip "torch>=2.6"',
+                        f"{venv}/bin/pip install -q -e ."]
+    assert pips[3] == f'{venv}/bin/pip install -q -e ".[test]"'
+    assert lines[-1] == f"{venv}/bin/python -m pytest -q -n 2 --dist loadfile "
+    assert not [line for line in lines if line.lstrip().startswith("#")]
