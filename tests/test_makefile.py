@@ -3,6 +3,7 @@ and nothing of the suite's; the recipes run without echoing the Makefile's comme
 
 from __future__ import annotations
 
+import os
 import subprocess
 from importlib import metadata
 
@@ -38,10 +39,17 @@ def _closure(dist: str, extras: frozenset[str] = frozenset()) -> set[str]:
     return seen
 
 
+def _make_n(target: str, venv) -> list[str]:
+    """What `make TARGET` would run, as make prints it with -n (run from the Makefile's folder; under
+    `make test` the outer make's variables are left out, so this make is not its sub-make)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS", "MAKEOVERRIDES")}
+    return subprocess.run(["make", "--no-print-directory", "-n", target, f"VENV={venv}"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, check=True).stdout.splitlines()
+
+
 def test_make_run_installs_fsdpkit_for_training_and_nothing_of_the_suites(tmp_path):
     venv = tmp_path / "venv"  # not there yet: what a fresh machine's `make run` runs
-    lines = subprocess.run(["make", "-n", "run", f"VENV={venv}"], cwd=ROOT, capture_output=True, text=True,
-                           check=True).stdout.splitlines()
+    lines = _make_n("run", venv)
     assert [line for line in lines if "pip" in line] == [
         f"{venv}/bin/pip install -q --upgrade pip",
         f'tools/install-torch {venv}/bin/pip "torch>=2.6"',
@@ -59,8 +67,7 @@ def test_make_run_installs_fsdpkit_for_training_and_nothing_of_the_suites(tmp_pa
 
 def test_make_test_adds_the_suites_packages_on_top_of_the_training_install(tmp_path):
     venv = tmp_path / "venv"
-    lines = subprocess.run(["make", "-n", "test", f"VENV={venv}"], cwd=ROOT, capture_output=True, text=True,
-                           check=True).stdout.splitlines()
+    lines = _make_n("test", venv)
     pips = [line for line in lines if "pip" in line]
     assert pips[:3] == [f"{venv}/bin/pip install -q --upgrade pip", f'tools/install-torch {venv}/bin/pip "torch>=2.6"',
                         f"{venv}/bin/pip install -q -e ."]
