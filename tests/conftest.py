@@ -1,9 +1,11 @@
-"""Shared helpers: run the real CLI in a subprocess and read what a run wrote."""
+"""Shared helpers: run the real CLI (in a subprocess, or in this process) and read what a run wrote."""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import importlib
+import io
 import json
 import logging
 import os
@@ -15,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from fsdpkit.cli.main import main as cli_main
 from fsdpkit.envelope import show_diagnostics
 
 from slurm_cluster import SlurmCluster, why_not
@@ -55,6 +58,20 @@ def run_cli(*args: str, timeout: float = 300, env: dict | None = None,
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     return subprocess.run([sys.executable, "-m", "fsdpkit", *args], capture_output=True, text=True,
                           timeout=timeout, env=full_env, cwd=cwd or ROOT)
+
+
+def cli_here(*args: str) -> subprocess.CompletedProcess:
+    """The CLI in this process, for commands that only read and print (render, plan, explain): what
+    run_cli returns, without a Python start-up, and with the calls visible to the test's process
+    (`make mutation` sees which test reaches which function only there). Commands that train, wait
+    or hold state across calls run in a subprocess (run_cli)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = cli_main(list(args))
+        except SystemExit as e:  # argparse's usage errors and --help
+            code = e.code if isinstance(e.code, int) else int(e.code is not None)
+    return subprocess.CompletedProcess(["fsdpkit", *args], code, out.getvalue(), err.getvalue())
 
 
 def read_metrics(run_dir: Path, kind: str = "train") -> list[dict]:

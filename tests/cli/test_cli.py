@@ -125,6 +125,18 @@ def test_a_duration_is_read_in_any_unit_and_a_bad_one_is_one_line(cli, tmp_path)
     for bad in ("soon", "2 weeks", "-5", "1h30m", "", "inf", "nan", "-1e3"):
         with pytest.raises(ValueError, match=r"expected seconds \(90\) or a duration \(30s, 15m, 2h, 1d\)"):
             seconds(bad)
+    # A century at most: a number too long for a float (infinity), a window a datetime cannot
+    # subtract, or a wait that would outlive everyone is refused, not taken as "forever".
+    assert seconds(str(100 * 365 * 86400)) == 3_153_600_000
+    for huge, shown in (("9" * 400 + "d", "9" * 37 + "..."), ("1e17", "1e17"), ("1000000000d", "1000000000d"),
+                        ("3153600001", "3153600001"), ("36501d", "36501d")):
+        with pytest.raises(ValueError) as caught:
+            seconds(huge)
+        assert str(caught.value) == f"a duration is at most 100 years (3153600000 s), got '{shown}'"
+    r = cli("metrics", "some-job", "--since", "1000000000d")
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        "error: argument --since: a duration is at most 100 years (3153600000 s), got '1000000000d' "
+        "(see `fsdpkit metrics --help`)"], r.stderr
     r = cli("job", "wait", "some-job", "--timeout", "soon", "--backend", "local")
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
         "error: argument --timeout: expected seconds (90) or a duration (30s, 15m, 2h, 1d), got 'soon' "

@@ -20,7 +20,7 @@ from fsdpkit.plan.grace import checkpoint_bytes
 from fsdpkit.train.config import build
 from fsdpkit.train.model.presets import PRESETS
 
-from conftest import ROOT, run_cli
+from conftest import ROOT, cli_here
 
 EXAMPLES = sorted((ROOT / "examples" / "jobs").glob("*.yaml"))
 HYPERPOD = ROOT / "examples" / "jobs" / "hyperpod-p5.yaml"
@@ -45,7 +45,7 @@ def test_the_spec_module_is_schema_and_checks_alone():
 
 
 def _render(*args: str) -> dict:
-    r = run_cli("job", "render", *args, "--json")
+    r = cli_here("job", "render", *args, "--json")
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)["data"]
 
@@ -78,7 +78,7 @@ def test_explain_of_the_hyperpod_example_holds_each_value_to_what_the_manifest_c
         "steps": (10_000, "given"), "tokens": (10_000 * 8192 * 32, "given")}
     assert explained["hang_seconds"]["why"] == ("5 logging windows of 10 steps at 1.4 s + 1.5 x 193 s to write a "
                                                 "checkpoint + 60 s = 419 s, in whole minutes, at least 600 s")
-    r = run_cli("job", "render", str(HYPERPOD), "--explain")
+    r = cli_here("job", "render", str(HYPERPOD), "--explain")
     assert r.returncode == 0 and r.stdout.splitlines()[0] == "llama3-8b-hp (hyperpod) runs with:"
     assert "  grace_seconds                360  plan: 360 s = 60 s + 2 x 1.4 s to finish the step" in r.stdout
 
@@ -93,7 +93,7 @@ def _without_steps(tmp_path: Path) -> Path:
 
 def test_plan_tokens_and_the_rendered_job_train_the_same_tokens(tmp_path):
     spec = _without_steps(tmp_path)
-    r = run_cli("plan", str(spec), "--tokens", "1e10", "--json")
+    r = cli_here("plan", str(spec), "--tokens", "1e10", "--json")
     assert r.returncode == 0, r.stderr
     run = json.loads(r.stdout)["data"]["run"]
     # 1e10 tokens in steps of 8192 x 1 x 32 = 262,144 tokens: 38,147 steps, the last one partly over.
@@ -104,11 +104,11 @@ def test_plan_tokens_and_the_rendered_job_train_the_same_tokens(tmp_path):
     explained = {s["name"]: s for s in _render(str(spec), "--set", "train.tokens=10000000000", "--explain")["explain"]}
     assert explained["tokens"]["value"] == run["tokens"] and explained["steps"]["source"] == "given"
     # A spec with its own step count: --tokens plans the budget in its place, and says how to run it.
-    r = run_cli("plan", str(HYPERPOD), "--tokens", "1e10", "--json")
+    r = cli_here("plan", str(HYPERPOD), "--tokens", "1e10", "--json")
     assert json.loads(r.stdout)["data"]["run"]["steps"] == 38_147
     assert r.stderr.splitlines() == ["note: --tokens 10,000,000,000 replaces the spec's train.max_steps 10000; to run "
                                      "this plan, set train.tokens: 10000000000 in the spec and drop train.max_steps"]
-    r = run_cli("job", "render", str(HYPERPOD), "--set", "train.tokens=10000000000")
+    r = cli_here("job", "render", str(HYPERPOD), "--set", "train.tokens=10000000000")
     assert (r.returncode, r.stderr) == (2, "error: train.tokens: give a token budget or max_steps (10000), not "
                                            "both\n")
 
@@ -119,14 +119,14 @@ DEFAULT_STEPS = ("warning: train.max_steps: this job trains the default 300 step
 
 def test_a_cluster_job_on_the_default_steps_warns_at_render_and_submit(tmp_path):
     spec = _without_steps(tmp_path)
-    render = run_cli("job", "render", str(spec))
-    submit = run_cli("job", "submit", str(spec), "--dry-run")
+    render = cli_here("job", "render", str(spec))
+    submit = cli_here("job", "submit", str(spec), "--dry-run")
     assert render.returncode == submit.returncode == 0, submit.stderr
     for r in (render, submit):
         assert DEFAULT_STEPS in r.stderr.splitlines()
-    assert "default 300 steps" not in run_cli("job", "render", str(HYPERPOD)).stderr
+    assert "default 300 steps" not in cli_here("job", "render", str(HYPERPOD)).stderr
     # A local job is the user's own machine at work: nothing to warn about.
-    local = run_cli("job", "render", "--backend", "local", "--name", "l", "--set", "storage={}", "--set",
+    local = cli_here("job", "render", "--backend", "local", "--name", "l", "--set", "storage={}", "--set",
                     "instance_type=null", "--set", "nodes=1", "--set", "hyperpod={}", str(spec))
     assert local.returncode == 0 and "default 300 steps" not in local.stderr, local.stderr
 
@@ -137,7 +137,7 @@ def _plan(tmp_path: Path, **train) -> dict:
            "train": {"preset": "llama3_1_8b", "max_steps": 1000, "validation_freq": 250, **train}}
     path = tmp_path / "plan.yaml"
     path.write_text(yaml.safe_dump(doc))
-    r = run_cli("plan", str(path), "--json")
+    r = cli_here("plan", str(path), "--json")
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)["data"]
 
@@ -165,14 +165,14 @@ def test_a_spec_without_its_image_yet_is_planned_and_explained_but_not_rendered(
     """`job init` writes a cluster spec before any image is pushed: `plan` and `--explain` read it
     (the image is a concern of the pods), and the render says what is missing, in one line."""
     spec = tmp_path / "job.yaml"
-    r = run_cli("job", "init", "--backend", "pytorchjob", "--instance-type", "p5.48xlarge", "--nodes", "2",
+    r = cli_here("job", "init", "--backend", "pytorchjob", "--instance-type", "p5.48xlarge", "--nodes", "2",
                 "--preset", "llama3_1_8b", "--storage-claim", "fsx", "--out", str(spec))
     assert r.returncode == 0, r.stderr
     assert "\nimage:" not in spec.read_text()
-    plan = run_cli("plan", str(spec), "--json")
+    plan = cli_here("plan", str(spec), "--json")
     assert plan.returncode == 0 and json.loads(plan.stdout)["data"]["model"] == "llama3_1_8b", plan.stderr
     assert [s["name"] for s in _render(str(spec), "--explain")["explain"]][-2:] == ["steps", "tokens"]
-    render = run_cli("job", "render", str(spec))
+    render = cli_here("job", "render", str(spec))
     assert (render.returncode, render.stderr) == (2, "error: image: the pytorchjob backend runs a container image; "
                                                      "give image: (for example ACCOUNT.dkr.ecr.REGION.amazonaws.com/"
                                                      "fsdpkit:TAG; `fsdpkit image push` prints it)\n")

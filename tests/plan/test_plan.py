@@ -29,7 +29,7 @@ from fsdpkit.train.model.lora import add_adapters
 from fsdpkit.train.model.presets import PRESETS
 from fsdpkit.train.model.transformer import Transformer
 
-from conftest import ROOT, require, run_cli
+from conftest import ROOT, cli_here, require
 
 pytestmark = pytest.mark.slow
 MIB = 2**20
@@ -221,7 +221,7 @@ def test_communication_bytes_equal_the_collectives_of_a_real_step(tmp_path, flag
 
 def plan_json(*args: str) -> dict:
     """The plan's data; exit 1 with ok false when it does not fit (a failed check), else 0."""
-    r = run_cli("plan", *args, "--json")
+    r = cli_here("plan", *args, "--json")
     envelope = json.loads(r.stdout)
     assert r.returncode == (0 if envelope["data"]["fits"] is not False else 1), r.stderr
     assert envelope["ok"] is (r.returncode == 0)
@@ -265,20 +265,20 @@ def test_plan_reports_time_and_cost_for_a_token_budget():
     # A price alone is the nodes' hourly cost (it was ignored without --tokens).
     out = plan_json(*BIG, "--nodes", "8", "--price-per-hour", "98")
     assert out["cost_per_hour"] == 784 and "hours" not in out
-    r = run_cli("plan", *BIG, "--nodes", "8", "--price-per-hour", "98")
+    r = cli_here("plan", *BIG, "--nodes", "8", "--price-per-hour", "98")
     assert "cost: 784.00 USD per hour for 8 node(s) at your price" in r.stdout
 
 
 def test_a_plan_that_does_not_fit_is_a_failed_check():
     """ok is true exactly when the exit code is 0: a plan that does not fit exits 1, the plan in
     data, the change that fits as the hint."""
-    r = run_cli("plan", *BIG, "--nodes", "1", "--json")
+    r = cli_here("plan", *BIG, "--nodes", "1", "--json")
     envelope = json.loads(r.stdout)
     assert r.returncode == 1 and envelope["ok"] is False and envelope["data"]["fits"] is False
     assert envelope["error"]["code"] == "failed" and envelope["error"]["message"].startswith("does not fit")
     assert envelope["error"]["hint"] == f"plan again with {envelope['data']['alternatives'][0]['change']}"
-    assert run_cli("plan", *BIG, "--nodes", "1").returncode == 1
-    assert run_cli("plan", *BIG, "--nodes", "8").returncode == 0
+    assert cli_here("plan", *BIG, "--nodes", "1").returncode == 1
+    assert cli_here("plan", *BIG, "--nodes", "8").returncode == 0
 
 
 @pytest.mark.parametrize(("args", "message"), [
@@ -289,7 +289,7 @@ def test_a_plan_that_does_not_fit_is_a_failed_check():
     (["--preset", "debug", "--price-per-hour", "-3"], "price_per_hour: -3.0 is out of range (> 0)"),
 ])
 def test_bad_plan_input_is_one_line(args, message):
-    r = run_cli("plan", *args)
+    r = cli_here("plan", *args)
     assert r.returncode == 2
     assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
@@ -326,7 +326,7 @@ def test_plan_shows_the_recipe_the_validation_share_and_the_grace_period_the_job
     # A slower volume needs longer; the human report says the same in words.
     slow = plan_json(example, "--write-mb-per-s", "200")["grace"]
     assert slow["seconds"] > out["grace"]["seconds"] and slow["write_s"] == pytest.approx(96.4e9 / 200e6, rel=0.01)
-    r = run_cli("plan", example, "--price-per-hour", "98")
+    r = cli_here("plan", example, "--price-per-hour", "98")
     assert r.returncode == 0, r.stderr
     assert "recipe: lr 0.0003 -> 3e-06 (cosine), warm-up 200 steps" in r.stdout
     assert "validation: 8 batch(es) of 1 every 500 steps and at the end: 0." in r.stdout
