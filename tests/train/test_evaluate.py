@@ -78,3 +78,19 @@ def test_eval_says_what_is_wrong_in_one_line(tmp_path):
     r = run_cli("eval", str(tmp_path / "empty"), "--tasks", "x")
     assert r.returncode == 2 and r.stderr.startswith("error: eval: ") and "export a checkpoint first" in r.stderr
     assert len(r.stderr.splitlines()) == 1
+
+
+@pytest.mark.parametrize("flag,value,says", [
+    ("--limit", "-1", "expected a fraction above 0 and below 1, or a whole number of documents (1 or more), got '-1'"),
+    ("--limit", "0", "expected a fraction above 0 and below 1, or a whole number of documents (1 or more), got '0'"),
+    ("--limit", "2.5", "expected a fraction above 0 and below 1, or a whole number of documents (1 or more), "
+                       "got '2.5'"),
+    ("--batch-size", "0", "expected sequences per forward, 1 or more, got '0'"),
+    ("--batch-size", "x", "expected sequences per forward, 1 or more, got 'x'"),
+])
+def test_eval_refuses_a_limit_or_batch_it_cannot_use_before_loading_anything(tmp_path, flag, value, says):
+    """Checked by the parser, before the model, the harness or the hub is touched (the folder given
+    does not even exist)."""
+    r = run_cli("eval", str(tmp_path / "nothing"), "--tasks", "x", flag, value)
+    assert r.returncode == 2
+    assert r.stderr.splitlines() == [f"error: argument {flag}: {says} (see `fsdpkit eval --help`)"]

@@ -8,6 +8,28 @@ from pathlib import Path
 from fsdpkit.cli.output import Parser, dispatch, emit_json
 
 
+def _limit(raw: str) -> float:
+    """--limit: a fraction of each task (above 0, below 1) or a whole number of documents (1 or more)."""
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not (0 < value < 1 or (value >= 1 and value == int(value))):
+        raise argparse.ArgumentTypeError(f"expected a fraction above 0 and below 1, or a whole number of documents "
+                                         f"(1 or more), got {raw!r}")
+    return value
+
+
+def _batch(raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected sequences per forward, 1 or more, got {raw!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="fsdpkit eval", description="Score an exported model (fsdpkit export) on lm-evaluation-harness tasks; "
@@ -17,9 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tasks", required=True, help="comma-separated task names (the harness's, or files in "
                         "--include-path)")
     parser.add_argument("--include-path", help="a directory of task YAML files (local tasks run offline)")
-    parser.add_argument("--limit", type=float, help="documents per task (below 1: a fraction); default all")
+    parser.add_argument("--limit", type=_limit, help="documents per task (below 1: a fraction); default all")
     parser.add_argument("--num-fewshot", type=int, help="few-shot examples (default: each task's own)")
-    parser.add_argument("--batch-size", type=int, default=8, help="sequences per forward (default: 8)")
+    parser.add_argument("--batch-size", type=_batch, default=8, help="sequences per forward (default: 8)")
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="where to run")
     parser.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="weights' dtype when scoring")
     parser.add_argument("--run-dir", help="the run to record the scores in (default: the one the export came from)")
