@@ -120,3 +120,23 @@ def test_shards_train_with_their_own_tokenizer_and_the_export_carries_it(corpus,
                                            f"with {meta['tokenizer']!r}, not 'bytes'; drop --tokenizer (training on "
                                            "shards uses theirs), or prepare the data again with this one\n")
     assert not (tmp_path / "other").exists()
+
+
+def test_shards_of_a_small_corpus_without_a_held_out_split_train_without_validation(tmp_path):
+    """A corpus too small for a held-out split prepares train shards alone; training on them runs,
+    says there is no validation, and records none (it was refused: "has no split 'validation'")."""
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "a.jsonl").write_text("".join(
+        json.dumps({"text": f"tiny document number {i} with a few words in it"}) + "\n" for i in range(3)))
+    r = run_cli("data", "prepare", "--dataset", str(tmp_path / "corpus"), "--tokenizer", "bytes", "--out",
+                str(tmp_path / "tok"), "--json")
+    assert r.returncode == 0, r.stderr
+    assert list(json.loads((tmp_path / "tok" / "meta.json").read_text())["splits"]) == ["train"]
+    r = run_cli("train", "--dataset", str(tmp_path / "tok"), "--max-steps", "2", "--validation-freq", "0",
+                "--seq-len", "16", "--train-batch-size", "1", "--progress", "off", "--tensorboard", "0",
+                "--run-dir", str(tmp_path / "run"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert ("warning: the 'validation' split holds less than one global validation batch (1 x 1 blocks of 17 "
+            "tokens); no validation") in r.stdout.splitlines()   # the trainer's diagnostics go with its metrics
+    assert [m["step"] for m in read_metrics(tmp_path / "run")] == [2]
+    assert read_metrics(tmp_path / "run", "validation") == []

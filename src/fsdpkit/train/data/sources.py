@@ -301,10 +301,12 @@ class TokenShards:
             raise UserError(f"dataset: {path}/meta.json is not a {TOKENS_FORMAT} token directory")
         self.name, self.meta = str(path), meta
         split_key = split if split in meta["splits"] else ("validation" if split != "train" else "train")
-        if split_key not in meta["splits"]:
+        if split_key == "train" and split_key not in meta["splits"]:
             raise UserError(f"dataset: {path} has no split {split!r} (has: {', '.join(meta['splits'])})")
+        # A small corpus prepares no held-out split: validating on it finds no batch (the trainer
+        # says "no validation"), which must not stop training.
         self.arrays = []
-        for f in meta["splits"][split_key]:
+        for f in meta["splits"].get(split_key, []):
             with reading(path / f, "dataset"):
                 array = np.memmap(path / f, dtype=meta["dtype"], mode="r")
             self.arrays.append(array)
