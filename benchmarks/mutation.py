@@ -76,7 +76,9 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(tree)
     tree.mkdir(parents=True)
     copy_tree(tree)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # mutmut puts its mutants/src first
+    # The mutated tree first, also for the processes a test starts (a CLI in a subprocess would
+    # otherwise import the checkout's fsdpkit through the editable install, which may have moved on).
+    env = {**os.environ, "PYTHONPATH": str(tree / "mutants" / "src")}
     log = work / "mutmut.log"
     print(f"mutation: mutmut in {tree} (its progress in {log}); this takes a while", flush=True)
     with log.open("w") as out:

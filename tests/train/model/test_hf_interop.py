@@ -150,6 +150,24 @@ def test_init_from_hf_refuses_what_the_model_cannot_represent(case, tmp_path, cl
     assert not (tmp_path / "run").exists()
 
 
+def test_init_from_hf_refuses_weights_its_config_has_no_place_for(tmp_path, cli):
+    """Qwen 2 weights (biased q/k/v) with a Llama config.json: the six bias tensors would be dropped
+    and the run would train on; one line naming them instead, nothing written."""
+    hf_dir = tmp_path / "hf"
+    make_hf_checkpoint("qwen2", hf_dir)
+    make_hf_checkpoint("llama", tmp_path / "llama")
+    llama = json.loads((tmp_path / "llama" / "config.json").read_text())
+    (hf_dir / "config.json").write_text(json.dumps({**llama, "rope_scaling": None, "rope_theta": 1e6}))
+    r = cli("train", *FAST, "--init_from_hf", str(hf_dir), "--max_steps", "1", "--run_dir", str(tmp_path / "run"))
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert r.stderr.splitlines() == [
+        f"error: init_from_hf: {hf_dir} holds 6 tensor(s) the model has no place for "
+        "(model.layers.0.self_attn.k_proj.bias, model.layers.0.self_attn.q_proj.bias, "
+        "model.layers.0.self_attn.v_proj.bias and 3 more); its config.json describes another model than its "
+        "weights: use the config.json they were saved with"]
+    assert not (tmp_path / "run").exists()
+
+
 def test_linear_rope_scaling_matches_transformers(tmp_path):
     from fsdpkit.train.model.hf import load_hf_into
     from fsdpkit.train.model.hf_config import model_config_from_hf

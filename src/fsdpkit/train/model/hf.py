@@ -195,11 +195,43 @@ def _local_rows(p: torch.Tensor) -> tuple[slice, torch.Tensor]:
     return slice(offset[0], offset[0] + local_shape[0]), p.to_local()
 
 
+# Checkpoint tensors that are no weights: RoPE's frequency table, which older checkpoints saved.
+_NOT_WEIGHTS = re.compile(r"\.rotary_emb\.inv_freq$")
+
+
+def _checkpoint_keys(name: str, cfg: ModelConfig) -> list[str]:
+    """The checkpoint tensors a parameter of the model is filled from (Mixtral's experts: one per expert)."""
+    m = _MOE.match(name)
+    if not m:
+        return ["model.embed_tokens.weight" if name == "lm_head.weight" and cfg.tie_embeddings else name]
+    layer, what = m.groups()
+    prefix = f"model.layers.{layer}.block_sparse_moe"
+    if what == "gate.weight":
+        return [f"{prefix}.gate.weight"]
+    parts = ("w2",) if what == "experts.down_proj" else ("w1", "w3")
+    return [f"{prefix}.experts.{e}.{w}.weight" for e in range(cfg.n_experts) for w in parts]
+
+
+def _refuse_unplaced(model: torch.nn.Module, files: _HubFiles, path: Path, cfg: ModelConfig) -> None:
+    """Loading is strict both ways: a tensor the model has no place for (Qwen 2's q/k/v biases under a
+    Llama config.json) would be dropped while the run trains on, so it is refused in one line."""
+    placed = {k for name, _ in model.named_parameters() if not is_adapter(name) for k in _checkpoint_keys(name, cfg)}
+    if cfg.tie_embeddings:
+        placed.add("lm_head.weight")  # a tied checkpoint may still carry the head: it is the embedding
+    unplaced = sorted(k for k in files.where if k not in placed and not _NOT_WEIGHTS.search(k))
+    if unplaced:
+        shown = ", ".join(unplaced[:3]) + (f" and {len(unplaced) - 3} more" if len(unplaced) > 3 else "")
+        raise UserError(f"init_from_hf: {path} holds {len(unplaced)} tensor(s) the model has no place for ({shown}); "
+                        "its config.json describes another model than its weights: use the config.json they were "
+                        "saved with")
+
+
 @torch.no_grad()
 def load_hf_into(model: torch.nn.Module, path: Path, cfg: ModelConfig) -> None:
     """Copy Hugging Face weights into a (possibly FSDP-sharded) model; each rank reads only its rows,
     so no rank ever holds the full model."""
     files = _HubFiles(path)
+    _refuse_unplaced(model, files, path, cfg)
     for name, p in model.named_parameters():
         if is_adapter(name):
             continue  # LoRA adapters: not part of the base model
