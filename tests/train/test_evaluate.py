@@ -81,10 +81,9 @@ def test_eval_says_what_is_wrong_in_one_line(tmp_path):
 
 
 @pytest.mark.parametrize("flag,value,says", [
-    ("--limit", "-1", "expected a fraction above 0 and below 1, or a whole number of documents (1 or more), got '-1'"),
-    ("--limit", "0", "expected a fraction above 0 and below 1, or a whole number of documents (1 or more), got '0'"),
-    ("--limit", "2.5", "expected a fraction above 0 and below 1, or a whole number of documents (1 or more), "
-                       "got '2.5'"),
+    ("--limit", "-1", "expected documents per task above 0 (below 1: a fraction of each task), got '-1'"),
+    ("--limit", "0", "expected documents per task above 0 (below 1: a fraction of each task), got '0'"),
+    ("--limit", "inf", "expected documents per task above 0 (below 1: a fraction of each task), got 'inf'"),
     ("--batch-size", "0", "expected sequences per forward, 1 or more, got '0'"),
     ("--batch-size", "x", "expected sequences per forward, 1 or more, got 'x'"),
 ])

@@ -9,14 +9,14 @@ from fsdpkit.cli.output import Parser, dispatch, emit_json
 
 
 def _limit(raw: str) -> float:
-    """--limit: a fraction of each task (above 0, below 1) or a whole number of documents (1 or more)."""
+    """--limit: above 0; below 1 a fraction of each task, else that many documents (the harness's rule)."""
     try:
         value = float(raw)
     except ValueError:
-        value = -1.0
-    if not (0 < value < 1 or (value >= 1 and value == int(value))):
-        raise argparse.ArgumentTypeError(f"expected a fraction above 0 and below 1, or a whole number of documents "
-                                         f"(1 or more), got {raw!r}")
+        value = 0.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected documents per task above 0 (below 1: a fraction of each task), "
+                                         f"got {raw!r}")
     return value
 
 

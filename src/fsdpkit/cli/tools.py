@@ -43,6 +43,8 @@ _TYPES: dict[str, dict[str, Any]] = {
     "duration": _DURATION,
     "_count": {"type": "integer", "minimum": 0},
     "_days": {"type": "number", "minimum": 0},
+    "_limit": {"type": "number", "exclusiveMinimum": 0},
+    "_batch": {"type": "integer", "minimum": 1},
 }
 
 
