@@ -78,6 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     copy_tree(tree)
     # The mutated tree first, also for the processes a test starts (a CLI in a subprocess would
     # otherwise import the checkout's fsdpkit through the editable install, which may have moved on).
+    # The folder exists before Python starts: a path entry missing at start-up is cached as having
+    # nothing to import, and the checkout's fsdpkit would be tested instead of the mutants.
+    (tree / "mutants" / "src").mkdir(parents=True)
     env = {**os.environ, "PYTHONPATH": str(tree / "mutants" / "src")}
     log = work / "mutmut.log"
     print(f"mutation: mutmut in {tree} (its progress in {log}); this takes a while", flush=True)
