@@ -58,8 +58,12 @@ def survivors(results: str) -> list[str]:
     return [m["name"] for line in results.splitlines() if (m := MUTANT.match(line)) and m["status"] not in CAUGHT]
 
 
+def caught(counts: Counter) -> int:
+    return sum(counts[s] for s in CAUGHT)
+
+
 def score(counts: Counter) -> float:
-    return 100 * sum(counts[s] for s in CAUGHT) / max(1, sum(counts.values()))
+    return 100 * caught(counts) / max(1, sum(counts.values()))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -94,20 +98,20 @@ def main(argv: list[str] | None = None) -> int:
                              capture_output=True, text=True, check=True).stdout
     by_module = parse(results)
     (work / "survivors.txt").write_text("\n".join(survivors(results)) + "\n")
-    rows = []
+    rows, low = [], []
     for module, counts in sorted(by_module.items()):
-        caught = sum(counts[s] for s in CAUGHT)
-        rows.append([module, sum(counts.values()), caught, counts["survived"], counts["no tests"],
-                     f"{score(counts):.1f}%"])
-        print(f"{module:45} {rows[-1][1]:5} mutants, {caught:5} killed, {counts['survived']:5} survived, "
-              f"{counts['no tests']:5} reached by no test: {rows[-1][-1]}")
+        total, killed, pct = sum(counts.values()), caught(counts), score(counts)
+        rows.append([module, total, killed, counts["survived"], counts["no tests"], f"{pct:.1f}%"])
+        print(f"{module:45} {total:5} mutants, {killed:5} killed, {counts['survived']:5} survived, "
+              f"{counts['no tests']:5} reached by no test: {pct:.1f}%")
+        if pct < args.threshold:
+            low.append(module)
     print(f"mutation: survivors listed in {work / 'survivors.txt'} (`mutmut show NAME` in {tree})")
     if not args.no_results_md:
         env_info = environment()
         append_rows("Mutation testing (`make mutation`)",
                     ["date", "commit", "module", "mutants", "killed", "survived", "reached by no test", "score"],
-                    [[env_info["date"], env_info["commit"], *r[:5], r[5]] for r in rows])
-    low = [r[0] for r in rows if score(by_module[r[0]]) < args.threshold]
+                    [[env_info["date"], env_info["commit"], *r] for r in rows])
     if low:
         print(f"mutation: under {args.threshold:.0f}%: {', '.join(low)}")
     return 1 if low else 0

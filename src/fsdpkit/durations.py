@@ -3,6 +3,7 @@ checkpoint_every's wall time. A leaf: imports nothing of fsdpkit."""
 
 from __future__ import annotations
 
+import math
 import re
 
 DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -17,16 +18,12 @@ def seconds(raw: str | float) -> float:
     ValueError naming the forms, or the bound, otherwise."""
     text = str(raw).strip().lower()
     shown = repr(text if len(text) <= 40 else text[:37] + "...")
-    try:
-        if "inf" in text or "nan" in text:
-            raise ValueError(text)
-        if m := _WITH_UNIT.match(text):
-            value = float(m.group(1)) * DURATION_UNITS[m.group(2)]
-        else:  # a plain number is seconds
-            value = float(text)
+    m = _WITH_UNIT.match(text)
+    try:  # a plain number is seconds
+        value = float(m.group(1)) * DURATION_UNITS[m.group(2)] if m else float(text)
     except ValueError:
-        value = -1.0
-    if value < 0:
+        value = math.nan
+    if not value >= 0 or "inf" in text:  # not a number, below zero, or the word inf(inity)
         raise ValueError(f"expected seconds (90) or a duration (30s, 15m, 2h, 1d), got {shown}")
     if value > MAX_SECONDS:  # a number too long for a float comes as infinity: refused here too
         raise ValueError(f"a duration is at most 100 years ({MAX_SECONDS} s), got {shown}")

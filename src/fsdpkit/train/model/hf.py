@@ -199,23 +199,27 @@ def _local_rows(p: torch.Tensor) -> tuple[slice, torch.Tensor]:
 _NOT_WEIGHTS = re.compile(r"\.rotary_emb\.inv_freq$")
 
 
-def _checkpoint_keys(name: str, cfg: ModelConfig) -> list[str]:
-    """The checkpoint tensors a parameter of the model is filled from (Mixtral's experts: one per expert)."""
+def _checkpoint_keys(name: str, cfg: ModelConfig, experts: range | None = None) -> list[tuple[str, ...]]:
+    """The checkpoint tensors a parameter of the model is filled from: one tensor, whose rows it
+    takes; or for Mixtral's experts one group per expert (`experts`, default all), its tensors
+    concatenated (w1 and w3 into gate_up_proj, w2 alone into down_proj)."""
     m = _MOE.match(name)
     if not m:
-        return ["model.embed_tokens.weight" if name == "lm_head.weight" and cfg.tie_embeddings else name]
+        return [("model.embed_tokens.weight" if name == "lm_head.weight" and cfg.tie_embeddings else name,)]
     layer, what = m.groups()
     prefix = f"model.layers.{layer}.block_sparse_moe"
     if what == "gate.weight":
-        return [f"{prefix}.gate.weight"]
+        return [(f"{prefix}.gate.weight",)]
     parts = ("w2",) if what == "experts.down_proj" else ("w1", "w3")
-    return [f"{prefix}.experts.{e}.{w}.weight" for e in range(cfg.n_experts) for w in parts]
+    return [tuple(f"{prefix}.experts.{e}.{w}.weight" for w in parts)
+            for e in (experts if experts is not None else range(cfg.n_experts))]
 
 
 def _refuse_unplaced(model: torch.nn.Module, files: _HubFiles, path: Path, cfg: ModelConfig) -> None:
     """Loading is strict both ways: a tensor the model has no place for (Qwen 2's q/k/v biases under a
     Llama config.json) would be dropped while the run trains on, so it is refused in one line."""
-    placed = {k for name, _ in model.named_parameters() if not is_adapter(name) for k in _checkpoint_keys(name, cfg)}
+    placed = {k for name, _ in model.named_parameters() if not is_adapter(name)
+              for group in _checkpoint_keys(name, cfg) for k in group}
     if cfg.tie_embeddings:
         placed.add("lm_head.weight")  # a tied checkpoint may still carry the head: it is the embedding
     unplaced = sorted(k for k in files.where if k not in placed and not _NOT_WEIGHTS.search(k))
@@ -239,23 +243,12 @@ def load_hf_into(model: torch.nn.Module, path: Path, cfg: ModelConfig) -> None:
         if rows.start >= rows.stop:
             continue
         m = _MOE.match(name)
-        if not m:
-            key = "model.embed_tokens.weight" if name == "lm_head.weight" and cfg.tie_embeddings else name
+        if m is None or m.group(2) == "gate.weight":
+            ((key,),) = _checkpoint_keys(name, cfg)
             value = files.slice(key, rows)
-        else:
-            layer, what = m.groups()
-            prefix = f"model.layers.{layer}.block_sparse_moe"
-            if what == "gate.weight":
-                value = files.slice(f"{prefix}.gate.weight", rows)
-            else:
-                experts = range(rows.start, rows.stop)
-                full = slice(None)
-                if what == "experts.down_proj":
-                    parts = [files.slice(f"{prefix}.experts.{e}.w2.weight", full) for e in experts]
-                else:
-                    parts = [torch.cat([files.slice(f"{prefix}.experts.{e}.w1.weight", full),
-                                        files.slice(f"{prefix}.experts.{e}.w3.weight", full)]) for e in experts]
-                value = torch.stack(parts)
+        else:  # this rank's experts (dim 0), each whole
+            groups = _checkpoint_keys(name, cfg, range(rows.start, rows.stop))
+            value = torch.stack([torch.cat([files.slice(k, slice(None)) for k in group]) for group in groups])
         if tuple(value.shape) != tuple(local.shape):
             raise UserError(f"init_from_hf: {name} has shape {tuple(value.shape)} in {path}, "
                             f"the model expects {tuple(local.shape)}")
