@@ -40,9 +40,12 @@ def _closure(dist: str, extras: frozenset[str] = frozenset()) -> set[str]:
 
 
 def _make_n(target: str, venv) -> list[str]:
-    """What `make TARGET` would run, as make prints it with -n (run from the Makefile's folder; under
-    `make test` the outer make's variables are left out, so this make is not its sub-make)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS", "MAKEOVERRIDES")}
+    """What `make TARGET` would run on a fresh machine, as make prints it with -n (run from the
+    Makefile's folder). The outer make's variables are left out, and so are the Makefile's own
+    settings: CI's `make test TORCH_SPEC=...` exports its pin to every process under it."""
+    settings = {"MAKEFLAGS", "MAKELEVEL", "MFLAGS", "MAKEOVERRIDES", "PYTHON", "VENV", "TORCH_SPEC", "TEST_WORKERS",
+                "RUN_ARGS", "PYTEST_ARGS"}
+    env = {k: v for k, v in os.environ.items() if k not in settings}
     return subprocess.run(["make", "--no-print-directory", "-n", target, f"VENV={venv}"], cwd=ROOT, env=env,
                           capture_output=True, text=True, check=True).stdout.splitlines()
 
