@@ -7,6 +7,7 @@ and must succeed."""
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import re
 import shutil
@@ -129,17 +130,37 @@ RUNNABLE = [(d, c) for d, c in COMMANDS if needs(c) is None and not d.endswith("
 
 
 def _workspace(root: Path) -> dict[str, str]:
-    """What a reader's folder holds before the first command of a document: the examples, some text
-    of their own (my-corpus), a requirements file and a job spec. Returns the env."""
+    """What a reader's folder holds before the first command of a document: a fresh clone's examples
+    and some text of their own (my-corpus). Returns the env."""
     shutil.copytree(ROOT / "examples", root / "examples")
     corpus = root / "my-corpus"   # text of one's own: Python's library sources, as text files
     corpus.mkdir()
     for f in sorted(Path(os.__file__).parent.glob("*.py"))[:80]:
         (corpus / f"{f.stem}.txt").write_text(f.read_text(errors="replace"))
-    (root / "requirements.txt").write_text("rich==13.9.4\n")
-    shutil.copy(ROOT / "examples" / "jobs" / "eks-p5.yaml", root / "job.yaml")
     return {"HOME": str(root / "home"), "FSDPKIT_HOME": str(root / "fsdpkit-home"), "HF_HUB_OFFLINE": "1",
             "MLFLOW_TRACKING_URI": f"file:{root / 'mlruns'}", "PATH": os.environ["PATH"]}
+
+
+# A file a documented line names: a path whose suffix says it is one.
+_FILE = re.compile(r"^[\w./-]+\.(ya?ml|txt|jsonl?|toml|jinja|sh|parquet)$")
+
+
+@pytest.mark.parametrize("doc", sorted({d for d, _ in COMMANDS if not d.endswith("SKILL.md")}))
+def test_every_file_a_documented_line_names_ships_or_an_earlier_line_writes_it(doc):
+    """A reader copies the lines in order in a fresh clone: `ray create spec.yaml` or `image init
+    --requirements requirements.txt` name nothing there. Lines that need a cluster are held to this
+    too; what an earlier line names (an --out file, a run directory) counts as written by it. (The
+    skills' lines name the user's own files: tests/skills runs them on fixtures.)"""
+    earlier: set[str] = set()
+    for line in (c for d, c in COMMANDS if d == doc):
+        words = shell_argv(line.replace(" > ", " --out "))
+        earlier |= {w for o, w in itertools.pairwise(words) if o in ("--out", "-o")}
+        for word in words[1:]:
+            path = word.split("=", 1)[-1]
+            if _FILE.match(path) and not path.startswith("/"):
+                written = any(path == e or path.startswith(e.rstrip("/") + "/") for e in earlier)
+                assert written or (ROOT / path).exists(), f"{doc}: `{line}` names {path}: not in a fresh clone"
+        earlier |= {w for w in words[1:] if not w.startswith("-")}
 
 
 @pytest.fixture(scope="module")
@@ -154,16 +175,31 @@ def workspaces(tmp_path_factory):
     return get
 
 
+# The trainer's flags that count steps (both spellings).
+_STEPS = {"--max-steps", "--max_steps", "--checkpoint-freq", "--checkpoint_freq"}
+
+
+def _shortened(argv: list[str]) -> list[str]:
+    """A documented training line at a hundredth of its steps, without a progress bar."""
+    out = [str(max(1, int(v) // 100)) if flag in _STEPS else v for flag, v in itertools.pairwise(["", *argv])]
+    named = any(a.split("=")[0] in ("--max-steps", "--max_steps") for a in argv)
+    return [*out, *([] if named else ["--max_steps", "1"]), "--progress", "off"]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("doc,line", RUNNABLE, ids=[f"{d}:{c[:60]}" for d, c in RUNNABLE])
 def test_documented_command_runs_as_written(doc, line, workspaces):
-    """Training runs stop after one step (--max_steps 1 added last, so it wins): what is checked is
-    that the command as written finds its files, parses and runs."""
+    """What is checked is that the command as written finds its files, parses and runs, and that a
+    documented resume has steps left to train. Training runs are a hundred times shorter: each step
+    count a line gives is divided by 100 (at least 1), a line that gives none stops after one step."""
     root, env = workspaces(doc)
     tokens = shell_argv(line.split(" > ")[0])
-    argv = tokens[1:] + (["--max_steps", "1", "--progress", "off"] if tokens[1] == "train" else [])
+    argv = _shortened(tokens[1:]) if tokens[1] == "train" else tokens[1:]
     r = run_cli(*argv, cwd=root, env=env, timeout=600)
     code = next((c for rx, c in EXPECT.items() if re.search(rx, line)), 0)
     assert r.returncode == code, f"{doc}: `{line}` exited {r.returncode}, not {code}:\n{r.stderr[-2000:]}"
+    if any(t.startswith("--resume") for t in tokens):   # continues the run an earlier line of the page made
+        assert re.search(r"fsdpkit: resumed from \S+ at step [1-9]", r.stdout + r.stderr) and \
+            "nothing to do" not in r.stdout + r.stderr, f"{doc}: `{line}` resumes nothing:\n{r.stdout[-2000:]}"
     if " > " in line:
         (root / line.split(" > ")[1].split()[0]).write_text(r.stdout)

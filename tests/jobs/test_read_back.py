@@ -13,11 +13,11 @@ import yaml
 
 from fsdpkit.cli.main import main
 from fsdpkit.cluster import pod_rules
-from fsdpkit.jobs.starter import examples
+from fsdpkit.jobs.starter import examples, spec_examples
 
 from manifest_schemas import SCHEMAS, jobset_of, kubectl_reads, pod_of, validate_builtin, validate_object
 
-CLUSTER = {"eks-p5", "trainjob-p5", "hyperpod-p5"}     # the examples written for a Kubernetes cluster
+CLUSTER = {"eks-p5", "trainjob-p5", "hyperpod-p5", "ray-p5"}     # the examples written for a Kubernetes cluster
 BACKENDS = {"pytorchjob": [], "trainjob": [], "hyperpod": [],
             "hyperpod-kubeflow": ["--set", "hyperpod.operator=kubeflow", "--set", "namespace=kubeflow"]}
 VERL_IMAGE = "verlai/verl:app-verl0.5-transformers4.55.4-vllm0.10.0-mcore0.13.0-te2.2"
@@ -82,7 +82,8 @@ def test_every_example_on_every_backend_reads_back_as_kubectl_reads_it(tmp_path,
 
 def test_the_examples_own_backends_are_covered():
     """Every example is either a cluster spec read back above or renders no Kubernetes object."""
-    assert set(examples()) >= CLUSTER and set(examples()) - CLUSTER == {"local-tiny", "slurm-p5"}
+    assert set(spec_examples()) >= CLUSTER and set(spec_examples()) - CLUSTER == {"local-tiny", "slurm-p5"}
+    assert set(examples()) - set(spec_examples()) == {"requirements"}
 
 
 def test_strings_any_yaml_reader_would_retype_are_quoted(capsys):

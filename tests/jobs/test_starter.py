@@ -13,7 +13,7 @@ import yaml
 from fsdpkit.errors import UserError
 from fsdpkit.jobs.resolved import resolve
 from fsdpkit.jobs.spec import BACKENDS, JobSpec, load_spec_dict
-from fsdpkit.jobs.starter import example, examples, starter
+from fsdpkit.jobs.starter import example, examples, spec_examples, starter
 from fsdpkit.plan.grace import cadence
 from fsdpkit.train.config import parse_args
 from fsdpkit.train.model.presets import get_preset
@@ -98,10 +98,15 @@ def test_init_refuses_to_overwrite_and_bad_values_write_nothing(tmp_path):
 
 def test_examples_ship_with_the_package_and_each_is_a_valid_spec():
     found = examples()
-    assert {"eks-p5", "hyperpod-p5", "trainjob-p5", "slurm-p5", "local-tiny"} <= set(found)
-    for name, description in found.items():
-        assert description and not description.endswith(":")
+    assert {"eks-p5", "hyperpod-p5", "trainjob-p5", "slurm-p5", "local-tiny", "ray-p5", "requirements"} <= set(found)
+    assert all(d and not d.endswith(":") for d in found.values())
+    assert set(spec_examples()) == set(found) - {"requirements"}
+    for name in spec_examples():
         load_spec_dict(yaml.safe_load(example(name)))
+    # Named with its suffix or without, as a reader copies it from a path.
+    assert example("requirements.txt") == example("requirements")
+    wanted = [r for r in example("requirements").splitlines() if not r.startswith("#")]
+    assert wanted == ["datasets>=3.0", "wandb>=0.19"]
     r = run_cli("examples", "show", "nope", "--json")
     assert r.returncode == 2 and json.loads(r.stdout)["error"]["code"] == "not_found"
 

@@ -1,4 +1,5 @@
-"""`fsdpkit examples list|show`: the example job specs that ship inside the package."""
+"""`fsdpkit examples list|show`: the example job specs, and a project's requirements file, that ship
+inside the package."""
 
 from __future__ import annotations
 
@@ -34,12 +35,12 @@ def show(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="fsdpkit examples", description="Example job specs (local, EKS, HyperPod, Trainer v2, "
-                    "Slurm), shipped with fsdpkit.")
+                    "KubeRay, Slurm) and a project's requirements file, shipped with fsdpkit.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    p = sub.add_parser("list", help="the example job specs")
+    p = sub.add_parser("list", help="the examples: job specs and a requirements file")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=list_)
-    p = sub.add_parser("show", help="print an example job spec, or write it with --out")
+    p = sub.add_parser("show", help="print an example, or write it with --out")
     p.add_argument("name", help="an example's name (see `fsdpkit examples list`)")
     p.add_argument("--out", help="write it to this file")
     p.add_argument("--force", action="store_true", help="overwrite an existing file")

@@ -37,24 +37,39 @@ _TRAIN_OPTIONS = (("preset", None), ("init_from_hf", "checkpoint"), ("dataset", 
                   ("keep_last", "checkpoint"))
 
 
+# What ships beside the job specs: a project's requirements file, for `image init` and `image check`.
+_SUFFIXES = (".yaml", ".txt")
+
+
+def _files() -> dict[str, Any]:
+    """Example name -> its packaged file."""
+    root = resources.files(__package__) / _EXAMPLES
+    return {f.name.rsplit(".", 1)[0]: f for f in sorted(root.iterdir(), key=lambda p: p.name)
+            if f.name.endswith(_SUFFIXES)}
+
+
 def examples() -> dict[str, str]:
     """Example name -> its first comment line (what it shows)."""
-    root = resources.files(__package__) / _EXAMPLES
     out = {}
-    for f in sorted(root.iterdir(), key=lambda p: p.name):
-        if f.name.endswith(".yaml"):
-            head = " ".join(line.lstrip("# ").strip() for line in f.read_text().splitlines()
-                            if line.startswith("# ") and not line.startswith("#  "))
-            out[f.name.removesuffix(".yaml")] = head.split(": ")[0].split(". ")[0].rstrip(".")
+    for name, f in _files().items():
+        head = " ".join(line.lstrip("# ").strip() for line in f.read_text().splitlines()
+                        if line.startswith("# ") and not line.startswith("#  "))
+        out[name] = head.split(": ")[0].split(". ")[0].rstrip(".")
     return out
 
 
+def spec_examples() -> list[str]:
+    """The examples that are job specs."""
+    return [name for name, f in _files().items() if f.name.endswith(".yaml")]
+
+
 def example(name: str) -> str:
-    """An example spec's text (NAME or NAME.yaml)."""
-    name = name.removesuffix(".yaml")
-    if name not in examples():
-        raise NotFound(f"example {name!r} not found; see `fsdpkit examples list` ({', '.join(examples())})")
-    return (resources.files(__package__) / _EXAMPLES / f"{name}.yaml").read_text()
+    """An example's text (NAME, or NAME with its suffix)."""
+    files = _files()
+    name = next((name.removesuffix(s) for s in _SUFFIXES if name.removesuffix(s) in files), name)
+    if name not in files:
+        raise NotFound(f"example {name!r} not found; see `fsdpkit examples list` ({', '.join(files)})")
+    return cast("str", files[name].read_text())
 
 
 def _value(v: Any) -> str:
