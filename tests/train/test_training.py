@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -61,6 +62,12 @@ def test_two_ranks_match_one_process(single_process_run, tmp_path, extra):
     # Hybrid is a real 2-D mesh (replicate x shard), never an alias of full sharding.
     mesh = "dp_replicate=2 x dp_shard=1" if "hybrid" in extra else "mesh dp_shard=2;"
     assert mesh in r.stdout
+    # One MFU denominator for the run, the one the start line gives: every step's MFU is its
+    # TFLOP/s over that figure (the ranks measured it together and agreed on it).
+    peaks = [float(x) for x in re.findall(r"MFU denominator ([\d.]+) TFLOP/s \(measured-gemm\)", r.stdout)]
+    assert len(peaks) == 1 and "MFU denominator" not in r.stdout.split("MFU denominator", 1)[1]
+    rows = [m for m in read_metrics(run_dir) if m["mfu"] is not None]
+    assert all(m["tflops_per_device"] / m["mfu"] == pytest.approx(peaks[0], abs=5e-4) for m in rows)
     one, two = losses(single_process_run), losses(run_dir)
     assert len(one) == len(two) == 6
     assert one[-1] < one[0]  # it trained

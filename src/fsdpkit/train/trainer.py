@@ -40,7 +40,6 @@ from fsdpkit.train.observe.metrics import (
     cpu_bf16_gemm_ratio,
     derive,
     human_line,
-    measure_cpu_peak_flops,
     minor_page_faults,
     peak_flops,
     peak_memory_bytes,
@@ -332,6 +331,10 @@ def _open_run(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path, state: TrainSta
                     "no validation")
     dtype = compute_dtype(cfg.parallel, rt.device.type)
     peak, peak_source = peak_flops(rt.device, dtype, cfg.log.peak_tflops)
+    if peak is not None and peak_source == "measured-gemm":
+        # Every rank measures at once, as they will compute, and the best counts: one figure for the
+        # run (a rank measured while another was still loading reads low).
+        peak = dist.all_reduce_max(peak, rt)
     # Only rank 0's diagnostics are shown, so only rank 0 spends the 0.3 s measuring fp32 for this one.
     bf16_on_cpu = rt.is_main and peak_source == "measured-gemm" and dtype == torch.bfloat16
     if bf16_on_cpu and peak is not None and (ratio := cpu_bf16_gemm_ratio(peak)) < 1:
@@ -469,12 +472,6 @@ def _log_window(run: Run, window: Window, lr: float, grad_norm: torch.Tensor, n:
     run.result.losses.append((n, loss))
     if run.writer:
         m = derive(stats, run.flops_per_token, run.peak, peak_memory_bytes(rt.device))
-        if m["mfu_above_peak"] and run.peak_source == "measured-gemm" and run.peak is not None:
-            # Faster than the CPU's measured peak: other work slowed that measurement.
-            run.peak = max(run.peak, measure_cpu_peak_flops(run.dtype))
-            run.say(f"fsdpkit: MFU denominator re-measured: {run.peak / 1e12:.3f} TFLOP/s (the start-up "
-                    "measurement was slowed by other work on this machine)")
-            m = derive(stats, run.flops_per_token, run.peak, peak_memory_bytes(rt.device))
         m["bad_records"] = run.bad_records()
         if (load := model.expert_load()) is not None:  # rank 0's last micro-batch, every layer
             m["expert_tokens"] = load.tolist()

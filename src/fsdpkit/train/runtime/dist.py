@@ -138,6 +138,15 @@ def broadcast_int(value: int, rt: Runtime) -> int:
     return int(t.item())
 
 
+def all_reduce_max(value: float, rt: Runtime) -> float:
+    """The largest of every rank's `value`, on every rank."""
+    if not rt.distributed:
+        return value
+    t = torch.tensor([value], dtype=torch.float64, device=rt.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
 def all_reduce_mean(t: torch.Tensor, rt: Runtime) -> torch.Tensor:
     if rt.distributed and rt.world_size > 1:
         t = t.clone()
