@@ -67,6 +67,8 @@ def test_two_ranks_match_one_process(single_process_run, tmp_path, extra):
     peaks = [float(x) for x in re.findall(r"MFU denominator ([\d.]+) TFLOP/s \(measured-gemm\)", r.stdout)]
     assert len(peaks) == 1 and "MFU denominator" not in r.stdout.split("MFU denominator", 1)[1]
     rows = [m for m in read_metrics(run_dir) if m["mfu"] is not None]
+    # --nproc is recorded as given (torchrun's parser never sees it): `--config` of this starts two again.
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["parallel"]["nproc"] == 2
     assert all(m["tflops_per_device"] / m["mfu"] == pytest.approx(peaks[0], abs=5e-4) for m in rows)
     one, two = losses(single_process_run), losses(run_dir)
     assert len(one) == len(two) == 6

@@ -29,10 +29,15 @@ if TYPE_CHECKING:  # the trainer (torch) is imported when a run starts, so that 
     from fsdpkit.train.trainer import TrainResult
 
 
+# The launcher's --nproc, for its workers: their config.yaml records it as given, so `--config` of it
+# starts as many again.
+NPROC_ENV = "FSDPKIT_NPROC"
+
+
 def agent_args(cfg: TrainConfig, argv: list[str], run_dir: str) -> list[str]:
     """torchrun's arguments for this machine, then the worker's module and the same flags; the run
     directory is fixed here so every process agrees on it. `--nproc` is dropped: torchrun's own
-    parser would take it for a prefix of its `--nproc-per-node`, and the workers do not need it."""
+    parser would take it for a prefix of its `--nproc-per-node` (it reaches the workers as NPROC_ENV)."""
     rest, skip = [], False
     for arg in argv:
         if skip:
@@ -54,7 +59,7 @@ def launch(cfg: TrainConfig, argv: list[str]) -> tuple[int, TrainResult | None]:
     if cfg.parallel.nproc > 1 and not dist.under_torchrun():
         # This process outlives every restart of the workers: it holds the checkpoint directory.
         run_dir, lock = preflight(cfg)
-        env = {**os.environ, run_lock.HELD_ENV: "1"}
+        env = {**os.environ, run_lock.HELD_ENV: "1", NPROC_ENV: str(cfg.parallel.nproc)}
         if dist.resolve_device_type(cfg.parallel.device) == "cpu" and "OMP_NUM_THREADS" not in env:
             # torchrun would pin every process to one thread; share the cores out instead.
             env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // cfg.parallel.nproc))
@@ -105,6 +110,8 @@ def main(argv: list[str] | None = None, prog: str = "fsdpkit train") -> int:
     rank0 = int(os.environ.get("RANK", "0")) == 0
     if dist.under_torchrun():
         die_with_parent()  # a worker never outlives torchrun's agent
+        if NPROC_ENV in os.environ:
+            argv += ["--nproc", os.environ[NPROC_ENV]]
     # What reading the options says waits until it is known who trains: a launcher of --nproc
     # workers leaves it to them (rank 0 says it once); other ranks say nothing.
     held: list[str] = []
