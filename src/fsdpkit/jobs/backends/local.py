@@ -30,6 +30,11 @@ from fsdpkit.polling import poll_until
 
 log = logging.getLogger(__name__)
 
+# What says a local job exists, as opposed to what it made (log, run directory, checkpoints).
+_RECORD = ("spec.json", "command", "pid", "rc", "attempt", "cancelled")
+# How long a stopped job has to save its checkpoint and end.
+STOP_SECONDS = 120
+
 
 class LocalBackend:
     name = "local"
@@ -65,17 +70,15 @@ class LocalBackend:
             if ref.env not in os.environ:
                 raise UserError(f"secrets: {ref.env} refers to Secret {ref.secret}, which the local backend cannot "
                                 f"read; export {ref.env} in this shell instead")
-        if job_dir.exists():
+        if (job_dir / "spec.json").exists():
             st = self.status(spec.name)
             if not replace:
                 raise Conflict(f"job {spec.name!r} already exists ({st.state}) in {job_dir}; pick another name, or "
                                 "pass --replace to start it again (its checkpoints are kept and resumed)")
-            if not st.finished:
-                self.cancel(spec.name)
-                poll_until(lambda: self.status(spec.name), lambda st: st.finished, 120, 0.5)
-            for f in ("rc", "pid", "cancelled"):
-                (job_dir / f).unlink(missing_ok=True)
+            self.cancel(spec.name)
         make_dir(job_dir)
+        for f in _RECORD:   # a deleted job's outputs stay; its record starts again
+            (job_dir / f).unlink(missing_ok=True)
         (job_dir / "spec.json").write_text(json.dumps(spec.to_dict(), indent=2))
         (job_dir / "command").write_text(shlex.join(cmd) + "\n")
         (job_dir / "attempt").write_text("0")
@@ -126,7 +129,7 @@ class LocalBackend:
 
     def status(self, name: str) -> JobStatus:
         job_dir = self._dir(name)
-        if not job_dir.is_dir():
+        if not (job_dir / "spec.json").is_file():
             raise NotFound(f"job {name!r} not found in {jobs_home()} (see `fsdpkit job list --backend local`)")
         rc_file = job_dir / "rc"
         details: dict[str, Any] = {"dir": str(job_dir), "log": str(job_dir / "log")}
@@ -151,7 +154,9 @@ class LocalBackend:
 
     def cancel(self, name: str, delete_storage: bool = False,
                dry_run: bool = False) -> list[str]:
-        """SIGTERM to the whole process group: torchrun forwards it and the trainer saves a checkpoint."""
+        """SIGTERM to the whole process group: torchrun forwards it and the trainer saves a checkpoint.
+        The job's record goes once it has stopped, as a deleted cluster job leaves `job list`; its
+        outputs (log, run, checkpoints) stay unless delete_storage, and a new submit resumes them."""
         st = self.status(name)
         job_dir = self._dir(name)
         if dry_run:
@@ -160,9 +165,14 @@ class LocalBackend:
             (job_dir / "cancelled").touch()
             with contextlib.suppress(OSError, ValueError):  # already gone
                 os.killpg(int((job_dir / "pid").read_text()), signal.SIGTERM)
+            if not poll_until(lambda: self.status(name), lambda st: st.finished, STOP_SECONDS, 0.5).finished:
+                raise Conflict(f"job {name!r} is still running {STOP_SECONDS} s after SIGTERM (saving a checkpoint?); "
+                               f"it stays listed: run `fsdpkit job delete {name}` again once it has stopped")
         if delete_storage:
             shutil.rmtree(job_dir, ignore_errors=True)
             return [f"{job_dir} (deleted)"]
+        for f in _RECORD:
+            (job_dir / f).unlink(missing_ok=True)
         return [f"local/{name}"]
 
     def network(self, name: str) -> dict[str, Any] | None:
