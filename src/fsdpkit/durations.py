@@ -10,7 +10,7 @@ DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 # The longest duration taken: a century, far past any wait or window, and inside what a datetime
 # can subtract (`--since 1000000000d` would overflow one) and what `time.monotonic() + t` keeps exact.
 MAX_SECONDS = 100 * 365 * 86400
-_WITH_UNIT = re.compile(r"^(\d+(?:\.\d*)?)([smhd])$")
+_WITH_UNIT = re.compile(r"^(-?\d+(?:\.\d*)?)([smhd])$")
 
 
 def seconds(raw: str | float) -> float:
@@ -23,7 +23,9 @@ def seconds(raw: str | float) -> float:
         value = float(m.group(1)) * DURATION_UNITS[m.group(2)] if m else float(text)
     except ValueError:
         value = math.nan
-    if not value >= 0 or "inf" in text:  # not a number, below zero, or the word inf(inity)
+    if value < 0:
+        raise ValueError(f"a duration is at least 0, got {shown}")
+    if not value >= 0 or "inf" in text:  # not a number, or the word inf(inity)
         raise ValueError(f"expected seconds (90) or a duration (30s, 15m, 2h, 1d), got {shown}")
     if value > MAX_SECONDS:  # a number too long for a float comes as infinity: refused here too
         raise ValueError(f"a duration is at most 100 years ({MAX_SECONDS} s), got {shown}")

@@ -10,12 +10,16 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from fsdpkit.durations import seconds
 from fsdpkit.errors import CODES, UserError
+
+# A value that starts with a minus sign: a number or a duration, never an option's name.
+_NEGATIVE = re.compile(r"^-[\d.]")
 
 
 class Parser(argparse.ArgumentParser):
@@ -23,6 +27,20 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         raise UserError(f"{message} (see `{self.prog} --help`)")
+
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                         namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
+        """`--timeout -5m` and `--lr -1e-3` reach the option's type, which names the allowed range:
+        argparse would take the value for an option and say only "expected one argument"."""
+        given = list(sys.argv[1:] if args is None else args)
+        joined: list[str] = []
+        for arg in given:
+            action = self._option_string_actions.get(joined[-1]) if joined else None
+            if action is not None and action.nargs is None and action.option_strings and _NEGATIVE.match(arg):
+                joined[-1] = f"{joined[-1]}={arg}"
+            else:
+                joined.append(arg)
+        return super().parse_known_args(joined, namespace)
 
     def add_spec_overrides(self) -> None:
         """`--set KEY=VALUE`, the same on every command that reads a job spec."""

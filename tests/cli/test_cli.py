@@ -122,9 +122,12 @@ def test_a_duration_is_read_in_any_unit_and_a_bad_one_is_one_line(cli, tmp_path)
 
     assert [seconds(v) for v in ("90", "90s", "1.5", "15m", "2h", "1d", " 2H ", "1e9", "0")] == [
         90, 90, 1.5, 900, 7200, 86400, 7200, 1e9, 0]
-    for bad in ("soon", "2 weeks", "-5", "1h30m", "", "inf", "nan", "-1e3"):
+    for bad in ("soon", "2 weeks", "1h30m", "", "inf", "nan", "--5"):
         with pytest.raises(ValueError, match=r"expected seconds \(90\) or a duration \(30s, 15m, 2h, 1d\)"):
             seconds(bad)
+    for negative in ("-5", "-1e3", "-5m", "-0.5h", "-inf"):
+        with pytest.raises(ValueError, match=rf"^a duration is at least 0, got '{negative}'$"):
+            seconds(negative)
     # A century at most: a number too long for a float (infinity), a window a datetime cannot
     # subtract, or a wait that would outlive everyone is refused, not taken as "forever".
     assert seconds(str(100 * 365 * 86400)) == 3_153_600_000
@@ -141,6 +144,17 @@ def test_a_duration_is_read_in_any_unit_and_a_bad_one_is_one_line(cli, tmp_path)
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
         "error: argument --timeout: expected seconds (90) or a duration (30s, 15m, 2h, 1d), got 'soon' "
         "(see `fsdpkit job wait --help`)"], r.stderr
+    # A value with a minus sign reaches the option's own check, not argparse's "expected one argument";
+    # an option with no value at all is still that.
+    r = cli("job", "wait", "some-job", "--timeout", "-5m", "--backend", "local")
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        "error: argument --timeout: a duration is at least 0, got '-5m' (see `fsdpkit job wait --help`)"]
+    r = cli("train", "--lr", "-1e-3")
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        "error: lr: -0.001 is out of range; it must be >= 0.0"]
+    r = cli("job", "wait", "some-job", "--backend", "local", "--timeout")
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        "error: argument --timeout: expected one argument (see `fsdpkit job wait --help`)"]
 
 
 def test_unknown_verb_exits_nonzero(cli):
