@@ -132,6 +132,14 @@ REFUSED = {
     "architecture": ({"architectures": ["LlamaForSequenceClassification"]},
                      "architecture LlamaForSequenceClassification is not supported"),
     "hidden_act": ({"hidden_act": "gelu"}, "hidden_act 'gelu' is not supported"),
+    # A value of the wrong kind, or none, is named before any tensor is made from it.
+    "dim_text": ({"hidden_size": "sixty-four"}, "config.json's hidden_size is 'sixty-four'; expected an integer >= 1"),
+    "heads_zero": ({"num_attention_heads": 0}, "config.json's num_attention_heads is 0; expected an integer >= 1"),
+    "layers_float": ({"num_hidden_layers": 2.5}, "config.json's num_hidden_layers is 2.5; expected an integer >= 1"),
+    "vocab_missing": ({"vocab_size": None}, "config.json has no vocab_size"),
+    "eps_bool": ({"rms_norm_eps": True}, "config.json's rms_norm_eps is True; expected a number >= 0"),
+    "rope_factor_text": ({"rope_scaling": {"rope_type": "linear", "factor": "4x"}},
+                         "config.json's rope_scaling's factor is '4x'; expected a number >= 1"),
 }
 
 

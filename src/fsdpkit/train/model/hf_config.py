@@ -87,6 +87,26 @@ def refuse_unrepresentable(c: dict[str, Any], family: str) -> None:
                         "SwiGLU: silu)")
 
 
+_REQUIRED: Any = object()
+_ROPE = "config.json's rope_scaling"
+
+
+def _number(c: dict[str, Any], key: str, kind: type[int] | type[float], default: Any = _REQUIRED, low: float = 1,
+            at: str = "config.json") -> Any:
+    """A number config.json gives: of its kind and at least `low`, else a one-line error naming the
+    field (a string where a size belongs would fail deep inside the model as a traceback)."""
+    value = c.get(key) if isinstance(c, dict) else None
+    if value is None:
+        if default is _REQUIRED:
+            raise UserError(f"init_from_hf: {at} has no {key}; a Hugging Face config of this family gives one")
+        return default
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and (kind is float or isinstance(value, int))
+    if not ok or not value >= low:
+        what = "an integer" if kind is int else "a number"
+        raise UserError(f"init_from_hf: {at}'s {key} is {value!r}; expected {what} >= {low:g}")
+    return kind(value)
+
+
 def model_config_from_hf(path: Path) -> ModelConfig:
     """Our ModelConfig from a Hugging Face config.json (Llama, Mistral, Mixtral, Qwen 2 / 2.5, Qwen 3)."""
     cfg_file = path / "config.json"
@@ -101,26 +121,29 @@ def model_config_from_hf(path: Path) -> ModelConfig:
         raise UserError(f"init_from_hf: model_type {family!r} is not one of {', '.join(ARCHITECTURES)}")
     refuse_unrepresentable(c, family)
     rope = c.get("rope_scaling") or c.get("rope_parameters") or {}
-    theta = c.get("rope_theta") or rope.get("rope_theta") or 10000.0
+    theta = _number(c, "rope_theta", float, None, low=0) or _number(rope, "rope_theta", float, 10000.0, low=0, at=_ROPE)
     scaling = None
     kind = rope.get("rope_type", rope.get("type")) or "default"
     if kind == "llama3":
-        scaling = RopeScaling(rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"],
-                              rope["original_max_position_embeddings"])
+        low, high = (_number(rope, k, float, low=0, at=_ROPE) for k in ("low_freq_factor", "high_freq_factor"))
+        scaling = RopeScaling(_number(rope, "factor", float, at=_ROPE), low, high,
+                              _number(rope, "original_max_position_embeddings", int, at=_ROPE))
     elif kind == "linear":
-        scaling = RopeScaling(float(rope["factor"]), rope_type="linear")
-    heads = c["num_attention_heads"]
-    head_dim = c.get("head_dim")
+        scaling = RopeScaling(_number(rope, "factor", float, at=_ROPE), rope_type="linear")
+    heads = _number(c, "num_attention_heads", int)
+    hidden = _number(c, "hidden_size", int)
+    head_dim = _number(c, "head_dim", int, None)
+    n_experts = _number(c, "num_local_experts", int, 0, low=0) if family == "mixtral" else 0
+    window = _number(c, "sliding_window", int, None) if family in ("mistral", "mixtral") else None
     return ModelConfig(
-        vocab_size=c["vocab_size"], dim=c["hidden_size"], n_layers=c["num_hidden_layers"], n_heads=heads,
-        n_kv_heads=c.get("num_key_value_heads") or heads, ffn_dim=c["intermediate_size"],
-        max_seq_len=c.get("max_position_embeddings", 4096), rope_theta=float(theta), rope_scaling=scaling,
-        norm_eps=c.get("rms_norm_eps", 1e-5), tie_embeddings=bool(c.get("tie_word_embeddings", False)),
-        sliding_window=c.get("sliding_window") if family in ("mistral", "mixtral") else None,
-        n_experts=c.get("num_local_experts", 0) if family == "mixtral" else 0,
-        experts_per_token=c.get("num_experts_per_tok", 2),
-        router_aux_loss_coef=c.get("router_aux_loss_coef", 0.02),
-        init_std=c.get("initializer_range", 0.02), family=family,
-        head_dim=head_dim if head_dim not in (None, c["hidden_size"] // heads) else None,
+        vocab_size=_number(c, "vocab_size", int), dim=hidden, n_layers=_number(c, "num_hidden_layers", int),
+        n_heads=heads, n_kv_heads=_number(c, "num_key_value_heads", int, heads),
+        ffn_dim=_number(c, "intermediate_size", int), max_seq_len=_number(c, "max_position_embeddings", int, 4096),
+        rope_theta=float(theta), rope_scaling=scaling, norm_eps=_number(c, "rms_norm_eps", float, 1e-5, low=0),
+        tie_embeddings=bool(c.get("tie_word_embeddings", False)), sliding_window=window, n_experts=n_experts,
+        experts_per_token=_number(c, "num_experts_per_tok", int, 2),
+        router_aux_loss_coef=_number(c, "router_aux_loss_coef", float, 0.02, low=0),
+        init_std=_number(c, "initializer_range", float, 0.02, low=0), family=family,
+        head_dim=head_dim if head_dim not in (None, hidden // heads) else None,
         qkv_bias=family == "qwen2", qk_norm=family == "qwen3",
     )
