@@ -25,17 +25,27 @@ from fsdpkit.train.model.transformer import Transformer
 log = logging.getLogger(__name__)
 
 
-def find_checkpoint(src: Path) -> catalog.CheckpointInfo:
-    """A checkpoint, the newest complete one in a checkpoint directory, or the one of a run directory."""
-    found = catalog.resolve(str(src))
-    if found is None and (src / "config.yaml").is_file():
+def find_checkpoint(src: Path) -> tuple[catalog.CheckpointInfo, list[dict[str, str]]]:
+    """A checkpoint, the newest whole one in a checkpoint directory, or the one of a run directory;
+    and the newer ones passed over as damaged (each said: the export is then not of the run's end)."""
+    root: Path | None = src
+    if catalog.resolve(str(src)) is None and (src / "config.yaml").is_file():
         run_config = yamlfile.load_mapping(src / "config.yaml", "export", "a run's configuration")
         ckpt_dir = (run_config.get("checkpoint") or {}).get("checkpoint_dir")
-        if ckpt_dir:
-            found = catalog.resolve(ckpt_dir)
-    if found is None:
-        raise UserError(f"export: no complete checkpoint at {src}")
-    return found
+        root = Path(ckpt_dir) if ckpt_dir else None
+    found = catalog.resolve(str(root)) if root is not None else None
+    if found is None or root is None or found.path == root:   # named directly: it loads or fails
+        if found is None:
+            raise UserError(f"export: no complete checkpoint at {src}")
+        return found, []
+    skipped = []
+    for info in reversed(catalog.list_checkpoints(root, damaged=True)):
+        problem = info.problem or checkpointer.verify(info.path)
+        if problem is None:
+            return info, skipped
+        skipped.append({"checkpoint": str(info.path), "problem": problem})
+        log.warning(f"export: {info.path} is damaged ({problem}); exporting an older checkpoint")
+    raise UserError(f"export: every checkpoint in {root} is damaged ({skipped[0]['problem']} in the newest)")
 
 
 def model_config_of(info: catalog.CheckpointInfo) -> ModelConfig:
@@ -121,7 +131,7 @@ def export_hf(src: Path, out: Path, dtype: str = "fp32", to: str = "hf") -> dict
     """`to` "hf": the whole model (a LoRA run's adapters merged into its base); "peft": a LoRA
     run's adapters alone, as a PEFT adapter."""
     check_out_dir(out)  # before a model is loaded: minutes for a large one
-    info = find_checkpoint(src)
+    info, skipped = find_checkpoint(src)
     lora = adapters_of(info)
     if to == "peft" and lora is None:
         raise UserError(f"export: {info.path} trained the whole model, not LoRA adapters; export it --to hf")
@@ -147,4 +157,4 @@ def export_hf(src: Path, out: Path, dtype: str = "fp32", to: str = "hf") -> dict
     return {"checkpoint": str(info.path), "step": info.step, "out": str(out), "files": [str(f) for f in files],
             "format": to, "lora": lora is not None,
             "tokenizer": tokenizer, "tokenizer_files": sorted(f for f in tok_files if f != PROVENANCE), **ids,
-            "dtype": dtype, "architecture": model.cfg.family}
+            "dtype": dtype, "architecture": model.cfg.family, "skipped": skipped}

@@ -387,13 +387,22 @@ def test_a_damaged_newest_checkpoint_is_set_aside_and_the_older_one_resumed(two_
     r = run_cli("ckpt", "list", str(ckpt))
     assert r.returncode == 0 and ("damaged" in r.stdout.split("step-00000006")[1].splitlines()[0]
                                   or damage == "shard")
+    # Export takes the newest whole one too, and says which it passed over (it moves nothing).
+    r = run_cli("export", str(ckpt), str(tmp_path / "hf"), "--json")
+    why = "__1_0.distcp is truncated (100 of" if damage == "shard" else "fsdpkit.json cannot be read (JSONDecodeError)"
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stderr.strip().splitlines() == [
+        f"warning: export: {ckpt / 'step-00000006'} is damaged ({why}" + r.stderr.split(why, 1)[1].splitlines()[0]]
+    assert r.stderr.strip().endswith("exporting an older checkpoint")
+    data = json.loads(r.stdout)["data"]
+    assert data["step"] == 3 and [s["checkpoint"] for s in data["skipped"]] == [str(ckpt / "step-00000006")]
+    assert damaged.read_bytes() == kept
     stale = ckpt / ".step-00000009.tmp"  # a save a killed attempt never finished
     stale.mkdir()
     (stale / "__0_0.distcp").write_bytes(b"partial")
     r = run_cli("train", *BASE, "--train_batch_size", "4", "--nproc", "2", "--run_dir", str(tmp_path / "run"),
                 "--checkpoint_dir", str(ckpt), "--resume_from_checkpoint", "auto")
     assert r.returncode == 0, r.stderr[-3000:]
-    why = "__1_0.distcp is truncated (100 of" if damage == "shard" else "fsdpkit.json cannot be read (JSONDecodeError)"
     assert [line for line in r.stdout.splitlines() if line.startswith("warning: checkpoint")] == [
         f"warning: checkpoint {ckpt / 'step-00000006'} is damaged ({why}" + r.stdout.split(why, 1)[1].splitlines()[0]]
     assert "set aside as step-00000006.damaged" in r.stdout and "resumed from" in r.stdout
