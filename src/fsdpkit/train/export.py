@@ -38,7 +38,7 @@ def find_checkpoint(src: Path) -> tuple[catalog.CheckpointInfo, list[dict[str, s
         if found is None:
             raise UserError(f"export: no complete checkpoint at {src}")
         return found, []
-    skipped = []
+    skipped: list[dict[str, str]] = []
     for info in reversed(catalog.list_checkpoints(root, damaged=True)):
         problem = info.problem or checkpointer.verify(info.path)
         if problem is None:
