@@ -153,6 +153,10 @@ CASES = {
                        "is not a complete fsdpkit checkpoint"),
     "resume-other-shape": (["train", *FAST, "--n_layers", "3", "--resume_from_checkpoint", "{in}/ckpt"], 2,
                            "holds a model of another shape: n_layers 4 (this run: 3)"),
+    # The checkpoint directory's lock file (a run made it) keeps its bytes and time: it names the
+    # last run that started, not this refused one.
+    "resume-auto-other-shape": (["train", *FAST, "--n_layers", "3", "--checkpoint_dir", "{in}/ckpt", "--resume",
+                                 "auto", "--run_dir", "run"], 2, "another shape: n_layers 4 (this run: 3)"),
     "resume-other-shape-nproc": (["train", *FAST, "--nproc", "2", "--n_layers", "3", "--resume_from_checkpoint",
                                   "{in}/ckpt", "--run_dir", "run"], 2, "another shape"),
     "ckpt-show-missing": (["ckpt", "show", "{in}/none"], 2, "none"),
@@ -266,6 +270,7 @@ def _check(r: subprocess.CompletedProcess, code: int, says: str, before: dict, a
     lines = r.stderr.strip().splitlines()
     assert r.returncode == code, (r.returncode, r.stderr[-3000:])
     assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr[-3000:]
+    assert not r.stdout, r.stdout[-3000:]   # the error is the only line: no note before it
     assert says in lines[0], lines[0]
     assert "Traceback" not in r.stdout + r.stderr
     assert TOKEN not in r.stdout + r.stderr  # a value that looked like a token is never echoed

@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from fsdpkit.envelope import emit_error, emit_json, show_diagnostics
@@ -50,7 +51,8 @@ def agent_args(cfg: TrainConfig, argv: list[str], run_dir: str) -> list[str]:
             "--run-dir", run_dir]
 
 
-def launch(cfg: TrainConfig, argv: list[str]) -> tuple[int, TrainResult | None]:
+def launch(cfg: TrainConfig, argv: list[str], accepted: Callable[[], None] = lambda: None) \
+        -> tuple[int, TrainResult | None]:
     """Train; returns (exit code, TrainResult or None). With --nproc N this process supervises
     N workers under torchrun (fsdpkit.train.runtime.supervisor) and returns their outcome."""
     # Imported here so that `--help` and bad-input errors stay fast.
@@ -59,6 +61,7 @@ def launch(cfg: TrainConfig, argv: list[str]) -> tuple[int, TrainResult | None]:
     if cfg.parallel.nproc > 1 and not dist.under_torchrun():
         # This process outlives every restart of the workers: it holds the checkpoint directory.
         run_dir, lock = preflight(cfg)
+        accepted()
         env = {**os.environ, run_lock.HELD_ENV: "1", NPROC_ENV: str(cfg.parallel.nproc)}
         if dist.resolve_device_type(cfg.parallel.device) == "cpu" and "OMP_NUM_THREADS" not in env:
             # torchrun would pin every process to one thread; share the cores out instead.
@@ -69,7 +72,7 @@ def launch(cfg: TrainConfig, argv: list[str]) -> tuple[int, TrainResult | None]:
             return Supervisor(agent_args(cfg, argv, str(run_dir)), env).run(), None
         finally:
             lock.release()
-    result = train(cfg)
+    result = train(cfg, accepted)
     if not result.stopped_by_signal:
         return 0, result
     if supervised():
@@ -120,13 +123,17 @@ def main(argv: list[str] | None = None, prog: str = "fsdpkit train") -> int:
         cfg = parse_args(argv, prog)
         if cfg.log.verbose:
             logging.getLogger("fsdpkit").setLevel(logging.DEBUG)
-        with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():
+        def accepted() -> None:
+            """The run passed its checks: what was said so far is shown (a refused run shows only its
+            error), and what is said from here on, as it is said."""
             if rank0:
                 show_diagnostics(_to_stdout)
                 if not (cfg.parallel.nproc > 1 and not dist.under_torchrun()):
                     for line in held:
                         _to_stdout(line)
-            code, result = launch(cfg, argv)
+
+        with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():
+            code, result = launch(cfg, argv, accepted)
         if as_json and rank0 and result is not None:
             # A stopped run is not a finished one, also in a worker that exits 0 for its supervisor.
             stopped = result.stopped_by_signal

@@ -13,6 +13,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -93,12 +94,13 @@ def preflight(cfg: TrainConfig) -> tuple[Path, run_lock.RunLock]:
         check_writable(Path(cfg.log.tensorboard_dir), "tensorboard_dir")
     if cfg.checkpoint.checkpoint_dir:
         check_writable(Path(cfg.checkpoint.checkpoint_dir), "checkpoint_dir")
-    lock = run_lock.hold(cfg.checkpoint.checkpoint_dir, run_dir)  # a busy directory is refused first
+    lock = run_lock.hold(cfg.checkpoint.checkpoint_dir)  # a busy directory is refused first
     try:
         _check_inputs(cfg)
     except BaseException:
         lock.release(undo=True)
         raise
+    lock.claim(run_dir)
     return run_dir, lock
 
 
@@ -215,8 +217,10 @@ class Run:
         return sum(getattr(src, "bad_records", 0) for src in self.sources)
 
 
-def train(cfg: TrainConfig) -> TrainResult:
+def train(cfg: TrainConfig, accepted: Callable[[], None] = lambda: None) -> TrainResult:
+    """A run in this process; `accepted` is called once its checks have passed."""
     run_dir, lock = preflight(cfg)
+    accepted()
     try:
         return _train(cfg, run_dir)
     finally:

@@ -72,6 +72,27 @@ def test_a_two_rank_lora_run_saves_only_adapters_resumes_exactly_and_exports_for
     assert "resumed from" in rest.stdout
     assert losses(tmp_path / "half") == losses(tmp_path / "whole")[3:]
     assert losses(tmp_path / "whole")[-1] < losses(tmp_path / "whole")[0]
+    # Resuming adapters as a whole model, other adapters, or a whole model as adapters: one line
+    # naming the difference, and the checkpoint directory's lock file as it was.
+    lock = (tmp_path / "ck-half" / ".fsdpkit.lock").read_bytes()
+    full = tmp_path / "ck-full" / "step-00000003"
+    shutil.copytree(tmp_path / "ck-whole" / "step-00000003", full)
+    meta = json.loads((full / "fsdpkit.json").read_text())
+    del meta["model"]["lora"]
+    (full / "fsdpkit.json").write_text(json.dumps(meta))
+    flags = lora_flags(qwen_dir, data, tmp_path / "refused", tmp_path / "ck-half", "--resume", "auto")
+    for argv, says in (
+            ([*flags, "--lora", "0"],
+             "holds LoRA adapters (rank 4), and this run trains the whole model; resume it with --lora 1"),
+            ([*flags, "--lora-rank", "8", "--lora-targets", "q_proj"],
+             "holds a model of another shape: lora_rank 4 (this run: 8), lora_targets q_proj,k_proj,v_proj,o_proj,"
+             "gate_proj,up_proj,down_proj (this run: q_proj); resume with the same model settings"),
+            (lora_flags(qwen_dir, data, tmp_path / "refused", tmp_path / "ck-full", "--resume", "auto"),
+             "holds a whole model, and this run trains LoRA adapters; export it")):
+        r = run_cli(*argv)
+        assert r.returncode == 2 and r.stdout == "" and r.stderr.strip().splitlines() == [r.stderr.strip()], r.stderr
+        assert says in r.stderr, r.stderr
+    assert (tmp_path / "ck-half" / ".fsdpkit.lock").read_bytes() == lock and not (tmp_path / "refused").exists()
     info = catalog.resolve(str(tmp_path / "ck-whole"))
     assert info.step == 6 and info.meta["model"]["lora"]["rank"] == 4
     for ck in (info, catalog.resolve(str(tmp_path / "ck-half"))):

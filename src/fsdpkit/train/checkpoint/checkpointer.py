@@ -354,10 +354,28 @@ _SHAPE_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ModelConfig) if
 def check_shape(info: CheckpointInfo, model_shape: dict[str, Any]) -> None:
     """The checkpoint holds a model of this shape (read from its fsdpkit.json alone)."""
     theirs = {**_SHAPE_DEFAULTS, **(info.meta.get("model") or {})}
-    if theirs != model_shape:
-        diff = ", ".join(f"{k} {theirs.get(k)} (this run: {v})" for k, v in model_shape.items() if theirs.get(k) != v)
-        raise UserError(f"resume_from_checkpoint: {info.path} holds a model of another shape: {diff}; resume with "
-                        "the same model settings, or point --checkpoint-dir elsewhere")
+    if theirs == model_shape:
+        return
+    where = f"resume_from_checkpoint: {info.path}"
+    lora, ours = theirs.get("lora"), model_shape.get("lora")
+    if lora and not ours:
+        raise UserError(f"{where} holds LoRA adapters (rank {lora.get('rank')}), and this run trains the whole model; "
+                        "resume it with --lora 1 and the same adapter settings, or export it (adapters merged) and "
+                        "start from that with --init-from-hf and another --checkpoint-dir")
+    if ours and not lora:
+        raise UserError(f"{where} holds a whole model, and this run trains LoRA adapters; export it and start from "
+                        "that with --init-from-hf and another --checkpoint-dir, or resume it without --lora")
+    flat = [(f"lora_{k}" if k != "targets" else "lora_targets", (lora or {}).get(k), v)
+            for k, v in (ours or {}).items()]
+    flat += [(k, theirs.get(k), v) for k, v in model_shape.items() if k != "lora"]
+    diff = ", ".join(f"{k} {_shown(a)} (this run: {_shown(b)})" for k, a, b in flat if a != b)
+    raise UserError(f"{where} holds a model of another shape: {diff}; resume with the same model settings, or point "
+                    "--checkpoint-dir elsewhere")
+
+
+def _shown(value: Any) -> str:
+    """A shape value as a flag takes it: a list comma-separated."""
+    return ",".join(map(str, value)) if isinstance(value, list) else str(value)
 
 
 def load(info: CheckpointInfo, model: torch.nn.Module, optimizer: torch.optim.Optimizer,

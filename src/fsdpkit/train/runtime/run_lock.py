@@ -30,31 +30,46 @@ HELD_ENV = "FSDPKIT_CHECKPOINT_LOCK_HELD"
 
 
 class RunLock:
-    def __init__(self, handle: IO[str] | None, made: list[Path] | None = None):
+    def __init__(self, handle: IO[str] | None, made: list[Path] | None = None, new: bool = False):
         self._handle = handle
         self._made = made or []  # the directories hold() created, deepest first
+        self._new = new          # hold() created the lock file
+
+    def claim(self, run_dir: Path) -> None:
+        """Name this run in the lock file, once its checks have passed: a refused run leaves the
+        file as the last run that started left it."""
+        if self._handle is not None:
+            self._handle.seek(0)
+            self._handle.truncate()
+            self._handle.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "run_dir": str(run_dir),
+                                           "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}) + "\n")
+            self._handle.flush()
 
     def release(self, undo: bool = False) -> None:
-        """Drop the lock; with `undo` (the run never started), also remove what hold() created."""
+        """Drop the lock; with `undo` (the run never started), also remove what hold() created: the
+        lock file and the directories it made."""
         if self._handle is not None:
+            path = Path(self._handle.name)
             self._handle.close()  # closing the file drops the lock
             self._handle = None
-            if undo and self._made:
-                (self._made[0] / LOCK_NAME).unlink(missing_ok=True)
+            if undo and self._new:
+                path.unlink(missing_ok=True)
                 with contextlib.suppress(OSError):  # not empty: someone else put something there
                     for made in self._made:
                         made.rmdir()
 
 
-def hold(checkpoint_dir: str | None, run_dir: Path) -> RunLock:
-    """Take the checkpoint directory's lock for this run, or refuse in one line naming its holder.
-    Creates the directory if it does not exist yet (the run would create it anyway)."""
+def hold(checkpoint_dir: str | None) -> RunLock:
+    """Take the checkpoint directory's lock for this run, or refuse in one line naming its holder
+    (`claim` then names this run). Creates the directory if it does not exist yet (the run would
+    create it anyway)."""
     if not checkpoint_dir or os.environ.get(HELD_ENV) or int(os.environ.get("RANK", "0")) != 0:
         return RunLock(None)
     directory = Path(checkpoint_dir)
     made = [p for p in (directory, *directory.parents) if not p.exists()]
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / LOCK_NAME
+    new = not path.exists()
     handle = open(path, "a+")  # noqa: SIM115 (held for the run's lifetime, closed by release or exit)
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -68,12 +83,7 @@ def hold(checkpoint_dir: str | None, run_dir: Path) -> RunLock:
         print(f"warning: checkpoint_dir: cannot lock {path} ({e.strerror}); nothing stops a second run from "
               "using the same directory", file=sys.stderr)
         return RunLock(None)
-    handle.seek(0)
-    handle.truncate()
-    handle.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "run_dir": str(run_dir),
-                             "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}) + "\n")
-    handle.flush()
-    return RunLock(handle, made)
+    return RunLock(handle, made, new)
 
 
 def _holder(handle: IO[str]) -> str:
