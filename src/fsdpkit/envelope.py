@@ -8,11 +8,12 @@ answer in the same envelope without importing the CLI.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn
 
 from fsdpkit.durations import seconds
@@ -83,6 +84,24 @@ class LineHandler(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         message = record.getMessage()
         self.write(f"warning: {message}" if record.levelno >= logging.WARNING else message)
+
+
+@contextlib.contextmanager
+def said_once_accepted() -> Iterator[None]:
+    """What fsdpkit's loggers say inside is held, and said only if nothing inside fails: a command
+    whose input is refused prints its error alone, not the notes that led up to it."""
+    handler = next((h for h in logging.getLogger("fsdpkit").handlers if isinstance(h, LineHandler)), None)
+    if handler is None:
+        yield
+        return
+    write, held = handler.write, list[str]()
+    handler.write = held.append
+    try:
+        yield
+    finally:
+        handler.write = write
+    for line in held:
+        write(line)
 
 
 def show_diagnostics(write: Callable[[str], None]) -> LineHandler:

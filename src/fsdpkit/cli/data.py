@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from fsdpkit.cli.output import Parser, dispatch, emit_json
+from fsdpkit.envelope import said_once_accepted
 from fsdpkit.errors import UserError
 from fsdpkit.train.checkpoint import catalog
 
@@ -62,11 +63,12 @@ def cmd_train_tokenizer(args: argparse.Namespace) -> int:
     docs = source.documents(0)
     if args.max_documents:
         docs = itertools.islice(docs, args.max_documents)
-    first = next(docs, None)  # before anything is written: a dataset of bad records only trains nothing
-    if first is None:
-        bad = getattr(source, "bad_records", 0)
-        raise UserError(f"tokenizer train: {args.dataset} gave no usable document"
-                        + (f" ({bad} bad record(s) skipped)" if bad else "") + "; check --dataset and --text-field")
+    with said_once_accepted():  # the skips are said once a document came, else the error alone
+        first = next(docs, None)  # before anything is written: a dataset of bad records only trains nothing
+        if first is None:
+            bad = getattr(source, "bad_records", 0)
+            raise UserError(f"tokenizer train: {args.dataset} gave no usable document"
+                            + (f" ({bad} bad record(s) skipped)" if bad else "") + "; check --dataset and --text-field")
     docs = itertools.chain([first], docs)
     out = train_bpe((d if isinstance(d, str) else d.decode("utf-8", "replace") for d in docs),
                     args.vocab_size, Path(args.out))

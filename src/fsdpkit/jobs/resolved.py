@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
+from fsdpkit.envelope import said_once_accepted
 from fsdpkit.errors import UserError
 from fsdpkit.image import pins
 from fsdpkit.jobs.spec import CLUSTER_BACKENDS, JobSpec, flat_options, load_spec, named, output_root
@@ -190,10 +191,11 @@ def load_job(path: str | Path | None, overrides: Sequence[tuple[str, object]] = 
     """A spec file (or the defaults) with overrides, validated and resolved. With `pin_image`, an
     image this machine pushed (`fsdpkit image push`) runs as the digest it was pushed as, unless the
     image was given as an override."""
-    spec = load_spec(path, overrides)
-    if pin_image and not any(key == "image" for key, _ in overrides) and (digest := pins.pinned(spec.image)):
-        spec = spec.model_copy(update={"image": digest})
-    return resolve(spec)
+    with said_once_accepted():
+        spec = load_spec(path, overrides)
+        if pin_image and not any(key == "image" for key, _ in overrides) and (digest := pins.pinned(spec.image)):
+            spec = spec.model_copy(update={"image": digest})
+        return resolve(spec)
 
 
 def resolve(spec: JobSpec) -> ResolvedJob:
