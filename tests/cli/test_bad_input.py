@@ -170,6 +170,10 @@ CASES = {
     "chat-on-embedded": (["train", "--data-format", "chat"], 2, "the embedded corpus is plain text"),
     "lora-without-base": (["train", "--lora", "1"], 2, "pass --init-from-hf"),
     "hf-bias": (["train", "--init_from_hf", "{in}/hf-bias"], 2, "uses attention_bias"),
+    "preset-of-another-family": (["train", "--preset", "qwen2_5_0_5b", "--init_from_hf", "{in}/hf"], 2,
+                                 "preset: qwen2_5_0_5b is a qwen2 model and {in}/hf holds a llama one (its "
+                                 "config.json); drop --preset to train the weights as they are, or pick a llama "
+                                 "preset"),
     "hf-no-config": (["train", "--init_from_hf", "{in}/hf-empty"], 2, "no config.json"),
     # job specs
     "spec-unknown-field": (["job", "render", "{in}/unknown-field.yaml"], 2, "colour: unknown field"),

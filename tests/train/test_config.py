@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import logging
 import re
 from pathlib import Path
 
@@ -379,3 +381,26 @@ def test_precision_and_hsdp_replicas_are_resolved_in_one_place():
     three = parse_args(["--sharding_strategy", "hybrid", "--dp_replicate", "3"]).parallel
     with pytest.raises(UserError, match=r"^dp_replicate: 3 must divide the world size \(16\)$"):
         three.replicas(16, 2)
+
+
+def test_a_preset_beside_hf_weights_brings_its_recipe_and_must_be_of_their_family(tmp_path, caplog):
+    """The weights' config.json gives the shape; the preset, its recipe. Another size of the same
+    family is said; another family is refused (a Qwen run on Llama weights would be labelled and
+    scheduled as Qwen)."""
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text(json.dumps({
+        "model_type": "llama", "vocab_size": 300, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+        "num_attention_heads": 4}))
+    with caplog.at_level(logging.INFO, logger="fsdpkit"):
+        cfg = parse_args(["--preset", "llama3_1_8b", "--init-from-hf", str(hf)])
+    assert (cfg.shape.dim, cfg.shape.n_layers, cfg.optim.lr) == (64, 2, 3e-4)   # Llama 3.1's peak lr
+    assert [r.getMessage() for r in caplog.records if "note: preset" in r.getMessage()] == [
+        f"note: preset llama3_1_8b is 32 layers of 4096; {hf} holds 2 of 64: the weights' shape with the preset's "
+        "recipe"]
+    with pytest.raises(UserError, match=rf"^preset: qwen2_5_0_5b is a qwen2 model and {hf} holds a llama one"):
+        parse_args(["--preset", "qwen2_5_0_5b", "--init-from-hf", str(hf)])
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="fsdpkit"):
+        parse_args(["--init-from-hf", str(hf)])   # no preset named: the weights alone, nothing said
+    assert not [r for r in caplog.records if "preset" in r.getMessage()]

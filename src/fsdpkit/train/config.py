@@ -275,7 +275,26 @@ def build(layers: list[dict[str, Any]], on_nodes: bool = False, ranks: int | Non
     cfg = load(TrainOptions, _nest([("preset", preset), *recipe, *resumed, *items], index), flat=True)
     cfg = resolve(cfg, {name for _, name in (index[k] for k, _ in items)}, on_nodes, ranks)
     validate(cfg)
+    if "preset" in given:
+        _check_preset_fits_weights(cfg)
     return cfg
+
+
+def _check_preset_fits_weights(cfg: TrainConfig) -> None:
+    """A preset named beside --init-from-hf brings its recipe; the weights' config.json brings the
+    shape. A preset of another family is a mistake (a Qwen recipe on Llama weights, a run labelled as
+    a model it is not); of the same family and another size, its recipe is said to be for another size."""
+    hf = cfg.checkpoint.init_from_hf
+    if not hf or not Path(hf).exists():
+        return
+    preset, weights = get_preset(cfg.preset), cfg.shape
+    if preset.family != weights.family:
+        raise UserError(f"preset: {cfg.preset} is a {preset.family} model and {hf} holds a {weights.family} one "
+                        f"(its config.json); drop --preset to train the weights as they are, or pick a "
+                        f"{weights.family} preset")
+    if (preset.dim, preset.n_layers) != (weights.dim, weights.n_layers):
+        log.info(f"note: preset {cfg.preset} is {preset.n_layers} layers of {preset.dim}; {hf} holds "
+                 f"{weights.n_layers} of {weights.dim}: the weights' shape with the preset's recipe")
 
 
 # What a run learns from, which a resume keeps unless told otherwise: its text and how it is
