@@ -14,7 +14,8 @@ CODES = {
     "not_found": "the named job, checkpoint, cluster or AWS resource does not exist",
     "no_credentials": "no AWS credentials, or expired ones",
     "access_denied": "AWS, the cluster or Prometheus refused: a permission (IAM, RBAC) is missing",
-    "unreachable": "AWS, the Kubernetes API or Prometheus could not be reached, or kept throttling",
+    "unreachable": "AWS, the Kubernetes API, Prometheus, Slurm or the Hugging Face hub could not be reached, or "
+                   "kept throttling",
     "refused": "the cluster's admission (Pod Security, PriorityClass, quota, LimitRange, a webhook) refused what "
                "would be created, naming its rule; nothing was stored",
     "conflict": "something of that name already exists",
@@ -69,6 +70,14 @@ class TimedOut(UserError):
 
     exit_code = 124
     code = "timeout"
+
+
+class Unreachable(UserError):
+    """A service the command needs (Slurm's controller, the Hugging Face hub) cannot be reached:
+    exit 3, as for AWS or a cluster that cannot be."""
+
+    exit_code = 3
+    code = "unreachable"
 
 
 class NotFound(UserError):

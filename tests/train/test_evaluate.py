@@ -71,6 +71,18 @@ def test_eval_scores_an_export_offline_into_the_runs_summary_and_report(tmp_path
     assert r.returncode == 0, r.stderr
     page = (tmp_path / "report" / "report.html").read_text()
     assert "fsdpkit_tiny_mc" in page and f"{acc:.4f}" in page
+    # A hub task with the hub out of reach and nothing cached: exit 3 (unreachable) after one look
+    # at the hub's host, none of the hub client's retries; with HF_HUB_OFFLINE=1, the user's input.
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.delenv("HF_DATASETS_OFFLINE")
+    gone = {"HF_ENDPOINT": "http://127.0.0.1:9", "HF_HOME": str(tmp_path / "empty-hf-home")}
+    for env, code, says in ((gone, 3, "and the Hugging Face hub (http://127.0.0.1:9) cannot be reached"),
+                            ({**gone, "HF_HUB_OFFLINE": "1"}, 2, "and HF_HUB_OFFLINE=1 keeps the hub out")):
+        r = run_cli("eval", str(tmp_path / "hf"), "--tasks", "hellaswag", "--limit", "2", "--device", "cpu", env=env,
+                    timeout=600)
+        last = r.stderr.strip().splitlines()[-1]
+        assert r.returncode == code and last.startswith("error: eval: hellaswag needs data that is not cached here, ")
+        assert says in last and "Retrying" not in r.stderr, r.stderr[-3000:]
 
 
 def test_eval_says_what_is_wrong_in_one_line(tmp_path):

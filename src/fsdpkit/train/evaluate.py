@@ -13,12 +13,14 @@ import json
 import logging
 import math
 import os
+import socket
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from fsdpkit.errors import UserError
+from fsdpkit.errors import Unreachable, UserError
 from fsdpkit.readers import reading
 
 log = logging.getLogger(__name__)
@@ -33,6 +35,22 @@ def _harness() -> tuple[Any, Any]:
         return importlib.import_module("lm_eval"), importlib.import_module("lm_eval.tasks").TaskManager
     except ImportError:
         raise UserError("eval: needs lm-evaluation-harness: pip install 'fsdpkit[eval]'") from None
+
+
+def _hub_endpoint() -> str:
+    return os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+
+
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    """A connection to the hub's host opens (read before the hub client is imported: it reads
+    HF_HUB_OFFLINE once, on import)."""
+    url = urllib.parse.urlparse(_hub_endpoint())
+    try:
+        socket.create_connection((url.hostname or "", url.port or (443 if url.scheme == "https" else 80)),
+                                 timeout).close()
+    except OSError:
+        return False
+    return True
 
 
 def run_dir_of(model: Path) -> Path | None:
@@ -76,6 +94,11 @@ def evaluate(model: Path, tasks: list[str], include_path: Path | None = None, li
     if include_path is not None and not include_path.is_dir():
         raise UserError(f"eval: --include-path {include_path} is not a directory")
     run_dir = run_dir or run_dir_of(model)
+    told_offline = os.environ.get("HF_HUB_OFFLINE") == "1"
+    offline = told_offline or not _hub_reachable()
+    if offline:
+        # Cached task data only: the hub client would retry each file for half a minute first.
+        os.environ.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
     lm_eval, task_manager = _harness()
     manager = task_manager(include_path=str(include_path) if include_path else None)
     unknown = [t for t in tasks if t not in manager.all_tasks]
@@ -92,7 +115,16 @@ def evaluate(model: Path, tasks: list[str], include_path: Path | None = None, li
             device=device, log_samples=False, random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed,
             fewshot_random_seed=seed)
     except (OSError, ValueError) as e:   # a dataset the harness cannot fetch offline, say
-        raise UserError(f"eval: the harness stopped: {str(e).splitlines()[0]}") from None
+        first = str(e).splitlines()[0]
+        if told_offline and ("Hub" in first or "offline" in first.lower()):
+            raise UserError(f"eval: {', '.join(tasks)} needs data that is not cached here, and HF_HUB_OFFLINE=1 "
+                            f"keeps the hub out ({first}); unset HF_HUB_OFFLINE, or use a local task with "
+                            "--include-path") from None
+        if offline and ("Hub" in first or "offline" in first.lower()):
+            raise Unreachable(f"eval: {', '.join(tasks)} needs data that is not cached here, and the Hugging Face hub "
+                              f"({_hub_endpoint()}) cannot be reached ({first}); run where the hub can be reached "
+                              "once (the data is then cached), or use a local task with --include-path") from None
+        raise UserError(f"eval: the harness stopped: {first}") from None
     scores = scores_of(out["results"] if out else {})
     record = {"model": str(model), "tasks": scores, "limit": limit, "num_fewshot": num_fewshot,
               "harness": f"lm-eval {getattr(lm_eval, '__version__', '?')}"}

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from fsdpkit.errors import Conflict, UserError
+from fsdpkit.errors import Conflict, Unreachable, UserError
 from fsdpkit.jobs.backends.base import Listing, Rendered, Target, no_server
 from fsdpkit.jobs.backends.files import NETWORK_LINES, read_lines
 from fsdpkit.jobs.command import node_command, node_env
@@ -30,11 +30,8 @@ _UNREACHABLE = re.compile(r"Unable to contact slurm controller|Socket timed out|
                           r"Zero Bytes were transmitted", re.I)
 
 
-class SlurmUnreachable(UserError):
-    """The Slurm controller could not be reached: exit 3, like a cluster or AWS that cannot be."""
-
-    exit_code = 3
-    code = "unreachable"
+class SlurmUnreachable(Unreachable):
+    """The Slurm controller could not be reached."""
 
 
 # `Key=value` fields of one `scontrol show job -o` line.
