@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import sys
+import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +22,7 @@ from fsdpkit.train.runtime.supervisor import (
     Supervisor,
     die_with_parent,
     hand_over_error,
+    launcher_log,
     report_stopped,
     supervised,
     torchrun_args,
@@ -105,6 +107,19 @@ def _silent(line: str) -> None:
     pass
 
 
+def _accepted(cfg: TrainConfig, rank0: bool, held: list[str]) -> Callable[[], None]:
+    """What runs once the run passed its checks: what was said so far is shown (a refused run shows
+    only its error), and what is said from here on, as it is said. A launcher of --nproc workers
+    leaves what reading the options said to them."""
+    def accepted() -> None:
+        if rank0:
+            show_diagnostics(_to_stdout)
+            if not (cfg.parallel.nproc > 1 and not dist.under_torchrun()):
+                for line in held:
+                    _to_stdout(line)
+    return accepted
+
+
 def main(argv: list[str] | None = None, prog: str = "fsdpkit train") -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # --json: every human line goes to stderr and rank 0 prints one envelope on stdout at the end
@@ -119,21 +134,13 @@ def main(argv: list[str] | None = None, prog: str = "fsdpkit train") -> int:
     # workers leaves it to them (rank 0 says it once); other ranks say nothing.
     held: list[str] = []
     show_diagnostics(held.append if rank0 else _silent)
+    cfg = None
     try:
         cfg = parse_args(argv, prog)
         if cfg.log.verbose:
             logging.getLogger("fsdpkit").setLevel(logging.DEBUG)
-        def accepted() -> None:
-            """The run passed its checks: what was said so far is shown (a refused run shows only its
-            error), and what is said from here on, as it is said."""
-            if rank0:
-                show_diagnostics(_to_stdout)
-                if not (cfg.parallel.nproc > 1 and not dist.under_torchrun()):
-                    for line in held:
-                        _to_stdout(line)
-
         with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():
-            code, result = launch(cfg, argv, accepted)
+            code, result = launch(cfg, argv, _accepted(cfg, rank0, held))
         if as_json and rank0 and result is not None:
             # A stopped run is not a finished one, also in a worker that exits 0 for its supervisor.
             stopped = result.stopped_by_signal
@@ -148,3 +155,28 @@ def main(argv: list[str] | None = None, prog: str = "fsdpkit train") -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Exception as e:
+        if not (dist.under_torchrun() and _lost_a_peer(e)):
+            raise
+        # A consequence, not the cause: the rank that failed first says why (the agent reports it).
+        # The traceback goes to the launcher's log, where its report of the failure also goes.
+        path = launcher_log(cfg.run_dir if cfg is not None else None)
+        with path.open("a") as f:
+            f.write(f"rank {os.environ.get('RANK')} lost a peer:\n{traceback.format_exc()}")
+        print(f"fsdpkit: rank {os.environ.get('RANK')} stopped: a peer process is gone "
+              f"({_first_line(e)}); traceback in {path}", file=sys.stderr, flush=True)
+        return 1
+
+
+# What a collective raises in a rank whose peer died (gloo's TCP pair, NCCL's remote error).
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "remote process exited",
+              "NCCL communicator was aborted")
+
+
+def _lost_a_peer(e: BaseException) -> bool:
+    return isinstance(e, RuntimeError) and any(s in str(e) for s in _PEER_GONE)
+
+
+def _first_line(e: BaseException) -> str:
+    line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return line.split("] ", 1)[-1].split(". ", 1)[0][:160]   # gloo prefixes its source location

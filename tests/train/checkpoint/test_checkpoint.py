@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -55,6 +56,12 @@ def test_sigkilled_rank_restarts_and_continues_exactly(two_rank_run, tmp_path, f
                 env={"FSDPKIT_FAULT": fault})
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     assert "resumed from" in r.stdout and "step-00000003" in r.stdout  # the last complete one
+    # The surviving rank's gloo error is a consequence: one line, its traceback in the launcher's log.
+    assert "Traceback" not in r.stdout + r.stderr
+    if fault.startswith("kill:step"):   # gloo's words depend on which side saw the socket go first
+        assert re.fullmatch(r"fsdpkit: rank 0 stopped: a peer process is gone \(.*Connection (closed|reset) by "
+                            rf"peer.*\); traceback in {re.escape(str(run_dir / 'launcher.log'))}\n", r.stderr), r.stderr
+        assert "rank 0 lost a peer:\nTraceback (most recent call last):" in (run_dir / "launcher.log").read_text()
     records = read_metrics(run_dir)
     assert len(records) > 6  # steps after the checkpoint ran twice: once before the kill, once after
     got = {step: rec["loss"] for step, rec in effective(records).items()}

@@ -11,7 +11,6 @@ import logging
 import os
 import signal
 import sys
-import tempfile
 from pathlib import Path
 from typing import cast
 
@@ -21,22 +20,17 @@ from torch.distributed.run import get_args_parser, run
 
 from fsdpkit.envelope import emit_error
 from fsdpkit.errors import UserError
-from fsdpkit.train.runtime.supervisor import SUPERVISED, USER_ERROR
+from fsdpkit.train.runtime.supervisor import SUPERVISED, USER_ERROR, launcher_log
 
 
 def _log_file(worker_args: list[str]) -> Path:
-    """RUN_DIR/launcher.log when the workers are given --run-dir, else a file in the temp dir."""
+    """The launcher's log, in the run directory the workers are given (--run-dir)."""
+    run_dir = None
     for i, a in enumerate(worker_args):
         name, eq, value = a.partition("=")
-        run_dir = None if name not in ("--run-dir", "--run_dir") else value if eq else (
-            worker_args[i + 1] if i + 1 < len(worker_args) else None)
-        if run_dir:
-            try:
-                Path(run_dir).mkdir(parents=True, exist_ok=True)
-                return Path(run_dir) / "launcher.log"
-            except OSError:
-                break
-    return Path(tempfile.gettempdir()) / f"fsdpkit-launcher-{os.getpid()}.log"
+        if name in ("--run-dir", "--run_dir"):
+            run_dir = value if eq else worker_args[i + 1] if i + 1 < len(worker_args) else None
+    return launcher_log(run_dir)
 
 
 def _quiet_agent_logs(path: Path) -> None:

@@ -38,6 +38,18 @@ USER_ERROR = "fsdpkit_user_error"   # key of a worker's error file: {"message", 
 _PR_SET_PDEATHSIG = 1
 
 
+def launcher_log(run_dir: str | None) -> Path:
+    """RUN_DIR/launcher.log, where what the launcher and its workers say beyond one line goes (the
+    agent's logs, torch's failure report, a worker's traceback); a file in the temp dir without one."""
+    if run_dir:
+        try:
+            Path(run_dir).mkdir(parents=True, exist_ok=True)
+            return Path(run_dir) / "launcher.log"
+        except OSError:
+            pass
+    return Path(tempfile.gettempdir()) / f"fsdpkit-launcher-{os.getpid()}.log"
+
+
 def supervised() -> bool:
     return bool(os.environ.get(SUPERVISED))
 
