@@ -176,3 +176,91 @@ def test_a_spec_without_its_image_yet_is_planned_and_explained_but_not_rendered(
     assert (render.returncode, render.stderr) == (2, "error: image: the pytorchjob backend runs a container image; "
                                                      "give image: (for example ACCOUNT.dkr.ecr.REGION.amazonaws.com/"
                                                      "fsdpkit:TAG; `fsdpkit image push` prints it)\n")
+
+
+# What `--explain` says for each way a value comes about, word for word: the given field, the
+# planner's reasoning, or the default and why. 2 p5 nodes of 8 GPUs, Llama 3.1 8B (a 96.4 GB
+# checkpoint), 8192 tokens a sequence: 131,072 tokens a step.
+STEP_TOKENS = "131,072 tokens (seq_len 8192 x micro-batch 1 x accumulation 1 x 16 ranks)"
+GIVEN_STEPS = [("steps", 1000, "given", "train.max_steps"),
+               ("tokens", 131_072_000, "given", f"1,000 steps x {STEP_TOKENS}")]
+GRACE_500 = ("grace_seconds", 360, "plan", "360 s = 60 s + 2 x 1.4 s to finish the step + 1.5 x 193 s to write the "
+             "96.4 GB checkpoint at 500 MB/s to shared storage")
+EVERY_65M = ("checkpoint_every", "65m", "plan", "every 65m: writing it takes 193 s, 4.7% of the run (at most 5%, at "
+             "least 10 min apart); the last step is always saved")
+FSX = {"storage": {"claim": "fsx"}}
+EXPLAINED = {
+    "no storage": ({}, [
+        ("grace_seconds", 30, "default", "Kubernetes' own: the job has no storage to write a stop's checkpoint to"),
+        ("checkpoint_every", "0", "default", "no checkpoints: the job has no storage"), *GIVEN_STEPS]),
+    "grace given": ({**FSX, "termination_grace_seconds": 900}, [
+        ("grace_seconds", 900, "given", "termination_grace_seconds"), EVERY_65M, *GIVEN_STEPS]),
+    "faster storage": ({"storage": {"claim": "fsx", "write_mb_per_s": 1000}}, [
+        ("grace_seconds", 210, "plan", "210 s = 60 s + 2 x 1.4 s to finish the step + 1.5 x 96 s to write the 96.4 GB "
+         "checkpoint at 1000 MB/s to shared storage"),    # 207.4, in tens
+        ("checkpoint_every", "33m", "plan", "every 33m: writing it takes 96 s, 4.6% of the run (at most 5%, at least "
+         "10 min apart); the last step is always saved"), *GIVEN_STEPS]),
+    "interval given": ({**FSX, "train": {"checkpoint_every": "500"}}, [
+        GRACE_500, ("checkpoint_every", "500", "given", "train.checkpoint_every"), *GIVEN_STEPS]),
+    "last step only": ({**FSX, "train": {"checkpoint_every": "0"}}, [
+        GRACE_500, ("checkpoint_every", "0", "default", "the last step only"), *GIVEN_STEPS]),
+    "token budget": ({**FSX, "train": {"tokens": 1_000_000_000, "max_steps": None}}, [
+        GRACE_500, EVERY_65M, ("steps", 7630, "given", "train.tokens 1,000,000,000 / 131,072 tokens a step"),
+        ("tokens", 1_000_079_360, "given", f"7,630 steps x {STEP_TOKENS}")]),
+    "default steps": ({**FSX, "train": {"max_steps": None}}, [
+        GRACE_500, EVERY_65M, ("steps", 300, "default", "the trainer's default: set train.tokens or train.max_steps"),
+        ("tokens", 39_321_600, "default", f"300 steps x {STEP_TOKENS}")]),
+    "hyperpod given": ({**FSX, "backend": "hyperpod", "instance_type": "ml.p5.48xlarge", "hyperpod": {
+        "startup_deadline": 1800, "fault_deadline": 2400, "hang_timeout": 900, "loss_threshold": 12}}, [
+        GRACE_500, ("startup_deadline", 1800, "given", "hyperpod.startup_deadline"),
+        ("fault_deadline", 2400, "given", "hyperpod.fault_deadline"),
+        ("hang_seconds", 900, "given", "hyperpod.hang_timeout"),
+        ("loss_threshold", 12, "given", "hyperpod.loss_threshold"), EVERY_65M, *GIVEN_STEPS]),
+}
+
+
+@pytest.mark.parametrize("case", EXPLAINED)
+def test_explain_names_where_each_value_came_from(case, tmp_path):
+    change, expected = EXPLAINED[case]
+    train = {k: v for k, v in {"preset": "llama3_1_8b", "max_steps": 1000, **change.get("train", {})}.items()
+             if v is not None}
+    doc = {"name": "x", "backend": "pytorchjob", "image": "x:1", "instance_type": "p5.48xlarge", "nodes": 2,
+           **change, "train": train}
+    spec = tmp_path / "job.yaml"
+    spec.write_text(yaml.safe_dump(doc))
+    explained = _render(str(spec), "--explain")["explain"]
+    assert [(s["name"], s["value"], s["source"], s["why"]) for s in explained] == expected
+
+
+def test_tiered_checkpoints_go_to_node_memory_at_their_own_cadence_and_every_nth_to_storage(tmp_path):
+    """HyperPod's memory tier: 2 nodes at 1000 MB/s each write the 96.4 GB in 48 s, so every 17m;
+    shared storage keeps its own 65m cadence as every 4th of them (3,900 s / 1,020 s, up), unless
+    durable_every is given. The grace is the memory tier's write."""
+    doc = {"name": "x", "backend": "hyperpod", "image": "x:1", "instance_type": "ml.p5.48xlarge", "nodes": 2,
+           **FSX, "train": {"preset": "llama3_1_8b", "max_steps": 1000, "tiered": True}}
+    for given, durable in ((None, "4"), (3, "3")):
+        spec = tmp_path / "job.yaml"
+        train = {**doc["train"], **({"durable_every": given} if given else {})}
+        spec.write_text(yaml.safe_dump({**doc, "train": train}))
+        explained = {s["name"]: (s["value"], s["source"], s["why"]) for s in _render(str(spec), "--explain")["explain"]}
+        assert explained["checkpoint_every"] == ("17m", "plan", "every 17m: writing it takes 48 s, 4.5% of the run (at "
+                                                 "most 5%, at least 10 min apart); the last step is always saved")
+        assert explained["grace_seconds"] == (140, "plan", "140 s = 60 s + 2 x 1.4 s to finish the step + 1.5 x 48 s "
+                                              "to write the 96.4 GB checkpoint at 2000 MB/s to node memory (tiered, "
+                                              "1000 MB/s a node)")
+        job = _render(str(spec))["manifests"][-1]
+        command = job["spec"]["replicaSpecs"][0]["template"]["spec"]["containers"][0]["command"]
+        assert (_flag(command, "--checkpoint-every"), _flag(command, "--durable-every")) == ("17m", durable)
+
+
+def test_a_trainium_job_has_no_step_time_in_its_grace(tmp_path):
+    """No NVIDIA GPU, no planned step: the grace is the write alone (60 s + 1.5 x 192.7 s = 349, in tens)."""
+    spec = tmp_path / "job.yaml"
+    spec.write_text(yaml.safe_dump({"name": "x", "backend": "pytorchjob", "image": "x:1", "nodes": 1, **FSX,
+                                    "instance_type": "trn1.32xlarge", "train": {"preset": "llama3_1_8b",
+                                                                                "max_steps": 1000}}))
+    explained = {s["name"]: (s["value"], s["source"], s["why"]) for s in _render(str(spec), "--explain")["explain"]}
+    assert explained["grace_seconds"] == (350, "plan", "350 s = 60 s + 1.5 x 193 s to write the 96.4 GB checkpoint "
+                                          "at 500 MB/s to shared storage")
+    r = cli_here("job", "render", str(spec), "--set", "train.lr=-1")
+    assert (r.returncode, r.stderr) == (2, "error: train.lr: -1.0 is out of range; it must be >= 0.0\n")
