@@ -264,3 +264,22 @@ def test_a_trainium_job_has_no_step_time_in_its_grace(tmp_path):
                                           "at 500 MB/s to shared storage")
     r = cli_here("job", "render", str(spec), "--set", "train.lr=-1")
     assert (r.returncode, r.stderr) == (2, "error: train.lr: -1.0 is out of range; it must be >= 0.0\n")
+
+
+@pytest.mark.parametrize("block", ["max_steps", "tokens"])
+def test_plan_tokens_replace_a_budget_given_in_the_optim_section(block, tmp_path):
+    """A spec's train options may nest in their sections (`optim: {max_steps: ...}`), as a run's
+    config.yaml does: `plan --tokens` replaces the budget given there too, and names what it replaced."""
+    doc = yaml.safe_load(HYPERPOD.read_text())
+    steps = doc["train"].pop("max_steps")
+    given = steps if block == "max_steps" else 5_000_000_000
+    doc["train"]["optim"] = {block: given, "lr": 2e-4}
+    spec = tmp_path / "nested.yaml"
+    spec.write_text(yaml.safe_dump(doc))
+    r = cli_here("plan", str(spec), "--tokens", "1e10", "--json")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)["data"]
+    assert data["run"]["steps"] == 38_147 and data["recipe"]["lr"] == 2e-4
+    assert r.stderr.splitlines() == ([f"note: --tokens 10,000,000,000 replaces the spec's train.max_steps {given}; to "
+                                      "run this plan, set train.tokens: 10000000000 in the spec and drop "
+                                      "train.max_steps"] if block == "max_steps" else [])
