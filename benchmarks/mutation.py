@@ -85,7 +85,10 @@ def main(argv: list[str] | None = None) -> int:
     # The folder exists before Python starts: a path entry missing at start-up is cached as having
     # nothing to import, and the checkout's fsdpkit would be tested instead of the mutants.
     (tree / "mutants" / "src").mkdir(parents=True)
-    env = {**os.environ, "PYTHONPATH": str(tree / "mutants" / "src")}
+    # One thread per math library: mutmut forks a child per mutant from a process that has run
+    # torch, and a child forked while OpenMP's worker threads held a lock waits on it forever (seen:
+    # plan/memory's mutants, every child asleep on a futex).
+    env = {**os.environ, "PYTHONPATH": str(tree / "mutants" / "src"), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     log = work / "mutmut.log"
     print(f"mutation: mutmut in {tree} (its progress in {log}); this takes a while", flush=True)
     with log.open("w") as out:
