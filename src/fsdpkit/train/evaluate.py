@@ -116,11 +116,11 @@ def evaluate(model: Path, tasks: list[str], include_path: Path | None = None, li
             fewshot_random_seed=seed)
     except (OSError, ValueError) as e:   # a dataset the harness cannot fetch offline, say
         first = str(e).splitlines()[0]
-        if told_offline and ("Hub" in first or "offline" in first.lower()):
-            raise UserError(f"eval: {', '.join(tasks)} needs data that is not cached here, and HF_HUB_OFFLINE=1 "
-                            f"keeps the hub out ({first}); unset HF_HUB_OFFLINE, or use a local task with "
-                            "--include-path") from None
-        if offline and ("Hub" in first or "offline" in first.lower()):
+        if offline and ("Hub" in first or "offline" in first.lower()):   # task data not in the cache
+            if told_offline:
+                raise UserError(f"eval: {', '.join(tasks)} needs data that is not cached here, and HF_HUB_OFFLINE=1 "
+                                f"keeps the hub out ({first}); unset HF_HUB_OFFLINE, or use a local task with "
+                                "--include-path") from None
             raise Unreachable(f"eval: {', '.join(tasks)} needs data that is not cached here, and the Hugging Face hub "
                               f"({_hub_endpoint()}) cannot be reached ({first}); run where the hub can be reached "
                               "once (the data is then cached), or use a local task with --include-path") from None

@@ -28,15 +28,14 @@ log = logging.getLogger(__name__)
 def find_checkpoint(src: Path) -> tuple[catalog.CheckpointInfo, list[dict[str, str]]]:
     """A checkpoint, the newest whole one in a checkpoint directory, or the one of a run directory;
     and the newer ones passed over as damaged (each said: the export is then not of the run's end)."""
-    root: Path | None = src
-    if catalog.resolve(str(src)) is None and (src / "config.yaml").is_file():
+    root, found = src, catalog.resolve(str(src))
+    if found is None and (src / "config.yaml").is_file():
         run_config = yamlfile.load_mapping(src / "config.yaml", "export", "a run's configuration")
-        ckpt_dir = (run_config.get("checkpoint") or {}).get("checkpoint_dir")
-        root = Path(ckpt_dir) if ckpt_dir else None
-    found = catalog.resolve(str(root)) if root is not None else None
-    if found is None or root is None or found.path == root:   # named directly: it loads or fails
-        if found is None:
-            raise UserError(f"export: no complete checkpoint at {src}")
+        if ckpt_dir := (run_config.get("checkpoint") or {}).get("checkpoint_dir"):
+            root, found = Path(ckpt_dir), catalog.resolve(ckpt_dir)
+    if found is None:
+        raise UserError(f"export: no complete checkpoint at {src}")
+    if found.path == root:   # named directly: it loads or fails
         return found, []
     skipped: list[dict[str, str]] = []
     for info in reversed(catalog.list_checkpoints(root, damaged=True)):

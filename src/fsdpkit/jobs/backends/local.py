@@ -36,6 +36,11 @@ _RECORD = ("spec.json", "command", "pid", "rc", "attempt", "cancelled")
 STOP_SECONDS = 120
 
 
+def _drop_record(job_dir: Path) -> None:
+    for f in _RECORD:
+        (job_dir / f).unlink(missing_ok=True)
+
+
 class LocalBackend:
     name = "local"
 
@@ -77,8 +82,7 @@ class LocalBackend:
                                 "pass --replace to start it again (its checkpoints are kept and resumed)")
             self.cancel(spec.name)
         make_dir(job_dir)
-        for f in _RECORD:   # a deleted job's outputs stay; its record starts again
-            (job_dir / f).unlink(missing_ok=True)
+        _drop_record(job_dir)   # a deleted job's outputs stay; its record starts again (no stale rc)
         (job_dir / "spec.json").write_text(json.dumps(spec.to_dict(), indent=2))
         (job_dir / "command").write_text(shlex.join(cmd) + "\n")
         (job_dir / "attempt").write_text("0")
@@ -171,8 +175,7 @@ class LocalBackend:
         if delete_storage:
             shutil.rmtree(job_dir, ignore_errors=True)
             return [f"{job_dir} (deleted)"]
-        for f in _RECORD:
-            (job_dir / f).unlink(missing_ok=True)
+        _drop_record(job_dir)
         return [f"local/{name}"]
 
     def network(self, name: str) -> dict[str, Any] | None:

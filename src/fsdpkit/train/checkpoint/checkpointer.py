@@ -365,8 +365,7 @@ def check_shape(info: CheckpointInfo, model_shape: dict[str, Any]) -> None:
     if ours and not lora:
         raise UserError(f"{where} holds a whole model, and this run trains LoRA adapters; export it and start from "
                         "that with --init-from-hf and another --checkpoint-dir, or resume it without --lora")
-    flat = [(f"lora_{k}" if k != "targets" else "lora_targets", (lora or {}).get(k), v)
-            for k, v in (ours or {}).items()]
+    flat = [(f"lora_{k}", (lora or {}).get(k), v) for k, v in (ours or {}).items()]
     flat += [(k, theirs.get(k), v) for k, v in model_shape.items() if k != "lora"]
     diff = ", ".join(f"{k} {_shown(a)} (this run: {_shown(b)})" for k, a, b in flat if a != b)
     raise UserError(f"{where} holds a model of another shape: {diff}; resume with the same model settings, or point "
