@@ -1,0 +1,198 @@
+"""Every figure the planner derives, pinned to the byte and the digit for a matrix of jobs: the
+memory estimate's terms and its peak, each FSDP collective's bytes, and the plan (fit, compute and
+communication time, tokens/s, the changes it offers and its verdict) on the GPUs it models.
+
+tests/plan/test_plan.py holds these figures to real runs (the tensor peak of CPU runs and of runs
+on an H100 and an H200, the bytes of every collective of a real step) within measured bands; this
+file holds them exactly, so that a change to any term shows as a changed figure here, named by job
+and field, and is either a bug or a deliberate change of the model, recorded by running
+
+    FSDPKIT_UPDATE_FIGURES=1 python -m pytest -p no:xdist tests/plan/test_plan_figures.py
+
+and committing tests/plan/figures.json with the change that moved them."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fsdpkit.hardware.instances import lookup
+from fsdpkit.plan.comm import step_comm
+from fsdpkit.plan.memory import estimate
+from fsdpkit.plan.planner import Plan, _changes, advice, plan, plan_config
+from fsdpkit.plan.workload import workload
+from fsdpkit.train.config import parse_args
+from fsdpkit.train.model.config import LoraShape
+from fsdpkit.train.model.flops import flops_per_token
+from fsdpkit.train.sections import LORA_TARGETS
+
+FIGURES = Path(__file__).with_name("figures.json")
+UPDATE = os.environ.get("FSDPKIT_UPDATE_FIGURES") == "1"
+
+DEBUG = ["--preset", "debug", "--seq_len", "256", "--train_batch_size", "4"]
+SMALL_8B = ["--preset", "llama3_1_8b", "--n_layers", "4", "--seq_len", "1024", "--train_batch_size", "2"]
+
+# (flags, ranks, device, nodes[, LoRA]): each a job the trainer runs, as `workload` reads its config
+# (LoRA given as its shape: the trainer's config takes it only with a Hugging Face base to adapt).
+WORKLOADS: dict[str, tuple[Any, ...]] = {
+    "debug-1-cpu": (DEBUG, 1, "cpu", 1),
+    "debug-1-cpu-bf16-ac-full": ([*DEBUG, "--mixed_precision", "bf16", "--activation_checkpointing", "full"], 1,
+                                 "cpu", 1),
+    "qwen2-1-cpu-tied-bf16": (["--preset", "qwen2_5_0_5b", "--n_layers", "1", "--seq_len", "128",
+                               "--train_batch_size", "1", "--mixed_precision", "bf16"], 1, "cpu", 1),
+    "debug-2-cpu": (DEBUG, 2, "cpu", 1),
+    "debug-2-cpu-accum-noreshard": ([*DEBUG, "--grad_accum_steps", "3", "--reshard_after_forward", "false"], 2,
+                                    "cpu", 1),
+    "debug-2-cpu-prefetch2-bf16-reduce-fp32": ([*DEBUG, "--fsdp_prefetch", "2", "--mixed_precision", "bf16",
+                                                "--reduce_dtype", "fp32"], 2, "cpu", 1),
+    "debug-2-cpu-selective-ac3": ([*DEBUG, "--activation_checkpointing", "selective", "--ac_every", "3"], 2,
+                                  "cpu", 1),
+    "debug-2-cpu-offload": ([*DEBUG, "--cpu_offload", "true"], 2, "cpu", 1),
+    "debug-2-cpu-val16": ([*DEBUG, "--train_batch_size", "1", "--val_batch_size", "16"], 2, "cpu", 1),
+    "debug-2-cpu-chunked": ([*DEBUG, "--loss_chunk_tokens", "300"], 2, "cpu", 1),
+    "debug-3-cpu-vocab301": ([*DEBUG, "--vocab_size", "301", "--n_kv_heads", "2"], 3, "cpu", 1),
+    "debug-4-cpu-hybrid-2nodes": ([*DEBUG, "--sharding_strategy", "hybrid"], 4, "cpu", 2),
+    "debug-1-cuda": (DEBUG, 1, "cuda", 1),
+    "debug-1-cuda-chunked": ([*DEBUG, "--loss_chunk_tokens", "300"], 1, "cuda", 1),
+    "debug-2-cuda-unchunked": ([*DEBUG, "--loss_chunk_tokens", "0"], 2, "cuda", 1),
+    "debug-2-cuda-eager": ([*DEBUG, "--compile", "0"], 2, "cuda", 1),
+    "debug-1-cpu-lora-qv": (DEBUG, 1, "cpu", 1, LoraShape(8, 16.0, 0.0, ("q_proj", "v_proj"))),
+    "debug-2-cpu-lora-all": (DEBUG, 2, "cpu", 1, LoraShape(8, 16.0, 0.0, LORA_TARGETS)),
+    "debug-2-cpu-lora-o-down-dropout": (DEBUG, 2, "cpu", 1, LoraShape(4, 16.0, 0.1, ("o_proj", "down_proj"))),
+    "debug-2-cpu-lora-gate-up": (DEBUG, 2, "cpu", 1, LoraShape(8, 16.0, 0.0, ("gate_proj", "up_proj"))),
+    "debug-2-cuda-lora-all-dropout": ([*DEBUG, "--compile", "0"], 2, "cuda", 1,
+                                      LoraShape(8, 16.0, 0.1, LORA_TARGETS)),
+    "debug-1-cpu-lora-unchunked": ([*DEBUG, "--loss_chunk_tokens", "0"], 1, "cpu", 1,
+                                   LoraShape(8, 16.0, 0.0, ("q_proj",))),
+    "debug-1-cuda-lora": (DEBUG, 1, "cuda", 1, LoraShape(8, 16.0, 0.0, ("q_proj", "v_proj"))),
+    "qwen2-2-cuda": (["--preset", "qwen2_5_0_5b", "--n_layers", "2", "--seq_len", "512", "--train_batch_size", "2"],
+                     2, "cuda", 1),
+    "qwen3-2-cpu": (["--preset", "qwen3_0_6b", "--n_layers", "2", "--seq_len", "256", "--train_batch_size", "2"],
+                    2, "cpu", 1),
+    "mixtral-2-cuda": (["--preset", "mixtral_8x7b", "--n_layers", "2", "--seq_len", "512", "--train_batch_size", "1"],
+                       2, "cuda", 1),
+    "mixtral-1-cpu": (["--preset", "mixtral_8x7b", "--n_layers", "1", "--seq_len", "128", "--train_batch_size", "1"],
+                      1, "cpu", 1),
+    "8b-16-cuda-hybrid-2nodes": ([*SMALL_8B, "--sharding_strategy", "hybrid"], 16, "cuda", 2),
+}
+
+# (flags, instance type or None, nodes, mfu, ranks per node): plans as `fsdpkit plan` makes them.
+PLANS: dict[str, tuple[list[str], str | None, int, float, int | None]] = {
+    "70b-p5-1-node": (["--preset", "llama3_1_70b", "--seq_len", "4096", "--train_batch_size", "2"], "p5.48xlarge", 1,
+                      0.4, None),
+    "70b-p5-8-nodes-ac": (["--preset", "llama3_1_70b", "--seq_len", "4096", "--train_batch_size", "1",
+                           "--activation_checkpointing", "full"], "p5.48xlarge", 8, 0.4, None),
+    "8b-p5-4-nodes": (["--preset", "llama3_1_8b", "--seq_len", "8192", "--train_batch_size", "1"], "p5.48xlarge", 4,
+                      0.45, None),
+    "8b-p5-4-nodes-selective": (["--preset", "llama3_1_8b", "--seq_len", "2048", "--train_batch_size", "1",
+                                 "--activation_checkpointing", "selective", "--ac_every", "2"], "p5.48xlarge", 4,
+                                0.5, None),
+    "1b-p4d-2-nodes-fp32": (["--preset", "llama3_2_1b", "--seq_len", "2048", "--train_batch_size", "1",
+                             "--mixed_precision", "fp32"], "p4d.24xlarge", 2, 0.3, None),
+    "8b-g5-12xlarge": (["--preset", "llama3_1_8b", "--seq_len", "2048", "--train_batch_size", "4"], "g5.12xlarge", 1,
+                       0.4, None),
+    "8b-g5-12xlarge-offload": (["--preset", "llama3_1_8b", "--seq_len", "2048", "--train_batch_size", "1",
+                                "--activation_checkpointing", "full", "--cpu_offload", "true"], "g5.12xlarge", 1,
+                               0.4, None),
+    "70b-g5-12xlarge-offload": (["--preset", "llama3_1_70b", "--seq_len", "1024", "--train_batch_size", "1",
+                                 "--activation_checkpointing", "full", "--cpu_offload", "true"], "g5.12xlarge", 1,
+                                0.4, None),
+    "70b-g5-xlarge": (["--preset", "llama3_1_70b", "--seq_len", "1024", "--train_batch_size", "1"], "g5.xlarge", 1,
+                      0.4, None),
+    "1b-p5-4-ranks": (["--preset", "llama3_2_1b", "--seq_len", "4096", "--train_batch_size", "2"], "p5.48xlarge", 1,
+                      0.4, 4),
+    "debug-no-instance": (DEBUG, None, 1, 0.4, None),
+}
+
+
+def workload_figures(flags: list[str], ranks: int, device: str, nodes: int, lora: LoraShape | None = None
+                     ) -> dict[str, Any]:
+    w = dataclasses.replace(workload(parse_args(flags), ranks, device, nodes), lora=lora)
+    return {"memory": estimate(w).to_dict(), "comm": step_comm(w).to_dict()}
+
+
+def plan_figures(flags: list[str], instance: str | None, nodes: int, mfu: float,
+                 per_node: int | None) -> dict[str, Any]:
+    p = plan_config(parse_args(flags), instance, nodes, mfu, per_node)
+    return summarised(p)
+
+
+def summarised(p: Plan) -> dict[str, Any]:
+    return {"plan": p.summary(price=98.32), "alternatives": [a.summary() for a in p.alternatives],
+            "advice": advice(p)}
+
+
+def _changes_tried(flags: list[str], ranks: int, nodes: int) -> list[list[Any]]:
+    w = workload(parse_args(flags), ranks, "cuda", nodes)
+    return [[c, n, cw.micro_batch, cw.ac, cw.world, cw.shard, cw.cpu_offload]
+            for c, cw, n in _changes(w, nodes, ranks // nodes)]
+
+
+def _lora_plan() -> dict[str, Any]:
+    """LoRA on 8 x A100 80GB: the frozen base's plan (the planner's own entry, given the shape)."""
+    cfg = parse_args(["--preset", "llama3_1_8b", "--seq_len", "4096", "--train_batch_size", "2"])
+    w = dataclasses.replace(workload(cfg, 8, "cuda"), lora=LoraShape(16, 32.0, 0.05, LORA_TARGETS))
+    return summarised(plan(w, lookup("p4de.24xlarge"), 1, 0.4, flops_per_token(cfg.shape, 4096)))
+
+
+# Each figure by key, worked out when its test runs (so a mutation tool sees which test reaches what).
+FIGURE = {
+    **{f"workload {k}": (lambda v=v: workload_figures(*v)) for k, v in WORKLOADS.items()},
+    **{f"plan {k}": (lambda v=v: plan_figures(*v)) for k, v in PLANS.items()},
+    "plan 8b-lora-p4de": _lora_plan,
+    # The changes tried, in order, for a plan that does not fit (each with its node count).
+    "changes 70b-p5-1-node": lambda: _changes_tried(PLANS["70b-p5-1-node"][0], 8, 1),
+    "changes 8b-hybrid-2-nodes-ac": lambda: _changes_tried(
+        [*SMALL_8B, "--sharding_strategy", "hybrid", "--activation_checkpointing", "full"], 16, 2),
+}
+
+
+@pytest.mark.parametrize("key", list(FIGURE))
+def test_every_planned_figure_is_the_one_recorded(key):
+    figures = json.loads(json.dumps(FIGURE[key]()))   # as JSON holds them: tuples as lists
+    recorded = json.loads(FIGURES.read_text()) if FIGURES.exists() else {}
+    if UPDATE:
+        FIGURES.write_text(json.dumps({**recorded, key: figures}, indent=1, sort_keys=True) + "\n")
+        return
+    assert key in recorded, f"{key}: not recorded; run with FSDPKIT_UPDATE_FIGURES=1 and review the figures"
+    assert figures == recorded[key]
+
+
+def test_the_matrix_takes_every_branch_the_planner_has():
+    """The jobs above are chosen to reach each way a figure comes about; this names the ones a
+    reader would otherwise have to check by hand."""
+    recorded = json.loads(FIGURES.read_text())
+    plans = {k.removeprefix("plan "): v for k, v in recorded.items() if k.startswith("plan ")}
+    assert plans["70b-p5-1-node"]["plan"]["fits"] is False and plans["70b-p5-1-node"]["alternatives"]
+    assert plans["70b-p5-8-nodes-ac"]["plan"]["fits"] is True
+    assert {p["plan"]["bound"] for p in plans.values()} == {"compute", "network", None}
+    assert any(p["plan"]["fits"] and p["alternatives"] for p in plans.values())   # network-bound: faster options
+    assert plans["70b-g5-12xlarge-offload"]["plan"]["host_fits"] is False
+    assert plans["debug-no-instance"]["advice"].startswith("needs ")
+    assert any(a.startswith("does not fit") and "no change fsdpkit tries" in a
+               for a in (p["advice"] for p in plans.values()))
+    peaks = {v["memory"]["peak_at"] for k, v in recorded.items() if k.startswith("workload ")}
+    # Validation is never the peak of these (it runs in slices of the training micro-batch).
+    assert peaks == {"start of backward", "end of backward"}
+    assert lookup("g5.12xlarge").accelerator not in ("H100", "H200", "A100")   # the PCIe path
+
+
+def test_the_planner_takes_an_mfu_up_to_one_and_nodes_from_one_and_models_nvidia_gpus_only():
+    from fsdpkit.errors import UserError
+
+    cfg = parse_args(DEBUG)
+    assert plan_config(cfg, "p5.48xlarge", 1, mfu=1.0).mfu == 1.0
+    assert plan_config(cfg, None, 1).nodes == 1
+    for mfu in (0.0, 1.01):
+        with pytest.raises(UserError, match=rf"^mfu: {mfu} is out of range \(0, 1\]$"):
+            plan_config(cfg, "p5.48xlarge", 1, mfu=mfu)
+    with pytest.raises(UserError, match=r"^nodes: 0 is out of range \(at least 1\)$"):
+        plan_config(cfg, "p5.48xlarge", 0)
+    with pytest.raises(UserError, match=r"^instance_type: trn1.32xlarge has Trainium chips; the planner models "
+                                        r"NVIDIA GPUs$"):
+        plan_config(cfg, "ml.trn1.32xlarge", 1)
