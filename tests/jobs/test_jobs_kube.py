@@ -588,7 +588,7 @@ def test_a_named_queue_must_exist_and_orders_the_job_by_kueue_s_priority_label(k
     r = job_cli(kube, "submit", str(spec), "--dry-run=server")
     assert (r.returncode, r.stderr) == (3, "error: queue: team-a: this cluster has no Kueue (no kueue.x-k8s.io "
                                            "API); install Kueue, or drop queue\n")
-    kube.call(lambda: kube.handler.resources.__setitem__("kueue.x-k8s.io/v1beta2/localqueues", {}))
+    kube.serve("kueue.x-k8s.io/v1beta2/localqueues")
     for args in ([], ["--dry-run=server"]):
         r = job_cli(kube, "submit", str(spec), *args)
         assert (r.returncode, r.stderr) == (3, "error: queue: no Kueue LocalQueue 'team-a' in namespace default; pick "

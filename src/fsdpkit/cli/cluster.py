@@ -80,7 +80,11 @@ def _fix(checks: list[Any], assume_yes: bool) -> None:
         if missing:
             print(f"  cannot run it here: {', '.join(missing)} is not installed")
             continue
-        answer = "y" if assume_yes else input("  run this now? [y/N] ").strip().lower()
+        try:
+            answer = "y" if assume_yes else input("  run this now? [y/N] ").strip().lower()
+        except EOFError:   # stdin closed or empty (a script, an agent): nobody answered
+            print("\n  not run: no answer on stdin; add --yes to run the remedies without asking")
+            continue
         if answer not in ("y", "yes"):
             print("  skipped")
             continue
