@@ -92,6 +92,9 @@ def test_start_up_is_ten_minutes_one_and_a_half_reads_and_the_compile_in_whole_m
     assert startup(None) == StartUp(900, 0.0, 300)
     # 2,000 MB/s: 600 + 1.5 x 48.18 + 300 = 972.3 -> 1,020.
     assert startup(M, 2000).seconds == 1020
+    assert startup(None).to_dict() == {"seconds": 900, "read_s": 0.0, "compile_s": 300,
+                                       "explanation": "900 s = 600 s to schedule, pull the image and rendezvous "
+                                                      "+ 300 s to compile"}
 
 
 def test_start_up_says_how_it_was_worked_out():

@@ -55,6 +55,18 @@ WORKLOADS: dict[str, tuple[Any, ...]] = {
     "debug-2-cpu-offload": ([*DEBUG, "--cpu_offload", "true"], 2, "cpu", 1),
     "debug-2-cpu-val16": ([*DEBUG, "--train_batch_size", "1", "--val_batch_size", "16"], 2, "cpu", 1),
     "debug-2-cpu-chunked": ([*DEBUG, "--loss_chunk_tokens", "300"], 2, "cpu", 1),
+    "debug-1-cpu-vocab8192-chunked": ([*DEBUG, "--vocab_size", "8192", "--loss_chunk_tokens", "300"], 1, "cpu", 1),
+    "debug-1-cpu-vocab8192-unchunked": ([*DEBUG, "--vocab_size", "8192", "--loss_chunk_tokens", "0"], 1, "cpu", 1),
+    "debug-1-cpu-vocab8192-bf16-chunked": ([*DEBUG, "--vocab_size", "8192", "--loss_chunk_tokens", "300",
+                                            "--mixed_precision", "bf16"], 1, "cpu", 1),
+    "debug-2-cpu-bf16-chunked": ([*DEBUG, "--loss_chunk_tokens", "300", "--mixed_precision", "bf16"], 2, "cpu", 1),
+    # A chunk exactly a micro-batch's tokens (256 x 4): one chunk, the loss unchunked.
+    "debug-1-cpu-chunk-1024": ([*DEBUG, "--loss_chunk_tokens", "1024"], 1, "cpu", 1),
+    "debug-1-cuda-chunk-1024": ([*DEBUG, "--loss_chunk_tokens", "1024"], 1, "cuda", 1),
+    "debug-1-cpu-lora-chunk-1024": ([*DEBUG, "--loss_chunk_tokens", "1024"], 1, "cpu", 1,
+                                    LoraShape(8, 16.0, 0.0, ("q_proj",))),
+    "debug-2-cpu-accum2": ([*DEBUG, "--grad_accum_steps", "2"], 2, "cpu", 1),
+    "debug-1-cpu-vocab301": ([*DEBUG, "--vocab_size", "301"], 1, "cpu", 1),
     "debug-3-cpu-vocab301": ([*DEBUG, "--vocab_size", "301", "--n_kv_heads", "2"], 3, "cpu", 1),
     "debug-4-cpu-hybrid-2nodes": ([*DEBUG, "--sharding_strategy", "hybrid"], 4, "cpu", 2),
     "debug-1-cuda": (DEBUG, 1, "cuda", 1),
@@ -69,6 +81,8 @@ WORKLOADS: dict[str, tuple[Any, ...]] = {
                                       LoraShape(8, 16.0, 0.1, LORA_TARGETS)),
     "debug-1-cpu-lora-unchunked": ([*DEBUG, "--loss_chunk_tokens", "0"], 1, "cpu", 1,
                                    LoraShape(8, 16.0, 0.0, ("q_proj",))),
+    "debug-2-cpu-lora-k-gate": (DEBUG, 2, "cpu", 1, LoraShape(8, 16.0, 0.0, ("k_proj", "gate_proj"))),
+    "debug-2-cpu-lora-v-up": (DEBUG, 2, "cpu", 1, LoraShape(8, 16.0, 0.0, ("v_proj", "up_proj"))),
     "debug-1-cuda-lora": (DEBUG, 1, "cuda", 1, LoraShape(8, 16.0, 0.0, ("q_proj", "v_proj"))),
     "qwen2-2-cuda": (["--preset", "qwen2_5_0_5b", "--n_layers", "2", "--seq_len", "512", "--train_batch_size", "2"],
                      2, "cuda", 1),
@@ -107,6 +121,11 @@ PLANS: dict[str, tuple[list[str], str | None, int, float, int | None]] = {
     "1b-p5-4-ranks": (["--preset", "llama3_2_1b", "--seq_len", "4096", "--train_batch_size", "2"], "p5.48xlarge", 1,
                       0.4, 4),
     "debug-no-instance": (DEBUG, None, 1, 0.4, None),
+    # More changes fit than the three best shown.
+    "1b-p4d-batch16": (["--preset", "llama3_2_1b", "--seq_len", "4096", "--train_batch_size", "16",
+                        "--activation_checkpointing", "none"], "p4d.24xlarge", 1, 0.4, None),
+    "8b-p5-2-nodes-hybrid": (["--preset", "llama3_1_8b", "--seq_len", "4096", "--train_batch_size", "2",
+                              "--sharding_strategy", "hybrid"], "p5.48xlarge", 2, 0.4, None),
 }
 
 
@@ -123,7 +142,7 @@ def plan_figures(flags: list[str], instance: str | None, nodes: int, mfu: float,
 
 
 def summarised(p: Plan) -> dict[str, Any]:
-    return {"plan": p.summary(price=98.32), "alternatives": [a.summary() for a in p.alternatives],
+    return {"plan": p.summary(price=98.3257), "alternatives": [a.summary() for a in p.alternatives],
             "advice": advice(p)}
 
 

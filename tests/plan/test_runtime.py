@@ -45,9 +45,9 @@ def test_saves_by_wall_time_count_validation_as_time_too():
 def test_without_an_interval_only_the_last_step_saves_and_without_storage_nothing():
     assert run_time(config(checkpoint_dir="/ck"), 1000, 1, 2.0, 500) == RunTime(
         1000, 1000, 2000.0, pytest.approx(32 / 3, rel=1e-15), 1, pytest.approx(W, rel=1e-15))
-    nothing = RunTime(1000, 1000, 2000.0, pytest.approx(32 / 3, rel=1e-15), 0, 0.0)
-    assert run_time(config(), 1000, 1, 2.0, 500) == nothing              # no checkpoint directory
-    assert run_time(config(checkpoint_dir="/ck"), 1000, 1, 2.0, None) == nothing   # no write rate (no storage)
+    nothing = RunTime(1000, 4_096_000, 2000.0, pytest.approx(32 / 3, rel=1e-15), 0, 0.0)
+    assert run_time(config(), 1000, 4096, 2.0, 500) == nothing              # no checkpoint directory
+    assert run_time(config(checkpoint_dir="/ck"), 1000, 4096, 2.0, None) == nothing   # no write rate (no storage)
 
 
 def test_tiered_saves_go_to_node_memory_and_every_durable_every_th_to_storage():

@@ -83,6 +83,10 @@ class MemoryEstimate:
     peak: int                   # bytes per rank on the device
     host: int                   # bytes per rank kept on the host (CPU offload)
     peak_at: str                # "start of backward" | "end of backward" | "validation"
+    # The three moments the peak is the largest of (what `plan --json` shows beside it).
+    backward_start: int
+    backward_end: int
+    validation: int
 
     def to_dict(self) -> dict[str, int | str]:
         return asdict(self)
@@ -322,4 +326,4 @@ def estimate(w: Workload) -> MemoryEstimate:
     val = params + optimizer + val_copies + v * (3 * m.ffn_dim + 3 * m.dim) * cb + val_loss
     peak, at = max((start, "start of backward"), (end, "end of backward"), (val, "validation"))
     return MemoryEstimate(params, grads, optimizer, gathered + max(fsdp_bwd, root_bwd), acts + kept, loss_peak,
-                          working, peak, host, at)
+                          working, peak, host, at, start, end, val)

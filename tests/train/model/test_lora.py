@@ -15,8 +15,9 @@ from fsdpkit.errors import UserError
 from fsdpkit.train.checkpoint import catalog
 from fsdpkit.train.config import parse_args
 from fsdpkit.train.export import load_full_model
+from fsdpkit.train.model.config import LoraShape
 from fsdpkit.train.model.hf import load_hf_into
-from fsdpkit.train.model.lora import LoRALinear
+from fsdpkit.train.model.lora import LoRALinear, adapter_tensors, add_adapters, is_adapter, merge_adapters
 from fsdpkit.train.optim import build_optimizer, clipped_step
 from fsdpkit.train.parallel.shard import build_model
 from fsdpkit.train.runtime.dist import Runtime
@@ -158,3 +159,63 @@ def test_lora_is_refused_where_it_cannot_work(qwen_dir):
         parse_args(["--lora", "1"])
     with pytest.raises(UserError, match=r"lora_targets.*unknown LoRA target 'qkv'"):
         parse_args(["--init-from-hf", str(qwen_dir), "--lora", "1", "--lora-targets", "qkv"])
+
+
+# -- the layer itself, in this process: the arithmetic an adapted projection and its merge do ---------
+def _adapted(bias: bool = False, dropout: float = 0.0) -> LoRALinear:
+    """A 3 -> 2 projection with a rank-2 adapter of alpha 3 (scale 1.5), every weight set by hand."""
+    base = torch.nn.Linear(3, 2, bias=bias)
+    layer = LoRALinear(base, LoraShape(2, 3.0, dropout, ("q_proj",)))
+    with torch.no_grad():
+        layer.weight.copy_(torch.tensor([[1.0, 0.0, 2.0], [0.0, -1.0, 1.0]]))
+        layer.lora_A.weight.copy_(torch.tensor([[1.0, 1.0, 0.0], [0.0, 2.0, 1.0]]))
+        layer.lora_B.weight.copy_(torch.tensor([[1.0, 0.0], [2.0, -1.0]]))
+        if bias:
+            layer.bias.copy_(torch.tensor([0.5, -0.5]))
+    return layer
+
+
+def test_an_adapted_projection_computes_w_x_plus_alpha_over_r_times_b_a_x():
+    layer = _adapted()
+    x = torch.tensor([[1.0, 2.0, 3.0]])
+    # W x = [7, 1]; A x = [3, 7]; B A x = [3, -1]; x 1.5 = [4.5, -1.5].
+    assert layer.scale == 1.5 and isinstance(layer.dropout, torch.nn.Identity)
+    assert torch.equal(layer(x), torch.tensor([[11.5, -0.5]]))
+    assert torch.equal(_adapted(bias=True)(x), torch.tensor([[12.0, -1.0]]))
+    # W + 1.5 B A = [[1, 0, 2], [0, -1, 1]] + 1.5 [[1, 1, 0], [2, 0, -1]].
+    assert torch.equal(layer.merged_weight(), torch.tensor([[2.5, 1.5, 2.0], [3.0, -1.0, -0.5]]))
+    assert torch.equal(x @ layer.merged_weight().T, layer(x))
+    # Dropout applies to the adapter's input only: in training the base's output is still W x.
+    dropped = _adapted(dropout=0.5)
+    assert dropped.dropout.p == 0.5 and dropped.lora_A.weight.shape == (2, 3) and dropped.lora_B.weight.shape == (2, 2)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        dropped.lora_B.weight.zero_()
+    assert torch.equal(dropped.train()(x), torch.tensor([[7.0, 1.0]]))
+    assert torch.equal(_adapted(dropout=0.5).eval()(x), layer(x))
+
+
+def test_adapters_go_on_the_target_projections_only_and_only_they_train():
+    model = torch.nn.Module()
+    model.attn = torch.nn.Module()
+    model.attn.q_proj, model.attn.k_proj = torch.nn.Linear(3, 2), torch.nn.Linear(3, 2)
+    model.q_proj = torch.nn.Linear(3, 3)                       # a target at the top level too
+    model.attn.o_proj = LoRALinear(torch.nn.Linear(2, 2), LoraShape(1, 1.0, 0.0, ("o_proj",)))  # not a plain Linear
+    adapted = add_adapters(model, LoraShape(2, 4.0, 0.0, ("q_proj", "o_proj")))
+    assert adapted == ["q_proj", "attn.q_proj"]
+    assert type(model.attn.k_proj) is torch.nn.Linear and type(model.attn.q_proj) is LoRALinear
+    trained = sorted(n for n, p in model.named_parameters() if p.requires_grad)
+    assert trained == ["attn.o_proj.lora_A.weight", "attn.o_proj.lora_B.weight", "attn.q_proj.lora_A.weight",
+                       "attn.q_proj.lora_B.weight", "q_proj.lora_A.weight", "q_proj.lora_B.weight"]
+    assert is_adapter("a.q_proj.lora_A.weight") and is_adapter("a.q_proj.lora_B.weight")
+    assert not is_adapter("a.q_proj.weight") and not is_adapter("a.lora_A_weight")
+    # The merge: W + scale B A for each adapted weight, the adapters dropped, the rest as it was.
+    layer = _adapted(bias=True)
+    state = {f"l.{k}": v for k, v in layer.state_dict().items()} | {"norm.weight": torch.tensor([2.0])}
+    merged = merge_adapters(state, LoraShape(2, 3.0, 0.0, ("q_proj",)))
+    assert sorted(merged) == ["l.bias", "l.weight", "norm.weight"]
+    assert torch.equal(merged["l.weight"], layer.merged_weight()) and torch.equal(merged["l.bias"], layer.bias)
+    assert torch.equal(merged["norm.weight"], torch.tensor([2.0]))
+    half = merge_adapters({k: v.to(torch.bfloat16) for k, v in state.items()}, LoraShape(2, 3.0, 0.0, ("q_proj",)))
+    assert half["l.weight"].dtype == torch.bfloat16
+    assert sorted(adapter_tensors(state)) == ["base_model.model.l.lora_A.weight", "base_model.model.l.lora_B.weight"]
