@@ -16,15 +16,14 @@ own test, in this process (so a mutation tool sees which test reaches what)."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
+from pinned import holds_recorded
 
 from conftest import ROOT, cli_here
 
 RENDERS = Path(__file__).with_name("renders.json")
-UPDATE = os.environ.get("FSDPKIT_UPDATE_RENDERS") == "1"
 EXAMPLES = ROOT / "examples" / "jobs"
 
 
@@ -67,10 +66,4 @@ def rendered(argv: list[str]) -> dict:
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_every_render_is_the_one_recorded(case):
-    now = rendered(CASES[case])
-    recorded = json.loads(RENDERS.read_text()) if RENDERS.exists() else {}
-    if UPDATE:
-        RENDERS.write_text(json.dumps({**recorded, case: now}, indent=1, sort_keys=True) + "\n")
-        return
-    assert case in recorded, f"{case}: not recorded; run with FSDPKIT_UPDATE_RENDERS=1 and review the renders"
-    assert now == recorded[case]
+    holds_recorded(RENDERS, case, rendered(CASES[case]), "FSDPKIT_UPDATE_RENDERS")

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import pytest
+from pinned import holds_recorded
 
 from fsdpkit.hardware.instances import lookup
 from fsdpkit.plan.comm import step_comm
@@ -32,7 +32,6 @@ from fsdpkit.train.model.flops import flops_per_token
 from fsdpkit.train.sections import LORA_TARGETS
 
 FIGURES = Path(__file__).with_name("figures.json")
-UPDATE = os.environ.get("FSDPKIT_UPDATE_FIGURES") == "1"
 
 DEBUG = ["--preset", "debug", "--seq_len", "256", "--train_batch_size", "4"]
 SMALL_8B = ["--preset", "llama3_1_8b", "--n_layers", "4", "--seq_len", "1024", "--train_batch_size", "2"]
@@ -173,13 +172,7 @@ FIGURE = {
 
 @pytest.mark.parametrize("key", list(FIGURE))
 def test_every_planned_figure_is_the_one_recorded(key):
-    figures = json.loads(json.dumps(FIGURE[key]()))   # as JSON holds them: tuples as lists
-    recorded = json.loads(FIGURES.read_text()) if FIGURES.exists() else {}
-    if UPDATE:
-        FIGURES.write_text(json.dumps({**recorded, key: figures}, indent=1, sort_keys=True) + "\n")
-        return
-    assert key in recorded, f"{key}: not recorded; run with FSDPKIT_UPDATE_FIGURES=1 and review the figures"
-    assert figures == recorded[key]
+    holds_recorded(FIGURES, key, FIGURE[key](), "FSDPKIT_UPDATE_FIGURES")
 
 
 def test_the_matrix_takes_every_branch_the_planner_has():
