@@ -61,17 +61,27 @@ def run_cli(*args: str, timeout: float = 300, env: dict | None = None, cwd: Path
                           timeout=timeout, env=full_env, cwd=cwd or ROOT, input=stdin)
 
 
-def cli_here(*args: str) -> subprocess.CompletedProcess:
-    """The CLI in this process, for commands that only read and print (render, plan, explain): what
-    run_cli returns, without a Python start-up, and with the calls visible to the test's process
-    (`make mutation` sees which test reaches which function only there). Commands that train, wait
-    or hold state across calls run in a subprocess (run_cli)."""
+def cli_here(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """The CLI in this process, for commands that only read, print or talk to an API server (render,
+    plan, explain, ray's verbs against kmock): what run_cli returns, without a Python start-up, and
+    with the calls visible to the test's process (`make mutation` sees which test reaches which
+    function only there); `env` is set for the call only. Commands that train or hold processes run
+    in a subprocess (run_cli)."""
     out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = cli_main(list(args))
-        except SystemExit as e:  # argparse's usage errors and --help
-            code = e.code if isinstance(e.code, int) else int(e.code is not None)
+    before = {k: os.environ.get(k) for k in env or {}}
+    os.environ.update(env or {})
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = cli_main(list(args))
+            except SystemExit as e:  # argparse's usage errors and --help
+                code = e.code if isinstance(e.code, int) else int(e.code is not None)
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     return subprocess.CompletedProcess(["fsdpkit", *args], code, out.getvalue(), err.getvalue())
 
 

@@ -13,7 +13,7 @@ import yaml
 from fsdpkit.jobs.ray import raycluster_manifest, rayjob_manifest
 from fsdpkit.jobs.resolved import load_job
 
-from conftest import require, run_cli
+from conftest import cli_here, require
 from kube_admission import PodAdmission
 from manifest_schemas import IMAGE, crd_validator, pod_of, validate_builtin
 
@@ -52,7 +52,7 @@ def test_a_raycluster_on_hyperpod_schedules_like_hyperpods_jobs(tmp_path):
     """From a HyperPod spec: healthy nodes only, deep-health-checked ones preferred, the workers in
     the spec's instance group (the CPU head anywhere), and the `ml.` instance type as HyperPod labels it."""
     path = write(tmp_path, backend="hyperpod", hyperpod={"instance_group": "gpu-workers"})
-    r = run_cli("ray", "create", str(path), "--dry-run", "--json")
+    r = cli_here("ray", "create", str(path), "--dry-run", "--json")
     assert r.returncode == 0, r.stderr
     cluster = json.loads(r.stdout)["data"]["manifest"]
     assert not list(crd_validator("ray.io_rayclusters.yaml").iter_errors(cluster))
@@ -100,23 +100,23 @@ def test_ray_up_twice_makes_one_cluster_and_waits_for_the_head(kube, tmp_path):
                 time.sleep(0.3)
     t = threading.Thread(target=operator)
     t.start()
-    r = run_cli("ray", "create", str(path), "--timeout", "1m", "--poll", "0.2", "--json", env=kube.env, timeout=90)
+    r = cli_here("ray", "create", str(path), "--timeout", "1m", "--poll", "0.2", "--json", env=kube.env)
     t.join()
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["data"] == {"name": "verl", "namespace": "default", "action": "created",
                                             "state": "ready"}
     assert r.stderr.splitlines() == ["waiting for RayCluster verl to be ready (state pending, 0 s of 60)"]
-    r = run_cli("ray", "create", str(path), "--json", env=kube.env)
+    r = cli_here("ray", "create", str(path), "--json", env=kube.env)
     assert r.returncode == 0 and json.loads(r.stdout)["data"]["action"] == "reused"
     posts = [p for m, p, _ in kube.requests() if m == "POST"]
     assert posts == ["/apis/ray.io/v1/namespaces/default/rayclusters?fieldValidation=Strict"]
 
-    r = run_cli("ray", "create", str(write(tmp_path, nodes=4)), env=kube.env)
+    r = cli_here("ray", "create", str(write(tmp_path, nodes=4)), env=kube.env)
     assert r.returncode == 2
     assert "RayCluster 'verl' already exists in default with a different spec" in r.stderr
     assert [p for m, p, _ in kube.requests() if m == "POST"] == posts
 
-    r = run_cli("ray", "submit", str(path), "--job-name", "grpo", "--entrypoint-gpus", "1", "--json", "--",
+    r = cli_here("ray", "submit", str(path), "--job-name", "grpo", "--entrypoint-gpus", "1", "--json", "--",
                 "python", "-m", "verl.trainer.main_ppo", env=kube.env)
     assert r.returncode == 0, r.stderr
     job = next(b for m, p, b in kube.requests() if m == "POST" and p.split("?")[0].endswith("/rayjobs"))
@@ -126,37 +126,37 @@ def test_ray_up_twice_makes_one_cluster_and_waits_for_the_head(kube, tmp_path):
     kube.create("/apis/ray.io/v1/namespaces/default/rayjobs", {
         "apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": {"name": "theirs", "labels": job["metadata"][
             "labels"]}, "spec": {"entrypoint": "x", "clusterSelector": {"ray.io/cluster": "other"}}})
-    r = run_cli("ray", "delete", "verl", "--dry-run", "--json", env=kube.env)
+    r = cli_here("ray", "delete", "verl", "--dry-run", "--json", env=kube.env)
     assert r.returncode == 0 and json.loads(r.stdout)["data"]["would_delete"] == ["RayJob/grpo", "RayCluster/verl"]
-    r = run_cli("ray", "delete", "verl", env=kube.env)   # nobody at a terminal to ask, and no --yes
+    r = cli_here("ray", "delete", "verl", env=kube.env)   # nobody at a terminal to ask, and no --yes
     assert (r.returncode, r.stderr) == (2, "error: delete: removes RayJob/grpo, RayCluster/verl; add --yes to "
                                            "confirm\n")
     assert not [p for m, p, _ in kube.requests() if m == "DELETE"]
-    r = run_cli("ray", "delete", "verl", "--yes", "--json", env=kube.env)
+    r = cli_here("ray", "delete", "verl", "--yes", "--json", env=kube.env)
     assert r.returncode == 0 and json.loads(r.stdout)["data"]["deleted"] == ["RayJob/grpo", "RayCluster/verl"]
     assert [p for m, p, _ in kube.requests() if m == "DELETE"] == [
         "/apis/ray.io/v1/namespaces/default/rayjobs/grpo", "/apis/ray.io/v1/namespaces/default/rayclusters/verl"]
-    assert run_cli("ray", "status", "verl", env=kube.env).returncode == 2
+    assert cli_here("ray", "status", "verl", env=kube.env).returncode == 2
 
 
 def test_ray_create_names_its_cluster_and_exec_on_a_missing_one_says_so(kube, tmp_path):
     """`--name` makes a second cluster from the same spec (the spec's name is the default); `ray exec`
     on a cluster that does not exist says it does not exist, not that its head is not up yet."""
     path = write(tmp_path)
-    r = run_cli("ray", "create", str(path), "--name", "verl-b", "--dry-run", "--json", env=kube.env)
+    r = cli_here("ray", "create", str(path), "--name", "verl-b", "--dry-run", "--json", env=kube.env)
     assert r.returncode == 0 and json.loads(r.stdout)["data"]["manifest"]["metadata"]["name"] == "verl-b"
-    r = run_cli("ray", "create", str(path), "--name", "verl-b", "--json", env=kube.env)
+    r = cli_here("ray", "create", str(path), "--name", "verl-b", "--json", env=kube.env)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["data"]["name"] == "verl-b"
     assert [p for m, p, b in kube.requests() if m == "POST" and b["metadata"]["name"] == "verl-b"] == [
         "/apis/ray.io/v1/namespaces/default/rayclusters?fieldValidation=Strict"]
-    r = run_cli("ray", "submit", str(path), "--name", "verl-b", "--dry-run", "--json", "--", "python", "x.py",
+    r = cli_here("ray", "submit", str(path), "--name", "verl-b", "--dry-run", "--json", "--", "python", "x.py",
                 env=kube.env)
     assert json.loads(r.stdout)["data"]["manifest"]["spec"]["clusterSelector"] == {"ray.io/cluster": "verl-b"}
-    r = run_cli("ray", "exec", "nope", "--", "ray", "status", env=kube.env)
+    r = cli_here("ray", "exec", "nope", "--", "ray", "status", env=kube.env)
     assert (r.returncode, r.stderr) == (2, "error: RayCluster 'nope' not found in namespace default; create it with "
                                            "`fsdpkit ray create SPEC`, or see `kubectl get rayclusters -A`\n")
-    r = run_cli("ray", "exec", "verl-b", "--", "ray", "status", env=kube.env)   # made, its head not up yet
+    r = cli_here("ray", "exec", "verl-b", "--", "ray", "status", env=kube.env)   # made, its head not up yet
     assert (r.returncode, r.stderr) == (2, "error: RayCluster 'verl-b' has no head pod yet (fsdpkit ray status "
                                            "verl-b)\n")
 
@@ -168,12 +168,12 @@ def test_ray_create_server_dry_run_sends_the_head_and_each_group_s_pod_through_a
 
     kube.pod_admission = PodAdmission(enforce={"default": "restricted"})
     path = write(tmp_path)
-    r = run_cli("ray", "create", str(path), "--dry-run=server", env=kube.env)
+    r = cli_here("ray", "create", str(path), "--dry-run=server", env=kube.env)
     assert r.returncode == 3
     assert r.stderr.startswith('error: server dry run of Pod/verl-head-0 (a pod of RayCluster verl: head): refused by '
                                'Pod Security admission (the namespace enforces "restricted:latest"): unrestricted '
                                'capabilities (container "ray-head" must set')
-    r = run_cli("ray", "create", str(path), "--dry-run=server", "--set", "security=restricted", "--json", env=kube.env)
+    r = cli_here("ray", "create", str(path), "--dry-run=server", "--set", "security=restricted", "--json", env=kube.env)
     assert r.returncode == 0, r.stdout
     assert json.loads(r.stdout)["data"]["accepted"] == ["RayCluster/verl", "Pod/verl-head-0", "Pod/verl-gpu-0"]
     assert [p for p, _ in kube.dry_runs] == [
@@ -188,7 +188,7 @@ def test_ray_create_server_dry_run_sends_the_head_and_each_group_s_pod_through_a
 
 def test_ray_submit_dry_run_prints_the_rayjob_without_a_cluster(tmp_path):
     path = write(tmp_path)
-    r = run_cli("ray", "submit", str(path), "--job-name", "grpo", "--dry-run", "--", "python3", "-m", "verl.x",
+    r = cli_here("ray", "submit", str(path), "--job-name", "grpo", "--dry-run", "--", "python3", "-m", "verl.x",
                 "trainer.logger=['console']", env={"KUBECONFIG": str(tmp_path / "none")})
     assert r.returncode == 0, r.stderr
     (job,) = yaml.safe_load_all(r.stdout)
