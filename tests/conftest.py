@@ -14,6 +14,7 @@ import sys
 import types
 import typing
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
@@ -68,20 +69,11 @@ def cli_here(*args: str, env: dict[str, str] | None = None) -> subprocess.Comple
     function only there); `env` is set for the call only. Commands that train or hold processes run
     in a subprocess (run_cli)."""
     out, err = io.StringIO(), io.StringIO()
-    before = {k: os.environ.get(k) for k in env or {}}
-    os.environ.update(env or {})
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                code = cli_main(list(args))
-            except SystemExit as e:  # argparse's usage errors and --help
-                code = e.code if isinstance(e.code, int) else int(e.code is not None)
-    finally:
-        for k, v in before.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    with mock.patch.dict(os.environ, env or {}), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = cli_main(list(args))
+        except SystemExit as e:  # argparse's usage errors and --help
+            code = e.code if isinstance(e.code, int) else int(e.code is not None)
     return subprocess.CompletedProcess(["fsdpkit", *args], code, out.getvalue(), err.getvalue())
 
 
@@ -240,13 +232,16 @@ class KubeMock:
         names = spec["names"]
         for version in spec.get("versions", []):
             if version.get("served", True):
-                resource = f"{spec['group']}/{version['name']}/{names['plural']}"
-                self.unserved = self.unserved - {resource}
-                self.handler.resources[resource] = {
+                self._register(f"{spec['group']}/{version['name']}/{names['plural']}", {
                     "kind": names["kind"], "singular": names.get("singular"),
                     "namespaced": spec.get("scope") == "Namespaced",
                     "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"],
-                    "subresources": sorted(version.get("subresources") or {})}
+                    "subresources": sorted(version.get("subresources") or {})})
+
+    def _register(self, resource: str, info: dict) -> None:
+        """Serve an API (on the server's loop): in discovery, and its requests no longer refused."""
+        self.unserved = self.unserved - {resource}
+        self.handler.resources[resource] = info
 
     def user(self, name: str, rules: list[dict], namespace: str = "default") -> dict[str, str]:
         """A user bound to a Role with these rules in `namespace` and nothing cluster-wide, as a
@@ -351,8 +346,7 @@ class KubeMock:
 
     def serve(self, resource: str, info: dict | None = None) -> None:
         """The API back, as once its CRD is installed."""
-        self.unserved = self.unserved - {resource}
-        self.call(lambda: self.handler.resources.__setitem__(resource, info or {}))
+        self.call(lambda: self._register(resource, info or {}))
 
     def _unserved(self, path: str):
         """The API server's answer to a request for an API it does not serve; None for one it does."""

@@ -7,6 +7,7 @@ Lines that create cloud resources run as dry runs, as in the skills' walk."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 
@@ -32,8 +33,6 @@ EXPECT = {
 def walk(world: World, lines: list[str]) -> list[tuple[str, subprocess.CompletedProcess]]:
     """Each line run in a reader's folder (a fresh clone's examples, under git), in order, up to
     and including the first that ends otherwise than the guide says."""
-    import re
-
     folder = world.root / "reader"
     shutil.copytree(ROOT / "examples", folder / "examples")
     for git in (["init", "-q"], ["add", "-A"], ["-c", "user.email=a@b", "-c", "user.name=a", "commit", "-qm", "x"]):
@@ -87,15 +86,12 @@ def test_the_eks_guide_runs_in_order_on_a_bare_cluster_and_each_step_finds_what_
         assert "fsdpkit-torch" in created(world, "clustertrainingruntimes")
 
 
-def test_without_the_guide_s_operator_install_the_nccl_check_is_the_step_that_stops():
+def test_without_the_guide_s_operator_install_the_nccl_check_is_the_step_that_stops(tmp_path):
     """The walk can fail: the guide with its `--only training-operator,mpi` line left out stops at
     the NCCL check, which names the install it lacks."""
     lines = [line for line in LINES if "--only training-operator,mpi" not in line]
     assert len(lines) == len(LINES) - 1
-    import tempfile
-    from pathlib import Path
-
-    with tempfile.TemporaryDirectory() as tmp, cluster_world(Path(tmp), operators=False) as world:
+    with cluster_world(tmp_path, operators=False) as world:
         ran = walk(world, lines)
     last, r = ran[-1]
     assert last == "fsdpkit cluster validate nccl --nodes 2 --instance-type p5.48xlarge"

@@ -117,7 +117,7 @@ def test_ray_up_twice_makes_one_cluster_and_waits_for_the_head(kube, tmp_path):
     assert [p for m, p, _ in kube.requests() if m == "POST"] == posts
 
     r = cli_here("ray", "submit", str(path), "--job-name", "grpo", "--entrypoint-gpus", "1", "--json", "--",
-                "python", "-m", "verl.trainer.main_ppo", env=kube.env)
+                 "python", "-m", "verl.trainer.main_ppo", env=kube.env)
     assert r.returncode == 0, r.stderr
     job = next(b for m, p, b in kube.requests() if m == "POST" and p.split("?")[0].endswith("/rayjobs"))
     assert job["spec"]["entrypoint"] == "python -m verl.trainer.main_ppo" and job["spec"]["entrypointNumGpus"] == 1
@@ -151,7 +151,7 @@ def test_ray_create_names_its_cluster_and_exec_on_a_missing_one_says_so(kube, tm
     assert [p for m, p, b in kube.requests() if m == "POST" and b["metadata"]["name"] == "verl-b"] == [
         "/apis/ray.io/v1/namespaces/default/rayclusters?fieldValidation=Strict"]
     r = cli_here("ray", "submit", str(path), "--name", "verl-b", "--dry-run", "--json", "--", "python", "x.py",
-                env=kube.env)
+                 env=kube.env)
     assert json.loads(r.stdout)["data"]["manifest"]["spec"]["clusterSelector"] == {"ray.io/cluster": "verl-b"}
     r = cli_here("ray", "exec", "nope", "--", "ray", "status", env=kube.env)
     assert (r.returncode, r.stderr) == (2, "error: RayCluster 'nope' not found in namespace default; create it with "
@@ -189,7 +189,7 @@ def test_ray_create_server_dry_run_sends_the_head_and_each_group_s_pod_through_a
 def test_ray_submit_dry_run_prints_the_rayjob_without_a_cluster(tmp_path):
     path = write(tmp_path)
     r = cli_here("ray", "submit", str(path), "--job-name", "grpo", "--dry-run", "--", "python3", "-m", "verl.x",
-                "trainer.logger=['console']", env={"KUBECONFIG": str(tmp_path / "none")})
+                 "trainer.logger=['console']", env={"KUBECONFIG": str(tmp_path / "none")})
     assert r.returncode == 0, r.stderr
     (job,) = yaml.safe_load_all(r.stdout)
     assert not list(crd_validator("ray.io_rayjobs.yaml").iter_errors(job))
