@@ -1,7 +1,8 @@
 """A real Slurm on this machine, for the Slurm tests: munged, slurmctld and two slurmd "nodes"
 (n1, n2) on 127.0.0.1, from Debian's slurm-wlm and munge. Its configuration lives in a temp folder
 reached through SLURM_CONF, so nothing under /etc/slurm changes; it needs root (slurmd runs jobs as
-their user) and one such cluster per machine (fixed ports)."""
+their user). Each cluster has its own ports and its own munged (a socket in its folder), so two test
+processes (pytest-xdist workers, make mutation's children) can each run one at once."""
 
 from __future__ import annotations
 
@@ -15,7 +16,13 @@ import time
 from pathlib import Path
 
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "squeue", "scontrol", "scancel", "sinfo")
-CTLD_PORT, NODE_PORTS = 16817, {"n1": 17001, "n2": 17002}
+NODES = ("n1", "n2")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def why_not() -> str | None:
@@ -28,15 +35,16 @@ def why_not() -> str | None:
     return None
 
 
-def _conf(root: Path) -> str:
+def _conf(root: Path, ctld_port: int, node_ports: dict[str, int]) -> str:
     host = socket.gethostname().split(".")[0]
     nodes = "\n".join(f"NodeName={n} NodeHostname={host} NodeAddr=127.0.0.1 Port={p} CPUs=1 RealMemory=4000 "
-                      "State=UNKNOWN" for n, p in NODE_PORTS.items())
+                      "State=UNKNOWN" for n, p in node_ports.items())
     return f"""ClusterName=fsdpkit-test
 SlurmctldHost={host}(127.0.0.1)
-SlurmctldPort={CTLD_PORT}
+SlurmctldPort={ctld_port}
 SlurmUser=root
 AuthType=auth/munge
+AuthInfo=socket={root}/munge.socket
 StateSaveLocation={root}/state
 SlurmdSpoolDir={root}/spool-%n
 SlurmctldPidFile={root}/slurmctld.pid
@@ -54,7 +62,7 @@ ReturnToService=2
 MpiDefault=none
 MinJobAge=3600
 {nodes}
-PartitionName=debug Nodes={",".join(NODE_PORTS)} Default=YES MaxTime=INFINITE State=UP
+PartitionName=debug Nodes={",".join(node_ports)} Default=YES MaxTime=INFINITE State=UP
 """
 
 
@@ -64,21 +72,20 @@ class SlurmCluster:
         self.conf = root / "slurm.conf"
         self.env = {"SLURM_CONF": str(self.conf)}
         self._procs: list[subprocess.Popen] = []
-        self._munged_pid: int | None = None
 
     def start(self) -> None:
         (self.root / "state").mkdir(parents=True, exist_ok=True)
-        self.conf.write_text(_conf(self.root))
+        self.conf.write_text(_conf(self.root, _free_port(), {n: _free_port() for n in NODES}))
         self._start_munge()
         env = {**os.environ, **self.env}
-        for argv in (["slurmctld", "-D"], *(["slurmd", "-D", "-N", n] for n in NODE_PORTS)):
+        for argv in (["slurmctld", "-D"], *(["slurmd", "-D", "-N", n] for n in NODES)):
             self._procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                                 preexec_fn=_die_with_parent))
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             r = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %T"], env=env, capture_output=True, text=True)
             states = dict(line.split() for line in r.stdout.splitlines() if line.strip())
-            if r.returncode == 0 and all(states.get(n) == "idle" for n in NODE_PORTS):
+            if r.returncode == 0 and all(states.get(n) == "idle" for n in NODES):
                 return
             for p in self._procs:
                 if p.poll() is not None:
@@ -89,17 +96,18 @@ class SlurmCluster:
         raise RuntimeError(f"Slurm nodes did not become idle: {r.stdout} {r.stderr}; see {self.root}/*.log")
 
     def _start_munge(self) -> None:
-        run = Path("/run/munge")
-        pidfile = run / "munged.pid"
-        if pidfile.exists() and _alive(int(pidfile.read_text().split()[0])):
-            return  # a munged this machine already runs: use it, and leave it running
-        run.mkdir(exist_ok=True)
-        shutil.chown(run, "munge", "munge")
-        subprocess.run(["runuser", "-u", "munge", "--", "munged"], check=True)
+        """This cluster's munged, as root (--force: its files are in this root-owned folder), in the
+        foreground so it is one of the processes `stop` ends."""
+        self._procs.append(subprocess.Popen(
+            ["munged", "--foreground", "--force", f"--socket={self.root}/munge.socket",
+             f"--pid-file={self.root}/munged.pid", f"--log-file={self.root}/munged.log",
+             f"--seed-file={self.root}/munged.seed"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=_die_with_parent))
         deadline = time.monotonic() + 10
-        while not pidfile.exists() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        self._munged_pid = int(pidfile.read_text().split()[0])
+        while not (self.root / "munge.socket").exists():
+            if time.monotonic() > deadline or self._procs[-1].poll() is not None:
+                raise RuntimeError(f"munged did not start: see {self.root}/munged.log")
+            time.sleep(0.05)
 
     def stop(self) -> None:
         """Every job cancelled (their slurmstepd would outlive slurmd), then every daemon this cluster
@@ -111,17 +119,15 @@ class SlurmCluster:
             while time.monotonic() < deadline and subprocess.run(
                     ["squeue", "-h"], env=env, capture_output=True, text=True).stdout.strip():
                 time.sleep(0.5)
-        for p in self._procs:
+        # The Slurm daemons first, munged (the first started) last: they sign their goodbyes with it.
+        for p in reversed(self._procs):
             if p.poll() is None:
                 p.terminate()
-        for p in self._procs:
             try:
                 p.wait(10)
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait(10)
-        if self._munged_pid is not None and _alive(self._munged_pid):
-            os.kill(self._munged_pid, signal.SIGTERM)
 
 
 def _die_with_parent() -> None:
@@ -129,10 +135,3 @@ def _die_with_parent() -> None:
     slurmctld or slurmd outlives the session that started it."""
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except OSError:
-        return False

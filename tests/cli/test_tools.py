@@ -5,15 +5,17 @@ that renders back to the same parse."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 from doc_commands import argv as line_argv
 from doc_commands import command_lines
 from jsonschema import Draft202012Validator
+from pinned import holds_recorded
 
 from fsdpkit.cli.reference import verb_parser
-from fsdpkit.cli.tools import Option, Tool, tools
+from fsdpkit.cli.tools import Option, Tool, tool_of, tools
 from fsdpkit.errors import UserError
 from fsdpkit.train.config import parse_args
 
@@ -178,3 +180,67 @@ def test_a_value_that_looks_like_a_flag_stays_a_value():
     tool = BY_NAME["job_submit"]
     values = parsed(tool, tool.argv({"spec": "job.yaml", "set": ["train.lr=-1e-4"], "name": "-odd"}))
     assert (values["set"], values["name"]) == (["train.lr=-1e-4"], "-odd")
+
+
+def catalogue(catalogued: list[Tool]) -> dict[str, Any]:
+    return {t.name: {"words": t.words, "description": t.description, "schema": t.schema(), "long": t.long,
+                     "read_only": t.read_only, "confirms": t.confirms, "destructive": t.destructive,
+                     "after_dashes": t.after_dashes} for t in catalogued}
+
+
+def test_every_tool_s_schema_and_hints_are_held_to_the_recorded_catalogue():
+    """What an agent is shown: each tool's words, description, schema (types, ranges, choices,
+    defaults, required, the help of each property) and hints, in the CLI's order. A change is a
+    change to the agents' interface: record it with FSDPKIT_UPDATE_TOOLS=1 and review the diff.
+    Built here, not at import, so that the test sees the catalogue as the code now makes it."""
+    built = tools()
+    holds_recorded(Path(__file__).with_name("tools.json"), "tools", catalogue(built), "FSDPKIT_UPDATE_TOOLS")
+    holds_recorded(Path(__file__).with_name("tools.json"), "order", [t.name for t in built], "FSDPKIT_UPDATE_TOOLS")
+
+
+def test_plan_takes_a_job_spec_first_then_its_own_options_then_the_trainer_s():
+    built = {t.name: t for t in tools()}
+    plan, train = built["plan"], built["train"]
+    names = [o.name for o in plan.options]
+    assert names[0] == "spec" and not plan.options[0].action.option_strings
+    own = [o.name for o in tool_of(plan.words, PARSERS["plan"], plan.description).options]
+    assert names[1:1 + len(own)] == own
+    assert names[1 + len(own):] == [o.name for o in train.options if o.name not in own]
+    assert "spec" not in plan.schema()["required"]
+
+
+def test_a_call_becomes_the_command_s_words_its_positionals_and_flags_in_the_parser_s_order():
+    submit = BY_NAME["job_submit"]
+    assert submit.argv({"spec": "job.yaml", "set": ["a=1", "b=2"], "replace": True, "dry_run": True}) == [
+        "job", "submit", "job.yaml", "--set=a=1", "--set=b=2", "--dry-run", "--replace", "--json"]
+    assert submit.argv({"spec": "job.yaml", "replace": False, "dry_run": "server", "name": None}) == [
+        "job", "submit", "job.yaml", "--dry-run=server", "--json"]
+    exec_ = BY_NAME["ray_exec"]
+    assert exec_.argv({"name": "r", "command": ["python", "-c", 1]})[-4:] == ["--", "python", "-c", "1"]
+    assert exec_.argv({"name": "r"})[-1] == "--json"
+    with pytest.raises(UserError) as e:
+        submit.argv({"spec": "job.yaml", "bogus": 1, "also": 2})
+    assert str(e.value) == "job_submit: no argument also, bogus; use the ones its schema lists"
+
+
+def test_only_a_confirmed_call_or_a_dry_run_deletes_and_cluster_check_asks_only_for_its_fixes():
+    delete = BY_NAME["job_delete"]
+    refused = delete.unconfirmed({"name": "j"})
+    assert refused is not None
+    assert (str(refused), refused.hint, refused.code) == (
+        "job_delete: deletes what it names, and nobody confirmed it",
+        "ask the user, then call it again with yes: true; or call it with dry_run: true to see what it would do",
+        "unconfirmed")
+    assert delete.unconfirmed({"name": "j", "yes": True}) is None
+    assert delete.unconfirmed({"name": "j", "dry_run": True}) is None
+    assert delete.unconfirmed({"name": "j", "yes": False}) is not None
+    check = BY_NAME["cluster_check"]
+    assert check.unconfirmed({}) is None and check.unconfirmed({"fix": False}) is None
+    fixing = check.unconfirmed({"fix": True})
+    assert fixing is not None and str(fixing) == "cluster_check: applies fixes to the cluster, and nobody confirmed it"
+    assert fixing.hint == "ask the user, then call it again with yes: true"   # it has no dry run
+    assert check.unconfirmed({"fix": True, "yes": True}) is None
+    assert BY_NAME["job_list"].unconfirmed({}) is None   # nothing to confirm
+    prune = BY_NAME["ckpt_prune"].unconfirmed({})
+    assert prune is not None and prune.hint.endswith("dry_run: true to see what it would do") == any(
+        o.name == "dry_run" for o in BY_NAME["ckpt_prune"].options)

@@ -18,6 +18,7 @@ order world-size invariant); token shards are read by random access, each rank o
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import queue
 import threading
@@ -79,7 +80,7 @@ class BatchStream:
         epoch = 0
         while self.epochs is None or epoch < self.epochs:
             buf = np.empty((0,) if self.chat is None else (3, 0), dtype=np.int64)
-            produced = documents = 0
+            produced, documents = False, 0
             for doc in source.documents(epoch):
                 documents += 1
                 buf = np.concatenate([buf, self._rows(doc, documents)], axis=-1)
@@ -90,8 +91,8 @@ class BatchStream:
                     else:
                         yield from buf[:, : full * n].reshape(3, full, n).transpose(1, 0, 2)
                     buf = buf[..., full * n :]
-                    produced += full
-            if produced == 0:
+                    produced = True
+            if not produced:
                 if allow_empty:
                     return
                 split = getattr(source, "split", None)
@@ -148,9 +149,7 @@ class BatchStream:
         """Blocks in one pass over the source (the validation split's size)."""
         if isinstance(self.source, TokenShards):
             return self.source.num_blocks(self.seq_len + 1)
-        single = BatchStream(self.source, self.tokenizer, self.seq_len, 1, epochs=1, shuffle_buffer=0,
-                             chat=self.chat)
-        return sum(1 for _ in single.blocks(allow_empty=True))
+        return sum(1 for _ in dataclasses.replace(self, epochs=1).blocks(allow_empty=True))
 
     def rank_blocks(self) -> Iterator[tuple[int, np.ndarray]]:
         """This rank's (global index, block): slot `rank` of every group of world x batch blocks.
@@ -205,6 +204,7 @@ class Prefetcher:
         self._pin = pin_memory
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=max(1, depth))
         self._stop = threading.Event()
+        self._done = False   # the producer's end was handed over: every later next() stops too
         self._thread = threading.Thread(target=self._run, args=(iter(items),), daemon=True, name="fsdpkit-data")
         self._thread.start()
 
@@ -230,10 +230,14 @@ class Prefetcher:
         return self
 
     def __next__(self) -> Any:
+        if self._done:
+            raise StopIteration
         item = self._queue.get()
         if item is _DONE:
+            self._done = True
             raise StopIteration
         if isinstance(item, BaseException):
+            self._done = True   # the producer stopped there
             raise item
         return item
 
