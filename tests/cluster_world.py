@@ -104,6 +104,7 @@ def cluster_world(root: Path, *, operators: bool = True) -> Iterator[World]:
     for name in ("my-cluster", "llm"):
         session.client("eks", endpoint_url=url).create_cluster(
             name=name, roleArn=role["Role"]["Arn"], resourcesVpcConfig={"subnetIds": ["subnet-1"]})
+    kube.serve_exec(_head_exec)
     stop = threading.Event()
     kubelet = threading.Thread(target=_kubelet, args=(world, stop), daemon=True)
     kubelet.start()
@@ -154,6 +155,17 @@ TRAINING_LOG = (b"fsdpkit: network: efa (NCCL 2.21.5, aws-ofi-nccl 1.14.0, provi
                 b"Batch 100 Loss: 2.10000, Speed: 1000.00 samples/sec, lr: 0.000300\n")
 
 
+RAY_STATUS = (b"======== Autoscaler status ========\nActive:\n 1 head\n 2 worker\n"
+              b"Usage:\n 0.0/384.0 CPU\n 0.0/16.0 GPU\n")
+
+
+async def _head_exec(pod: str, container: str, command: list[str]) -> tuple[bytes, int]:
+    """A Ray head's container answering `ray status`; any other command is not found there."""
+    if container == "ray-head" and command == ["ray", "status"]:
+        return RAY_STATUS, 0
+    return f"sh: {command[0] if command else ''}: not found\n".encode(), 127
+
+
 def _kubelet(world: World, stop: threading.Event) -> None:
     """Plays the job operators and the kubelet: a job that is created runs and succeeds (a
     PyTorchJob's pods with their logs); a helper pod of fsdpkit's (`ckpt ... --pvc`) runs its own
@@ -194,6 +206,12 @@ def _kubelet(world: World, stop: threading.Event) -> None:
                     "apiVersion": "v1", "kind": "Pod",
                     "metadata": {"name": launcher, "namespace": "default", "labels": labels},
                     "spec": {"containers": [{"name": "launcher", "image": "x"}]}, "status": {"phase": "Succeeded"}})
+            if plural == "rayclusters":   # KubeRay's head pod, up (`ray exec` runs on it)
+                kube.create("/api/v1/namespaces/default/pods", {
+                    "apiVersion": "v1", "kind": "Pod",
+                    "metadata": {"name": f"{name}-head", "namespace": "default",
+                                 "labels": {"ray.io/cluster": name, "ray.io/node-type": "head"}},
+                    "spec": {"containers": [{"name": "ray-head", "image": IMAGE}]}, "status": {"phase": "Running"}})
             if plural == "pods" and command[:4] == ["python", "-m", "fsdpkit", "ckpt"]:
                 argv = [a.replace("/ckpt/", f"{world.volume}/") for a in command[3:]]
                 out = run_cli(*argv, env=world.env).stdout

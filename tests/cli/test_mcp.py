@@ -16,9 +16,10 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from fsdpkit.cli.tools import tools
+from fsdpkit.cli.tools import Tool, tools
+from fsdpkit.effects import CONSENT
 
-from conftest import processes_naming, require, run_cli
+from conftest import aws_client, processes_naming, require, run_cli
 
 anyio = require("anyio")
 mcp = require("mcp")
@@ -31,9 +32,9 @@ INIT_ARGV = ["job", "init", "--backend", "trainjob", "--instance-type", "p5.48xl
 
 
 def with_server(cwd: Path, body: Callable[[Any], Awaitable[Any]], env: dict[str, str] | None = None,
-                mode: str = "auto") -> Any:
+                mode: str = "auto", flags: tuple[str, ...] = ()) -> Any:
     """Run `body(client)` against `python -m fsdpkit mcp` started in `cwd` by the SDK's stdio client."""
-    params = mcp.StdioServerParameters(command=sys.executable, args=["-m", "fsdpkit", "mcp"], cwd=str(cwd),
+    params = mcp.StdioServerParameters(command=sys.executable, args=["-m", "fsdpkit", "mcp", *flags], cwd=str(cwd),
                                        env={**os.environ, **(env or {})})
 
     async def main() -> Any:
@@ -74,7 +75,10 @@ def test_tools_carry_the_cli_schemas_and_the_8b_path_returns_what_the_cli_does(t
         assert t.input_schema == catalogue[t.name].schema(), t.name
     annotations = {t.name: t.annotations for t in listed}
     assert annotations["job_delete"].destructive_hint and annotations["plan"].read_only_hint
-    assert not annotations["job_init"].destructive_hint
+    assert not annotations["job_render"].destructive_hint and not annotations["job_render"].open_world_hint
+    # The hints are the declared effects: image check may rewrite files (--fix), so it is not read-only.
+    assert not annotations["image_check"].read_only_hint and annotations["image_check"].destructive_hint
+    assert annotations["job_status"].read_only_hint and annotations["job_status"].open_world_hint
 
     assert init == cli(by_hand, *INIT_ARGV) and init["ok"]
     assert (by_agent / "job.yaml").read_bytes() == (by_hand / "job.yaml").read_bytes()
@@ -211,3 +215,77 @@ def test_a_host_that_dies_mid_call_leaves_no_command_running(tmp_path):
     assert server.wait(timeout=90) == 0
     assert processes_naming(run_dir) == []
     assert json.loads((run_dir / "summary.json").read_text())["steps"] < 1_000_000
+
+
+def minimal_call(tool: Tool) -> dict[str, Any]:
+    """The least a schema admits, with every argument that adds a consent effect set."""
+    schema = tool.schema()
+    by_type = {"string": "x", "integer": 1, "number": 1, "boolean": True}
+    arguments: dict[str, Any] = {}
+    for name in schema["required"]:
+        prop = schema["properties"][name]
+        if "enum" in prop:
+            arguments[name] = prop["enum"][0]
+        elif prop.get("type") == "array":
+            arguments[name] = ["x"]
+        else:
+            arguments[name] = by_type[prop["type"] if isinstance(prop["type"], str) else prop["type"][0]]
+    for name, effect in tool.effects.when:
+        if effect & CONSENT:
+            arguments[name] = True
+    return arguments
+
+
+def test_every_call_that_would_create_delete_cost_or_overwrite_is_refused_without_yes_and_audited(
+        tmp_path, moto, kube):
+    """Each tool whose declared effects need consent, called with no `yes`: refused with
+    `unconfirmed` before anything runs (moto holds nothing, kmock saw no request, no file was
+    written), and every call is in the audit log with its secrets masked."""
+    url, aws_env = moto
+    consenting = [t for t in tools() if t.consents]
+    assert {"cluster_create", "storage_fsx_create", "job_submit", "deploy", "image_build", "ray_create",
+            "image_check", "job_init", "skills_install"} <= {t.name for t in consenting}
+    work, home = tmp_path / "work", tmp_path / "home"
+    work.mkdir()
+    env = {**aws_env, **kube.env, "FSDPKIT_HOME": str(home), "HF_TOKEN": "hf_fromtheenvironment"}
+    secret_call = {"spec": "job.yaml", "set": ["env.HF_TOKEN=hf_givenintheargs", "train.lr=1e-4"]}
+
+    async def drive(client):
+        answers = {t.name: envelope(await client.call_tool(t.name, minimal_call(t))) for t in consenting}
+        answers["secret"] = envelope(await client.call_tool("job_submit", secret_call))
+        return answers
+
+    answers = with_server(work, drive, env=env)
+    for name, answer in answers.items():
+        assert answer["ok"] is False and answer["error"]["code"] == "unconfirmed", (name, answer)
+        assert answer["error"]["hint"].startswith("ask the user, then call it again with yes: true")
+    assert answers["secret"]["error"]["message"] == ("job_submit: creates or changes cloud or cluster resources, "
+                                                      "starts what AWS bills, and nobody confirmed it")
+    assert answers["job_submit"]["error"]["message"].startswith("job_submit: deletes what it names, creates")
+    assert kube.requests() == []
+    assert aws_client(url, "eks").list_clusters()["clusters"] == []
+    assert aws_client(url, "fsx").describe_file_systems()["FileSystems"] == []
+    assert aws_client(url, "codebuild").list_projects()["projects"] == []
+    assert aws_client(url, "ecr").describe_repositories()["repositories"] == []
+    assert list(work.iterdir()) == []
+    audit = [json.loads(line) for line in (home / "mcp" / "audit.jsonl").read_text().splitlines()]
+    assert [a["tool"] for a in audit] == [t.name for t in consenting] + ["job_submit"]
+    assert all((a["ok"], a["code"]) == (False, "unconfirmed") for a in audit)
+    assert audit[-1]["arguments"] == {"spec": "job.yaml", "set": ["env.HF_TOKEN=***", "train.lr=1e-4"]}
+    assert "hf_" not in (home / "mcp" / "audit.jsonl").read_text()
+
+
+def test_a_read_only_server_lists_and_runs_only_what_changes_nothing(tmp_path):
+    async def drive(client):
+        listed = {t.name for t in (await client.list_tools()).tools}
+        return listed, envelope(await client.call_tool("job_delete", {"name": "j", "yes": True})), \
+            envelope(await client.call_tool("presets", {}))
+
+    listed, refused, presets = with_server(tmp_path, drive, env={"FSDPKIT_HOME": str(tmp_path / "home")},
+                                           flags=("--read-only",))
+    assert listed == {t.name for t in tools() if t.read_only}
+    assert {"plan", "presets", "job_status", "job_render", "ckpt_list"} <= listed
+    assert not listed & {"job_delete", "job_submit", "image_check", "train", "job_init"}
+    assert refused["error"] == {"code": "bad_input", "message": "no tool 'job_delete'",
+                                "hint": "pick one that tools/list names"}
+    assert presets["ok"]

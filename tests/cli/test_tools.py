@@ -5,6 +5,7 @@ that renders back to the same parse."""
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +15,10 @@ from doc_commands import command_lines
 from jsonschema import Draft202012Validator
 from pinned import holds_recorded
 
+from fsdpkit.cli.main import VERBS
 from fsdpkit.cli.reference import verb_parser
-from fsdpkit.cli.tools import Option, Tool, tool_of, tools
+from fsdpkit.cli.tools import NOT_TOOLS, Option, Tool, _leaves, tool_of, tools
+from fsdpkit.effects import Effect, declare, declared
 from fsdpkit.errors import UserError
 from fsdpkit.train.config import parse_args
 
@@ -185,7 +188,9 @@ def test_a_value_that_looks_like_a_flag_stays_a_value():
 def catalogue(catalogued: list[Tool]) -> dict[str, Any]:
     return {t.name: {"words": t.words, "description": t.description, "schema": t.schema(), "long": t.long,
                      "read_only": t.read_only, "confirms": t.confirms, "destructive": t.destructive,
-                     "after_dashes": t.after_dashes} for t in catalogued}
+                     "open_world": t.open_world, "consents": t.consents, "after_dashes": t.after_dashes,
+                     "effects": [str(t.effects.always), [[k, str(v)] for k, v in t.effects.when]]}
+            for t in catalogued}
 
 
 def test_every_tool_s_schema_and_hints_are_held_to_the_recorded_catalogue():
@@ -223,7 +228,7 @@ def test_a_call_becomes_the_command_s_words_its_positionals_and_flags_in_the_par
     assert str(e.value) == "job_submit: no argument also, bogus; use the ones its schema lists"
 
 
-def test_only_a_confirmed_call_or_a_dry_run_deletes_and_cluster_check_asks_only_for_its_fixes():
+def test_only_a_confirmed_call_or_a_dry_run_creates_deletes_costs_or_overwrites():
     delete = BY_NAME["job_delete"]
     refused = delete.unconfirmed({"name": "j"})
     assert refused is not None
@@ -234,13 +239,58 @@ def test_only_a_confirmed_call_or_a_dry_run_deletes_and_cluster_check_asks_only_
     assert delete.unconfirmed({"name": "j", "yes": True}) is None
     assert delete.unconfirmed({"name": "j", "dry_run": True}) is None
     assert delete.unconfirmed({"name": "j", "yes": False}) is not None
+    # What an argument adds: cluster check changes the cluster only with its fixes.
     check = BY_NAME["cluster_check"]
     assert check.unconfirmed({}) is None and check.unconfirmed({"fix": False}) is None
     fixing = check.unconfirmed({"fix": True})
-    assert fixing is not None and str(fixing) == "cluster_check: applies fixes to the cluster, and nobody confirmed it"
+    assert fixing is not None and str(fixing) == ("cluster_check: creates or changes cloud or cluster resources, "
+                                                  "and nobody confirmed it")
     assert fixing.hint == "ask the user, then call it again with yes: true"   # it has no dry run
     assert check.unconfirmed({"fix": True, "yes": True}) is None
     assert BY_NAME["job_list"].unconfirmed({}) is None   # nothing to confirm
-    prune = BY_NAME["ckpt_prune"].unconfirmed({})
-    assert prune is not None and prune.hint.endswith("dry_run: true to see what it would do") == any(
-        o.name == "dry_run" for o in BY_NAME["ckpt_prune"].options)
+    submit = BY_NAME["job_submit"]
+    assert str(submit.unconfirmed({"spec": "j.yaml", "replace": True})) == (
+        "job_submit: deletes what it names, creates or changes cloud or cluster resources, starts what AWS bills, "
+        "and nobody confirmed it")
+    assert submit.unconfirmed({"spec": "j.yaml", "dry_run": True, "replace": True}) is None
+    assert submit.unconfirmed({"spec": "j.yaml", "dry_run": "server"}) is None
+    assert str(BY_NAME["image_check"].unconfirmed({"dockerfile": "D", "fix": True})) == (
+        "image_check: overwrites local files, and nobody confirmed it")
+    assert BY_NAME["image_check"].unconfirmed({"dockerfile": "D"}) is None
+    assert BY_NAME["job_init"].unconfirmed({"out": "j.yaml"}) is None   # a new file: no consent
+    assert BY_NAME["job_init"].unconfirmed({"out": "j.yaml", "force": True}) is not None
+
+
+def test_yes_is_an_argument_of_every_tool_that_may_need_it_and_never_reaches_a_cli_without_it():
+    submit = BY_NAME["job_submit"]
+    assert submit.schema()["properties"]["yes"] == {
+        "type": "boolean", "description": "the user agreed to what this call does (deletes what it names, creates or "
+        "changes cloud or cluster resources, starts what AWS bills): ask them first"}
+    assert submit.argv({"spec": "job.yaml", "yes": True}) == ["job", "submit", "job.yaml", "--json"]
+    # A command that asks itself gets the CLI's own --yes.
+    assert BY_NAME["job_delete"].argv({"job": "j", "yes": True})[-2:] == ["--yes", "--json"]
+    assert "yes" not in BY_NAME["plan"].schema()["properties"]
+    with pytest.raises(UserError):
+        BY_NAME["plan"].argv({"yes": True})
+
+
+def test_a_command_whose_parser_declares_no_effects_is_no_tool():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out")
+    with pytest.raises(TypeError) as e:
+        tool_of(("new", "verb"), parser, "")
+    assert str(e.value) == "fsdpkit new verb: its parser declares no effects (fsdpkit.effects.declare)"
+    declare(parser, Effect.WRITES, force=Effect.OVERWRITES)
+    with pytest.raises(TypeError) as e:
+        tool_of(("new", "verb"), parser, "")
+    assert str(e.value) == "fsdpkit new verb: its effects name no option force"
+    declare(parser, Effect.WRITES, out=Effect.OVERWRITES)
+    assert tool_of(("new", "verb"), parser, "").consents
+
+
+def test_every_command_of_every_verb_declares_its_effects():
+    for verb in VERBS:
+        if verb in NOT_TOOLS:
+            continue
+        for words, parser, _ in _leaves(verb_parser(verb), (verb,)):
+            assert declared(parser) is not None, words

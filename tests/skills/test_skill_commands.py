@@ -68,6 +68,13 @@ def test_skill_commands_run_as_written(skill, world):
     # What a user's project holds before an agent starts: their requirements and a run config.
     (folder / "requirements.txt").write_text("rich==13.9.4\n")
     (folder / "run.yaml").write_text("preset: tiny\noptim:\n  max_steps: 10\n")
+    if skill == "fsdpkit-train-locally" and not (folder / "my-text").exists():
+        # Text of the user's own, with a validation split of its own.
+        for split, files in (("train", sorted(Path(json.__file__).parent.parent.glob("*.py"))[:40]),
+                             ("validation", sorted(Path(json.__file__).parent.glob("*.py")))):
+            (folder / "my-text" / split).mkdir(parents=True)
+            for f in files:
+                (folder / "my-text" / split / f"{f.stem}.txt").write_text(f.read_text(errors="replace"))
     if skill == "fsdpkit-checkpoints":  # the job's folder on the volume, as the helper pod sees it
         (world.volume / "my-job").mkdir(parents=True, exist_ok=True)
     if skill == "fsdpkit-fine-tune" and not (folder / "models").exists():

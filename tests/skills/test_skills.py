@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 
 import pytest
+import tomllib
 
 from fsdpkit.skills import available
 
@@ -66,7 +68,15 @@ AGENTS = {  # target: (skills folder, MCP file, key of the servers, the entry's 
     "opencode": ("home/.config/opencode/skills", "home/.config/opencode/opencode.json", "mcp", lambda e: e["command"]),
     "cursor": (".cursor/skills", ".cursor/mcp.json", "mcpServers", lambda e: [e["command"], *e["args"]]),
     "vscode": (".github/skills", ".vscode/mcp.json", "servers", lambda e: [e["command"], *e["args"]]),
+    "kiro": (".kiro/skills", ".kiro/settings/mcp.json", "mcpServers", lambda e: [e["command"], *e["args"]]),
+    "codex": (".agents/skills", "home/.codex/config.toml", "mcp_servers", lambda e: [e["command"], *e["args"]]),
 }
+# Codex's configuration is TOML: the user's own, with a comment that must survive.
+CODEX_CONFIG = '# my settings\nmodel = "gpt-5"\n\n[mcp_servers.other]\ncommand = "other-server"\nargs = ["--stdio"]\n'
+
+
+def read_config(path) -> dict:
+    return tomllib.loads(path.read_text()) if path.suffix == ".toml" else json.loads(path.read_text())
 
 
 @pytest.mark.parametrize("target", sorted(AGENTS))
@@ -79,7 +89,7 @@ def test_install_registers_the_mcp_server_keeping_the_agents_other_servers(tmp_p
     config = (project if not config_file.startswith("home/") else tmp_path) / config_file
     config.parent.mkdir(parents=True, exist_ok=True)
     other = {"command": "other-server", "args": ["--stdio"]}
-    config.write_text(json.dumps({"theme": "dark", key: {"other": other}}))
+    config.write_text(CODEX_CONFIG if target == "codex" else json.dumps({"theme": "dark", key: {"other": other}}))
     env = {"HOME": str(tmp_path / "home")}
     r = run_cli("skills", "install", "--target", target, "--json", env=env, cwd=project)
     assert r.returncode == 0, r.stderr
@@ -87,8 +97,12 @@ def test_install_registers_the_mcp_server_keeping_the_agents_other_servers(tmp_p
     assert data["mcp"]["path"] == str(config) and data["mcp"]["state"] == "updated"
     assert len(list(((tmp_path if skills_dir.startswith("home/") else project) / skills_dir).glob("*/SKILL.md"))) \
         == len(available())
-    written = json.loads(config.read_text())
-    assert written["theme"] == "dark" and written[key]["other"] == other   # nothing of the user's lost
+    written = read_config(config)
+    assert written[key]["other"] == other   # nothing of the user's lost
+    if target == "codex":
+        assert config.read_text().startswith(CODEX_CONFIG) and written["model"] == "gpt-5"
+    else:
+        assert written["theme"] == "dark"
     entry = written[key]["fsdpkit"]
     again = json.loads(run_cli("skills", "install", "--target", target, "--json", env=env, cwd=project).stdout)
     assert again["data"]["mcp"]["state"] == "unchanged"
@@ -112,3 +126,27 @@ def test_a_config_that_is_not_json_is_refused_before_anything_is_written(tmp_pat
     assert not (tmp_path / ".claude").exists() and (tmp_path / ".mcp.json").read_text() == "{ // a comment\n}"
     r = run_cli("skills", "install", "--no-mcp", "--json", cwd=tmp_path)
     assert r.returncode == 0 and json.loads(r.stdout)["data"]["mcp"] is None and (tmp_path / ".claude").is_dir()
+
+
+def test_codex_gets_its_servers_table_in_a_config_that_has_none(tmp_path):
+    env = {"HOME": str(tmp_path / "home")}
+    r = run_cli("skills", "install", "--target", "codex", "--json", env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    config = tmp_path / "home" / ".codex" / "config.toml"
+    entry = tomllib.loads(config.read_text())["mcp_servers"]["fsdpkit"]
+    assert entry == {"command": sys.executable, "args": ["-m", "fsdpkit", "mcp"]}
+    assert "[mcp_servers.fsdpkit]" in config.read_text()
+    assert len(list((tmp_path / ".agents" / "skills").glob("*/SKILL.md"))) == len(available())
+    (config).write_text("model = [unclosed\n")
+    r = run_cli("skills", "install", "--target", "codex", "--json", env=env, cwd=tmp_path)
+    assert r.returncode == 2 and json.loads(r.stdout)["error"]["message"].startswith(f"{config}: not TOML (")
+
+
+def test_show_prints_a_skill_as_shipped_and_names_the_skills_for_an_unknown_one(tmp_path):
+    skill = available()[0]
+    r = run_cli("skills", "show", skill.name)
+    assert r.returncode == 0 and r.stdout == skill.text
+    r = run_cli("skills", "show", "no-such-skill", "--json")
+    error = json.loads(r.stdout)["error"]
+    assert r.returncode == 2 and error["message"].startswith("no skill named 'no-such-skill'; `fsdpkit skills list` "
+                                                             f"names them: {skill.name}, ")

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from fsdpkit.cli.output import Parser, confirmed, dispatch, emit_json
+from fsdpkit.effects import Effect, declare
 from fsdpkit.errors import UserError
 from fsdpkit.train.checkpoint.catalog import describe, prunable, read_meta, scan
 
@@ -167,9 +168,11 @@ def build_parser() -> argparse.ArgumentParser:
     p_list = sub.add_parser("list", help="checkpoints in a directory, oldest first")
     _storage_args(p_list)
     p_list.set_defaults(func=cmd_list)
+    declare(p_list, Effect.NONE, pvc=Effect.REMOTE)
     p = sub.add_parser("latest", help="the newest complete checkpoint (fsdpkit's or the reference's naming)")
     _storage_args(p)
     p.set_defaults(func=cmd_latest)
+    declare(p, Effect.NONE, pvc=Effect.REMOTE)
     p = sub.add_parser("prune", help="delete older complete checkpoints (never the newest)")
     _storage_args(p)
     p.add_argument("--keep", type=_count, help="keep the newest N (0 or more; the newest complete one always stays)")
@@ -177,10 +180,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="list what would be deleted")
     p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     p.set_defaults(func=cmd_prune)
+    declare(p, Effect.DELETES, pvc=Effect.REMOTE)
     p_show = sub.add_parser("show", help="one checkpoint: step, size, world size, config, loss")
     p_show.add_argument("checkpoint")
     p_show.add_argument("--json", action="store_true", help="machine-readable output")
     p_show.set_defaults(func=cmd_show)
+    declare(p_show, Effect.NONE)
     return parser
 
 

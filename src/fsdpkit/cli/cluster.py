@@ -11,6 +11,7 @@ from typing import Any
 from fsdpkit import yamlfile
 from fsdpkit.aws.session import pick_region
 from fsdpkit.cli.output import Parser, confirmed, dispatch, emit_json, progress
+from fsdpkit.effects import Effect, declare
 from fsdpkit.envelope import duration
 from fsdpkit.errors import UserError
 
@@ -263,6 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="write the config to this file (default: print it)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_config)
+    declare(p, Effect.REMOTE, out=Effect.WRITES)
 
     for verb, text in (("create", "create the placement group, then run `eksctl create cluster -f` (or print "
                                   "the command when eksctl is not installed)"),
@@ -275,6 +277,8 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
         p.add_argument("--json", action="store_true")
         p.set_defaults(func=cmd_create_delete)
+        declare(p, Effect.REMOTE | Effect.LONG | (Effect.CREATES | Effect.COSTS if verb == "create"
+                                                  else Effect.DELETES))
 
     addons_p = sub.add_parser("addons", help="install the device plugins and operators training needs")
     addons_sub = addons_p.add_subparsers(dest="addons_cmd", required=True, metavar="VERB", parser_class=Parser)
@@ -288,6 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
     _kube_flags(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_addons)
+    declare(p, Effect.REMOTE | Effect.CREATES | Effect.LONG)
 
     p = sub.add_parser("rbac", help="the Role (and RoleBinding) a team needs in its namespace to run fsdpkit's job "
                        "verbs, for the cluster's admin to apply")
@@ -300,6 +305,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", default="fsdpkit", help="the Role's and RoleBinding's name")
     p.add_argument("--json", action="store_true", help="one JSON envelope on stdout")
     p.set_defaults(func=cmd_rbac)
+    declare(p, Effect.NONE)
 
     p = sub.add_parser("check", help="nodes, GPUs, EFA, device plugins, operators, storage: pass/warn/fail")
     _kube_flags(p)
@@ -308,6 +314,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--yes", action="store_true", help="with --fix: run the remedies without asking")
     p.add_argument("--json", action="store_true", help="one JSON envelope on stdout")
     p.set_defaults(func=cmd_check)
+    declare(p, Effect.REMOTE, fix=Effect.CREATES)
 
     p = sub.add_parser("validate", help="run validation workloads: gpu (nvidia-smi per GPU node) or nccl "
                        "(nccl-tests all_reduce_perf across nodes)")
@@ -321,6 +328,7 @@ def build_parser() -> argparse.ArgumentParser:
     _kube_flags(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_validate)
+    declare(p, Effect.REMOTE | Effect.CREATES | Effect.LONG)   # workloads on the GPU nodes
     return parser
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from fsdpkit.cli.output import Parser, dispatch, emit_json
+from fsdpkit.effects import Effect, declare
 from fsdpkit.envelope import said_once_accepted
 from fsdpkit.errors import UserError
 from fsdpkit.train.checkpoint import catalog
@@ -96,6 +97,7 @@ def build_parser(prog: str = "fsdpkit data") -> argparse.ArgumentParser:
         p.add_argument("--tokenizer", default="bytes", help="'bytes' or a Hugging Face tokenizer (dir or name)")
         p.add_argument("--out", required=True, help="new directory for the shards")
         p.set_defaults(func=cmd_prepare)
+        declare(p, Effect.REMOTE | Effect.WRITES | Effect.LONG)   # a hub dataset is downloaded
     else:
         p = sub.add_parser("train", help="train a byte-level BPE tokenizer on local text")
         _source_args(p)
@@ -103,6 +105,7 @@ def build_parser(prog: str = "fsdpkit data") -> argparse.ArgumentParser:
         p.add_training_option("--max-documents", type=int, default=0, help="use at most this many documents (0: all)")
         p.add_argument("--out", required=True, help="directory for tokenizer.json")
         p.set_defaults(func=cmd_train_tokenizer)
+        declare(p, Effect.WRITES | Effect.LONG)
     return parser
 
 

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from fsdpkit.cli.output import Parser, dispatch, emit_json, progress
+from fsdpkit.effects import Effect, declare
 from fsdpkit.envelope import duration
 
 
@@ -43,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kubeconfig")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_deploy)
+    declare(p, Effect.REMOTE | Effect.CREATES | Effect.COSTS | Effect.LONG)
     return p
 
 

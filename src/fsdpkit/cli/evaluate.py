@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from fsdpkit.cli.output import Parser, dispatch, emit_json
+from fsdpkit.effects import Effect, declare
 
 
 def _limit(raw: str) -> float:
@@ -47,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--run-dir", help="the run to record the scores in (default: the one the export came from)")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.set_defaults(func=run)
+    declare(parser, Effect.WRITES | Effect.LONG)   # the scores go into the run's summary
     return parser
 
 

@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 
 from fsdpkit.cli.output import Parser, dispatch, emit_json, write_new
+from fsdpkit.effects import Effect, declare
 
 
 def list_(args: argparse.Namespace) -> int:
@@ -40,12 +41,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("list", help="the examples: job specs and a requirements file")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=list_)
+    declare(p, Effect.NONE)
     p = sub.add_parser("show", help="print an example, or write it with --out")
     p.add_argument("name", help="an example's name (see `fsdpkit examples list`)")
     p.add_argument("--out", help="write it to this file")
     p.add_argument("--force", action="store_true", help="overwrite an existing file")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=show)
+    declare(p, Effect.NONE, out=Effect.WRITES, force=Effect.OVERWRITES)
     return parser
 
 

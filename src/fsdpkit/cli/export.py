@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 
 from fsdpkit.cli.output import Parser, dispatch, emit_json
+from fsdpkit.effects import Effect, declare
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,6 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="dtype of the written weights")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.set_defaults(func=run)
+    declare(parser, Effect.WRITES | Effect.LONG)
     return parser
 
 

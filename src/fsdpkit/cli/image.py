@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from fsdpkit.cli.output import Parser, dispatch, emit_json, progress
+from fsdpkit.effects import Effect, declare
 from fsdpkit.envelope import duration
 from fsdpkit.errors import Conflict, NotFound, UserError
 from fsdpkit.image import pins
@@ -237,12 +238,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_init)
+    declare(p, Effect.WRITES, force=Effect.OVERWRITES)
     p = sub.add_parser("check", help="PyTorch / CUDA / EFA conflicts in a Dockerfile and requirements")
     p.add_argument("dockerfile", nargs="?", default="Dockerfile")
     p.add_argument("-r", "--requirements", action="append", help="a requirements file (repeatable)")
     p.add_argument("--fix", action="store_true", help="rewrite the files so that no conflict is left")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_check)
+    declare(p, Effect.NONE, fix=Effect.OVERWRITES)   # --fix rewrites the requirements
 
     def aws_args(p: argparse.ArgumentParser) -> None:
         p.add_argument("--repository", help="ECR repository (default: the directory's / image's name)")
@@ -262,11 +265,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--poll", type=duration, default=3.0, help=argparse.SUPPRESS)
     aws_args(p)
     p.set_defaults(func=cmd_build)
+    declare(p, Effect.REMOTE | Effect.CREATES | Effect.COSTS | Effect.LONG)   # CodeBuild bills
     p = sub.add_parser("push", help="push a local image to ECR (creating the repository with its policies)")
     p.add_argument("image", help="local image name[:tag]")
     p.add_argument("--tag-strategy", help="retag: auto, git-sha, semantic, latest (default: keep the tag)")
     aws_args(p)
     p.set_defaults(func=cmd_push)
+    declare(p, Effect.REMOTE | Effect.CREATES | Effect.LONG)
     p = sub.add_parser("test", help="run an image's selftest: locally with Docker, or in CodeBuild")
     p.add_argument("image")
     p.add_argument("--level", default="standard", choices=("quick", "standard", "full"))
@@ -277,6 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_test)
+    declare(p, Effect.REMOTE | Effect.COSTS | Effect.LONG)   # in CodeBuild without Docker here
     return parser
 
 

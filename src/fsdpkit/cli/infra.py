@@ -7,6 +7,7 @@ import sys
 
 from fsdpkit import yamlfile
 from fsdpkit.cli.output import Parser, confirmed, dispatch, emit_json, progress
+from fsdpkit.effects import Effect, declare
 
 
 def cmd(args: argparse.Namespace) -> int:
@@ -54,6 +55,10 @@ def cmd(args: argparse.Namespace) -> int:
         return emit_json({"account": aws.account, "region": aws.region, "dry_run": args.dry_run, key: done})
     return 0
 
+# What each infra verb does (CodeBuild, IAM, S3, ECR: billed only by use, so creating them costs nothing).
+INFRA_EFFECTS = {"create": Effect.REMOTE | Effect.CREATES | Effect.LONG, "status": Effect.REMOTE,
+                 "delete": Effect.REMOTE | Effect.DELETES | Effect.LONG, "template": Effect.NONE}
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="fsdpkit infra", description="S3 bucket, CodeBuild role and project, log group and ECR "
@@ -77,6 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
         if verb in ("create", "delete"):
             p.add_argument("--dry-run", action="store_true", help="print the plan; create or remove nothing")
         p.set_defaults(func=cmd)
+        declare(p, INFRA_EFFECTS[verb])
     return parser
 
 

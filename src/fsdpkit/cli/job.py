@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from fsdpkit.cli.output import Parser, delete_asked, dispatch, emit_json, finding_message, print_findings, write_new
+from fsdpkit.effects import Effect, declare
 from fsdpkit.envelope import duration
 from fsdpkit.errors import UserError
 from fsdpkit.home import jobs_home
@@ -392,6 +393,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="overwrite an existing file")
     common(p, cluster=False)
     p.set_defaults(func=cmd_init)
+    declare(p, Effect.WRITES, force=Effect.OVERWRITES)
 
     p = sub.add_parser("render", help="print the manifests (or script) a spec becomes, after validating it")
     spec_args(p)
@@ -399,6 +401,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "deadlines, hang time, checkpoint interval, steps, tokens) with where it came from")
     common(p, cluster=False)
     p.set_defaults(func=cmd_render)
+    declare(p, Effect.NONE)
 
     p = sub.add_parser("submit", help="create the job (Secret, PVC and job on a cluster; a process locally)")
     spec_args(p)
@@ -413,11 +416,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--poll", type=duration, default=10.0, help=argparse.SUPPRESS)
     common(p)
     p.set_defaults(func=cmd_submit)
+    declare(p, Effect.REMOTE | Effect.CREATES | Effect.COSTS | Effect.LONG, replace=Effect.DELETES)
 
     p = sub.add_parser("status", help="the job's state and replicas")
     name_args(p)
     common(p)
     p.set_defaults(func=cmd_status)
+    declare(p, Effect.REMOTE)
 
     p = sub.add_parser("logs", help="print (or follow) the logs of the job's rank-0 pod or a chosen replica")
     name_args(p)
@@ -431,12 +436,14 @@ def build_parser() -> argparse.ArgumentParser:
                    "lines with diagnose_network: true)")
     common(p)
     p.set_defaults(func=cmd_logs)
+    declare(p, Effect.REMOTE | Effect.LONG)
 
     p = sub.add_parser("list", help="jobs made by fsdpkit")
     p.add_argument("--backend", choices=BACKENDS)
     p.add_argument("-n", "--namespace")
     common(p)
     p.set_defaults(func=cmd_list)
+    declare(p, Effect.REMOTE)
 
     p = sub.add_parser("delete",
                        help="stop and remove a job (its checkpoint storage is kept)")
@@ -447,6 +454,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     common(p)
     p.set_defaults(func=cmd_delete)
+    declare(p, Effect.REMOTE | Effect.DELETES)
 
     p = sub.add_parser("watch", help="live step, loss, tokens/s, pods, each node's GPU and EFA use, and problems: "
                        "stall, OOM, crash loop, pending reason, NCCL timeout, straggler, flat EFA")
@@ -464,6 +472,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="resubmit a Failed job within its resubmits budget, as `job wait` does")
     common(p)
     p.set_defaults(func=cmd_watch)
+    declare(p, Effect.REMOTE | Effect.LONG)
 
     p = sub.add_parser("wait", help="wait for the job to end: exit 0 Succeeded, 1 Failed, 124 timed out")
     name_args(p)
@@ -471,6 +480,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--poll", type=duration, default=10.0, help="time between checks (seconds, or 30s, 1m)")
     common(p)
     p.set_defaults(func=cmd_wait)
+    declare(p, Effect.REMOTE | Effect.LONG)
     return parser
 
 

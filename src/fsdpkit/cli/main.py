@@ -35,7 +35,8 @@ VERBS = {
     "report": ("fsdpkit.cli.report", "plot runs (loss, lr, tokens/s, MFU, memory, restarts) into an HTML page"),
     "mcp": ("fsdpkit.cli.mcp", "serve these commands as MCP tools over stdio for AI agents (fsdpkit skills install "
             "registers it)"),
-    "skills": ("fsdpkit.cli.skills", "SKILL.md files for AI coding agents (OpenCode, Claude Code): list|install"),
+    "skills": ("fsdpkit.cli.skills", "SKILL.md files for AI coding agents (Claude Code, OpenCode, Cursor, VS Code, "
+               "Kiro, Codex): list|show|install"),
     "examples": ("fsdpkit.cli.examples", "example job specs shipped with fsdpkit: examples list|show NAME --out FILE"),
     "job": ("fsdpkit.cli.job", "render, submit and follow jobs: local, Kubeflow TrainJob or PyTorchJob, HyperPod, "
             "Slurm"),

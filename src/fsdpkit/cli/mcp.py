@@ -5,9 +5,11 @@ Each call runs `fsdpkit <command> ... --json` as a process of its own, so its re
 command's own envelope (`ok`, `data`, `error.code`, `error.hint`), the data the CLI prints; a
 training run or an image build cannot write into the protocol's stdout, and what it prints on
 stderr reaches the caller as progress. A call the caller cancels, or a server whose
-client went away, stops its process (SIGTERM first: a trainer saves on it). A destructive call
-needs `yes: true` (or `dry_run: true`) before anything runs, and values of secret-named
-environment variables are masked in everything sent back.
+client went away, stops its process (SIGTERM first: a trainer saves on it). A call that would create, delete, cost
+money or overwrite files (the command's declared effects, fsdpkit.effects) needs `yes: true` (or
+`dry_run: true`) before anything runs; `--read-only` serves only the tools that change nothing. Every
+call is appended to an audit log in FSDPKIT_HOME, and values of secret-named environment variables
+and arguments are masked there and in everything sent back.
 """
 
 from __future__ import annotations
@@ -15,16 +17,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from fsdpkit import __version__
 from fsdpkit.cli.output import Parser, dispatch
 from fsdpkit.cli.tools import Tool, tools
 from fsdpkit.errors import UserError
+from fsdpkit.home import home, make_dir
 from fsdpkit.jobs.spec import SECRET_NAME
 
 INSTRUCTIONS = """\
@@ -32,8 +38,9 @@ fsdpkit trains LLMs with PyTorch FSDP2 from a laptop to EKS, HyperPod and Slurm 
 one `fsdpkit` command (job_submit is `fsdpkit job submit`); its result is the command's JSON envelope:
 ok, data, and error {code, message, hint}, where hint is the action that fixes it. Typical path:
 presets / plan -> job_init -> job_render -> job_submit with dry_run: true -> job_submit -> job_watch.
-Destructive tools (deletes, cluster fixes) are refused unless called with yes: true after the user
-agreed, or with dry_run: true, which changes nothing."""
+A call that creates or deletes cloud or cluster resources, starts what AWS bills, or overwrites files
+is refused unless called with yes: true after the user agreed, or with dry_run: true, which changes
+nothing; each tool's description of `yes` says what it would do."""
 # How long a stopped command has to end after SIGTERM (a trainer's checkpoint) before SIGKILL.
 STOP_GRACE_S = 30.0
 _MASK = "***"
@@ -49,6 +56,37 @@ def masked(text: str, secrets: list[str]) -> str:
     for s in secrets:
         text = text.replace(s, _MASK)
     return text
+
+
+# A secret-named key given a value inside an argument (`--set env.HF_TOKEN=...`, `HF_TOKEN: ...`).
+_SECRET_ASSIGNMENT = re.compile(rf"([\w.-]*{SECRET_NAME.pattern}[\w.-]*\s*[=:]\s*)\S+", re.I)
+
+
+def masked_arguments(arguments: Any, secrets: list[str]) -> Any:
+    """A call's arguments as the audit log keeps them: secret-named ones, secret values and secret
+    assignments inside strings masked."""
+    if isinstance(arguments, dict):
+        return {k: _MASK if SECRET_NAME.search(str(k)) else masked_arguments(v, secrets) for k, v in arguments.items()}
+    if isinstance(arguments, list):
+        return [masked_arguments(v, secrets) for v in arguments]
+    if isinstance(arguments, str):
+        return _SECRET_ASSIGNMENT.sub(lambda m: m.group(1) + _MASK, masked(arguments, secrets))
+    return arguments
+
+
+def audit_path() -> Path:
+    return home() / "mcp" / "audit.jsonl"
+
+
+def audit(tool: str, arguments: Any, envelope: dict[str, Any], secrets: list[str]) -> None:
+    """One line per call: when, which tool, its arguments (masked), and how it ended."""
+    error = envelope.get("error") or {}
+    record = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "tool": tool,
+              "arguments": masked_arguments(arguments, secrets), "ok": bool(envelope.get("ok")),
+              "code": error.get("code")}
+    make_dir(audit_path().parent)
+    with audit_path().open("a") as f:
+        f.write(json.dumps(record) + "\n")
 
 
 def failure(code: str, message: str, hint: str | None = None) -> dict[str, Any]:
@@ -140,7 +178,7 @@ def build_server(catalogue: list[Tool], env: dict[str, str]) -> Any:
     listed = [types.Tool(
         name=t.name, title=f"fsdpkit {' '.join(t.words)}", description=t.description, input_schema=t.schema(),
         annotations=types.ToolAnnotations(title=f"fsdpkit {' '.join(t.words)}", read_only_hint=t.read_only,
-                                          destructive_hint=t.destructive))
+                                          destructive_hint=t.destructive, open_world_hint=t.open_world))
         for t in catalogue]
 
     def result(envelope: dict[str, Any]) -> types.CallToolResult:
@@ -151,12 +189,17 @@ def build_server(catalogue: list[Tool], env: dict[str, str]) -> Any:
         return types.ListToolsResult(tools=listed)
 
     async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+        envelope = await answer(ctx, params)
+        audit(params.name, params.arguments or {}, envelope, secrets)
+        return result(envelope)
+
+    async def answer(ctx: Any, params: types.CallToolRequestParams) -> dict[str, Any]:
         tool = by_name.get(params.name)
         if tool is None:
-            return result(failure("bad_input", f"no tool {params.name!r}", "pick one that tools/list names"))
+            return failure("bad_input", f"no tool {params.name!r}", "pick one that tools/list names")
         arguments = dict(params.arguments or {})
         if refused := check_arguments(tool, arguments):
-            return result(refusal(refused))
+            return refusal(refused)
         lines = 0
 
         async def progress(line: str) -> None:
@@ -166,7 +209,7 @@ def build_server(catalogue: list[Tool], env: dict[str, str]) -> Any:
             if tool.long:
                 await ctx.session.report_progress(lines, None, line)
 
-        return result(await run_command(tool.argv(arguments), progress, secrets))
+        return await run_command(tool.argv(arguments), progress, secrets)
 
     return Server("fsdpkit", version=__version__, title="fsdpkit", instructions=INSTRUCTIONS,
                   on_list_tools=list_tools, on_call_tool=call_tool)
@@ -179,7 +222,8 @@ def serve(args: argparse.Namespace) -> int:
     except ImportError:
         raise UserError("mcp: the MCP SDK is not installed; install fsdpkit[mcp]") from None
 
-    server = build_server(tools(), dict(os.environ))
+    catalogue = [t for t in tools() if t.read_only or not args.read_only]
+    server = build_server(catalogue, dict(os.environ))
 
     async def main() -> None:
         async with stdio_server() as (read, write):
@@ -193,6 +237,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="fsdpkit mcp", description="Serve fsdpkit's commands as MCP tools over stdio, for AI "
                     "agents (register it with `fsdpkit skills install`). Each tool returns the command's --json "
                     "envelope.")
+    parser.add_argument("--read-only", action="store_true", help="serve only the tools that change nothing (no "
+                        "writes, creates, deletes or costs), for an agent that may only look")
     parser.set_defaults(func=serve)
     return parser
 

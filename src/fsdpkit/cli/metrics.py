@@ -13,6 +13,7 @@ from pathlib import Path
 
 from fsdpkit.aws.sigv4 import amp_region, sigv4_auth
 from fsdpkit.cli.output import Parser, dispatch, emit_json, finding_message, print_findings
+from fsdpkit.effects import Effect, declare
 from fsdpkit.envelope import duration
 from fsdpkit.errors import UserError
 from fsdpkit.jobs.backends.base import Target
@@ -100,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--kubeconfig", help="kubeconfig file")
     parser.add_argument("--json", action="store_true", help="one JSON envelope on stdout")
     parser.set_defaults(func=run)
+    declare(parser, Effect.REMOTE | Effect.LONG, out=Effect.WRITES)
     return parser
 
 

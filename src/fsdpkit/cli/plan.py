@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fsdpkit.cli.output import Parser, emit_error, emit_json, show_notes
+from fsdpkit.effects import Effect, declare
 from fsdpkit.errors import UserError
 from fsdpkit.plan.grace import DEFAULT_WRITE_MB_S, cadence, grace_period, startup, stop_tier
 from fsdpkit.train.model.presets import RECIPES, canonical
@@ -46,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
                    f"{DEFAULT_WRITE_MB_S})")
     p.add_spec_overrides()
     p.add_argument("--json", action="store_true")
+    declare(p, Effect.NONE)
     return p
 
 

@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from fsdpkit.cli.output import Parser, dispatch, emit_json
+from fsdpkit.effects import Effect, declare
 from fsdpkit.train.config import build
 from fsdpkit.train.model.config import count_params
 from fsdpkit.train.model.presets import PRESETS, RECIPES
@@ -46,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "carries (flags, YAML and job specs override any of it).")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.set_defaults(func=show)
+    declare(parser, Effect.NONE)
     return parser
 
 

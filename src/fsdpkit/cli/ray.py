@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from fsdpkit import yamlfile
 from fsdpkit.cli.output import Parser, delete_asked, dispatch, emit_json
+from fsdpkit.effects import Effect, declare
 from fsdpkit.envelope import duration
 from fsdpkit.errors import NotFound, UserError
 
@@ -165,6 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "each group (schema, admission) without storing anything")
     common(p)
     p.set_defaults(func=cmd_create)
+    declare(p, Effect.REMOTE | Effect.CREATES | Effect.COSTS | Effect.LONG)
     for verb, func, text in (("status", cmd_status, "the cluster's state"),
                              ("delete", cmd_delete, "delete the RayJobs `ray submit` made on it, then the RayCluster "
                               "(asks first)")):
@@ -176,6 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
         common(p)
         p.set_defaults(func=func)
+        declare(p, Effect.REMOTE | (Effect.DELETES if verb == "delete" else Effect.NONE))
     p = sub.add_parser("submit", help="a RayJob on the cluster: fsdpkit ray submit SPEC -- ENTRYPOINT")
     spec_args(p)
     p.add_argument("--job-name")
@@ -183,11 +186,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="print the RayJob; nothing is sent to a cluster")
     common(p)
     p.set_defaults(func=cmd_submit)
+    declare(p, Effect.REMOTE | Effect.CREATES | Effect.LONG)
     p = sub.add_parser("exec", help="run a command on the head pod: fsdpkit ray exec NAME -- CMD")
     p.add_argument("name")
     p.add_argument("-n", "--namespace", default="default")
     common(p)
     p.set_defaults(func=cmd_exec)
+    declare(p, Effect.REMOTE | Effect.CREATES | Effect.LONG)   # any command, on the cluster
     return parser
 
 

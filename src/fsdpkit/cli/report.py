@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from fsdpkit.cli.output import Parser, dispatch, emit_json
+from fsdpkit.effects import Effect, declare
 from fsdpkit.errors import UserError
 
 
@@ -47,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "the trainer's tokens/s (the JSON that `fsdpkit metrics JOB --out FILE` writes)")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.set_defaults(func=run)
+    declare(parser, Effect.WRITES | Effect.LONG)
     return parser
 
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from fsdpkit import yamlfile
 from fsdpkit.cli.output import Parser, confirmed, dispatch, emit_json, progress
+from fsdpkit.effects import Effect, declare
 from fsdpkit.envelope import duration
 from fsdpkit.errors import UserError
 
@@ -197,10 +198,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=duration, default=3600, help="how long to wait for AVAILABLE: seconds, or 1h")
     p.add_argument("--poll", type=duration, default=15, help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_create)
+    declare(p, Effect.REMOTE | Effect.CREATES | Effect.COSTS | Effect.LONG)
 
     p = verbs.add_parser("status", help="lifecycle, DNS and mount name, size, throughput")
     common(p, kube=False)
     p.set_defaults(func=cmd_status)
+    declare(p, Effect.REMOTE)
 
     p = verbs.add_parser("delete", help="delete the claim and volume, then the file system (asks first)")
     common(p)
@@ -208,11 +211,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-k8s", action="store_true", help="leave the PersistentVolume and claim alone")
     p.add_argument("--dry-run", action="store_true", help="print what would be deleted")
     p.set_defaults(func=cmd_delete)
+    declare(p, Effect.REMOTE | Effect.DELETES | Effect.LONG)
 
     p = verbs.add_parser("storage-class", help="dynamic provisioning: a StorageClass whose claims each get an FSx")
     common(p)
     shape(p)
     p.set_defaults(func=cmd_storage_class)
+    declare(p, Effect.REMOTE | Effect.CREATES)
     return parser
 
 

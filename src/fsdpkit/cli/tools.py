@@ -2,7 +2,8 @@
 JSON Schema made from the command's own argparse parser, and the argv a call becomes.
 
 The parsers are the one source: a flag added to a command is a property of its tool, with the same
-type, choices, default and help. `fsdpkit mcp` serves these; tests/cli/test_tools.py checks that
+type, choices, default and help; what the command does (fsdpkit.effects, declared beside its parser)
+is its tool's hints and consent rule. `fsdpkit mcp` serves these; tests/cli/test_tools.py checks that
 every value a schema admits parses to the same meaning in the CLI, and that every skill's command
 lines are tool calls.
 """
@@ -16,6 +17,7 @@ from typing import Any
 
 from fsdpkit.cli.main import VERBS
 from fsdpkit.cli.reference import help_text, subcommand_helps, subcommands, verb_parser
+from fsdpkit.effects import CONSENT, Effect, Effects, declared, in_words
 from fsdpkit.errors import UserError
 from fsdpkit.train.config import option_schema
 
@@ -24,16 +26,6 @@ NOT_TOOLS = {"mcp"}
 # Commands that take a command line of their own after `--` (fsdpkit ray submit SPEC -- python x.py):
 # the tool property that carries it, as a list of words.
 AFTER_DASHES = {"ray_submit": "entrypoint", "ray_exec": "command"}
-# Commands that run for minutes or longer: their stderr lines go to the caller as progress.
-LONG = {"train", "eval", "export", "data_prepare", "tokenizer_train", "selftest", "cluster_create", "cluster_delete",
-        "cluster_addons_install", "cluster_validate", "storage_fsx_create", "storage_fsx_delete", "image_build",
-        "image_push", "image_test", "infra_create", "infra_delete", "deploy", "job_submit", "job_logs", "job_watch",
-        "job_wait", "ray_create", "ray_submit", "ray_exec", "report", "metrics"}
-# Commands that only read (the rest create, change or delete something, if only a file).
-READ_ONLY = {"plan", "presets", "ckpt_list", "ckpt_latest", "ckpt_show", "cluster_config", "storage_fsx_status",
-             "ray_status", "image_check", "infra_status", "infra_template", "skills_list", "examples_list",
-             "job_render", "job_status", "job_logs", "job_list", "job_watch", "job_wait", "metrics"}
-
 _DURATION = {"type": ["number", "string"], "pattern": r"^\d+(\.\d+)?[smhd]?$",
              "description_suffix": "seconds, or 30s, 15m, 2h, 1d"}
 # argparse `type=` functions by name -> the JSON Schema of the values they take.
@@ -85,25 +77,37 @@ class Tool:
     words: tuple[str, ...]          # the command: ("job", "submit")
     description: str
     options: tuple[Option, ...]
+    effects: Effects
     after_dashes: str | None = None
 
     @property
     def confirms(self) -> bool:
-        """The CLI asks for --yes before it deletes or changes what exists."""
+        """The CLI asks for --yes itself before it deletes or changes what exists."""
         return any(o.name == "yes" for o in self.options)
 
     @property
+    def consents(self) -> bool:
+        """Some call of it needs the user's yes (it creates, deletes, costs or overwrites)."""
+        return bool(self.effects.possible & CONSENT)
+
+    @property
     def destructive(self) -> bool:
-        """It may delete what exists: a confirmed delete, or `replace` (a job of the same name)."""
-        return self.confirms or any(o.name == "replace" for o in self.options)
+        """It may delete or overwrite what exists (`replace` of a job, `force` of a file)."""
+        return bool(self.effects.possible & (Effect.DELETES | Effect.OVERWRITES))
 
     @property
     def long(self) -> bool:
-        return self.name in LONG
+        return bool(self.effects.possible & Effect.LONG)
 
     @property
     def read_only(self) -> bool:
-        return self.name in READ_ONLY
+        """No call of it writes, creates, deletes or costs anything."""
+        return not self.effects.possible & (CONSENT | Effect.WRITES)
+
+    @property
+    def open_world(self) -> bool:
+        """It reaches beyond this machine: AWS, a cluster, a registry, a hub."""
+        return bool(self.effects.possible & (Effect.REMOTE | Effect.CREATES | Effect.DELETES | Effect.COSTS))
 
     def schema(self) -> dict[str, Any]:
         """The tool's input schema (JSON Schema 2020-12)."""
@@ -111,6 +115,9 @@ class Tool:
         if self.after_dashes:
             props[self.after_dashes] = {"type": "array", "items": {"type": "string"}, "minItems": 1,
                                         "description": "the command line to run, as a list of words"}
+        if self.consents and not self.confirms:
+            props["yes"] = {"type": "boolean", "description": "the user agreed to what this call does ("
+                            f"{in_words(self.effects.possible & CONSENT)}): ask them first"}
         required = [o.name for o in self.options if (o.positional and o.action.nargs not in ("?", "*"))
                     or o.action.required]
         if self.after_dashes:
@@ -121,7 +128,8 @@ class Tool:
         """`fsdpkit` argv for a call: the command's words, positionals, `--flag=value` options
         (a value that starts with `-` stays a value), `--json`, then `-- words` where the command
         takes a command line."""
-        unknown = set(arguments) - {o.name for o in self.options} - {self.after_dashes}
+        unknown = set(arguments) - {o.name for o in self.options} - {self.after_dashes} - (
+            {"yes"} if self.consents else set())
         if unknown:
             raise UserError(f"{self.name}: no argument {', '.join(sorted(unknown))}; "
                             f"use the ones its schema lists")
@@ -147,18 +155,14 @@ class Tool:
         return argv
 
     def unconfirmed(self, arguments: dict[str, Any]) -> UserError | None:
-        """The refusal of a destructive call nobody confirmed: it must say `yes` (after asking the
-        user), or be a dry run, which changes nothing. A command with `--fix` (cluster check) changes
-        something only with it."""
-        fixes = any(o.name == "fix" for o in self.options)
-        if not self.confirms or arguments.get("yes") or arguments.get("dry_run"):
+        """The refusal of a call that would create, delete, cost or overwrite without the user's
+        yes: it must say `yes` (after asking the user), or be a dry run, which does none of it."""
+        effect = self.effects.of(arguments) & CONSENT
+        if not effect or arguments.get("yes"):
             return None
-        if fixes and not arguments.get("fix"):
-            return None
-        what = "applies fixes to the cluster" if fixes else "deletes what it names"
         dry = "; or call it with dry_run: true to see what it would do" if any(
             o.name == "dry_run" for o in self.options) else ""
-        return UserError(f"{self.name}: {what}, and nobody confirmed it",
+        return UserError(f"{self.name}: {in_words(effect)}, and nobody confirmed it",
                          hint=f"ask the user, then call it again with yes: true{dry}", code="unconfirmed")
 
 
@@ -220,12 +224,18 @@ def _leaves(parser: argparse.ArgumentParser, words: tuple[str, ...]) -> Iterator
 
 def tool_of(words: tuple[str, ...], parser: argparse.ArgumentParser, description: str) -> Tool:
     name = "_".join(words).replace("-", "_")
+    effects = declared(parser)
+    if effects is None:
+        raise TypeError(f"fsdpkit {' '.join(words)}: its parser declares no effects (fsdpkit.effects.declare)")
     # The trainer's parser is its config's (fsdpkit train and the options plan hands it).
     field = option_schema if words == ("train",) else (lambda dest: None)
     options = tuple(Option(_option_name(a), a, field(a.dest)) for a in parser._actions
                     if not isinstance(a, argparse._HelpAction | argparse._VersionAction)
                     and a.help != argparse.SUPPRESS and a.dest != "json")
-    return Tool(name, words, " ".join(description.split()) or f"fsdpkit {' '.join(words)}", options,
+    unknown = {argument for argument, _ in effects.when} - {o.name for o in options}
+    if unknown:
+        raise TypeError(f"fsdpkit {' '.join(words)}: its effects name no option {', '.join(sorted(unknown))}")
+    return Tool(name, words, " ".join(description.split()) or f"fsdpkit {' '.join(words)}", options, effects,
                 AFTER_DASHES.get(name))
 
 

@@ -1,4 +1,4 @@
-"""SKILL.md files that let AI coding agents (Claude Code, OpenCode, Cursor, VS Code) drive fsdpkit
+"""SKILL.md files that let AI coding agents (Claude Code, OpenCode, Cursor, VS Code, Kiro, Codex) drive fsdpkit
 through its CLI, and the MCP server entry that gives the same agents its commands as tools.
 
 Each skill is `data/<name>/SKILL.md`: YAML front matter (name, description), when to use it, the
@@ -17,6 +17,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import tomlkit
 import yaml
 
 from fsdpkit.errors import UserError
@@ -36,6 +37,11 @@ class Agent:
     mcp_file: Path
     mcp_key: str
     entry: Callable[[list[str]], dict[str, Any]]
+    toml: bool = False   # the MCP configuration is TOML (Codex), else JSON
+
+
+def _command_args(command: list[str]) -> dict[str, Any]:
+    return {"command": command[0], "args": command[1:]}
 
 
 TARGETS = {
@@ -45,10 +51,14 @@ TARGETS = {
     "opencode": Agent(Path("~/.config/opencode/skills"), Path("~/.config/opencode/opencode.json"), "mcp",
                       lambda command: {"type": "local", "command": command, "enabled": True}),
     # Cursor: the project's .cursor folder.
-    "cursor": Agent(Path(".cursor/skills"), Path(".cursor/mcp.json"), "mcpServers",
-                    lambda command: {"command": command[0], "args": command[1:]}),
+    "cursor": Agent(Path(".cursor/skills"), Path(".cursor/mcp.json"), "mcpServers", _command_args),
     # VS Code (Copilot): the project's .github/skills and .vscode/mcp.json.
     "vscode": Agent(Path(".github/skills"), Path(".vscode/mcp.json"), "servers", _mcp_servers),
+    # Kiro (IDE and CLI): the workspace's .kiro/skills and .kiro/settings/mcp.json.
+    "kiro": Agent(Path(".kiro/skills"), Path(".kiro/settings/mcp.json"), "mcpServers", _command_args),
+    # Codex: the repository's .agents/skills (the Agent Skills folder it reads), and the user's
+    # ~/.codex/config.toml, whose [mcp_servers.NAME] tables it reads in every project.
+    "codex": Agent(Path(".agents/skills"), Path("~/.codex/config.toml"), "mcp_servers", _command_args, toml=True),
 }
 SERVER_NAME = "fsdpkit"
 
@@ -88,28 +98,34 @@ def _state(path: Path, text: str) -> str:
 
 
 def mcp_config(target: str, command: list[str]) -> tuple[Path, dict[str, Any]]:
-    """The agent's MCP configuration with fsdpkit's server in it, every other entry kept; refused
-    (nothing written) when the file is there but is not a JSON object."""
+    """The agent's MCP configuration with fsdpkit's server in it, every other entry kept (and, in
+    TOML, every comment); refused (nothing written) when the file is there but holds no mapping."""
     where = agent(target)
     path = where.mcp_file.expanduser().absolute()
-    config: Any = {}
+    kind = "TOML" if where.toml else "JSON"
+    config: Any = tomlkit.document() if where.toml else {}
     if path.is_file():
         try:
-            config = json.loads(path.read_text())
-        except ValueError as e:
-            raise UserError(f"{path}: not JSON ({e}); fix it, or install with --no-mcp and add the server by "
+            config = tomlkit.parse(path.read_text()) if where.toml else json.loads(path.read_text())
+        except ValueError as e:   # tomlkit's ParseError is a ValueError too
+            raise UserError(f"{path}: not {kind} ({e}); fix it, or install with --no-mcp and add the server by "
                             f"hand: {' '.join(command)}") from None
     servers = config.get(where.mcp_key) if isinstance(config, dict) else None
     if not isinstance(config, dict) or not isinstance(servers, dict | None):
         raise UserError(f"{path}: expected an object with {where.mcp_key!r} mapping names to servers; fix it, or "
                         f"install with --no-mcp")
+    if where.toml:
+        if servers is None:
+            config[where.mcp_key] = servers = tomlkit.table(is_super_table=True)
+        servers[SERVER_NAME] = where.entry(command)
+        return path, config
     return path, {**config, where.mcp_key: {**(servers or {}), SERVER_NAME: where.entry(command)}}
 
 
 def register_mcp(path: Path, config: dict[str, Any]) -> dict[str, Any]:
     """Write the agent's MCP configuration as `mcp_config` made it (replaced whole, through a
     temporary file, so an agent never reads half a file)."""
-    text = json.dumps(config, indent=2) + "\n"
+    text = tomlkit.dumps(config) if isinstance(config, tomlkit.TOMLDocument) else json.dumps(config, indent=2) + "\n"
     state = _state(path, text)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -12,6 +12,7 @@ import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from fsdpkit.effects import Effect, declare
 from fsdpkit.envelope import emit_error, emit_json, show_diagnostics
 from fsdpkit.errors import UserError
 from fsdpkit.train import config
@@ -96,7 +97,9 @@ def summary(result: TrainResult) -> dict[str, Any]:
 
 def build_parser() -> argparse.ArgumentParser:
     """`fsdpkit train`'s parser: the config's, generated from its fields."""
-    return config.build_parser()
+    parser = config.build_parser()
+    declare(parser, Effect.WRITES | Effect.LONG)   # checkpoints and the run's folder
+    return parser
 
 
 def _to_stdout(line: str) -> None:

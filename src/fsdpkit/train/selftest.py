@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from fsdpkit.effects import Effect, declare
 from fsdpkit.envelope import Parser, emit_error, emit_json
 from fsdpkit.errors import UserError
 
@@ -119,6 +120,7 @@ def build_parser() -> Parser:
     p = Parser(prog="fsdpkit selftest", description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--level", choices=LEVELS, default="quick")
     p.add_argument("--json", action="store_true")
+    declare(p, Effect.LONG)
     return p
 
 

@@ -149,8 +149,8 @@ class LocalFiles:
             if not _format(root):
                 raise UserError(f"dataset: {path} is not a .jsonl/.json/.parquet/.txt file (or .gz/.zst of one)")
             self.files, self.base = [root], root.parent
-        if not self.files:
-            raise UserError(f"dataset: no .jsonl/.json/.parquet/.txt files (or .gz/.zst of them) in {path}")
+        if not self.files:   # named as looked in: the split's own folder where there is one
+            raise UserError(f"dataset: no .jsonl/.json/.parquet/.txt files (or .gz/.zst of them) in {root}")
         if self.chat and (plain := [f for f in self.files if (_format(f) or ("",))[0] == ".txt"]):
             raise UserError(f"dataset: {plain[0]} is plain text; chat data is jsonl/json/parquet records with "
                             "`messages` or prompt/completion")
