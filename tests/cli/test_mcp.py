@@ -289,3 +289,44 @@ def test_a_read_only_server_lists_and_runs_only_what_changes_nothing(tmp_path):
     assert refused["error"] == {"code": "bad_input", "message": "no tool 'job_delete'",
                                 "hint": "pick one that tools/list names"}
     assert presets["ok"]
+
+
+def test_lines_that_are_not_json_rpc_get_the_specification_s_errors_and_the_server_goes_on(tmp_path):
+    """Raw lines, as a broken or hostile host might send them: each gets JSON-RPC's own error (with
+    the request's id where it has one; a notification gets none), one line on stderr says what came,
+    and a request after them is answered."""
+    server = subprocess.Popen([sys.executable, "-m", "fsdpkit", "mcp"], cwd=tmp_path, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              env={**os.environ, "FSDPKIT_HOME": str(tmp_path / "home")})
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}}
+    lines = [json.dumps(init).encode(), b'{"jsonrpc": "2.0", "method": "notifications/initialized"}',
+             b"garbage{", b"\xff\xfe\x00binary", b"[1, 2]", b'{"id": 4, "hello": 1}',
+             b'{"jsonrpc": "2.0", "id": 5, "method": "tools/list", "params": "x"}',
+             b'{"jsonrpc": "2.0", "method": "notifications/cancelled", "params": 3}',
+             b"x" * (30 * 2**20), b'{"jsonrpc": "2.0", "id": 6, "method": "ping"}']
+    assert server.stdin is not None and server.stdout is not None
+    server.stdin.write(b"\n".join(lines) + b"\n")
+    server.stdin.flush()
+    replies = []
+    while not replies or replies[-1].get("id") != 6:
+        replies.append(json.loads(server.stdout.readline()))
+    out, err = server.communicate(timeout=60)
+    assert out == b"" and server.returncode == 0
+    errors = [(r["id"], r["error"]["code"], r["error"]["message"]) for r in replies[1:-1]]
+    assert errors == [
+        (None, -32700, "Parse error: Expecting value: line 1 column 1 (char 0)"),
+        (None, -32700, "Parse error: Expecting value: line 1 column 1 (char 0)"),
+        (None, -32600, "Invalid Request: not a JSON-RPC 2.0 request, notification or response"),
+        (4, -32600, "Invalid Request: not a JSON-RPC 2.0 request, notification or response"),
+        (5, -32602, "Invalid params: tools/list's params must be an object"),
+        (None, -32600, "Invalid Request: a message of 31,457,281 characters (at most 8,388,608)")]
+    assert replies[0]["id"] == 1 and "result" in replies[0]
+    assert replies[-1] == {"jsonrpc": "2.0", "id": 6, "result": {}}
+    assert err.decode().splitlines() == [
+        "mcp: a line that is not JSON (Expecting value: line 1 column 1 (char 0))",
+        "mcp: a line that is not JSON (Expecting value: line 1 column 1 (char 0))",
+        "mcp: a line that is JSON but not JSON-RPC 2.0", "mcp: a line that is JSON but not JSON-RPC 2.0",
+        "mcp: tools/list with params that are not an object",
+        "mcp: notifications/cancelled with params that are not an object",
+        "mcp: refused a 31,457,281-character line unread"]

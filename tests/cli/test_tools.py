@@ -179,6 +179,12 @@ def test_every_skill_command_is_a_tool_call(skill, line):
         == {k: typed(props.get(k, {}), v) for k, v in meaning(tool, before).items()}
 
 
+def test_every_command_is_in_some_skill():
+    """An agent that reads the skills finds every command: each tool is some skill line's command."""
+    taught = {tool_for(line_argv(line)).name for _, line in SKILL_LINES}
+    assert sorted(set(BY_NAME) - taught) == []
+
+
 def test_a_value_that_looks_like_a_flag_stays_a_value():
     tool = BY_NAME["job_submit"]
     values = parsed(tool, tool.argv({"spec": "job.yaml", "set": ["train.lr=-1e-4"], "name": "-odd"}))

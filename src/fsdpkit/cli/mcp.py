@@ -15,6 +15,7 @@ and arguments are masked there and in everything sent back.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import re
@@ -215,19 +216,91 @@ def build_server(catalogue: list[Tool], env: dict[str, str]) -> Any:
                   on_list_tools=list_tools, on_call_tool=call_tool)
 
 
+# JSON-RPC 2.0's own error codes (section 5.1 of the specification).
+PARSE_ERROR, INVALID_REQUEST, INVALID_PARAMS = -32700, -32600, -32602
+MAX_LINE = 8 * 2**20   # a message longer than this is refused unread (no MCP message comes near it)
+
+
+def _id_of(message: Any) -> int | str | None:
+    found = message.get("id") if isinstance(message, dict) else None
+    return found if isinstance(found, int | str) and not isinstance(found, bool) else None
+
+
+def check_line(line: str) -> tuple[dict[str, Any] | None, str] | None:
+    """None for a line that is a JSON-RPC message; else the error reply the specification gives it
+    (None for a notification, which gets none) and what to say on stderr."""
+    def error(code: int, message: str, of: Any = None) -> dict[str, Any]:
+        return {"jsonrpc": "2.0", "id": _id_of(of), "error": {"code": code, "message": message}}
+
+    if len(line) > MAX_LINE:
+        return error(INVALID_REQUEST, f"Invalid Request: a message of {len(line):,} characters (at most "
+                     f"{MAX_LINE:,})"), f"mcp: refused a {len(line):,}-character line unread"
+    try:
+        message = json.loads(line)
+    except ValueError as e:
+        return error(PARSE_ERROR, f"Parse error: {e}"), f"mcp: a line that is not JSON ({e})"
+    if not isinstance(message, dict) or message.get("jsonrpc") != "2.0" or not (
+            isinstance(message.get("method"), str) or "result" in message or "error" in message):
+        return error(INVALID_REQUEST, "Invalid Request: not a JSON-RPC 2.0 request, notification or response",
+                     message), "mcp: a line that is JSON but not JSON-RPC 2.0"
+    if "method" in message and "params" in message and not isinstance(message["params"], dict):
+        reply = error(INVALID_PARAMS, f"Invalid params: {message['method']}'s params must be an object",
+                      message) if "id" in message else None
+        return reply, f"mcp: {message['method']} with params that are not an object"
+    return None
+
+
+class CheckedLines:
+    """stdin's lines as the SDK's transport reads them, each one a JSON-RPC message: what is not
+    is answered here, as JSON-RPC answers it (`replies`), and said on stderr; the SDK only logs it."""
+
+    def __init__(self, lines: Any):
+        import anyio
+
+        self.lines = lines
+        self._send, self.replies = anyio.create_memory_object_stream[dict[str, Any]](64)
+
+    def __aiter__(self) -> Any:
+        return self._checked()
+
+    async def _checked(self) -> Any:
+        async with self._send:
+            async for line in self.lines:
+                if not line.strip():
+                    continue
+                if (problem := check_line(line)) is None:
+                    yield line
+                    continue
+                reply, note = problem
+                print(note, file=sys.stderr, flush=True)
+                if reply is not None:
+                    await self._send.send(reply)
+
+
 def serve(args: argparse.Namespace) -> int:
     try:
         import anyio
+        import mcp_types as types
         from mcp.server.stdio import stdio_server
+        from mcp.shared.message import SessionMessage
     except ImportError:
         raise UserError("mcp: the MCP SDK is not installed; install fsdpkit[mcp]") from None
 
     catalogue = [t for t in tools() if t.read_only or not args.read_only]
     server = build_server(catalogue, dict(os.environ))
+    # Read here, not by the transport (it would pass on what is not JSON-RPC without a reply).
+    stdin = CheckedLines(anyio.wrap_file(io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace")))
 
     async def main() -> None:
-        async with stdio_server() as (read, write):
-            await server.run(read, write, server.create_initialization_options())
+        async with stdio_server(stdin=stdin) as (read, write):   # type: ignore[arg-type]
+            async def answer_bad_lines() -> None:
+                async for reply in stdin.replies:
+                    await write.send(SessionMessage(types.jsonrpc_message_adapter.validate_python(reply)))
+
+            async with anyio.create_task_group() as group:
+                group.start_soon(answer_bad_lines)
+                await server.run(read, write, server.create_initialization_options())
+                group.cancel_scope.cancel()
 
     anyio.run(main)
     return 0
