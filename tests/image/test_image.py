@@ -40,7 +40,7 @@ def test_each_conflict_class_is_caught_and_fixed(tmp_path, dockerfile, reqs, kin
     assert check(df, req_paths) == []
     text = df.read_text()
     if "torch-family" in kinds:
-        assert "torchvision==0.21.*" in text and "torchaudio==2.6.*" in text
+        assert "torchvision==0.21.*" in text and "torchaudio==2.6.*" in text and "**" not in text
     if "cuda-wheel" in kinds:
         assert "whl/cu126" in text
     if "efa" in kinds or "agent-torch" in kinds:
@@ -197,3 +197,26 @@ def test_tag_strategies(tmp_path):
     assert tag_for("auto", ctx) == f"{sha}-dirty"
     with pytest.raises(UserError, match="--tag-strategy: 'nightly'"):
         tag_for("nightly", ctx)
+
+
+def test_fix_json_lists_each_line_it_changed_as_it_was_and_as_it_is(tmp_path):
+    shutil.copy(DATA / "Dockerfile.family", tmp_path / "Dockerfile")
+    shutil.copy(DATA / "Dockerfile.replacer", tmp_path / "Dockerfile.r")
+    shutil.copy(DATA / "requirements.replacer.txt", tmp_path / "requirements.replacer.txt")
+    r = run_cli("image", "check", "Dockerfile", "--fix", "--json", cwd=tmp_path)
+    data = json.loads(r.stdout)["data"]
+    assert r.returncode == 0 and data["fixed_files"] == ["Dockerfile"]
+    assert data["changes"] == [{"file": "Dockerfile", "line": 2,
+                                "before": "RUN pip install torch==2.6.0 torchvision==0.19.1 torchaudio==2.4.1",
+                                "after": "RUN pip install torch==2.6.0 torchvision==0.21.* torchaudio==2.6.*"}]
+    r = run_cli("image", "check", "Dockerfile.r", "-r", "requirements.replacer.txt", "--fix", "--json", cwd=tmp_path)
+    constrained = "RUN pip install -c /etc/pip-constraints.txt"
+    assert json.loads(r.stdout)["data"]["changes"] == [
+        {"file": "Dockerfile.r", "line": 2, "before": None, "after": "RUN python -c \"import torch; print('torch==' + "
+         "torch.__version__.split('+')[0])\" > /etc/pip-constraints.txt"},
+        {"file": "Dockerfile.r", "line": 4, "before": "RUN pip install -r /tmp/requirements.txt",
+         "after": f"{constrained} -r /tmp/requirements.txt"},
+        {"file": "Dockerfile.r", "line": 5, "before": "RUN pip install vllm", "after": f"{constrained} vllm"}]
+    # Nothing left to fix: nothing changed.
+    r = run_cli("image", "check", "Dockerfile", "--fix", "--json", cwd=tmp_path)
+    assert json.loads(r.stdout)["data"]["changes"] == [] and json.loads(r.stdout)["data"]["fixed_files"] == []

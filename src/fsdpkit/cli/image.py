@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -75,16 +76,20 @@ def cmd_check(args: argparse.Namespace) -> int:
     for p in [dockerfile, *reqs]:
         if not p.is_file():
             raise NotFound(f"{p}: file not found")
-    changed = fix(dockerfile, reqs) if args.fix else []
+    changes = fix(dockerfile, reqs) if args.fix else []
+    changed = sorted({c.file for c in changes})
     found = check(dockerfile, reqs)
     if args.json:
-        return emit_json({"conflicts": [c.to_dict() for c in found], "fixed_files": changed}, 1 if found else 0,
+        return emit_json({"conflicts": [c.to_dict() for c in found], "fixed_files": changed,
+                          "changes": [asdict(c) for c in changes]}, 1 if found else 0,
                          f"{len(found)} conflict(s) found: {found[0].detail}" + (" ..." if len(found) > 1 else "")
                          if found else None, hint=found[0].fix if found else None)
     for c in found:
         print(f"{c.kind}: {c.file}:{c.line}: {c.detail}\n  fix: {c.fix}")
-    if changed:
-        print(f"--fix rewrote: {', '.join(changed)}")
+    for ch in changes:
+        print(f"--fix: {ch.file}:{ch.line}: " + (f"{ch.before!r} -> {ch.after!r}" if ch.before is not None and
+                                                  ch.after is not None else f"added {ch.after!r}" if ch.before is None
+                                                  else f"removed {ch.before!r}"))
     print("no conflicts" if not found else f"{len(found)} conflict(s)")
     return 1 if found else 0
 

@@ -72,7 +72,8 @@ def cmd_init(args: argparse.Namespace) -> int:
 
     name = args.name or (args.preset.replace("_", "-") if args.preset else "my-job")
     text = starter(args.backend, name, args.instance_type, args.nodes, args.image, args.preset, args.storage_claim,
-                   args.shared_path, args.dataset, args.tokenizer, args.init_from_hf, args.data_format, args.lora)
+                   args.shared_path, args.dataset, args.tokenizer, args.init_from_hf, args.data_format, args.lora,
+                   args.dataset_config_name)
     if args.out == "-":
         if args.json:   # the spec goes in the envelope: stdout stays one JSON document
             return emit_json({"path": None, "text": text, "backend": args.backend, "name": name})
@@ -383,6 +384,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--storage-claim", help="an existing PVC for checkpoints (FSx for Lustre), on Kubernetes")
     p.add_argument("--shared-path", help="a directory every node mounts (/fsx), on Slurm")
     p.add_argument("--dataset", help="local files, token shards or a Hugging Face dataset (default: embedded text)")
+    p.add_argument("--dataset-config-name", help="the hub dataset's configuration (allenai/c4: en)")
     p.add_argument("--tokenizer", help="a Hugging Face tokenizer (default: the preset's)")
     p.add_argument("--init-from-hf", help="fine-tune these Hugging Face weights: a directory the nodes read (on the "
                    "job's storage); --preset names the same model for the planner")

@@ -16,6 +16,7 @@ Conflict classes:
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -212,15 +213,41 @@ def _family_conflicts(pins: dict[str, tuple[str, str, int]], base_torch: str | N
     return found
 
 
-def fix(dockerfile: Path, requirements: Sequence[Path] = ()) -> list[str]:
-    """Rewrite the files so `check` finds nothing; returns the files changed. Fixes can uncover
+@dataclass(frozen=True)
+class Change:
+    """One line `fix` changed: where, as it was (None: a line it added) and as it is now (None: removed)."""
+
+    file: str
+    line: int
+    before: str | None
+    after: str | None
+
+
+def fix(dockerfile: Path, requirements: Sequence[Path] = ()) -> list[Change]:
+    """Rewrite the files so `check` finds nothing; returns each line changed. Fixes can uncover
     others (a new base has another CUDA), so passes repeat until the check is clean."""
-    changed: set[str] = set()
+    files = [dockerfile, *_with_constraints(requirements)]
+    before = {p: p.read_text() for p in files}
     for _ in range(4):
         if not check(dockerfile, requirements):
             break
-        changed |= set(_fix_pass(dockerfile, requirements))
-    return sorted(changed)
+        _fix_pass(dockerfile, requirements)
+    return [change for p in files for change in _changes(str(p), before[p], p.read_text())]
+
+
+def _changes(file: str, old: str, new: str) -> list[Change]:
+    """The lines that differ between two texts of a file, numbered as in the new one (a removed
+    line by where it stood)."""
+    a, b = old.splitlines(), new.splitlines()
+    out: list[Change] = []
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes():
+        if tag == "equal":
+            continue
+        for k in range(max(i2 - i1, j2 - j1)):
+            old_line = a[i1 + k] if i1 + k < i2 else None
+            new_line = b[j1 + k] if j1 + k < j2 else None
+            out.append(Change(file, (j1 + k if new_line is not None else j1) + 1, old_line, new_line))
+    return out
 
 
 def _fix_pass(dockerfile: Path, requirements: Sequence[Path]) -> list[str]:
@@ -241,7 +268,8 @@ def _fix_pass(dockerfile: Path, requirements: Sequence[Path]) -> list[str]:
 
             def pinned(m: re.Match[str], want: dict[str, str] = want) -> str:
                 return f"{m.group(1)}=={want[m.group(1).lower()]}.*"
-            row = re.sub(r"(torchvision|torchaudio)\s*==\s*[0-9][0-9a-z.+]*", pinned, row)
+            # The pin whole, a wildcard included: a row with both packages comes here once for each.
+            row = re.sub(r"(torchvision|torchaudio)\s*==\s*[0-9][0-9a-z.+*]*", pinned, row)
         elif c.kind == "cuda-wheel":
             cuda = _base_cuda(image)
             assert cuda is not None  # check() reports this kind only where the base's CUDA is known

@@ -105,7 +105,8 @@ def _section(model: type[Settings], values: dict[str, Any], indent: int) -> list
 def starter(backend: str, name: str, instance_type: str | None = None, nodes: str | None = None,
             image: str | None = None, preset: str | None = None, claim: str | None = None,
             shared_path: str | None = None, dataset: str | None = None, tokenizer: str | None = None,
-            init_from_hf: str | None = None, data_format: str | None = None, lora: bool = False) -> str:
+            init_from_hf: str | None = None, data_format: str | None = None, lora: bool = False,
+            dataset_config_name: str | None = None) -> str:
     """The text of a starter spec; it loads back as the spec these values describe (checked here)."""
     if backend == "hyperpod" and instance_type and not instance_type.startswith("ml."):
         instance_type = f"ml.{instance_type}"  # how HyperPod names (and labels) its instance types
@@ -115,7 +116,8 @@ def starter(backend: str, name: str, instance_type: str | None = None, nodes: st
         top["nodes"] = int(nodes)
     storage = {k: v for k, v in (("claim", claim), ("shared_path", shared_path)) if v}
     train = {k: v for k, v in (("preset", preset), ("init_from_hf", init_from_hf), ("dataset", dataset),
-                                ("data_format", data_format), ("tokenizer", tokenizer), ("lora", lora)) if v}
+                                ("dataset_config_name", dataset_config_name), ("data_format", data_format),
+                                ("tokenizer", tokenizer), ("lora", lora)) if v}
     # HyperPod's Slurm (its ml. instance names): srun resumes a job after HyperPod replaces a node.
     slurm = {"hyperpod": True} if backend == "slurm" and instance_type and instance_type.startswith("ml.") else {}
     doc = {**top, **({"storage": storage} if storage else {}), **({"train": train} if train else {}),
