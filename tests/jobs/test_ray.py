@@ -4,6 +4,7 @@ cluster, a different spec under the same name is refused, and the head's readine
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 
@@ -195,3 +196,56 @@ def test_ray_submit_dry_run_prints_the_rayjob_without_a_cluster(tmp_path):
     assert not list(crd_validator("ray.io_rayjobs.yaml").iter_errors(job))
     assert job["metadata"]["name"] == "grpo" and job["spec"]["clusterSelector"] == {"ray.io/cluster": "verl"}
     assert job["spec"]["entrypoint"] == "python3 -m verl.x 'trainer.logger=['\"'\"'console'\"'\"']'"
+
+
+def refused(user: str, verb: str, resource: str, name: str = "") -> str:
+    """The API server's 403, as the ray verbs pass it on after naming their call."""
+    what = f'{resource}.ray.io "{name}"' if name else f"{resource}.ray.io"
+    return (f'the cluster refused (403 Forbidden): {what} is forbidden: User "{user}" cannot {verb} resource '
+            f'"{resource}" in API group "ray.io" in the namespace "default"; check your kubeconfig credentials and '
+            "RBAC permissions\n")
+
+
+def test_each_ray_verb_says_which_call_the_cluster_refused_or_could_not_answer(kube, tmp_path):
+    """On a shared cluster, as a namespace's Role allows: each verb names the call that failed and
+    passes on the API server's words; a cluster that does not answer is named by its address; a
+    cluster without KubeRay's CRD, a RayCluster that is not there, say so."""
+    path = write(tmp_path)
+    pods_only = kube.user("alice", [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}])
+    r = cli_here("ray", "status", "verl", env=pods_only)
+    assert (r.returncode, r.stderr) == (3, "error: reading rayclusters/verl: " + refused("alice", "get", "rayclusters",
+                                                                                       "verl"))
+    r = cli_here("ray", "create", str(path), "--dry-run=server", env=pods_only)
+    assert (r.returncode, r.stderr) == (3, "error: server dry run of RayCluster/verl: " + refused(
+        "alice", "create", "rayclusters"))
+    reader = kube.user("bob", [{"apiGroups": ["ray.io"], "resources": ["rayclusters"], "verbs": ["get", "delete"]}])
+    r = cli_here("ray", "create", str(path), env=reader)
+    assert (r.returncode, r.stderr) == (3, "error: creating RayCluster/verl: " + refused("bob", "create",
+                                                                                        "rayclusters"))
+    assert cli_here("ray", "create", str(path), env=kube.env).returncode == 0
+    r = cli_here("ray", "delete", "verl", "--yes", env=reader)
+    assert (r.returncode, r.stderr) == (3, "error: listing RayJobs: " + refused("bob", "list", "rayjobs"))
+    lister = kube.user("carol", [{"apiGroups": ["ray.io"], "resources": ["rayclusters"], "verbs": ["get"]},
+                                 {"apiGroups": ["ray.io"], "resources": ["rayjobs"], "verbs": ["list"]}])
+    r = cli_here("ray", "delete", "verl", "--yes", env=lister)
+    assert (r.returncode, r.stderr) == (3, "error: deleting rayclusters/verl: " + refused("carol", "delete",
+                                                                                         "rayclusters", "verl"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dead = tmp_path / "dead-kubeconfig"
+    dead.write_text(kube.kubeconfig.read_text().replace(kube.url, f"http://127.0.0.1:{port}"))
+    for argv in (("ray", "status", "verl"), ("ray", "delete", "verl", "--yes")):
+        r = cli_here(*argv, env={"KUBECONFIG": str(dead)})
+        assert (r.returncode, r.stderr) == (3, f"error: reading rayclusters/verl: cannot reach the Kubernetes API at "
+                                               f"http://127.0.0.1:{port} (MaxRetryError); check the kubeconfig context "
+                                               "and your network or VPN\n")
+    r = cli_here("ray", "delete", "gone", "--yes", env=kube.env)
+    assert (r.returncode, r.stderr) == (2, "error: RayCluster 'gone' not found in default\n")
+    r = cli_here("ray", "submit", str(write(tmp_path, name="gone")), "--", "python", "x.py", env=kube.env)
+    assert (r.returncode, r.stderr) == (2, "error: RayCluster 'gone' not found in default; start it with "
+                                           "`fsdpkit ray create`\n")
+    kube.forget("ray.io/v1/rayclusters")
+    r = cli_here("ray", "create", str(path), env=kube.env)
+    assert (r.returncode, r.stderr) == (3, "error: creating RayCluster: the ray.io/v1 CRD is not installed; install "
+                                           "the KubeRay operator (see `fsdpkit cluster check`)\n")

@@ -5,6 +5,7 @@ through the CLI."""
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from fsdpkit.errors import Conflict, UserError
-from fsdpkit.jobs.backends.slurm import SlurmBackend, script
+from fsdpkit.jobs.backends.slurm import SlurmBackend, SlurmUnreachable, script
 from fsdpkit.jobs.resolved import load_job
 
 
@@ -149,3 +150,23 @@ def test_a_submit_sbatch_takes_answers_its_job_id_and_one_it_refuses_puts_the_ea
     with pytest.raises(UserError):
         backend.submit(other)
     assert not (tmp_path / "scripts" / "fresh.sbatch").exists()
+
+
+def test_a_script_folder_that_does_not_exist_yet_is_made_and_a_controller_nobody_answers_is_named(
+        slurm_env, tmp_path, monkeypatch):
+    resolved = load_job(None, [("name", "deep"), ("backend", "slurm"), ("nodes", 1),
+                               ("storage", {"shared_path": str(tmp_path / "shared")}),
+                               ("slurm", {"script_dir": str(tmp_path / "a" / "b" / "scripts")})])
+    conf = tmp_path / "slurm.conf"
+    with socket.socket() as s:   # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    conf.write_text(slurm_env.conf.read_text().replace("SlurmctldPort=", f"SlurmctldPort={port}\n# was: "))
+    monkeypatch.setenv("SLURM_CONF", str(conf))
+    with pytest.raises(SlurmUnreachable) as e:
+        SlurmBackend().submit(resolved)
+    assert str(e.value).startswith("sbatch could not reach the Slurm controller (sbatch: error: ")
+    assert str(e.value).endswith("); check that slurmctld runs and that this is a login node of the cluster "
+                                 "(SLURM_CONF)")
+    assert (e.value.code, e.value.exit_code) == ("unreachable", 3)
+    assert list((tmp_path / "a" / "b" / "scripts").iterdir()) == []   # made, and the script gone again
