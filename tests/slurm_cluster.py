@@ -15,14 +15,10 @@ import subprocess
 import time
 from pathlib import Path
 
+from ports import free_port
+
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "squeue", "scontrol", "scancel", "sinfo")
 NODES = ("n1", "n2")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def why_not() -> str | None:
@@ -75,7 +71,7 @@ class SlurmCluster:
 
     def start(self) -> None:
         (self.root / "state").mkdir(parents=True, exist_ok=True)
-        self.conf.write_text(_conf(self.root, _free_port(), {n: _free_port() for n in NODES}))
+        self.conf.write_text(_conf(self.root, free_port(), {n: free_port() for n in NODES}))
         self._start_munge()
         env = {**os.environ, **self.env}
         for argv in (["slurmctld", "-D"], *(["slurmd", "-D", "-N", n] for n in NODES)):
@@ -108,6 +104,11 @@ class SlurmCluster:
             if time.monotonic() > deadline or self._procs[-1].poll() is not None:
                 raise RuntimeError(f"munged did not start: see {self.root}/munged.log")
             time.sleep(0.05)
+
+    def unreachable_conf(self, path: Path) -> Path:
+        """This cluster's configuration with its controller on a port nobody listens on."""
+        path.write_text(self.conf.read_text().replace("SlurmctldPort=", f"SlurmctldPort={free_port()}\n# was: "))
+        return path
 
     def stop(self) -> None:
         """Every job cancelled (their slurmstepd would outlive slurmd), then every daemon this cluster

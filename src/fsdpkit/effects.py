@@ -50,11 +50,8 @@ class Effects:
 
     @property
     def possible(self) -> Effect:
-        """Everything some call of the command does."""
-        effect = self.always
-        for _, extra in self.when:
-            effect |= extra
-        return effect
+        """Everything some call of the command does: every argument that adds something set."""
+        return self.of({name: True for name, _ in self.when})
 
 
 def declare(parser: argparse.ArgumentParser, always: Effect, **when: Effect) -> None:

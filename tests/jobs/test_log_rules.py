@@ -7,13 +7,13 @@ from __future__ import annotations
 import math
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from ports import free_port
 
 from fsdpkit.jobs import hyperpod, log_rules
 from fsdpkit.jobs.resolved import load_job
@@ -48,9 +48,7 @@ def node_logs(tmp_path_factory):
     """stdout of local rank 0 on each of two nodes, from a real two-node run on 127.0.0.1 written
     the way HyperPod's agent has it written (--tee 3 under --log-dir), and rank 0's console."""
     tmp = tmp_path_factory.mktemp("two-nodes")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     torchrun = Path(sys.executable).parent / "fsdpkit-torchrun"
     procs = [subprocess.Popen(
         [str(torchrun), "--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",

@@ -4,12 +4,12 @@ cluster, a different spec under the same name is refused, and the head's readine
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 
 import pytest
 import yaml
+from ports import free_port
 
 from fsdpkit.jobs.ray import raycluster_manifest, rayjob_manifest
 from fsdpkit.jobs.resolved import load_job
@@ -230,9 +230,7 @@ def test_each_ray_verb_says_which_call_the_cluster_refused_or_could_not_answer(k
     r = cli_here("ray", "delete", "verl", "--yes", env=lister)
     assert (r.returncode, r.stderr) == (3, "error: deleting rayclusters/verl: " + refused("carol", "delete",
                                                                                          "rayclusters", "verl"))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     dead = tmp_path / "dead-kubeconfig"
     dead.write_text(kube.kubeconfig.read_text().replace(kube.url, f"http://127.0.0.1:{port}"))
     for argv in (("ray", "status", "verl"), ("ray", "delete", "verl", "--yes")):

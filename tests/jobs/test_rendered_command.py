@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from ports import free_port
 
 from fsdpkit.jobs import manifests, trainjob
 from fsdpkit.jobs.resolved import load_job
@@ -25,12 +25,6 @@ from conftest import ROOT, losses, read_metrics
 VENV_BIN = str(Path(sys.executable).parent)
 TRAIN = {"preset": "tiny", "seq_len": 64, "validation_freq": 0, "progress": "off", "logging_freq": 2,
          "checkpoint_freq": 4, "train_batch_size": 4, "tensorboard": False}
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _can_namespace() -> str | None:
@@ -45,7 +39,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(_can_namespace() is not None,
 
 def spec_for(tmp_path, nodes, backend="pytorchjob", **train):
     return load_job(None, [("name", "rc"), ("backend", backend), ("image", "x:1"), ("nodes", nodes),
-                            ("procs_per_node", 1), ("rdzv_port", _port()), ("max_restarts", 0),
+                            ("procs_per_node", 1), ("rdzv_port", free_port()), ("max_restarts", 0),
                             ("storage", {"claim": "ckpt", "mount_path": str(tmp_path / "volume")}),
                             ("train", {**TRAIN, **train})])
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from ports import free_port
 
 from fsdpkit.jobs.backends.slurm import script
 from fsdpkit.jobs.resolved import load_job
@@ -25,14 +25,8 @@ from conftest import ROOT, read_metrics
 VENV_BIN = str(Path(sys.executable).parent)
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def write_spec(tmp_path, name, **train):
-    doc = {"name": name, "backend": "slurm", "nodes": 2, "procs_per_node": 1, "rdzv_port": _port(),
+    doc = {"name": name, "backend": "slurm", "nodes": 2, "procs_per_node": 1, "rdzv_port": free_port(),
            "max_restarts": 0, "storage": {"shared_path": str(tmp_path / "shared")},
            "slurm": {"script_dir": str(tmp_path), "output": str(tmp_path / "%x-%j.out")},
            "train": {"seq_len": 64, "validation_freq": 0, "progress": "off", "logging_freq": 5,
@@ -134,8 +128,7 @@ def test_slurm_submit_that_sbatch_refuses_is_one_line(tmp_path):
 def test_slurm_submit_that_reaches_no_controller_is_exit_3_and_leaves_no_script(slurm, tmp_path):
     """The cluster's side, not the input: a controller nobody answers for (the session's Slurm, its
     port changed) is exit 3, `unreachable`, and the script this submit wrote is gone again."""
-    conf = tmp_path / "slurm.conf"
-    conf.write_text(slurm.conf.read_text().replace("SlurmctldPort=", f"SlurmctldPort={_port()}\n# was: "))
+    conf = slurm.unreachable_conf(tmp_path / "slurm.conf")
     spec = write_spec(tmp_path, "lonely")
     r = subprocess.run([sys.executable, "-m", "fsdpkit", "job", "submit", str(spec), "--json"], cwd=ROOT,
                        env={**os.environ, **slurm.env, "SLURM_CONF": str(conf)}, capture_output=True, text=True,

@@ -5,7 +5,6 @@ through the CLI."""
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -157,11 +156,7 @@ def test_a_script_folder_that_does_not_exist_yet_is_made_and_a_controller_nobody
     resolved = load_job(None, [("name", "deep"), ("backend", "slurm"), ("nodes", 1),
                                ("storage", {"shared_path": str(tmp_path / "shared")}),
                                ("slurm", {"script_dir": str(tmp_path / "a" / "b" / "scripts")})])
-    conf = tmp_path / "slurm.conf"
-    with socket.socket() as s:   # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    conf.write_text(slurm_env.conf.read_text().replace("SlurmctldPort=", f"SlurmctldPort={port}\n# was: "))
+    conf = slurm_env.unreachable_conf(tmp_path / "slurm.conf")
     monkeypatch.setenv("SLURM_CONF", str(conf))
     with pytest.raises(SlurmUnreachable) as e:
         SlurmBackend().submit(resolved)

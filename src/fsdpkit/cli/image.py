@@ -87,9 +87,13 @@ def cmd_check(args: argparse.Namespace) -> int:
     for c in found:
         print(f"{c.kind}: {c.file}:{c.line}: {c.detail}\n  fix: {c.fix}")
     for ch in changes:
-        print(f"--fix: {ch.file}:{ch.line}: " + (f"{ch.before!r} -> {ch.after!r}" if ch.before is not None and
-                                                  ch.after is not None else f"added {ch.after!r}" if ch.before is None
-                                                  else f"removed {ch.before!r}"))
+        if ch.before is None:
+            what = f"added {ch.after!r}"
+        elif ch.after is None:
+            what = f"removed {ch.before!r}"
+        else:
+            what = f"{ch.before!r} -> {ch.after!r}"
+        print(f"--fix: {ch.file}:{ch.line}: {what}")
     print("no conflicts" if not found else f"{len(found)} conflict(s)")
     return 1 if found else 0
 

@@ -250,7 +250,7 @@ def _changes(file: str, old: str, new: str) -> list[Change]:
     return out
 
 
-def _fix_pass(dockerfile: Path, requirements: Sequence[Path]) -> list[str]:
+def _fix_pass(dockerfile: Path, requirements: Sequence[Path]) -> None:
     conflicts = check(dockerfile, requirements)
     changed: set[str] = set()
     text = {p: p.read_text() for p in [dockerfile, *_with_constraints(requirements)]}
@@ -305,4 +305,3 @@ def _fix_pass(dockerfile: Path, requirements: Sequence[Path]) -> list[str]:
             tmp = p.with_suffix(p.suffix + ".tmp")
             tmp.write_text(t)
             tmp.replace(p)
-    return sorted(changed)

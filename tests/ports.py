@@ -1,0 +1,11 @@
+"""A TCP port on 127.0.0.1 nobody listens on now (a rendezvous, a daemon, a server that is down)."""
+
+from __future__ import annotations
+
+import socket
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
