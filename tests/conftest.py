@@ -467,3 +467,17 @@ def slurm(tmp_path_factory):
     yield cluster
     cluster.stop()
 
+
+@pytest.fixture
+def slurm_accounting(tmp_path_factory, monkeypatch):
+    """A Slurm of its own that keeps accounting (slurmdbd over MariaDB), reached through SLURM_CONF
+    in this process: for what sacct answers once the controller has let a job go."""
+    if reason := why_not(accounting=True):
+        unavailable(reason)
+    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm-accounting"), accounting=True)
+    cluster.start()
+    for k, v in cluster.env.items():
+        monkeypatch.setenv(k, v)
+    yield cluster
+    cluster.stop()
+

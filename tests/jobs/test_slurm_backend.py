@@ -5,6 +5,7 @@ through the CLI."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -77,10 +78,70 @@ def test_cancel_stops_a_running_job_and_a_dry_run_stops_nothing(slurm_env, tmp_p
     assert st.message.startswith("CANCELLED exit 0:15")
 
 
-def test_a_name_slurm_does_not_hold_is_one_line(slurm_env):
+def test_a_name_slurm_does_not_hold_is_one_line_naming_the_missing_accounting(slurm_env):
     with pytest.raises(UserError) as e:
         SlurmBackend().status("never-submitted")
-    assert str(e.value) == "no Slurm job named 'never-submitted' (see `fsdpkit job list --backend slurm`)"
+    assert str(e.value) == ("no Slurm job named 'never-submitted' held by the controller (it lets finished jobs go "
+                            "after MinJobAge), and this cluster keeps no accounting to look further back")
+
+
+def test_without_sacct_a_name_the_controller_does_not_hold_says_so(slurm_env, tmp_path, monkeypatch):
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "scontrol").symlink_to(shutil.which("scontrol"))
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    with pytest.raises(UserError) as e:
+        SlurmBackend().status("never-submitted")
+    assert str(e.value) == ("no Slurm job named 'never-submitted' held by the controller, and sacct is not on PATH "
+                            "to look further back")
+
+
+def test_a_controller_nobody_answers_is_named_by_status_list_and_logs(slurm_env, tmp_path, monkeypatch):
+    monkeypatch.setenv("SLURM_CONF", str(slurm_env.unreachable_conf(tmp_path / "slurm.conf")))
+    for call in (lambda b: b.status("x"), lambda b: b.jobs(), lambda b: list(b.logs("x"))):
+        with pytest.raises(SlurmUnreachable) as e:
+            call(SlurmBackend())
+        assert str(e.value) == (
+            "scontrol could not reach the Slurm controller (slurm_load_jobs error: Unable to contact slurm controller "
+            "(connect failure)); check that slurmctld runs and that this is a login node of the cluster (SLURM_CONF)")
+
+
+def test_a_job_the_controller_let_go_is_read_from_accounting(slurm_accounting, tmp_path, monkeypatch):
+    kept = sbatch(tmp_path, "kept", "echo done")
+    lost = sbatch(tmp_path, "lost", "exit 3")
+    again = sbatch(tmp_path, "lost", "exit 4")
+    stopped = sbatch(tmp_path, "stopped", "sleep 120")
+    settled("kept", ("Succeeded",))
+    settled("lost", ("Failed",))
+    settled("stopped", ("Running",))
+    SlurmBackend().cancel("stopped")
+    settled("stopped", ("Cancelled",))
+    slurm_accounting.restart_controller()
+
+    backend = SlurmBackend()
+    assert backend.jobs().jobs == []   # the controller holds none of them now
+    got = {n: backend.status(n) for n in ("kept", "lost", "stopped")}
+    assert {n: (s.state, s.message, s.details) for n, s in got.items()} == {
+        "kept": ("Succeeded", "COMPLETED exit 0:0", {"job_id": kept}),
+        "lost": ("Failed", "FAILED exit 4:0", {"job_id": again}),     # the newest of the name
+        "stopped": ("Cancelled", "CANCELLED by 0 exit 0:0", {"job_id": stopped}),
+    }
+    assert int(lost) < int(again)
+    with pytest.raises(UserError) as e:
+        list(backend.logs("kept"))
+    assert str(e.value) == (f"cannot find the output file of Slurm job {kept} (the controller no longer holds it; "
+                            "its --output is set in the spec's slurm.output)")
+    with pytest.raises(UserError) as e:
+        backend.status("never-submitted")
+    assert str(e.value) == ("no Slurm job named 'never-submitted' in the controller or in accounting's last 30 days "
+                            "(see `fsdpkit job list --backend slurm`)")
+
+    monkeypatch.setenv("SLURM_CONF", str(slurm_accounting.unreachable_conf(tmp_path / "slurm.conf",
+                                                                           "AccountingStoragePort")))
+    with pytest.raises(SlurmUnreachable) as e:
+        SlurmBackend().status("kept")
+    assert str(e.value) == ("the Slurm controller holds no job named 'kept' and sacct could not read accounting "
+                            "(sacct: error: Problem talking to the database: Connection refused); "
+                            "check that slurmdbd runs")
 
 
 def test_without_slurm_s_commands_every_verb_says_to_run_on_a_login_node(monkeypatch, tmp_path):
@@ -165,3 +226,4 @@ def test_a_script_folder_that_does_not_exist_yet_is_made_and_a_controller_nobody
                                  "(SLURM_CONF)")
     assert (e.value.code, e.value.exit_code) == ("unreachable", 3)
     assert list((tmp_path / "a" / "b" / "scripts").iterdir()) == []   # made, and the script gone again
+

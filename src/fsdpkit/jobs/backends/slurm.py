@@ -30,6 +30,12 @@ _UNREACHABLE = re.compile(r"Unable to contact slurm controller|Socket timed out|
                           r"Zero Bytes were transmitted", re.I)
 
 
+# sacct on a cluster with AccountingStorageType=accounting_storage/none.
+_NO_ACCOUNTING = re.compile(r"accounting storage is disabled", re.I)
+# How far back sacct looks for a job the controller has let go (its own default is since midnight).
+ACCOUNTING_DAYS = 30
+
+
 class SlurmUnreachable(Unreachable):
     """The Slurm controller could not be reached."""
 
@@ -43,6 +49,17 @@ _STATES = {
     "FAILED": "Failed", "TIMEOUT": "Failed", "NODE_FAIL": "Failed", "OUT_OF_MEMORY": "Failed",
     "PREEMPTED": "Failed", "BOOT_FAIL": "Failed", "DEADLINE": "Failed", "CANCELLED": "Cancelled",
 }
+
+
+def _last_line(out: subprocess.CompletedProcess[str]) -> str:
+    """The last thing a Slurm command said (its error), or its exit status when it said nothing."""
+    said = (out.stderr.strip() or out.stdout.strip()).splitlines()
+    return said[-1] if said else f"exit {out.returncode}"
+
+
+def _unreachable(tool: str, why: str) -> SlurmUnreachable:
+    return SlurmUnreachable(f"{tool} could not reach the Slurm controller ({why}); check that slurmctld runs and "
+                            "that this is a login node of the cluster (SLURM_CONF)")
 
 
 def _shell_word(arg: str) -> str:
@@ -133,11 +150,9 @@ class SlurmBackend:
                 path.unlink(missing_ok=True)
             else:
                 path.write_text(earlier)
-            said = (out.stderr.strip() or out.stdout.strip()).splitlines()
-            why = said[-1] if said else f"exit {out.returncode}"
+            why = _last_line(out)
             if _UNREACHABLE.search(why):
-                raise SlurmUnreachable(f"sbatch could not reach the Slurm controller ({why}); check that slurmctld "
-                                       "runs and that this is a login node of the cluster (SLURM_CONF)")
+                raise _unreachable("sbatch", why)
             raise UserError(f"sbatch refused {path.name}: {why}")
         job_id = out.stdout.strip().split(";")[0]
         return {"name": spec.name, "dry_run": False, "script": str(path), "submitted": True, "job_id": job_id}
@@ -152,7 +167,10 @@ class SlurmBackend:
         self._need("scontrol")
         out = subprocess.run(["scontrol", "show", "job", "-o"], capture_output=True, text=True)
         if out.returncode != 0 and "Invalid job id" not in out.stderr:
-            raise UserError(f"scontrol show job failed: {out.stderr.strip() or out.stdout.strip()}")
+            why = _last_line(out)
+            if _UNREACHABLE.search(why):
+                raise _unreachable("scontrol", why)
+            raise UserError(f"scontrol show job failed: {why}")
         jobs = [dict(_FIELD.findall(line)) for line in out.stdout.splitlines() if line.startswith("JobId=")]
         return sorted(jobs, key=lambda j: int(j.get("JobId", "0")))
 
@@ -171,16 +189,28 @@ class SlurmBackend:
         return self._from_accounting(name)
 
     def _from_accounting(self, name: str) -> JobStatus:
-        """A job the controller no longer holds: sacct, where the cluster keeps accounting."""
-        if shutil.which("sacct") is not None:
-            out = subprocess.run(["sacct", "-n", "-X", "-P", "--name", name, "-o", "JobID,State,ExitCode"],
-                                 capture_output=True, text=True)
-            rows = [r.split("|") for r in out.stdout.strip().splitlines() if r] if out.returncode == 0 else []
-            if rows:
-                job_id, state, exit_code = rows[-1][:3]
-                return JobStatus(name, self.name, _STATES.get(state.split()[0], "Unknown"),
-                                 f"{state} exit {exit_code}", details={"job_id": job_id})
-        raise UserError(f"no Slurm job named {name!r} (see `fsdpkit job list --backend slurm`)")
+        """A job the controller no longer holds: sacct over the last ACCOUNTING_DAYS, where the cluster
+        keeps accounting; a cluster without it is named as the gap it is, and an accounting store
+        that does not answer is an error, not "no such job"."""
+        gone = f"no Slurm job named {name!r}"
+        if shutil.which("sacct") is None:
+            raise UserError(f"{gone} held by the controller, and sacct is not on PATH to look further back")
+        out = subprocess.run(["sacct", "-n", "-X", "-P", "--name", name, "-S", f"now-{ACCOUNTING_DAYS}days",
+                              "-o", "JobID,State,ExitCode"], capture_output=True, text=True)
+        if out.returncode != 0:
+            why = _last_line(out)
+            if _NO_ACCOUNTING.search(why):
+                raise UserError(f"{gone} held by the controller (it lets finished jobs go after MinJobAge), and "
+                                "this cluster keeps no accounting to look further back")
+            raise SlurmUnreachable(f"the Slurm controller holds no job named {name!r} and sacct could not read "
+                                   f"accounting ({why}); check that slurmdbd runs")
+        rows = [r.split("|") for r in out.stdout.splitlines() if r.strip()]
+        if not rows:
+            raise UserError(f"{gone} in the controller or in accounting's last {ACCOUNTING_DAYS} days "
+                            "(see `fsdpkit job list --backend slurm`)")
+        job_id, state, exit_code = rows[-1][:3]
+        return JobStatus(name, self.name, _STATES.get(state.split()[0], "Unknown"), f"{state} exit {exit_code}",
+                         details={"job_id": job_id})
 
     def jobs(self) -> Listing:
         return Listing([self._status_of(j) for j in self._jobs()], {})
