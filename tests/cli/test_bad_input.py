@@ -111,6 +111,29 @@ def damaged_files(d: Path) -> None:
     (d / "garbled" / "step-00000001" / "fsdpkit.json").write_text('{"step": 1, "wor')
     (d / "a-file").write_text("not a checkpoint")
     (d / "garbage.kubeconfig").write_bytes(b"\x00\x01clusters: [\n")
+    bad_chat_templates(d)
+
+
+def bad_chat_templates(d: Path) -> None:
+    """Chat templates that go wrong as the bad-input sweep found them (issue 50): one that ignores the
+    messages, one that reads a field messages do not have, and two that loop without bound (one
+    writing as it loops, one silent)."""
+    (d / "chat.jsonl").write_text("".join(json.dumps({"messages": [
+        {"role": "user", "content": f"What is {i} plus {i}?"},
+        {"role": "assistant", "content": f"It is {2 * i}."}]}) + "\n" for i in range(40)))
+    (d / "ignores.jinja").write_text("{% for m in messages %}<|turn|>{% endfor %}")
+    (d / "no-such-field.jinja").write_text("{% for m in messages %}<|{{ m.role }}|>{{ m.text }}\n{% endfor %}"
+                                           "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+    (d / "loops.jinja").write_text("{% for m in messages %}{% for i in range(100000) %}{% for j in range(100000) %}"
+                                   "{{ m.content }}{% endfor %}{% endfor %}{% endfor %}")
+    (d / "loops-silently.jinja").write_text("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}"
+                                            "{% endfor %}{{ messages[0].content }}")
+
+
+def chat_case(template: str, says: str, *more: str) -> tuple[list[str], int, str]:
+    """Training on the chat records of `bad_chat_templates` with one of its templates."""
+    return (["train", *FAST, "--dataset", "{in}/chat.jsonl", "--data-format", "chat", "--chat-template",
+             f"{{in}}/{template}", *more], 2, says)
 
 
 # id -> (argv with {in} for the inputs folder, exit code, what the one line says)
@@ -168,6 +191,20 @@ CASES = {
     "export-peft-of-full": (["export", "{in}/ckpt", "out", "--to", "peft"], 2, "trained the whole model, not LoRA"),
     "eval-not-a-model": (["eval", "{in}", "--tasks", "hellaswag"], 2, "not a Hugging Face model directory"),
     "chat-on-embedded": (["train", "--data-format", "chat"], 2, "the embedded corpus is plain text"),
+    # chat templates that would train on nothing, or never finish (each refused by the preflight)
+    "chat-template-ignores-messages": chat_case(
+        "ignores.jinja", "chat_template: {in}/ignores.jinja leaves answer 1 of {in}/chat.jsonl:1 ('It is 0.') out of "
+        "the text it trains on; check that it renders each message's content"),
+    "chat-template-no-such-field": chat_case(
+        "no-such-field.jinja", "chat_template: {in}/no-such-field.jinja leaves answer 1 of {in}/chat.jsonl:1 "
+        "('It is 0.') out of the text it trains on; check that it renders each message's content",
+        "--nproc", "2", "--run_dir", "run"),
+    "chat-template-loops": chat_case(
+        "loops.jinja", "chat_template: {in}/loops.jinja wrote more than 1050240 characters for {in}/chat.jsonl:1, "
+        "which holds 104 characters: it loops without bound; check the template"),
+    "chat-template-loops-silently": chat_case(
+        "loops-silently.jinja", "chat_template: {in}/loops-silently.jinja did not finish rendering "
+        "{in}/chat.jsonl:1 within 5 s: it loops without bound; check the template"),
     "lora-without-base": (["train", "--lora", "1"], 2, "pass --init-from-hf"),
     "hf-bias": (["train", "--init_from_hf", "{in}/hf-bias"], 2, "uses attention_bias"),
     "preset-of-another-family": (["train", "--preset", "qwen2_5_0_5b", "--init_from_hf", "{in}/hf"], 2,

@@ -12,7 +12,8 @@ import torch
 
 from fsdpkit.errors import UserError
 from fsdpkit.train.data import BatchStream, HFTokenizer, LocalFiles, get_source
-from fsdpkit.train.data.chat import ChatTemplate, conversation_of, encode_conversation, template_of
+from fsdpkit.train.data.chat import Conversation, conversation_of, encode_conversation
+from fsdpkit.train.data.chat_template import ChatTemplate, template_of
 from fsdpkit.train.data.stream import IGNORE
 from fsdpkit.train.model.config import ModelConfig
 from fsdpkit.train.model.transformer import Transformer
@@ -39,7 +40,7 @@ def test_templates_render_as_transformers_renders_them(tmp_path, template):
             assert chat.render(conv, prompt) == theirs.apply_chat_template(conv, tokenize=False,
                                                                            add_generation_prompt=prompt)
         # Tokenising piece by piece (so no token straddles a turn) still gives transformers' ids here.
-        ids, _ = encode_conversation(chat, ours.encode, conv)
+        ids, _ = encode_conversation(chat, ours.encode, Conversation(conv))
         assert ids.tolist() == list(theirs.apply_chat_template(conv, tokenize=True, return_dict=True)["input_ids"])
 
 
@@ -48,7 +49,7 @@ def test_the_mask_covers_each_answer_and_its_end_of_turn_and_nothing_else(tmp_pa
     tok = HFTokenizer(str(make_tokenizer(tmp_path / "tok", template)))
     chat = template_of(None, tok.config, tok.directory)
     conv = CONVERSATIONS[0]
-    ids, mask = encode_conversation(chat, tok.encode, conv)
+    ids, mask = encode_conversation(chat, tok.encode, Conversation(conv))
     def text(ids) -> str:
         return tok.tok.decode(ids.tolist(), skip_special_tokens=False)
 
@@ -66,7 +67,7 @@ def test_the_batch_stream_puts_the_loss_on_each_answer_token_and_its_end_of_turn
     tok = HFTokenizer(str(make_tokenizer(tmp_path / "tok", template)))
     chat = template_of(None, tok.config, tok.directory)
     conv = CONVERSATIONS[0]
-    n = len(encode_conversation(chat, tok.encode, conv)[0])
+    n = len(encode_conversation(chat, tok.encode, Conversation(conv))[0])
     data = write_chat(tmp_path / "data" / "train" / "chat.jsonl", [{"messages": conv}] * 4)
     stream = BatchStream(LocalFiles(str(tmp_path / "data"), "train", 0, data_format="chat"), tok, 2 * n, 1,
                          shuffle_buffer=0, epochs=1, chat=chat)
@@ -91,7 +92,7 @@ def test_loss_counts_only_assistant_tokens_and_equals_transformers_on_the_same_l
     ours = load_ours(tmp_path / "hf")
 
     def loss(conv) -> torch.Tensor:
-        ids, mask = (torch.from_numpy(a) for a in encode_conversation(chat, tok.encode, conv))
+        ids, mask = (torch.from_numpy(a) for a in encode_conversation(chat, tok.encode, Conversation(conv)))
         targets = torch.where(mask[1:], ids[1:], IGNORE)
         with torch.no_grad():
             return ours.loss(ids[None, :-1], targets[None])[0]
@@ -103,7 +104,7 @@ def test_loss_counts_only_assistant_tokens_and_equals_transformers_on_the_same_l
     # ... while a change to an answer does move it (the test can fail).
     assert loss(conv).item() != loss([*conv[:-2], {"role": "assistant", "content": "9."}, conv[-1]]).item()
     # The same labels given to transformers (which shifts them itself) give the same loss.
-    ids, mask = encode_conversation(chat, tok.encode, conv)
+    ids, mask = encode_conversation(chat, tok.encode, Conversation(conv))
     with torch.no_grad():
         theirs = hf(input_ids=torch.from_numpy(ids)[None],
                     labels=torch.from_numpy(np.where(mask, ids, IGNORE))[None]).loss
@@ -153,15 +154,17 @@ def test_packed_conversations_never_attend_to_each_other(tmp_path):
 
 def test_chat_records_in_both_forms_and_bad_ones_counted(tmp_path):
     pair = {"prompt": "Double 4.", "completion": "8"}
-    assert conversation_of(pair) == [{"role": "user", "content": "Double 4."}, {"role": "assistant", "content": "8"}]
+    assert conversation_of(pair, "here") == Conversation(
+        [{"role": "user", "content": "Double 4."}, {"role": "assistant", "content": "8"}], None, "here")
     listed = {"prompt": [{"role": "user", "content": "Hi"}], "completion": [{"role": "assistant", "content": "Yo"}]}
-    assert conversation_of(listed)[-1] == {"role": "assistant", "content": "Yo"}
+    assert conversation_of(listed).messages[-1] == {"role": "assistant", "content": "Yo"}
     assert conversation_of({"messages": [{"role": "user", "content": "no answer"}]}) is None
     assert conversation_of({"text": "plain"}) is None
     path = write_chat(tmp_path / "c.jsonl", [pair, {"text": "plain"}, {"messages": CONVERSATIONS[1]}])
     source = LocalFiles(path, "train", 0, data_format="chat")
     source.hold_out = False
-    assert list(source.documents(0)) == [conversation_of(pair), CONVERSATIONS[1]]
+    assert list(source.documents(0)) == [conversation_of(pair, f"{path}:1"),
+                                         Conversation(CONVERSATIONS[1], None, f"{path}:3")]
     assert source.bad_records == 1
     with pytest.raises(UserError, match="the embedded corpus is plain text"):
         get_source("embedded", "train", 0, data_format="chat")

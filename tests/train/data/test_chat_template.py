@@ -4,13 +4,17 @@ where each answer lies in the render: every case pinned to its exact text and ch
 from __future__ import annotations
 
 import datetime
+import json
+import threading
+import time
 
 import numpy as np
 import pytest
 
 from fsdpkit.errors import UserError
 from fsdpkit.train.data import ByteTokenizer
-from fsdpkit.train.data.chat import CHATML, ChatTemplate, conversation_of, encode_conversation, template_of
+from fsdpkit.train.data.chat import Conversation, conversation_of, encode_conversation
+from fsdpkit.train.data.chat_template import CHATML, RENDER_GROWTH, RENDER_MIN_CHARS, ChatTemplate, template_of
 
 CONFIG = {"bos_token": "<s>", "eos_token": {"content": "</s>", "lstrip": False}, "unk_token": "<unk>",
           "pad_token": {"content": "<pad>"}, "sep_token": "<sep>", "cls_token": None}
@@ -198,12 +202,15 @@ def test_a_template_that_drops_an_earlier_answer_or_reorders_the_prompt_is_refus
     drops = "{% for m in messages %}{% if loop.last or m['role'] == 'user' %}{{ m['content'] }}|{% endif %}{% endfor %}"
     with pytest.raises(UserError) as e:
         ChatTemplate(drops, {}, "d.jinja").assistant_spans(convo)
-    assert str(e.value) == "chat_template: d.jinja leaves answer 1's text out of the render"
+    assert str(e.value) == ("chat_template: d.jinja renders answer 1 of a conversation differently once later turns "
+                            "follow, and its text is not in the render")
     backwards = "{% for m in messages | reverse %}{{ m['content'] }}|{% endfor %}"
     with pytest.raises(UserError) as e:
         ChatTemplate(backwards, {}, "r.jinja").assistant_spans(convo)
-    assert str(e.value) == ("chat_template: r.jinja renders the conversation before answer 1 differently on its own; "
-                            "the answer's tokens cannot be found")
+    assert str(e.value) == ("chat_template: r.jinja renders the conversation before answer 1 of a conversation "
+                            "differently on its own, so where the answer lies cannot be found by rendering; give a "
+                            "template that marks answers with {% generation %} (--chat-template FILE; TRL ships one "
+                            "per model as chat_templates/<model>_training.jinja)")
 
 
 def test_each_piece_is_tokenised_apart_and_masked_on_the_answers_alone():
@@ -213,13 +220,15 @@ def test_each_piece_is_tokenised_apart_and_masked_on_the_answers_alone():
         calls.append(text)
         return ByteTokenizer().encode(text)
 
-    ids, mask = encode_conversation(CHAT, encode, TURNS[1:3])
+    ids, mask = encode_conversation(CHAT, encode, Conversation(TURNS[1:3]))
     text = "<|im_start|>user\nq1<|im_end|>\n<|im_start|>assistant\na1<|im_end|>\n"
     assert calls == [text[:52], text[52:]]   # the prompt, then the answer; the empty tail is not encoded
     assert ids.tolist() == list(text.encode()) and ids.dtype == np.int64
     assert mask.tolist() == [False] * 52 + [True] * 13
-    empty_ids, empty_mask = encode_conversation(ChatTemplate("", {}), encode, QA)
-    assert (empty_ids.dtype, empty_ids.shape, empty_mask.dtype, empty_mask.shape) == (np.int64, (0,), bool, (0,))
+    with pytest.raises(UserError) as e:
+        encode_conversation(ChatTemplate("", {}, "empty.jinja"), encode, Conversation(QA, None, "d.jsonl:4"))
+    assert str(e.value) == ("chat_template: empty.jinja leaves nothing to train on in d.jsonl:4: no character of its "
+                            "answers is an assistant turn; check the template")
 
 
 @pytest.mark.parametrize("record", [
@@ -234,6 +243,181 @@ def test_records_that_hold_no_conversation_are_none(record):
 
 def test_every_role_transformers_knows_is_accepted():
     convo = [{"role": r, "content": r} for r in ("system", "user", "assistant", "tool")]
-    assert conversation_of({"messages": convo}) == convo
+    assert conversation_of({"messages": convo}) == Conversation(convo)
     assert conversation_of({"prompt": [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}],
-                            "completion": "a"})[-1] == {"role": "assistant", "content": "a"}
+                            "completion": "a"}).messages[-1] == {"role": "assistant", "content": "a"}
+
+
+SILENT_LOOP = ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+               "{{ messages[0].content }}")
+
+
+def test_a_render_past_its_deadline_is_refused_and_the_next_render_in_that_thread_is_not():
+    slow = ChatTemplate(SILENT_LOOP, {}, "slow.jinja", seconds=0.3)
+    with pytest.raises(UserError) as e:
+        slow.render(QA, where="d.jsonl:7")
+    assert str(e.value) == ("chat_template: slow.jinja did not finish rendering d.jsonl:7 within 0.3 s: it loops "
+                            "without bound; check the template")
+    quick = ChatTemplate(CHATML, {}, "chatml", seconds=0.3)
+    for _ in range(3):   # the watchdog fired once; renders after it run to their end
+        assert quick.render(QA) == "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\na<|im_end|>\n"
+        time.sleep(0.2)
+
+
+def test_a_render_in_another_thread_is_bounded_too():
+    """The trainer renders in the prefetcher's thread: the deadline reaches it there."""
+    slow = ChatTemplate(SILENT_LOOP, {}, "slow.jinja", seconds=0.3)
+    said: list[str] = []
+
+    def render() -> None:
+        try:
+            slow.render(QA)
+        except UserError as e:
+            said.append(str(e))
+
+    worker = threading.Thread(target=render)
+    worker.start()
+    worker.join(30)
+    assert said == ["chat_template: slow.jinja did not finish rendering a conversation within 0.3 s: it loops without "
+                    "bound; check the template"]
+
+
+def test_output_past_its_budget_is_refused_as_soon_as_it_is_written():
+    budget = RENDER_MIN_CHARS + RENDER_GROWTH * len(json.dumps([QA, None]))
+    loud = ChatTemplate("{% for i in range(1000) %}{% for j in range(1000) %}{{ '0123456789' }}{% endfor %}"
+                        "{% endfor %}", {}, "loud.jinja")
+    with pytest.raises(UserError) as e:
+        loud.render(QA)
+    assert str(e.value) == (f"chat_template: loud.jinja wrote more than {budget} characters for a conversation, "
+                            f"which holds {len(json.dumps([QA, None]))} characters: it loops without bound; check "
+                            "the template")
+    assert budget == 1048576 + 16 * 81
+    # Exactly the budget is still a render; one more character is not.
+    exact = "{% for i in range(" + str(budget // 16) + ") %}{{ '0123456789abcdef' }}{% endfor %}"
+    assert len(ChatTemplate(exact, {}).render(QA)) == budget
+    with pytest.raises(UserError, match="wrote more than"):
+        ChatTemplate(exact + "!", {}).render(QA)
+
+
+@pytest.mark.parametrize(("source", "says"), [
+    ("{{ 'x' * 2000000 }}", "a repetition of 2000000 items"),
+    ("{{ 2000000 * 'x' }}", "a repetition of 2000000 items"),
+    ("{{ [1] * 2000000 }}", "a repetition of 2000000 items"),
+    ("{{ 10 ** 100000 }}", "a power of 100000"),
+])
+def test_one_step_that_would_build_something_huge_is_refused(source, says):
+    with pytest.raises(UserError) as e:
+        ChatTemplate(source, {}, "big.jinja").render(QA)
+    assert str(e.value) == f"chat_template: big.jinja refused a conversation: {says}"
+    assert ChatTemplate("{{ 'ab' * 3 }}{{ 3 * 'c' }}{{ 2 ** 10 }}{{ 6 * 7 }}", {}).render(QA) == "abababccc102442"
+    assert ChatTemplate("{{ ('x' * 1048576) | length }}", {}).render(QA) == "1048576"
+
+
+def test_the_template_s_own_failure_on_a_record_is_one_line_naming_it():
+    joins = ChatTemplate("{{ messages[0]['content'] + messages[0]['tool_calls'] }}", {}, "j.jinja")
+    with pytest.raises(UserError) as e:
+        joins.render([{"role": "user", "content": "q", "tool_calls": [{"name": "f"}]}], where="r.jsonl:2")
+    assert str(e.value) == 'chat_template: j.jinja refused r.jsonl:2: can only concatenate str (not "list") to str'
+
+
+def test_generation_marks_are_the_spans_in_order_joined_where_they_touch():
+    source = ("{% for m in messages %}{% if m.role == 'assistant' %}<a>{% generation %}{{ m.content }}"
+              "{% endgeneration %}{% generation %}|{% endgeneration %}{% generation %}{% endgeneration %}"
+              "{% else %}<u>{{ m.content }}{% endif %}{% endfor %}")
+    chat = ChatTemplate(source, {}, "g.jinja")
+    assert chat.marks_generation and not ChatTemplate(CHATML, {}).marks_generation
+    text, spans = chat.assistant_spans(TURNS[1:])
+    assert text == "<u>q1<a>a1|<u>q2<a>a2|"
+    assert spans == [(8, 11), (19, 22)]
+    assert [text[a:b] for a, b in spans] == ["a1|", "a2|"]
+    # Marks are read with the template's own whitespace control.
+    assert ChatTemplate("{%- generation -%} x {%- endgeneration -%}", {}).marks_generation
+
+
+def test_reasoning_reaches_the_template_under_both_names_and_tools_as_given():
+    source = ("{% for m in messages %}{{ m.role }}:{{ m.reasoning_content }}/{{ m.thinking }}/{{ m.content }};"
+              "{% endfor %}{{ tools | tojson }}")
+    chat = ChatTemplate(source, {}, "r.jinja")
+    convo = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", "reasoning": "r1"},
+             {"role": "assistant", "content": "b", "thinking": "r2"},
+             {"role": "assistant", "content": "c", "reasoning_content": "r3", "thinking": "other"}]
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    assert chat.render(convo, tools=tools) == ('user://q;assistant:r1/r1/a;assistant:r2/r2/b;assistant:r3/other/c;'
+                                               '[{"type": "function", "function": {"name": "f"}}]')
+    assert convo[1] == {"role": "assistant", "content": "a", "reasoning": "r1"}   # the record is left as it was
+
+
+def test_an_answer_rendered_without_its_reasoning_once_followed_keeps_its_tool_call_and_end_marker():
+    """Qwen 3's way: reasoning shown on the last answers only; an earlier tool call keeps its turn."""
+    source = ("{% for m in messages %}<|{{ m.role }}|>"
+              "{% if m.role == 'assistant' and loop.last and m.reasoning_content %}<think>{{ m.reasoning_content }}"
+              "</think>{% endif %}{{ m.content }}{% for c in m.tool_calls or [] %}<call>{{ c.function.name }}</call>"
+              "{% endfor %}<|end|>{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}")
+    call = {"type": "function", "function": {"name": "lookup", "arguments": {}}}
+    convo = [{"role": "user", "content": "q"},
+             {"role": "assistant", "content": "", "reasoning_content": "think", "tool_calls": [call]},
+             {"role": "tool", "content": "42"}, {"role": "assistant", "content": "It is 42."}]
+    text, spans = ChatTemplate(source, {}, "q3.jinja").assistant_spans(convo)
+    assert text == ("<|user|>q<|end|><|assistant|><call>lookup</call><|end|><|tool|>42<|end|><|assistant|>"
+                    "It is 42.<|end|>")
+    assert [text[a:b] for a, b in spans] == ["<call>lookup</call><|end|>", "It is 42.<|end|>"]
+
+
+def test_an_end_marker_that_changes_once_followed_is_kept_only_up_to_a_whole_marker():
+    source = ("{% for m in messages %}{{ m.role }}:{{ m.content }}<|end|>\n"
+              "{% if loop.last and m.role == 'assistant' %}<|eos|>{% endif %}"
+              "{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}")
+    convo = [*QA, {"role": "user", "content": "q2"}, {"role": "assistant", "content": "a2"}]
+    text, spans = ChatTemplate(source, {}, "e.jinja").assistant_spans(convo)
+    assert [text[a:b] for a, b in spans] == ["a<|end|>\n", "a2<|end|>\n<|eos|>"]
+    cut = source.replace("<|end|>\n", "<|end|>").replace("<|eos|>", "<|eos")
+    text, spans = ChatTemplate(cut, {}, "c.jinja").assistant_spans(convo)
+    assert [text[a:b] for a, b in spans] == ["a<|end|>", "a2<|end|><|eos"]
+
+
+@pytest.mark.parametrize("record", [
+    {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "tool_calls": "f"}]},
+    {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "tool_calls": []}]},
+    {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "tool_calls": ["f"]}]},
+    {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": 3, "tool_calls": [{}]}]},
+    {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", "reasoning_content": 1}]},
+    {"messages": [{"role": "user", "content": "q"}, {"role": "user", "tool_calls": [{}]}]},
+    {"messages": QA, "tools": {"name": "f"}},
+    {"messages": QA, "tools": ["f"]},
+])
+def test_records_with_malformed_tool_calls_reasoning_or_tools_are_none(record):
+    assert conversation_of(record) is None
+
+
+def test_a_record_with_tool_calls_results_reasoning_and_tools_is_a_conversation():
+    call = {"type": "function", "function": {"name": "f", "arguments": {"x": 1}}}
+    messages = [{"role": "user", "content": "q"},
+                {"role": "assistant", "tool_calls": [call], "reasoning_content": "why"},
+                {"role": "tool", "content": "1", "tool_call_id": "0"},
+                {"role": "assistant", "content": None, "tool_calls": [{"name": "g", "arguments": "{}"}]},
+                {"role": "assistant", "content": "done", "thinking": "t"}]
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    assert conversation_of({"messages": messages, "tools": tools}, "here") == Conversation(messages, tools, "here")
+    assert conversation_of({"messages": messages, "tools": []}).tools is None
+
+
+def test_an_answer_the_render_leaves_out_of_its_turns_is_refused_naming_the_record():
+    calls = "{% for m in messages %}{{ m.role }}:{{ m.content }}|{% endfor %}"
+    convo = Conversation([{"role": "user", "content": "q"},
+                          {"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "lookup"}}]}],
+                         None, "t.jsonl:3")
+    with pytest.raises(UserError) as e:
+        encode_conversation(ChatTemplate(calls, {}, "c.jinja"), ByteTokenizer().encode, convo)
+    assert str(e.value) == ("chat_template: c.jinja leaves answer 1 of t.jsonl:3 ('lookup') out of the text it trains "
+                            "on; check that it renders each message's content")
+    long = Conversation([{"role": "user", "content": "q"}, {"role": "assistant", "content": "x" * 50}], None, "l")
+    with pytest.raises(UserError) as e:
+        encode_conversation(ChatTemplate("{% for m in messages %}{{ m.role }}|{% endfor %}", {}, "y.jinja"),
+                            ByteTokenizer().encode, long)
+    assert str(e.value) == (f"chat_template: y.jinja leaves answer 1 of l ('{'x' * 37}...') out of the text it trains "
+                            "on; check that it renders each message's content")
+    # Its text in the turns, after reasoning the template moved: accepted.
+    moved = Conversation([{"role": "user", "content": "q"},
+                          {"role": "assistant", "content": "<think>r</think>\n answer "}])
+    ids, mask = encode_conversation(ChatTemplate(CHATML, {}), ByteTokenizer().encode, moved)
+    assert ByteTokenizer().decode(ids[mask]) == "<think>r</think>\n answer <|im_end|>\n"

@@ -13,7 +13,8 @@ import torch
 
 from fsdpkit.errors import UserError
 from fsdpkit.train.data import BatchStream, ByteTokenizer, TokenShards
-from fsdpkit.train.data.chat import CHATML, ChatTemplate
+from fsdpkit.train.data.chat import Conversation
+from fsdpkit.train.data.chat_template import CHATML, ChatTemplate
 from fsdpkit.train.data.prepare import prepare
 from fsdpkit.train.data.stream import IGNORE, Prefetcher
 
@@ -66,7 +67,7 @@ def test_chat_blocks_carry_tokens_loss_mask_and_each_conversation_s_number():
     chat = ChatTemplate(CHATML, {}, "chatml")
     text = chat.render(convo)
     n = len(text)  # byte tokens: one per character here
-    s = BatchStream(Docs([convo, convo]), ByteTokenizer(), n - 1, 1, epochs=1, chat=chat)
+    s = BatchStream(Docs([Conversation(convo)] * 2), ByteTokenizer(), n - 1, 1, epochs=1, chat=chat)
     blocks = list(s.blocks())
     assert [(b.shape, b.dtype) for b in blocks] == [((3, n), np.int64), ((3, n), np.int64)]
     start = text.index("a<|im_end|>")
@@ -82,7 +83,7 @@ def test_a_chat_batch_takes_the_loss_on_the_next_token_where_that_token_is_an_an
     chat = ChatTemplate(CHATML, {}, "chatml")
     text = chat.render(convo)
     n = len(text)
-    batch = next(iter(BatchStream(Docs([convo] * 2), ByteTokenizer(), n - 1, 2, epochs=1, chat=chat)))
+    batch = next(iter(BatchStream(Docs([Conversation(convo)] * 2), ByteTokenizer(), n - 1, 2, epochs=1, chat=chat)))
     tokens = list(text.encode())
     assert batch.inputs.tolist() == [tokens[:-1]] * 2
     start = text.index("a<|im_end|>")
@@ -123,7 +124,7 @@ def test_count_blocks_is_one_pass_whatever_the_stream_s_batch_epochs_and_shuffle
     assert text_stream(["abcdefg"], seq_len=1).count_blocks() == 4   # 8 tokens: four blocks of two
     # Chat data counts its rendered conversations' tokens (three of 63 characters: 18 blocks of ten).
     convo = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
-    chat = BatchStream(Docs([convo] * 3), ByteTokenizer(), 9, 4, chat=ChatTemplate(CHATML, {}, "chatml"))
+    chat = BatchStream(Docs([Conversation(convo)] * 3), ByteTokenizer(), 9, 4, chat=ChatTemplate(CHATML, {}, "chatml"))
     assert chat.count_blocks() == 3 * len(chat.chat.render(convo)) // 10 == 18
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fsdpkit.train.data import Tokenizer, TokenShards, get_source, get_tokenizer
-from fsdpkit.train.data.chat import ChatTemplate, template_of
+from fsdpkit.train.data.chat_template import ChatTemplate, template_of
 from fsdpkit.train.sections import DataConfig
 
 

@@ -38,7 +38,8 @@ class DocumentSource(Protocol):
     def documents(self, epoch: int) -> Iterator[str | bytes | Conversation]: ...
 
 
-CHAT_RECORD = "no `messages` (roles with string contents, one answer at least) and no prompt/completion pair"
+CHAT_RECORD = ("no `messages` (roles with string contents or an answer's tool calls, one answer at least) and no "
+               "prompt/completion pair")
 
 
 def _held_out(key: str, one_in: int) -> bool:
@@ -186,7 +187,7 @@ class LocalFiles:
     def _text_of(self, record: object, where: str) -> str | Conversation | None:
         """The record's text, or its conversation for chat data; None (counted) for a bad one."""
         if self.chat:
-            conv = conversation_of(record)
+            conv = conversation_of(record, where)
             if conv is None:
                 self._bad(where, CHAT_RECORD)
             return conv
@@ -283,9 +284,9 @@ class HubDataset:
                             f"{str(e).splitlines()[0]}") from None
         if hasattr(ds, "set_epoch"):
             ds.set_epoch(epoch)
-        for row in ds:
-            item = conversation_of(row) if self.chat else row.get(self.text_field)
-            if isinstance(item, (str, list)):
+        for n, row in enumerate(ds):
+            item = conversation_of(row, f"{self.name} row {n}") if self.chat else row.get(self.text_field)
+            if isinstance(item, (str, Conversation)):
                 yield item
 
 

@@ -30,7 +30,8 @@ import numpy as np
 import torch
 
 from fsdpkit.errors import UserError
-from fsdpkit.train.data.chat import ChatTemplate, encode_conversation
+from fsdpkit.train.data.chat import encode_conversation
+from fsdpkit.train.data.chat_template import ChatTemplate
 from fsdpkit.train.data.sources import DocumentSource, TokenShards
 from fsdpkit.train.data.tokenizers import Tokenizer
 
