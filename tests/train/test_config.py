@@ -91,7 +91,12 @@ RULES = {
     "LoRA from random weights": (["--lora", "1"], r"^lora: adapters fine-tune a trained model.*--init-from-hf"),
     "LoRA under float8": (["--lora", "1", "--float8", "1"], r"^lora: float8 linear layers would replace"),
     "an unknown LoRA target": (["--lora-targets", "qkv"], r"^lora_targets: unknown LoRA target 'qkv'; allowed: all"),
-    "a chat format nobody reads": (["--data-format", "sharegpt"], r"^data_format: .*text.*chat"),
+    "a chat format nobody reads": (["--data-format", "sharegpt"], r"^data_format: .*text.*chat.*preference"),
+    "DPO on text": (["--objective", "dpo"], r"^objective: dpo trains on preference records and they train only with "
+                                            r"it: pass --objective dpo with --data-format preference$"),
+    "preference records under SFT": (["--data-format", "preference"], r"^objective: dpo trains on preference"),
+    "a DPO loss TRL does not name": (["--dpo-loss", "kto"], r"^dpo_loss: .*sigmoid.*ipo.*hinge"),
+    "a beta of nothing": (["--dpo-beta", "0"], r"^dpo_beta: .*>= 1e-06"),
     "a token budget and a step count": (["--tokens", "1000", "--max-steps", "5"],
                                         r"^tokens: give a token budget or max_steps \(5\), not both$"),
     "an empty token budget": (["--tokens", "0"], r"^tokens: .*>= 1"),
@@ -108,6 +113,7 @@ EDGES = [
     ["--float8", "1", "--device", "cuda"],
     ["--family", "qwen3", "--n_experts", "0"],
     ["--dim", "130", "--n_heads", "4", "--head-dim", "32"],  # explicit heads need not divide the width
+    ["--objective", "dpo", "--data-format", "preference", "--dpo-beta", "1e-6"],
 ]
 
 

@@ -50,6 +50,7 @@ from fsdpkit.train.sections import (
     DataConfig,
     LogConfig,
     LoraConfig,
+    LossConfig,
     ModelOverrides,
     OptimConfig,
     ParallelConfig,
@@ -81,6 +82,7 @@ class TrainOptions(Settings):
     log: LogConfig = option(default_factory=LogConfig)
     checkpoint: CheckpointConfig = option(default_factory=CheckpointConfig)
     adapters: LoraConfig = option(default_factory=LoraConfig)
+    loss: LossConfig = option(default_factory=LossConfig)
     _shape: ModelConfig | None = PrivateAttr(default=None)
     # The fields a layer (a YAML file, a job spec, a flag) set, by name: what config.yaml records as
     # given; what no layer set is derived again when the file is read.
@@ -161,7 +163,7 @@ def _shape(cfg: TrainOptions, on_nodes: bool = False) -> ModelConfig:
     return dataclasses.replace(base, **changes)
 
 
-SECTIONS = ("model", "data", "optim", "parallel", "log", "checkpoint", "adapters")
+SECTIONS = ("model", "data", "optim", "parallel", "log", "checkpoint", "adapters", "loss")
 
 # config.yaml's block of derived values: shown for the reader, skipped when the file is read again.
 DERIVED_KEY = "derived"
@@ -395,6 +397,7 @@ def resolve(cfg: TrainOptions, given: Set[str] = frozenset(), on_nodes: bool = F
         log=ResolvedLog(**{**lg.model_dump(), "validation_batches": batches}),
         checkpoint=cfg.checkpoint,
         adapters=cfg.adapters,
+        loss=cfg.loss,
     )
     out._shape = shape
     out._given = frozenset(given)
@@ -555,6 +558,9 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.adapters.lora and not cfg.checkpoint.init_from_hf:
         raise UserError("lora: adapters fine-tune a trained model, and only they are saved: pass --init-from-hf "
                         "with the model's Hugging Face directory")
+    if (cfg.loss.objective == "dpo") != (cfg.data.data_format == "preference"):
+        raise UserError("objective: dpo trains on preference records and they train only with it: pass --objective "
+                        "dpo with --data-format preference")
     if cfg.parallel.float8 and cfg.parallel.device == "cpu":
         raise UserError("float8: needs an NVIDIA GPU (Ada, Hopper or newer); it cannot run with --device cpu")
     if (cfg.checkpoint.every_steps or cfg.checkpoint.every_seconds) and not cfg.checkpoint.checkpoint_dir:

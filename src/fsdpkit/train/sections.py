@@ -64,12 +64,13 @@ class DataConfig(Settings):
         "(jsonl/json/parquet/txt, .gz/.zst; or token shards from `fsdpkit data prepare`), "
         "or a Hugging Face hub dataset (hf:NAME forces the hub)")
     dataset_config_name: Str | None = option(None, "dataset configuration (hub datasets)")
-    data_format: Literal["text", "chat"] = option(
+    data_format: Literal["text", "chat", "preference"] = option(
         "text", "text: documents, loss on every token; chat: conversations (records with `messages`, or "
         "prompt/completion) rendered with the chat template, loss on the assistant's tokens only, each "
-        "conversation attending only to itself")
+        "conversation attending only to itself; preference: prompt/chosen/rejected records for --objective dpo")
     chat_template: Str | None = option(
-        None, "chat data: 'chatml' or a Jinja file (default: the tokenizer's own template, else chatml)")
+        None, "chat and preference data: 'chatml' or a Jinja file (default: the tokenizer's own template, else "
+        "chatml)")
     train_split: Str = option("train", "split to train on")
     val_split: Str = option("validation", "split to validate on")
     text_field: Str = option("text", "field (or parquet column) holding the text of a record")
@@ -270,6 +271,19 @@ def parse_lora_targets(raw: str) -> tuple[str, ...]:
         raise ValueError(f"unknown LoRA target {unknown[0] if unknown else raw!r}; allowed: all, or a comma-separated "
                          f"list of {', '.join(LORA_TARGETS)}")
     return names
+
+
+class LossConfig(Settings):
+    """What the run minimises: next-token cross-entropy (language modelling and SFT), or a
+    preference loss over chosen and rejected answers against the starting model (DPO, Rafailov et
+    al. 2023, with TRL's names and defaults)."""
+
+    objective: Literal["sft", "dpo"] = option(
+        "sft", "sft: next-token cross-entropy; dpo: direct preference optimisation on --data-format preference "
+        "records, against the model as it starts (the reference)")
+    dpo_beta: Float = option(0.1, "DPO: how far the policy may move from the reference (TRL's beta)", ge=1e-6, le=100)
+    dpo_loss: Literal["sigmoid", "ipo", "hinge"] = option(
+        "sigmoid", "DPO's loss as TRL names it: sigmoid (the paper's), ipo (Azar et al.), hinge (SLiC)")
 
 
 class LoraConfig(Settings):

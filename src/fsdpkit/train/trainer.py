@@ -25,6 +25,7 @@ from torch.distributed.fsdp import FSDPModule
 from fsdpkit import yamlfile
 from fsdpkit.envelope import show_diagnostics
 from fsdpkit.errors import UserError
+from fsdpkit.train import dpo
 from fsdpkit.train.checkpoint import checkpointer
 from fsdpkit.train.checkpoint.tiered import SCHEME, MemoryTier
 from fsdpkit.train.config import REPLAY_HEAD, TrainConfig, resume_target
@@ -34,6 +35,7 @@ from fsdpkit.train.model.config import count_params
 from fsdpkit.train.model.flops import flops_per_token
 from fsdpkit.train.model.hf import check_weights, load_hf_into
 from fsdpkit.train.model.transformer import Transformer
+from fsdpkit.train.objective import DPO, NextToken, Objective
 from fsdpkit.train.observe.log_lines import DONE, NOTHING_TO_DO, STOPPED, node_line, on_node
 from fsdpkit.train.observe.metrics import (
     MetricsWriter,
@@ -114,7 +116,8 @@ def _check_inputs(cfg: TrainConfig) -> None:
     if tok_vocab > vocab:
         raise UserError(f"vocab_size: the model's {vocab} is smaller than tokenizer {tok_name!r}'s {tok_vocab}; "
                         "pass --vocab-size or another tokenizer")
-    BatchStream(source, tok, cfg.data.seq_len, 1, epochs=1, shuffle_buffer=0, chat=pipe.chat).check_not_empty()
+    BatchStream(source, tok, cfg.data.seq_len, 1, epochs=1, shuffle_buffer=0, chat=pipe.chat,
+                preference=pipe.preference).check_not_empty()
     if cfg.checkpoint.init_from_hf:
         check_weights(Path(cfg.checkpoint.init_from_hf))
     if not dist.under_torchrun():
@@ -154,6 +157,7 @@ class Window:
 
     loss_sum: torch.Tensor
     skipped: torch.Tensor  # steps with inf/nan gradients
+    preference: torch.Tensor | None = None  # DPO: sums of its metrics over the window's pairs, the count last
     start: float = 0.0
     faults: int = 0
     steps: int = 0
@@ -168,9 +172,13 @@ class Window:
         """Time and page faults from now (validation's and checkpointing's are not training's)."""
         self.start, self.faults = time.perf_counter(), minor_page_faults()
 
+    def add_preference(self, sums: torch.Tensor) -> None:
+        self.preference = sums.clone() if self.preference is None else self.preference + sums
+
     def reset(self) -> None:
         self.loss_sum.zero_()
         self.skipped.zero_()
+        self.preference = None
         self.steps = 0
         self.restart_clock()
 
@@ -184,7 +192,7 @@ class Run:
     run_dir: Path
     result: TrainResult
     stream: Any
-    eos_id: int | None
+    objective: Objective
     validate: Validator
     sources: tuple[Any, ...]
     dtype: torch.dtype
@@ -274,6 +282,22 @@ def _run(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path) -> TrainResult:
     return run.result
 
 
+def _objective(cfg: TrainConfig, rt: dist.Runtime, eos_id: int | None) -> Objective:
+    """The run's objective; for DPO its reference, the model as training starts: the policy with its
+    adapters off under LoRA, else a frozen copy built and loaded as the policy was (the same
+    weights on every start of the run, resumed or not)."""
+    if cfg.loss.objective == "sft":
+        return NextToken(eos_id)
+    reference = None
+    if cfg.lora_shape is None:
+        reference = build_model(cfg.shape, cfg.parallel, cfg.data.seq_len, cfg.seed, rt)
+        if cfg.checkpoint.init_from_hf:
+            load_hf_into(reference, Path(cfg.checkpoint.init_from_hf), cfg.shape)
+        reference.requires_grad_(False)
+        reference.eval()
+    return DPO(reference, cfg.loss.dpo_beta, cfg.loss.dpo_loss)
+
+
 def _start_state(cfg: TrainConfig, rt: dist.Runtime, tier: MemoryTier | None = None) -> TrainState:
     """The model (from Hugging Face weights if asked), its optimizer, and the newest checkpoint's
     state when resuming (the memory tier's, where it is newer)."""
@@ -323,12 +347,13 @@ def _open_run(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path, state: TrainSta
     pipe = data_pipeline(d, cfg.seed, d.train_split, verbose=rt.is_main)
     source = pipe.source
     batches = BatchStream(source, pipe.tokenizer, cfg.data.seq_len, d.train_batch_size, rt.rank, rt.world_size,
-                          cfg.seed, epochs=d.epochs, skip_blocks=state.samples, chat=pipe.chat)
+                          cfg.seed, epochs=d.epochs, skip_blocks=state.samples, chat=pipe.chat,
+                          preference=pipe.preference)
     stream = Prefetcher(batches, d.prefetch, pin_memory=rt.device.type == "cuda") if d.prefetch else iter(batches)
     if isinstance(stream, Prefetcher):
         stack.callback(stream.close)
-    eos_id = pipe.eos_id if d.document_masking else None
-    validate = Validator(cfg.data, cfg.log.validation_batches, cfg.seed, cfg.parallel, rt)
+    objective = _objective(cfg, rt, pipe.eos_id if d.document_masking else None)
+    validate = Validator(cfg.data, cfg.log.validation_batches, cfg.seed, cfg.parallel, rt, objective)
     if validate.batches == 0:
         log.warning(f"the {d.val_split!r} split holds less than one global validation batch "
                     f"({cfg.data.val_batch_size} x {rt.world_size} blocks of {cfg.data.seq_len + 1} tokens); "
@@ -344,7 +369,7 @@ def _open_run(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path, state: TrainSta
     if bf16_on_cpu and peak is not None and (ratio := cpu_bf16_gemm_ratio(peak)) < 1:
         log.warning(f"on this CPU bf16 matrix products run at {ratio:.2f}x the fp32 rate (measured); "
                     "--mixed-precision fp32 is faster here")
-    run = Run(cfg, rt, run_dir, TrainResult(run_dir=run_dir, steps=state.step), stream, eos_id, validate,
+    run = Run(cfg, rt, run_dir, TrainResult(run_dir=run_dir, steps=state.step), stream, objective, validate,
               (source, validate.source), dtype, flops_per_token(cfg.shape, cfg.data.seq_len), peak,
               peak_source, start_step=state.step)
     # This start of the run is attempt N: N earlier starts are on record (restarts, resubmissions,
@@ -411,15 +436,15 @@ def _train_step(run: Run, state: TrainState, window: Window) -> torch.Tensor | N
         if run.sample_log:
             run.sample_log.write(json.dumps({"step": state.step + 1, "micro": micro, "blocks": batch.indices,
                                              "attempt": state.attempt}) + "\n")
-        x, y = batch.inputs.to(rt.device, non_blocking=True), batch.targets.to(rt.device, non_blocking=True)
-        docs = None if batch.docs is None else batch.docs.to(rt.device, non_blocking=True)
         if rt.distributed and accum > 1:
             # Reduce-scatter gradients once per optimizer step, not once per micro-step.
             cast(FSDPModule, model).set_requires_gradient_sync(micro == accum - 1)
         with autocast(cfg.parallel, rt):
-            ce, total = model.loss(x, y, run.eos_id, docs)
-        (total / accum).backward()
-        window.loss_sum += ce.detach().float() / accum
+            step = run.objective(model, batch, rt.device)
+        (step.total / accum).backward()
+        window.loss_sum += step.loss.detach().float() / accum
+        if step.sums is not None:
+            window.add_preference(step.sums.detach())
     grad_norm = clipped_step(state.optimizer, cfg.optim.grad_clip)
     window.skipped += ~grad_norm.isfinite()
     state.optimizer.zero_grad(set_to_none=True)
@@ -469,6 +494,8 @@ def _log_window(run: Run, window: Window, lr: float, grad_norm: torch.Tensor, n:
     cfg, rt = run.cfg, run.rt
     d = cfg.data
     loss = dist.all_reduce_mean(window.loss_sum / window.steps, rt).item()
+    # A sum over ranks (the mean times the ranks: the ratios are the same).
+    preference = None if window.preference is None else dist.all_reduce_mean(window.preference, rt).cpu()
     per_step = d.train_batch_size * rt.world_size * d.grad_accum_steps
     stats = StepStats(n, loss, lr, float(grad_norm), time.perf_counter() - window.start, window.steps,
                       per_step * window.steps, per_step * cfg.data.seq_len * window.steps, rt.world_size,
@@ -477,6 +504,9 @@ def _log_window(run: Run, window: Window, lr: float, grad_norm: torch.Tensor, n:
     if run.writer:
         m = derive(stats, run.flops_per_token, run.peak, peak_memory_bytes(rt.device))
         m["bad_records"] = run.bad_records()
+        if preference is not None:   # means over every rank's pairs in the window
+            m.update({name: float(total / preference[-1].clamp(min=1))
+                      for name, total in zip(dpo.METRICS, preference[:-1], strict=True)})
         if (load := model.expert_load()) is not None:  # rank 0's last micro-batch, every layer
             m["expert_tokens"] = load.tolist()
             m["expert_load_max_over_mean"] = max(m["expert_tokens"]) / (sum(m["expert_tokens"]) / len(load))

@@ -1,5 +1,5 @@
-"""Validation: the mean loss over the first N held-out batches, the same batches every time,
-averaged over ranks."""
+"""Validation: the run's objective's mean loss over the first N held-out batches, the same batches
+every time, averaged over ranks."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ from typing import cast
 
 import torch
 
-from fsdpkit.train.data import BatchStream
+from fsdpkit.train.data import Batch, BatchStream
 from fsdpkit.train.data.pipeline import data_pipeline
 from fsdpkit.train.model.transformer import Transformer
+from fsdpkit.train.objective import Objective
 from fsdpkit.train.parallel.shard import autocast
 from fsdpkit.train.runtime import dist
 from fsdpkit.train.sections import ParallelConfig, ResolvedData
@@ -18,17 +19,18 @@ from fsdpkit.train.sections import ParallelConfig, ResolvedData
 class Validator:
     """Mean loss over the first N held-out batches, the same batches every time, averaged over ranks."""
 
-    def __init__(self, d: ResolvedData, batches: int, seed: int, par: ParallelConfig, rt: dist.Runtime):
+    def __init__(self, d: ResolvedData, batches: int, seed: int, par: ParallelConfig, rt: dist.Runtime,
+                 objective: Objective):
         """`batches` per pass at most (log.validation_batches); `par` for the compute dtype."""
         pipe = data_pipeline(d, seed, d.val_split, verbose=rt.is_main)
         self.source = pipe.source
         self.stream = BatchStream(pipe.source, pipe.tokenizer, d.seq_len, d.val_batch_size, rt.rank, rt.world_size,
-                                  seed, shuffle_buffer=0, epochs=1, chat=pipe.chat)
+                                  seed, shuffle_buffer=0, epochs=1, chat=pipe.chat, preference=pipe.preference)
         # Every rank must run the same number of forwards (FSDP collectives): count on each rank,
         # deterministically, how many whole global batches the held-out split holds.
         available = self.stream.count_blocks() // (d.val_batch_size * rt.world_size)
         self.batches = min(batches, available)
-        self.eos_id = pipe.eos_id if d.document_masking else None
+        self.objective = objective
         self.rows, self.par, self.rt = d.train_batch_size, par, rt
 
     @torch.no_grad()
@@ -48,8 +50,8 @@ class Validator:
             for start in range(0, x.shape[0], rows):
                 part = slice(start, start + rows)
                 with autocast(self.par, self.rt):
-                    ce, _ = model.loss(x[part].to(device), y[part].to(device), self.eos_id,
-                                       None if docs is None else docs[part].to(device))
-                total += ce.float() * (x[part].shape[0] / x.shape[0])
+                    step = self.objective(model, Batch(x[part], y[part], batch.indices[part],
+                                                       None if docs is None else docs[part]), device)
+                total += step.loss.float() * (x[part].shape[0] / x.shape[0])
         model.train()
         return cast("float | None", dist.all_reduce_mean(total / self.batches, self.rt).item())

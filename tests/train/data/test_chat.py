@@ -19,7 +19,7 @@ from fsdpkit.train.model.config import ModelConfig
 from fsdpkit.train.model.transformer import Transformer
 
 from conftest import require
-from finetune_fixtures import CONVERSATIONS, LLAMA3, QWEN3, QWEN25, make_tokenizer
+from finetune_fixtures import CONVERSATIONS, LLAMA3, QWEN3, QWEN25, load_ours, make_tokenizer
 
 
 def write_chat(path, records) -> str:
@@ -109,19 +109,6 @@ def test_loss_counts_only_assistant_tokens_and_equals_transformers_on_the_same_l
         theirs = hf(input_ids=torch.from_numpy(ids)[None],
                     labels=torch.from_numpy(np.where(mask, ids, IGNORE))[None]).loss
     torch.testing.assert_close(loss(conv), theirs, rtol=0, atol=1e-5)
-
-
-def load_ours(hf_dir) -> Transformer:
-    from fsdpkit.train.model.hf import load_hf_into
-    from fsdpkit.train.model.hf_config import model_config_from_hf
-
-    cfg = model_config_from_hf(hf_dir)
-    with torch.device("meta"):
-        model = Transformer(cfg, rope_len=256)
-    model.to_empty(device="cpu")
-    model.init_weights()
-    load_hf_into(model, hf_dir, cfg)
-    return model.eval()
 
 
 def test_packed_conversations_never_attend_to_each_other(tmp_path):

@@ -20,6 +20,7 @@ class Pipeline:
     source: Any   # a DocumentSource or TokenShards
     tokenizer: Tokenizer | None
     chat: ChatTemplate | None = None
+    preference: bool = False   # preference records, packed a pair at a time (fsdpkit.train.data.preference)
 
     @property
     def eos_id(self) -> int:
@@ -32,5 +33,5 @@ def data_pipeline(d: DataConfig, seed: int, split: str, verbose: bool) -> Pipeli
     if isinstance(source, TokenShards):
         return Pipeline(source, None)
     tok = get_tokenizer(d.tokenizer)
-    chat = template_of(d.chat_template, tok.config, tok.directory) if d.data_format == "chat" else None
-    return Pipeline(source, tok, chat)
+    chat = template_of(d.chat_template, tok.config, tok.directory) if d.data_format != "text" else None
+    return Pipeline(source, tok, chat, d.data_format == "preference")

@@ -16,6 +16,7 @@ import numpy as np
 
 from fsdpkit.errors import UserError
 from fsdpkit.train.data.chat import Conversation
+from fsdpkit.train.data.preference import Preference
 from fsdpkit.train.data.sources import DocumentSource
 from fsdpkit.train.data.tokenizers import Tokenizer
 from fsdpkit.train.token_meta import TOKENS_FORMAT
@@ -58,7 +59,7 @@ def _write(tokenizer: Tokenizer, sources: dict[str, DocumentSource], out: Path, 
             buf, pending = [], 0
 
         for doc in source.documents(0):
-            assert not isinstance(doc, Conversation)  # a text source (prepare reads no chat data)
+            assert not isinstance(doc, (Conversation, Preference))  # a text source (prepare reads no records)
             ids = np.append(tokenizer.encode(doc).astype(np.int64), tokenizer.eos_id)
             buf.append(ids)
             pending += len(ids)

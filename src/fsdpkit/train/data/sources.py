@@ -17,13 +17,14 @@ import sysconfig
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 import numpy as np
 
 from fsdpkit.errors import NotFound, UserError
 from fsdpkit.readers import reading
 from fsdpkit.train.data.chat import Conversation, conversation_of
+from fsdpkit.train.data.preference import PREFERENCE_RECORD, Preference, preference_of
 from fsdpkit.train.token_meta import TOKENS_FORMAT
 
 log = logging.getLogger(__name__)
@@ -35,11 +36,27 @@ class DocumentSource(Protocol):
 
     name: str
 
-    def documents(self, epoch: int) -> Iterator[str | bytes | Conversation]: ...
+    def documents(self, epoch: int) -> Iterator[str | bytes | Conversation | Preference]: ...
 
 
-CHAT_RECORD = ("no `messages` (roles with string contents or an answer's tool calls, one answer at least) and no "
-               "prompt/completion pair")
+# What a record of each data format must hold, as a bad one is told.
+RECORD_FORMS = {
+    "text": "no string field {field!r}",
+    "chat": "no `messages` (roles with string contents or an answer's tool calls, one answer at least) and no "
+            "prompt/completion pair",
+    "preference": PREFERENCE_RECORD,
+}
+Document = str | Conversation | Preference
+
+
+def record_of(record: object, where: str, data_format: str, text_field: str) -> Document | None:
+    """A record's document as the data format reads it, None if it holds none."""
+    if data_format == "chat":
+        return conversation_of(record, where)
+    if data_format == "preference":
+        return preference_of(record, where)
+    text = record.get(text_field) if isinstance(record, dict) else None
+    return text if isinstance(text, str) else None
 
 
 def _held_out(key: str, one_in: int) -> bool:
@@ -130,7 +147,8 @@ class LocalFiles:
     document in 100 (by file and position) is held out as the validation split. A record that is
     not JSON or lacks the text field is skipped and counted (`on_bad_record=skip`) or stops the run
     with its file and line (`fail`). With `data_format="chat"` a record is a conversation
-    (fsdpkit.train.data.chat) instead of a text.
+    (fsdpkit.train.data.chat) instead of a text; with "preference", a preference pair
+    (fsdpkit.train.data.preference).
     """
 
     def __init__(self, path: str, split: str, seed: int, text_field: str = "text",
@@ -139,7 +157,7 @@ class LocalFiles:
         if not root.exists():
             raise NotFound(f"dataset: {path} not found")
         self.name, self.seed, self.split, self.text_field = str(path), seed, split, text_field
-        self.on_bad_record, self.verbose, self.chat = on_bad_record, verbose, data_format == "chat"
+        self.on_bad_record, self.verbose, self.data_format = on_bad_record, verbose, data_format
         self.hold_out = True
         if root.is_dir():
             if (root / split).is_dir():
@@ -152,9 +170,9 @@ class LocalFiles:
             self.files, self.base = [root], root.parent
         if not self.files:   # named as looked in: the split's own folder where there is one
             raise UserError(f"dataset: no .jsonl/.json/.parquet/.txt files (or .gz/.zst of them) in {root}")
-        if self.chat and (plain := [f for f in self.files if (_format(f) or ("",))[0] == ".txt"]):
-            raise UserError(f"dataset: {plain[0]} is plain text; chat data is jsonl/json/parquet records with "
-                            "`messages` or prompt/completion")
+        if data_format != "text" and (plain := [f for f in self.files if (_format(f) or ("",))[0] == ".txt"]):
+            raise UserError(f"dataset: {plain[0]} is plain text; {data_format} data is jsonl/json/parquet records "
+                            f"({RECORD_FORMS[data_format].removeprefix('no ')})")
         self._bad_seen: set[str] = set()
         # With a held-out split both splits read every line: the training split alone counts a bad
         # one, so a record is counted once however many splits and passes read it.
@@ -165,7 +183,7 @@ class LocalFiles:
         """Distinct records skipped as bad so far (each counted once, however often it is re-read)."""
         return len(self._bad_seen)
 
-    def documents(self, epoch: int) -> Iterator[str | Conversation]:
+    def documents(self, epoch: int) -> Iterator[Document]:
         order = _shuffled(self.files, self.seed, epoch) if self.split == "train" else self.files
         for f in order:
             rel = f.relative_to(self.base).as_posix()
@@ -184,19 +202,15 @@ class LocalFiles:
         if self.verbose and (n & (n - 1)) == 0:  # 1, 2, 4, 8, ... so logs stay short
             log.warning(f"dataset: skipped {n} bad record(s); latest {where}: {why}")
 
-    def _text_of(self, record: object, where: str) -> str | Conversation | None:
-        """The record's text, or its conversation for chat data; None (counted) for a bad one."""
-        if self.chat:
-            conv = conversation_of(record, where)
-            if conv is None:
-                self._bad(where, CHAT_RECORD)
-            return conv
-        if not isinstance(record, dict) or not isinstance(record.get(self.text_field), str):
-            self._bad(where, f"no string field {self.text_field!r}")
-            return None
-        return cast("str | None", record[self.text_field])
+    def _text_of(self, record: object, where: str) -> Document | None:
+        """The record's document (text, conversation or preference as the format says); None
+        (counted) for a bad one."""
+        item = record_of(record, where, self.data_format, self.text_field)
+        if item is None:
+            self._bad(where, RECORD_FORMS[self.data_format].format(field=self.text_field))
+        return item
 
-    def _read(self, f: Path) -> Iterator[str | Conversation]:
+    def _read(self, f: Path) -> Iterator[Document]:
         found = _format(f)
         assert found is not None  # the files were listed by their format
         fmt, compression = found
@@ -212,10 +226,10 @@ class LocalFiles:
                 else:
                     yield from self._json(f, fh)
 
-    def _parquet(self, f: Path) -> Iterator[str | Conversation]:
+    def _parquet(self, f: Path) -> Iterator[Document]:
         pq = _optional("pyarrow.parquet", f)
         pf = pq.ParquetFile(f)
-        if self.chat:  # whole rows: messages, or prompt and completion
+        if self.data_format != "text":  # whole rows: messages, prompt and completion, a preference
             for b, batch in enumerate(pf.iter_batches(batch_size=1024)):
                 for n, row in enumerate(batch.to_pylist()):
                     if (conv := self._text_of(row, f"{f}[{b * 1024 + n}]")) is not None:
@@ -227,7 +241,7 @@ class LocalFiles:
         for batch in pf.iter_batches(columns=[self.text_field], batch_size=1024):
             yield from (t for t in batch.column(0).to_pylist() if isinstance(t, str))
 
-    def _jsonl(self, f: Path, fh: Iterator[str]) -> Iterator[str | Conversation]:
+    def _jsonl(self, f: Path, fh: Iterator[str]) -> Iterator[Document]:
         for n, line in enumerate(fh, 1):
             if not line.strip():
                 continue
@@ -240,7 +254,7 @@ class LocalFiles:
             if text is not None:
                 yield text
 
-    def _json(self, f: Path, fh: Any) -> Iterator[str | Conversation]:
+    def _json(self, f: Path, fh: Any) -> Iterator[Document]:
         """A list of records, or {"data": [...]}."""
         try:
             doc = json.load(fh)
@@ -264,7 +278,7 @@ class HubDataset:
 
     def __init__(self, name: str, config: str | None, split: str, text_field: str, data_format: str = "text"):
         self.name, self.config, self.split, self.text_field = name, config, split, text_field
-        self.chat = data_format == "chat"
+        self.data_format = data_format
         if os.environ.get("HF_HUB_OFFLINE") == "1" and not Path(name).exists():
             raise UserError(f"dataset: {name!r} is on the Hugging Face hub but HF_HUB_OFFLINE=1; "
                             "download it first or point --dataset at local files")
@@ -273,7 +287,7 @@ class HubDataset:
         except ImportError:
             raise UserError("dataset: hub datasets need the `datasets` package: pip install 'fsdpkit[data]'") from None
 
-    def documents(self, epoch: int) -> Iterator[str | Conversation]:
+    def documents(self, epoch: int) -> Iterator[Document]:
         import datasets
 
         try:
@@ -285,8 +299,8 @@ class HubDataset:
         if hasattr(ds, "set_epoch"):
             ds.set_epoch(epoch)
         for n, row in enumerate(ds):
-            item = conversation_of(row, f"{self.name} row {n}") if self.chat else row.get(self.text_field)
-            if isinstance(item, (str, Conversation)):
+            item = record_of(row, f"{self.name} row {n}", self.data_format, self.text_field)
+            if item is not None:
                 yield item
 
 
@@ -345,21 +359,23 @@ def get_source(dataset: str, split: str, seed: int, text_field: str = "text", co
                on_bad_record: str = "skip", verbose: bool = True,
                data_format: str = "text") -> DocumentSource | TokenShards:
     """`embedded`, a local path (files, folder, or token shards), or a hub dataset (`hf:` forces it).
-    Chat data (`data_format="chat"`) is records of conversations: local files or a hub dataset."""
-    chat = data_format == "chat"
+    Chat data (`data_format="chat"`) is records of conversations, preference data records of preference
+    pairs: local files or a hub dataset."""
+    records = data_format != "text"
     if dataset == "embedded":
-        if chat:
-            raise UserError("dataset: the embedded corpus is plain text; chat fine-tuning needs records with "
-                            "`messages` (or prompt/completion): a local jsonl/json/parquet file, or a hub dataset")
+        if records:
+            raise UserError(f"dataset: the embedded corpus is plain text; {data_format} fine-tuning needs records "
+                            f"({RECORD_FORMS[data_format].removeprefix('no ')}): a local jsonl/json/parquet file, "
+                            "or a hub dataset")
         return EmbeddedCorpus("train" if split == "train" else "validation", seed)
     if dataset.startswith("hf:"):
         return HubDataset(dataset[3:], config, split, text_field, data_format)
     if is_local(dataset):
         path = Path(dataset).expanduser()
         if (path / "meta.json").is_file():
-            if chat:
-                raise UserError(f"dataset: {dataset} holds token shards, which keep no turns; chat fine-tuning "
-                                "reads the records themselves (jsonl/json/parquet)")
+            if records:
+                raise UserError(f"dataset: {dataset} holds token shards, which keep no turns; {data_format} "
+                                "fine-tuning reads the records themselves (jsonl/json/parquet)")
             return TokenShards(path, split)
         return LocalFiles(dataset, split, seed, text_field, on_bad_record, verbose, data_format)
     return HubDataset(dataset, config, split, text_field, data_format)

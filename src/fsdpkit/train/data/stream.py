@@ -32,6 +32,7 @@ import torch
 from fsdpkit.errors import UserError
 from fsdpkit.train.data.chat import encode_conversation
 from fsdpkit.train.data.chat_template import ChatTemplate
+from fsdpkit.train.data.preference import Pair, Preference, encode_pair, pack_pairs
 from fsdpkit.train.data.sources import DocumentSource, TokenShards
 from fsdpkit.train.data.tokenizers import Tokenizer
 
@@ -60,6 +61,7 @@ class BatchStream:
     epochs: int | None = None  # None: repeat the source forever
     skip_blocks: int = 0  # global blocks already consumed (resume): the stream continues after them
     chat: ChatTemplate | None = None  # chat data: conversations rendered with this template
+    preference: bool = False  # preference data: pairs packed whole into rows (see data.preference)
 
     def _rows(self, doc: Any, number: int) -> np.ndarray:
         """One document as the rows of a block: its tokens and EOS (text), or (chat) three rows:
@@ -71,15 +73,41 @@ class BatchStream:
         ids, mask = encode_conversation(self.chat, tokenizer.encode, doc)
         return np.stack([ids, mask.astype(np.int64), np.full(len(ids), number, dtype=np.int64)])
 
+    def _pair_rows(self, epoch: int) -> Iterator[np.ndarray]:
+        """Preference data: each record's pair tokenised, packed whole into (3, seq_len+1) rows."""
+        tokenizer = self.tokenizer
+        assert tokenizer is not None and not isinstance(self.source, TokenShards)
+        n = self.seq_len + 1
+
+        def too_long(pair: Pair, row: int) -> None:
+            raise UserError(f"dataset: {pair.where}: its prompt and two answers take {pair.tokens} tokens, more than "
+                            f"a row of {row} (seq_len + 1); raise --seq-len, or leave such records out")
+
+        pairs = (encode_pair(p, tokenizer.encode, self.chat, tokenizer.eos_id) for p in self.source.documents(epoch)
+                 if isinstance(p, Preference))
+        yield from pack_pairs(pairs, n, tokenizer.eos_id, too_long)
+
     def blocks(self, allow_empty: bool = False) -> Iterator[np.ndarray]:
         """The global stream of seq_len+1-token blocks of a document source, documents separated by
-        EOS (chat data: (3, seq_len+1) blocks, see `_rows`). A pass that yields no block is an error
-        naming its cause, unless `allow_empty` (counting)."""
+        EOS (chat data: (3, seq_len+1) blocks, see `_rows`; preference data: whole pairs a row,
+        see `_pair_rows`). A pass that yields no block is an error naming its cause, unless
+        `allow_empty` (counting)."""
         source = self.source
         assert not isinstance(source, TokenShards)  # token shards are read by index
         n = self.seq_len + 1
         epoch = 0
-        while self.epochs is None or epoch < self.epochs:
+        while self.preference and (self.epochs is None or epoch < self.epochs):
+            produced = False
+            for row in self._pair_rows(epoch):
+                produced = True
+                yield row
+            if not produced:
+                if allow_empty:
+                    return
+                raise UserError(f"dataset: {source.name} has no preference records"
+                                + (f" in its {split!r} split" if (split := getattr(source, "split", None)) else ""))
+            epoch += 1
+        while not self.preference and (self.epochs is None or epoch < self.epochs):
             buf = np.empty((0,) if self.chat is None else (3, 0), dtype=np.int64)
             produced, documents = False, 0
             for doc in source.documents(epoch):
@@ -182,9 +210,12 @@ class BatchStream:
                 t = torch.from_numpy(np.stack(rows).astype(np.int64))
                 if t.ndim == 2:
                     yield Batch(t[:, :-1].contiguous(), t[:, 1:].contiguous(), indices)
-                else:   # chat: the loss on assistant tokens only, attention within each conversation
+                else:   # chat, preference: the loss on answer tokens only, attention within each sequence
                     tokens, mask, docs = t[:, 0], t[:, 1].bool(), t[:, 2]
-                    targets = torch.where(mask[:, 1:], tokens[:, 1:], IGNORE)
+                    # A token is a target only where it continues its own sequence: the first token of
+                    # the next one is not predicted from this one's last.
+                    kept = mask[:, 1:] & (docs[:, 1:] == docs[:, :-1])
+                    targets = torch.where(kept, tokens[:, 1:], IGNORE)
                     yield Batch(tokens[:, :-1].contiguous(), targets, indices, docs[:, :-1].contiguous())
                 rows, indices = [], []
 

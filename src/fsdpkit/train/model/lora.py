@@ -9,6 +9,9 @@ optimizer state and checkpoints hold the adapters alone.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -26,15 +29,31 @@ class LoRALinear(nn.Linear):
         self.lora_B = nn.Linear(lora.rank, base.out_features, bias=False, device=base.weight.device)
         self.scale = lora.scale
         self.dropout = nn.Dropout(lora.dropout) if lora.dropout else nn.Identity()
+        self.enabled = True   # off: the frozen base alone (a preference loss's reference)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias) + self.lora_B(self.lora_A(self.dropout(x))) * self.scale
+        base = F.linear(x, self.weight, self.bias)
+        return base + self.lora_B(self.lora_A(self.dropout(x))) * self.scale if self.enabled else base
 
     @torch.no_grad()
     def merged_weight(self) -> torch.Tensor:
         """W + scale * B A: the plain projection this layer computes (in eval)."""
         delta = self.lora_B.weight.float() @ self.lora_A.weight.float()
         return (self.weight.float() + self.scale * delta).to(self.weight.dtype)
+
+
+@contextlib.contextmanager
+def adapters_disabled(model: nn.Module) -> Iterator[None]:
+    """The model as its base computes it, adapters off, for the length of the block: the reference
+    of a preference loss without a second copy of the model."""
+    layers = [m for m in model.modules() if isinstance(m, LoRALinear)]
+    for m in layers:
+        m.enabled = False
+    try:
+        yield
+    finally:
+        for m in layers:
+            m.enabled = True
 
 
 def is_adapter(name: str) -> bool:

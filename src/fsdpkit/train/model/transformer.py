@@ -330,15 +330,21 @@ class Transformer(nn.Module):
         return mask
 
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None, eos_id: int | None = None,
-                docs: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Logits (B, T, vocab) for (B, T) token ids; with `targets`, the loss instead (see `loss`).
-        With `eos_id` or `docs` (B, T), attention stays within documents.
+                docs: torch.Tensor | None = None,
+                per_token: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Logits (B, T, vocab) for (B, T) token ids; with `targets`, the loss instead (see `loss`),
+        or with `per_token` each target's log-probability (see `token_logps`). With `eos_id` or
+        `docs` (B, T), attention stays within documents.
 
         The loss is computed here, inside forward, so that under FSDP the output head's gathered
         weight is still in place when the chunked cross-entropy runs."""
         h = self.hidden_states(tokens, eos_id, docs)
         if targets is None:
             return self.lm_head(self.model.norm(h))
+        if per_token:
+            h = self.model.norm(h)
+            nll = chunked_token_nll(self.lm_head, h.flatten(0, 1), targets.flatten(), self.loss_chunk_tokens)
+            return -nll.view(targets.shape)
         ce = self.output_loss(h, targets)
         total = ce
         if self.cfg.is_moe:
@@ -380,6 +386,12 @@ class Transformer(nn.Module):
         (cross-entropy plus MoE balancing)."""
         return cast("tuple[torch.Tensor, torch.Tensor]", self(tokens, targets, eos_id, docs))
 
+    def token_logps(self, tokens: torch.Tensor, targets: torch.Tensor,
+                    docs: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, T): log p(target | tokens up to it) for each target, 0 where the target is -100
+        (what a preference loss sums per sequence)."""
+        return cast(torch.Tensor, self(tokens, targets, None, docs, per_token=True))
+
 
 def chunked_cross_entropy(head: nn.Linear, h: torch.Tensor, targets: torch.Tensor, chunk: int | None) -> torch.Tensor:
     """Mean cross-entropy of head(h) against targets (-100 ignored) without materialising the full
@@ -395,6 +407,20 @@ def chunked_cross_entropy(head: nn.Linear, h: torch.Tensor, targets: torch.Tenso
         part = slice(start, start + size)
         total = total + torch.utils.checkpoint.checkpoint(_ce_sum, head, h[part], targets[part], use_reentrant=False)
     return total / count
+
+
+def chunked_token_nll(head: nn.Linear, h: torch.Tensor, targets: torch.Tensor, chunk: int | None) -> torch.Tensor:
+    """Each target's negative log-likelihood under head(h) (0 where -100), chunked as
+    `chunked_cross_entropy` is, so the full logits are never held at once."""
+    size = loss_chunk_size(head.out_features, chunk)
+    if size == 0 or size >= h.shape[0]:
+        return _nll(head, h, targets)
+    return torch.cat([torch.utils.checkpoint.checkpoint(_nll, head, h[i:i + size], targets[i:i + size],
+                                                        use_reentrant=False) for i in range(0, h.shape[0], size)])
+
+
+def _nll(head: nn.Module, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(head(h).float(), targets, ignore_index=-100, reduction="none")
 
 
 def _ce_sum(head: nn.Module, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,254 @@
+"""DPO: the loss and reward metrics against TRL's DPOTrainer on the same model, batch and reference
+log-probabilities; the packed preference rows the trainer reads."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from fsdpkit.errors import UserError
+from fsdpkit.train import trainer
+from fsdpkit.train.config import parse_args
+from fsdpkit.train.data import BatchStream, HFTokenizer, LocalFiles
+from fsdpkit.train.data.preference import Pair, Preference, encode_pair, pack_pairs, preference_of
+from fsdpkit.train.data.stream import IGNORE
+from fsdpkit.train.dpo import METRICS, Answers, answers, preference_loss
+from fsdpkit.train.model.hf import load_hf_into
+from fsdpkit.train.model.lora import adapters_disabled
+from fsdpkit.train.objective import DPO
+from fsdpkit.train.parallel.shard import build_model
+from fsdpkit.train.runtime.dist import Runtime
+
+from conftest import read_metrics, require, run_cli
+from finetune_fixtures import load_ours, tiny_qwen
+
+# Three pairs as token ids (prompt, chosen, rejected) and the reference's log-probability of each answer.
+PAIRS = [([5, 6, 7], [8, 9, 30], [10, 31]), ([11, 12], [13, 40], [14, 15, 16, 41]), ([17, 18, 19, 20], [21], [22])]
+REFERENCE = [(-9.5, -7.25), (-6.0, -11.0), (-3.5, -3.0)]
+
+
+def trl_outcome(trl, model, tok, kind: str, beta: float, tmp_path):
+    """TRL's loss and metrics on PAIRS with REFERENCE as its precomputed reference."""
+    from datasets import Dataset
+
+    args = trl.DPOConfig(output_dir=str(tmp_path / "trl"), beta=beta, loss_type=[kind], report_to="none",
+                         use_cpu=True)
+    trainer = trl.DPOTrainer(model=model, args=args, processing_class=tok,
+                             train_dataset=Dataset.from_list([{"prompt": "p", "chosen": "c", "rejected": "r"}]))
+    trainer.precompute_ref_logps = True   # take the reference's log-probabilities from the batch, as given
+    from trl.trainer.dpo_trainer import DataCollatorForPreference
+
+    batch = DataCollatorForPreference(pad_token_id=0)([
+        {"prompt_ids": p, "chosen_ids": c, "rejected_ids": r, "ref_chosen_logps": rc, "ref_rejected_logps": rr}
+        for (p, c, r), (rc, rr) in zip(PAIRS, REFERENCE, strict=True)])
+    model.eval()
+    with torch.no_grad():
+        loss = trainer._compute_loss(model, batch, False)
+    return float(loss), {k: v[-1] for k, v in trainer._metrics["eval"].items() if k in METRICS}
+
+
+def ours(model, kind: str, beta: float, width: int):
+    """fsdpkit's loss and metrics on the same pairs packed into rows of `width` + 1 tokens."""
+    pairs = [Pair(np.array(p), np.array(c), np.array(r), f"pair {i}") for i, (p, c, r) in enumerate(PAIRS)]
+    rows = np.stack(list(pack_pairs(pairs, width + 1, 0, lambda *_: None)))
+    t = torch.from_numpy(rows)
+    tokens, mask, seqs = t[:, 0], t[:, 1].bool(), t[:, 2]
+    targets = torch.where(mask[:, 1:] & (seqs[:, 1:] == seqs[:, :-1]), tokens[:, 1:], IGNORE)
+    with torch.no_grad():
+        policy = answers(model.token_logps(tokens[:, :-1], targets, seqs[:, :-1]), targets, seqs[:, :-1])
+    ref = Answers(*(torch.zeros_like(policy.chosen) for _ in range(4)), policy.present)
+    ref.chosen[policy.present] = torch.tensor([rc for rc, _ in REFERENCE])
+    ref.rejected[policy.present] = torch.tensor([rr for _, rr in REFERENCE])
+    out = preference_loss(policy, ref, beta, kind)
+    assert int(out.pairs) == len(PAIRS)
+    return float(out.loss), dict(zip(METRICS, (out.sums / out.pairs).tolist(), strict=True)), rows
+
+
+@pytest.mark.parametrize(("kind", "beta"), [("sigmoid", 0.1), ("sigmoid", 0.5), ("ipo", 0.3), ("hinge", 0.2)])
+def test_loss_and_rewards_equal_trl_s_on_the_same_model_batch_and_reference(tmp_path, kind, beta):
+    transformers, trl = require("transformers"), require("trl")
+    folder = tiny_qwen(tmp_path / "m", transformers)
+    theirs_model = transformers.AutoModelForCausalLM.from_pretrained(str(folder))
+    tok = transformers.AutoTokenizer.from_pretrained(str(folder))
+    their_loss, their_metrics = trl_outcome(trl, theirs_model, tok, kind, beta, tmp_path)
+    model = load_ours(folder)
+    for width in (40, 16):   # all pairs in one row, and one pair a row
+        loss, metrics, rows = ours(model, kind, beta, width)
+        assert len(rows) == (1 if width == 40 else 3)
+        assert loss == pytest.approx(their_loss, abs=1e-5)
+        assert metrics == pytest.approx(their_metrics, abs=1e-5)
+        assert set(their_metrics) == set(METRICS)
+    assert 0 < their_metrics["rewards/accuracies"] < 1   # a batch where both outcomes occur
+
+
+def test_pairs_pack_whole_each_answer_numbered_and_padding_last():
+    pairs = [Pair(np.array(p), np.array(c), np.array(r), f"pair {i}") for i, (p, c, r) in enumerate(PAIRS)]
+    rows = list(pack_pairs(pairs, 17, 99, lambda *_: None))
+    # Pair 0 (5 + 5 tokens) and pair 1 (4 + 6) do not both fit in 17: each row holds what fits whole.
+    assert [r[0].tolist() for r in rows] == [
+        [5, 6, 7, 8, 9, 30, 5, 6, 7, 10, 31] + [99] * 6,
+        [11, 12, 13, 40, 11, 12, 14, 15, 16, 41] + [99] * 7,
+        [17, 18, 19, 20, 21, 17, 18, 19, 20, 22] + [99] * 7,
+    ]
+    assert rows[0][1].tolist() == [0, 0, 0, 1, 1, 1, 0, 0, 0, 1, 1] + [0] * 6
+    assert rows[0][2].tolist() == [1] * 6 + [2] * 5 + [0] * 6
+    two = list(pack_pairs(pairs[:1] + pairs[2:], 21, 0, lambda *_: None))
+    assert len(two) == 1 and two[0][2].tolist() == [1] * 6 + [2] * 5 + [3] * 5 + [4] * 5
+    refused: list[tuple[str, int]] = []
+    assert list(pack_pairs(pairs[1:2], 9, 0, lambda pair, row: refused.append((pair.where, row)))) == []
+    assert refused == [("pair 1", 9)]
+
+
+def test_the_batch_stream_s_targets_are_each_answer_s_tokens_within_its_own_sequence(tmp_path):
+    tok = HFTokenizer(str(tiny_qwen(tmp_path / "m", require("transformers"))))
+    data = tmp_path / "data" / "train"
+    data.mkdir(parents=True)
+    records = [{"prompt": f"What is {i} plus {i}?", "chosen": f" {2 * i}.", "rejected": f" {2 * i + 1}."}
+               for i in range(6)]
+    (data / "p.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    source = LocalFiles(str(tmp_path / "data"), "train", 0, data_format="preference")
+    stream = BatchStream(source, tok, 63, 2, shuffle_buffer=0, epochs=1, preference=True)
+    batch = next(iter(stream))
+    assert batch.docs is not None
+    pair = encode_pair(preference_of(records[0], "r"), tok.encode, None, tok.eos_id)
+    assert pair.chosen[-1] == pair.rejected[-1] == tok.eos_id   # a text answer ends with EOS, as TRL's does
+    n_prompt, n_chosen = len(pair.prompt), len(pair.chosen)
+    row, targets, seqs = batch.inputs[0], batch.targets[0], batch.docs[0]
+    kept = (targets != IGNORE).nonzero().flatten().tolist()
+    # The chosen answer's tokens are the targets of the positions before them, and no prompt token is one.
+    first = list(range(n_prompt - 1, n_prompt + n_chosen - 1))
+    assert kept[:n_chosen] == first
+    assert targets[first].tolist() == pair.chosen.tolist()
+    assert row[: n_prompt].tolist() == pair.prompt.tolist()
+    assert set(seqs[kept].tolist()) <= set(range(1, 64)) and seqs[0] == 1
+
+
+def test_preference_records_in_trl_s_forms_and_bad_ones_are_none():
+    text = preference_of({"prompt": "Q", "chosen": "A", "rejected": "B"}, "r")
+    assert text == Preference("Q", "A", "B", None, "r") and not text.conversational
+    user, good, bad = ({"role": "user", "content": "Q"}, {"role": "assistant", "content": "A"},
+                       {"role": "assistant", "content": "B"})
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    explicit = preference_of({"prompt": [user], "chosen": [good], "rejected": [bad], "tools": tools}, "e")
+    assert explicit == Preference([user], [good], [bad], tools, "e") and explicit.conversational
+    implicit = preference_of({"chosen": [user, good], "rejected": [user, bad]}, "i")
+    assert implicit == Preference([user], [good], [bad], None, "i")
+    for record in ({"prompt": "Q", "chosen": "A"}, {"prompt": 3, "chosen": "A", "rejected": "B"},
+                   {"prompt": [user], "chosen": [user], "rejected": [bad]},
+                   {"chosen": [good], "rejected": [bad]},
+                   {"prompt": [user], "chosen": "A", "rejected": [bad]},
+                   {"prompt": [user], "chosen": [good], "rejected": [bad], "tools": "f"}, "text"):
+        assert preference_of(record) is None, record
+
+
+def test_a_pair_longer_than_a_row_is_refused_naming_the_record(tmp_path):
+    tok = HFTokenizer(str(tiny_qwen(tmp_path / "m", require("transformers"))))
+    data = tmp_path / "data" / "train"
+    data.mkdir(parents=True)
+    (data / "p.jsonl").write_text(json.dumps({"prompt": "Why? " * 30, "chosen": "Yes.", "rejected": "No."}) + "\n")
+    stream = BatchStream(LocalFiles(str(tmp_path / "data"), "train", 0, data_format="preference"), tok, 15, 1,
+                         shuffle_buffer=0, epochs=1, preference=True)
+    pair = encode_pair(preference_of({"prompt": "Why? " * 30, "chosen": "Yes.", "rejected": "No."}), tok.encode,
+                       None, tok.eos_id)
+    with pytest.raises(UserError) as e:
+        next(iter(stream))
+    assert str(e.value) == (f"dataset: {data / 'p.jsonl'}:1: its prompt and two answers take {pair.tokens} tokens, "
+                            "more than a row of 16 (seq_len + 1); raise --seq-len, or leave such records out")
+
+
+def preference_data(folder) -> str:
+    """Sums of two digits: the right answer chosen, a wrong one rejected (train and validation)."""
+    for split, n, seed in (("train", 2000, 1), ("validation", 200, 2)):
+        rng = np.random.default_rng(seed)
+        rows = []
+        for a, b, off in zip(rng.integers(0, 10, n), rng.integers(0, 10, n), rng.integers(1, 6, n), strict=True):
+            rows.append({"prompt": f"{a}+{b}=", "chosen": f"{a + b}", "rejected": f"{(a + b + off) % 19}"})
+        (folder / split).mkdir(parents=True, exist_ok=True)
+        (folder / split / "p.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(folder)
+
+
+def dpo_flags(data: str, run, ckpt, *extra: str) -> list[str]:
+    return ["train", "--objective", "dpo", "--data-format", "preference", "--dataset", data, "--seq-len", "64",
+            "--train-batch-size", "8", "--lr", "1e-3", "--nproc", "2", "--tensorboard", "0", "--logging-freq", "5",
+            "--validation-freq", "0", "--validation-batches", "1", "--progress", "off", "--run-dir", str(run),
+            "--checkpoint-dir", str(ckpt), "--max-steps", "50", *extra]
+
+
+def rows_of(run) -> list[dict]:
+    """Each logged window: its step, loss and DPO metrics."""
+    return [{k: r[k] for k in ("step", "loss", *METRICS)} for r in read_metrics(run)]
+
+
+@pytest.mark.slow
+def test_a_two_rank_dpo_run_raises_reward_accuracy_and_resumes_exactly(tmp_path):
+    data = preference_data(tmp_path / "data")
+    whole = run_cli(*dpo_flags(data, tmp_path / "whole", tmp_path / "ck-whole", "--checkpoint-every", "25"))
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    rows = rows_of(tmp_path / "whole")
+    accuracy = [r["rewards/accuracies"] for r in rows]
+    assert accuracy[0] < 0.6 and accuracy[-1] > 0.9, accuracy
+    assert rows[-1]["rewards/margins"] > rows[0]["rewards/margins"] and rows[-1]["loss"] < rows[0]["loss"]
+    assert set(METRICS) <= set(rows[0])
+    # Resumed at step 25 (the reference rebuilt as it started): every later window as the uninterrupted run had it.
+    shutil.copytree(tmp_path / "ck-whole" / "step-00000025", tmp_path / "ck-half" / "step-00000025")
+    rest = run_cli(*dpo_flags(data, tmp_path / "half", tmp_path / "ck-half", "--resume", "auto"))
+    assert rest.returncode == 0, rest.stderr[-3000:]
+    assert "resumed from" in rest.stdout
+    assert rows_of(tmp_path / "half") == rows[5:]
+
+
+def test_lora_dpo_s_reference_is_the_base_with_adapters_off_and_full_dpo_s_a_frozen_copy_of_the_start(tmp_path):
+    """No second model under LoRA (the reference holds no parameter of its own); without LoRA a
+    frozen copy with exactly the starting weights, whatever the policy has become."""
+    transformers = require("transformers")
+    folder = tiny_qwen(tmp_path / "m", transformers)
+    data = preference_data(tmp_path / "data")
+    rt = Runtime(0, 1, 0, 1, torch.device("cpu"))
+    common = ["--objective", "dpo", "--data-format", "preference", "--dataset", data, "--init-from-hf", str(folder),
+              "--seq-len", "64", "--tokenizer", str(folder)]
+    lora_cfg = parse_args([*common, "--lora", "1", "--lora-rank", "4"])
+    lora = trainer._objective(lora_cfg, rt, None)
+    assert isinstance(lora, DPO) and lora.reference is None
+    policy = build_model(lora_cfg.shape, lora_cfg.parallel, 64, 0, rt, lora_cfg.lora_shape)
+    load_hf_into(policy, folder, lora_cfg.shape)
+    with torch.no_grad():
+        for name, p in policy.named_parameters():
+            if ".lora_B." in name:
+                p.fill_(0.01)   # adapters that change the model
+    tokens = torch.randint(0, 100, (1, 12), generator=torch.Generator().manual_seed(0))
+    base = load_ours(folder)
+    with torch.no_grad():
+        adapted = policy(tokens)
+        with adapters_disabled(policy):
+            off = policy(tokens)
+        assert torch.equal(policy(tokens), adapted)   # back on after the block
+    torch.testing.assert_close(off, base(tokens), rtol=0, atol=1e-5)
+    assert (adapted - off).abs().max() > 1e-3
+
+    full_cfg = parse_args(common)
+    full = trainer._objective(full_cfg, rt, None)
+    assert isinstance(full, DPO) and full.reference is not None
+    assert not any(p.requires_grad for p in full.reference.parameters()) and not full.reference.training
+    start = dict(base.state_dict())
+    assert all(torch.equal(t, start[k]) for k, t in full.reference.state_dict().items())
+    assert sum(p.numel() for p in full.reference.parameters()) == sum(p.numel() for p in base.parameters())
+
+
+@pytest.mark.slow
+def test_a_two_rank_lora_dpo_run_learns_the_preference_against_its_base(tmp_path):
+    transformers = require("transformers")
+    torch.manual_seed(0)
+    transformers.Qwen2ForCausalLM(transformers.Qwen2Config(
+        vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=8,
+        num_key_value_heads=2, tie_word_embeddings=True)).save_pretrained(tmp_path / "qwen")
+    data = preference_data(tmp_path / "data")
+    r = run_cli(*dpo_flags(data, tmp_path / "run", tmp_path / "ck", "--init-from-hf", str(tmp_path / "qwen"),
+                           "--lora", "1", "--lora-rank", "8", "--lr", "5e-3", "--max-steps", "40"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    accuracy = [row["rewards/accuracies"] for row in rows_of(tmp_path / "run")]
+    assert accuracy[0] < 0.6 and accuracy[-1] > 0.75, accuracy
