@@ -4,6 +4,7 @@ duplicates, rollback, resubmission, and that no secret value leaks."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -713,3 +714,36 @@ def kmock_status(code, message):
 
     return kmock.Response(status=code, payload={"kind": "Status", "apiVersion": "v1", "metadata": {},
                                                "status": "Failure", "message": message, "code": code})
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_a_dpo_job_renders_plans_its_reference_and_submits_as_a_dry_run(kube, tmp_path, lora):
+    """A preference-tuning job as a cluster runs it: the pods' command carries the objective, the plan
+    counts the reference (a frozen copy without LoRA, nothing with it) and submit's dry run passes."""
+    train = {"preset": "llama3_1_8b", "max_steps": 50, "seq_len": 4096, "train_batch_size": 1,
+             "activation_checkpointing": "full",
+             "dataset": "/fsx/prefs", **({"lora": True, "init_from_hf": "/fsx/llama"} if lora else {})}
+    sft = write_spec(tmp_path, train=train)
+    sft_plan = json.loads(run_cli("plan", str(sft), "--json").stdout)["data"]
+    spec = write_spec(tmp_path, train={**train, "objective": "dpo", "data_format": "preference", "dpo_beta": 0.2})
+    render = run_cli("job", "render", str(spec))
+    assert render.returncode == 0, render.stderr
+    pod = next(d for d in yaml.safe_load_all(render.stdout) if d["kind"] == "PyTorchJob")
+    command = pod["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["command"]
+    flags = dict(itertools.pairwise(command))
+    assert (flags["--objective"], flags["--data-format"], flags["--dpo-beta"]) == ("dpo", "preference", "0.2")
+    plan = json.loads(run_cli("plan", str(spec), "--json").stdout)["data"]
+    memory, before = plan["memory_gib"], sft_plan["memory_gib"]
+    assert plan["objective"]["name"] == "dpo" and plan["objective"]["beta"] == 0.2
+    if lora:
+        assert memory["params"] == before["params"]
+        assert plan["objective"]["reference"] == "the base with its LoRA adapters off (no copy)"
+    else:
+        assert memory["params"] == pytest.approx(2 * before["params"], abs=0.01)
+        assert plan["objective"]["reference"] == "a frozen copy of the model (its shards count in params)"
+    # Full activation checkpointing: 4/3 of a step's FLOPs; the reference's forward a third more.
+    assert plan["activation_checkpointing"] == "full"
+    assert plan["compute_s"] == pytest.approx(sft_plan["compute_s"] * 5 / 4, abs=1e-3)
+    r = job_cli(kube, "submit", str(spec), "--dry-run")
+    assert r.returncode == 0, r.stderr
+    assert writes(kube) == []

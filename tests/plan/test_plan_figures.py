@@ -35,6 +35,7 @@ FIGURES = Path(__file__).with_name("figures.json")
 
 DEBUG = ["--preset", "debug", "--seq_len", "256", "--train_batch_size", "4"]
 SMALL_8B = ["--preset", "llama3_1_8b", "--n_layers", "4", "--seq_len", "1024", "--train_batch_size", "2"]
+DPO = ["--objective", "dpo", "--data-format", "preference"]
 
 # (flags, ranks, device, nodes[, LoRA]): each a job the trainer runs, as `workload` reads its config
 # (LoRA given as its shape: the trainer's config takes it only with a Hugging Face base to adapt).
@@ -92,6 +93,8 @@ WORKLOADS: dict[str, tuple[Any, ...]] = {
     "mixtral-1-cpu": (["--preset", "mixtral_8x7b", "--n_layers", "1", "--seq_len", "128", "--train_batch_size", "1"],
                       1, "cpu", 1),
     "8b-16-cuda-hybrid-2nodes": ([*SMALL_8B, "--sharding_strategy", "hybrid"], 16, "cuda", 2),
+    "debug-2-cpu-dpo": ([*DEBUG, *DPO], 2, "cpu", 1),
+    "debug-2-cuda-lora-dpo": ([*DEBUG, *DPO, "--compile", "0"], 2, "cuda", 1, LoraShape(8, 16.0, 0.0, LORA_TARGETS)),
 }
 
 # (flags, instance type or None, nodes, mfu, ranks per node): plans as `fsdpkit plan` makes them.
@@ -125,6 +128,8 @@ PLANS: dict[str, tuple[list[str], str | None, int, float, int | None]] = {
                         "--activation_checkpointing", "none"], "p4d.24xlarge", 1, 0.4, None),
     "8b-p5-2-nodes-hybrid": (["--preset", "llama3_1_8b", "--seq_len", "4096", "--train_batch_size", "2",
                               "--sharding_strategy", "hybrid"], "p5.48xlarge", 2, 0.4, None),
+    "8b-p5-1-node-dpo": (["--preset", "llama3_1_8b", "--seq_len", "4096", "--train_batch_size", "1", *DPO],
+                         "p5.48xlarge", 1, 0.4, None),
 }
 
 
@@ -208,3 +213,17 @@ def test_the_planner_takes_an_mfu_up_to_one_and_nodes_from_one_and_models_nvidia
     with pytest.raises(UserError, match=r"^instance_type: trn1.32xlarge has Trainium chips; the planner models "
                                         r"NVIDIA GPUs$"):
         plan_config(cfg, "ml.trn1.32xlarge", 1)
+
+
+def test_dpo_holds_a_frozen_copy_without_lora_none_with_it_and_computes_a_third_more():
+    sft, dpo = (workload(parse_args([*DEBUG, *extra]), 2, "cpu", 1) for extra in ([], DPO))
+    a, b = estimate(sft), estimate(dpo)
+    assert (b.params, b.grads, b.optimizer) == (2 * a.params, a.grads, a.optimizer)
+    lora = LoraShape(8, 16.0, 0.0, LORA_TARGETS)
+    a, b = (estimate(dataclasses.replace(w, lora=lora)) for w in (sft, dpo))
+    assert (b.params, b.grads, b.optimizer, b.backward_start) == (a.params, a.grads, a.optimizer, a.backward_start)
+    flags = ["--preset", "llama3_1_8b", "--seq_len", "4096", "--train_batch_size", "1"]
+    for ac, factor in (("none", 4 / 3), ("full", 5 / 4)):
+        base, pref = (plan_config(parse_args([*flags, "--activation_checkpointing", ac, *extra]), "p5.48xlarge", 1)
+                      for extra in ([], DPO))
+        assert pref.compute_s == pytest.approx(base.compute_s * factor, rel=1e-12)

@@ -320,6 +320,22 @@ def test_a_chat_run_takes_the_presets_sft_recipe_and_lora_its_own_over_it(tmp_pa
     assert parse_args(["--preset", "llama2_7b", "--data-format", "chat", "--lr", "1e-5"]).optim.min_lr == 1e-6
 
 
+def test_a_dpo_run_takes_trl_s_defaults_over_the_preset_s_recipe_and_lora_s(tmp_path):
+    dpo = ["--objective", "dpo", "--data-format", "preference", "--max_steps", "1000"]
+    full = parse_args(["--preset", "llama3_1_8b", *dpo])
+    assert (full.optim.lr, full.optim.lr_decay_style, full.optim.min_lr, full.optim.warmup_steps,
+            full.loss.dpo_beta) == (1e-6, "linear", 0.0, 0, 0.1)
+    base = tmp_path / "hf"
+    base.mkdir()
+    (base / "config.json").write_text('{"model_type": "llama", "vocab_size": 300, "hidden_size": 64, '
+                                      '"intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4}')
+    lora = parse_args(["--preset", "llama3_1_8b", *dpo, "--lora", "1", "--init-from-hf", str(base)])
+    assert (lora.optim.lr, lora.adapters.lora_rank, lora.adapters.lora_alpha) == (1e-6, 64, 16.0)
+    given = parse_args(["--preset", "llama3_1_8b", *dpo, "--lr", "5e-7", "--dpo-beta", "0.01"])
+    assert (given.optim.lr, given.loss.dpo_beta) == (5e-7, 0.01)
+    assert parse_args(["--preset", "tiny", *dpo]).optim.lr == 3e-3   # the CPU presets keep fsdpkit's own
+
+
 def test_a_recipes_warmup_is_capped_for_a_short_run_but_a_given_one_is_not():
     assert parse_args(["--preset", "llama2_7b", "--max_steps", "100"]).optim.warmup_steps == 20
     assert parse_args(["--preset", "llama2_7b", "--max_steps", "1000", "--warmup", "0.1"]).optim.warmup_steps == 100
@@ -341,6 +357,10 @@ def test_presets_list_their_recipes(cli):
                                         "weight_decay": 0.1, "warmup": 0.03, "source": "Llama 2 paper, section 3.1"}
     assert data["qwen2_5_3b"]["sft"]["lr"] == 7e-6 and data["llama3_1_8b"]["sft"]["lr"] == 1e-5
     assert data["qwen3_8b"]["lora"]["lr"] == 2e-4 and data["llama3_1_70b"]["lora"]["lr"] == 1e-4
+    assert data["qwen3_8b"]["dpo"] == {"lr": 1e-6, "dpo_beta": 0.1, "lr_decay_style": "linear", "min_lr_ratio": 0.0,
+                                       "warmup": 0.0, "source": "TRL 1.16 DPOConfig defaults (learning_rate 1e-6, "
+                                       "beta 0.1; linear decay, no warm-up)"}
+    assert data["tiny"]["dpo"] == {"source": None}
     human = cli("presets")
     assert "torchtitan llama3 configs" in human.stdout and "Llama 2 paper" in human.stdout
     assert "Qwen2.5 technical report, section 4.1" in human.stdout

@@ -103,7 +103,7 @@ def run(args: argparse.Namespace, train_flags: list[str]) -> int:
     steps = budget_steps(int(args.tokens), cfg.data, p.workload.world) if args.tokens and not args.jobspec else \
         cfg.optim.max_steps
     out = {"model": cfg.preset, "verdict": advice(p), **p.summary(args.price_per_hour),
-           "currency": args.currency, "recipe": _recipe(cfg),
+           "currency": args.currency, "recipe": _recipe(cfg), "objective": _objective(cfg),
            "validation": {"batches": cfg.log.validation_batches, "batch_size": cfg.data.val_batch_size,
                           "every_steps": cfg.log.validation_freq, "share": round(cfg.validation_share(steps), 4)},
            "grace": grace.to_dict(), "startup": start.to_dict(), "checkpoints": checkpoints,
@@ -174,6 +174,18 @@ def _recipe(cfg: TrainConfig) -> dict[str, Any]:
             "betas": [o.beta1, o.beta2], "grad_clip": o.grad_clip, "tokenizer": cfg.data.tokenizer}
 
 
+def _objective(cfg: TrainConfig) -> dict[str, Any]:
+    """What the run minimises and, for DPO, what its reference costs (see plan.memory)."""
+    loss = cfg.loss
+    if loss.objective == "sft":
+        return {"name": "sft"}
+    reference = ("the base with its LoRA adapters off (no copy)" if cfg.lora_shape else
+                 "a frozen copy of the model (its shards count in params)")
+    return {"name": loss.objective, "loss": loss.dpo_loss, "beta": loss.dpo_beta, "reference": reference,
+            "explanation": f"{loss.objective} ({loss.dpo_loss}, beta {loss.dpo_beta:g}) against {reference}; the "
+                           "reference's forward adds a third to each step's compute"}
+
+
 def _print(out: dict[str, Any]) -> None:
     m = out["memory_gib"]
     where = f"{out['nodes']} x {out['instance_type']} ({out['world']} ranks)" if out["instance_type"] else \
@@ -206,6 +218,8 @@ def _print(out: dict[str, Any]) -> None:
           f"{r['grad_clip']:g}, tokenizer {r['tokenizer']}  [{r['source']}]")
     every = f"every {v['every_steps']} steps and at the end" if v["every_steps"] else "at the end"
     print(f"validation: {v['batches']} batch(es) of {v['batch_size']} {every}: {v['share']:.1%} of training compute")
+    if "explanation" in out["objective"]:
+        print(f"objective: {out['objective']['explanation']}")
     print(f"checkpoints: {out['checkpoints']['explanation']}")
     print(f"stopping: grace period {out['grace']['explanation']}")
     print(f"starting: {out['startup']['explanation']} (HyperPod's startup deadline; with the grace, its fault "

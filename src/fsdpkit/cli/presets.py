@@ -10,6 +10,10 @@ from fsdpkit.effects import Effect, declare
 from fsdpkit.train.config import build
 from fsdpkit.train.model.config import count_params
 from fsdpkit.train.model.presets import PRESETS, RECIPES
+from fsdpkit.train.sections import LossConfig
+
+# DPO's beta where a recipe leaves it to the option's own default.
+BETA = LossConfig.model_fields["dpo_beta"].default
 
 
 def recipe(name: str) -> dict[str, Any]:
@@ -23,7 +27,8 @@ def recipe(name: str) -> dict[str, Any]:
             "validation_freq": cfg.log.validation_freq, "validation_batches": cfg.log.validation_batches,
             "validation_share": round(cfg.validation_share(), 4), "max_steps": o.max_steps,
             # Laid over the above for chat fine-tuning (--data-format chat), and LoRA's over both.
-            "sft": {**RECIPES[name].sft, "source": RECIPES[name].sft_source or None}, "lora": dict(RECIPES[name].lora)}
+            "sft": {**RECIPES[name].sft, "source": RECIPES[name].sft_source or None}, "lora": dict(RECIPES[name].lora),
+            "dpo": {**RECIPES[name].dpo, "source": RECIPES[name].dpo_source or None}}
 
 
 def rows() -> list[dict[str, Any]]:
@@ -78,4 +83,9 @@ def show(args: argparse.Namespace) -> int:
         sft, lora = r["recipe"]["sft"], r["recipe"]["lora"]
         print(f"{r['name']:<14}{sft.get('lr', r['recipe']['lr']):>8.2g}{lora.get('lr', r['recipe']['lr']):>9.2g}  "
               f"({sft['source'] or 'the recipe above'})")
+    print(f"\n{'DPO':<14}{'lr':>8}{'beta':>9}  (source)")
+    for r in data:
+        dpo = r["recipe"]["dpo"]
+        print(f"{r['name']:<14}{dpo.get('lr', r['recipe']['lr']):>8.2g}{dpo.get('dpo_beta', BETA):>9.2g}  "
+              f"({dpo['source'] or 'the recipe above'})")
     return 0

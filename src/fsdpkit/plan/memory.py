@@ -19,7 +19,9 @@ fsdpkit.train.parallel.shard):
   the SwiGLU gradients.
 The peak is the largest of the start of backward (all activations, no gradients yet), its end
 (all gradients, no activations) and a validation forward (no gradients; in slices of the training
-micro-batch, as the trainer runs it).
+micro-batch, as the trainer runs it; under DPO, the reference's forward on a whole micro-batch).
+DPO without LoRA holds a frozen fp32 copy of the model's shards as its reference; with LoRA the
+reference is the base with its adapters off, and costs nothing.
 - one process under autocast instead of FSDP: each weight's compute-dtype copy, saved for its
   backward, and the head's gradient made in the compute dtype and summed in fp32;
 - compiled blocks: what inductor's partitioner keeps (fewer tensors; the norms recomputed).
@@ -61,6 +63,7 @@ class Workload:
     compiled: bool = False      # torch.compile: blocks save what inductor keeps; the unchunked loss is one kernel
     fused_norm: bool = False    # CUDA's fused RMSNorm kernel: saves its input and rstd, not the normalised x
     lora: LoraShape | None = None   # LoRA: the base frozen (no gradients, no optimizer state), adapters trained
+    dpo: bool = False           # DPO: a reference forward (no gradients) on each micro-batch before the policy's
 
     @property
     def tokens(self) -> int:
@@ -69,6 +72,11 @@ class Workload:
     @property
     def fsdp(self) -> bool:
         return self.world > 1
+
+    @property
+    def reference_copy(self) -> bool:
+        """DPO without LoRA: its reference is a frozen, sharded fp32 copy of the model."""
+        return self.dpo and self.lora is None
 
 
 @dataclass
@@ -261,6 +269,8 @@ def estimate(w: Workload) -> MemoryEstimate:
     block_trained, root_trained = trained_elements(w)
     t = (block_trained * w.model.n_layers + root_trained) // shard   # what has gradients and moments
     params, grads, optimizer = 4 * p, 4 * t, 8 * t
+    if w.reference_copy:   # the frozen reference's shards (the policy's shapes, no adapters: there are none)
+        params += 4 * p
     host = 0
     if w.cpu_offload and w.fsdp:
         host, params, grads, optimizer = params + grads + optimizer, 0, 0, 0
@@ -316,8 +326,9 @@ def estimate(w: Workload) -> MemoryEstimate:
     # Validation: no gradients kept, one block's forward working set (SwiGLU's ffn-wide tensors,
     # the residual and its branch) and one chunk of logits (compiled and unchunked: the logits in
     # the compute dtype, the loss fused). The trainer validates in slices of the training
-    # micro-batch, so a validation batch never holds more tokens than a training step.
-    v = w.seq * min(w.val_batch, w.micro_batch)
+    # micro-batch, so a validation batch never holds more tokens than a training step. DPO's
+    # reference forward is such a forward, on a whole micro-batch.
+    v = w.seq * (w.micro_batch if w.dpo else min(w.val_batch, w.micro_batch))
     if w.compiled and (w.loss_chunk == 0 or w.loss_chunk >= v):
         val_loss = v * m.vocab_size * cb
     else:

@@ -106,7 +106,9 @@ def evaluate(w: Workload, inst: Instance | None, nodes: int, mfu: float, flops_p
     tokens = w.tokens * w.grad_accum
     if peak:
         recompute = {"none": 1.0, "full": 4 / 3}.get(w.ac, 1 + 1 / 3 / w.ac_every)
-        plan.compute_s = tokens * flops_per_token * recompute / (peak[w.compute] * 1e12 * mfu)
+        # DPO's reference forward: a third of a training step's FLOPs more (not recomputed).
+        reference = 1 / 3 if w.dpo else 0.0
+        plan.compute_s = tokens * flops_per_token * (recompute + reference) / (peak[w.compute] * 1e12 * mfu)
         intra = NVLINK.get(inst.accelerator, PCIE)
         bw = intra if nodes == 1 else min(intra, inst.net_gbps * 1e9 / 8 / per_node)
         plan.comm_s = comm.wire_bytes / bw if comm.wire_bytes else 0.0

@@ -416,7 +416,8 @@ def budget_steps(tokens: int, data: ResolvedData, ranks: int) -> int:
 
 def _recipe_for(preset: str, cfg: TrainOptions) -> dict[str, Any]:
     """The preset's recipe for this kind of run: chat fine-tuning and LoRA lay their values over it."""
-    return get_recipe(preset).for_run(chat=cfg.data.data_format == "chat", lora=cfg.adapters.lora)
+    return get_recipe(preset).for_run(chat=cfg.data.data_format == "chat", lora=cfg.adapters.lora,
+                                      dpo=cfg.loss.objective == "dpo")
 
 
 def _tokenizer(cfg: TrainOptions, given: Set[str], on_nodes: bool) -> str:

@@ -100,6 +100,11 @@ ALIASES = {"mistral_8x7b": "mixtral_8x7b", "mashtral_7b": "mathstral_7b"}
 # rank 64, alpha 16, dropout 0.1 (0.05 above 13B). A recipe's lora mapping replaces these.
 _LORA = {"lr": 2e-4, "lora_rank": 64, "lora_alpha": 16.0, "lora_dropout": 0.1, "warmup": 0.03}
 _LORA_LARGE = {**_LORA, "lr": 1e-4, "lora_dropout": 0.05}
+# Preference tuning (--objective dpo), over either: TRL's DPOConfig defaults (TRL 1.16), what the
+# teams that run DPO start from: 1e-6 (with LoRA too: DPOConfig has no other rate for adapters),
+# beta 0.1, and transformers' TrainingArguments schedule under it: linear decay to 0, no warm-up.
+_DPO = {"lr": 1e-6, "dpo_beta": 0.1, "lr_decay_style": "linear", "min_lr_ratio": 0.0, "warmup": 0.0}
+_DPO_SRC = "TRL 1.16 DPOConfig defaults (learning_rate 1e-6, beta 0.1; linear decay, no warm-up)"
 
 
 @dataclass(frozen=True)
@@ -116,12 +121,15 @@ class Recipe:
     sft_source: str = ""
     # Laid over both for a LoRA run: adapters train at a far higher rate than full weights.
     lora: Mapping[str, Any] = field(default_factory=lambda: dict(_LORA))
+    # Laid over all of them for preference tuning (DPO), LoRA's rate included.
+    dpo: Mapping[str, Any] = field(default_factory=lambda: dict(_DPO))
+    dpo_source: str = _DPO_SRC
 
-    def for_run(self, chat: bool, lora: bool) -> dict[str, Any]:
-        """The options of a run of this kind: pre-training, chat fine-tuning, and LoRA over either.
-        A layer that sets the warm-up as a fraction drops the steps of the layer below."""
+    def for_run(self, chat: bool, lora: bool, dpo: bool = False) -> dict[str, Any]:
+        """The options of a run of this kind: pre-training, chat fine-tuning, LoRA over either, and
+        DPO over all. A layer that sets the warm-up as a fraction drops the steps of the layer below."""
         out = dict(self.options)
-        for layer in (self.sft if chat else {}, self.lora if lora else {}):
+        for layer in (self.sft if chat else {}, self.lora if lora else {}, self.dpo if dpo else {}):
             if "warmup" in layer:
                 out.pop("warmup_steps", None)
             out.update(layer)
@@ -170,8 +178,8 @@ _LLAMA3_SRC = "torchtitan llama3 configs; Llama 3 paper, section 3.4.1"
 _REF_SRC = "reference FSDP example's model files (Mistral AI publishes none)"
 
 RECIPES: dict[str, Recipe] = {
-    "tiny": Recipe("fsdpkit's defaults, tuned on the embedded data on a CPU", lora={}),
-    "debug": Recipe("fsdpkit's defaults, tuned on the embedded data on a CPU", lora={}),
+    "tiny": Recipe("fsdpkit's defaults, tuned on the embedded data on a CPU", lora={}, dpo={}, dpo_source=""),
+    "debug": Recipe("fsdpkit's defaults, tuned on the embedded data on a CPU", lora={}, dpo={}, dpo_source=""),
     "llama2_7b": Recipe(_LLAMA2_SRC, {**_LLAMA2, "lr": 3e-4}, _SFT_LLAMA2, _SFT_SRC["llama2"]),
     "llama2_13b": Recipe(_LLAMA2_SRC, {**_LLAMA2, "lr": 3e-4}, _SFT_LLAMA2, _SFT_SRC["llama2"]),
     "llama2_70b": Recipe(_LLAMA2_SRC, {**_LLAMA2, "lr": 1.5e-4, "activation_checkpointing": "full"},
