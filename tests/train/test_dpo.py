@@ -14,6 +14,7 @@ from fsdpkit.errors import UserError
 from fsdpkit.train import trainer
 from fsdpkit.train.config import parse_args
 from fsdpkit.train.data import BatchStream, HFTokenizer, LocalFiles
+from fsdpkit.train.data.chat_template import template_of
 from fsdpkit.train.data.preference import Pair, Preference, encode_pair, pack_pairs, preference_of
 from fsdpkit.train.data.stream import IGNORE
 from fsdpkit.train.dpo import METRICS, Answers, answers, preference_loss
@@ -24,7 +25,7 @@ from fsdpkit.train.parallel.shard import build_model
 from fsdpkit.train.runtime.dist import Runtime
 
 from conftest import read_metrics, require, run_cli
-from finetune_fixtures import load_ours, tiny_qwen
+from finetune_fixtures import QWEN25, load_ours, make_tokenizer, tiny_qwen
 
 # Three pairs as token ids (prompt, chosen, rejected) and the reference's log-probability of each answer.
 PAIRS = [([5, 6, 7], [8, 9, 30], [10, 31]), ([11, 12], [13, 40], [14, 15, 16, 41]), ([17, 18, 19, 20], [21], [22])]
@@ -101,6 +102,11 @@ def test_pairs_pack_whole_each_answer_numbered_and_padding_last():
     refused: list[tuple[str, int]] = []
     assert list(pack_pairs(pairs[1:2], 9, 0, lambda pair, row: refused.append((pair.where, row)))) == []
     assert refused == [("pair 1", 9)]
+    # Exactly a row: no padding; two pairs that fill a row exactly share it.
+    exact = list(pack_pairs(pairs[1:2], 10, 0, lambda *_: None))
+    assert len(exact) == 1 and exact[0][2].tolist() == [1] * 4 + [2] * 6
+    shared = list(pack_pairs([pairs[0], pairs[2]], 21, 0, lambda *_: None))
+    assert len(shared) == 1 and (shared[0][2] > 0).all()
 
 
 def test_the_batch_stream_s_targets_are_each_answer_s_tokens_within_its_own_sequence(tmp_path):
@@ -137,6 +143,13 @@ def test_preference_records_in_trl_s_forms_and_bad_ones_are_none():
     assert explicit == Preference([user], [good], [bad], tools, "e") and explicit.conversational
     implicit = preference_of({"chosen": [user, good], "rejected": [user, bad]}, "i")
     assert implicit == Preference([user], [good], [bad], None, "i")
+    # The prompt is every message both open with, up to the last of the shorter one.
+    turn = [user, good, {"role": "user", "content": "Again?"}]
+    longer = preference_of({"chosen": [*turn, good], "rejected": [*turn, bad, bad]}, "l")
+    assert longer == Preference(turn, [good], [bad, bad], None, "l")
+    assert preference_of({"chosen": [user, good], "rejected": [user, good]}, "s") == Preference(
+        [user], [good], [good], None, "s")
+    assert preference_of({"prompt": "Q", "chosen": "A", "rejected": "B", "tools": []}).tools is None
     for record in ({"prompt": "Q", "chosen": "A"}, {"prompt": 3, "chosen": "A", "rejected": "B"},
                    {"prompt": [user], "chosen": [user], "rejected": [bad]},
                    {"chosen": [good], "rejected": [bad]},
@@ -252,3 +265,85 @@ def test_a_two_rank_lora_dpo_run_learns_the_preference_against_its_base(tmp_path
     assert r.returncode == 0, r.stderr[-3000:]
     accuracy = [row["rewards/accuracies"] for row in rows_of(tmp_path / "run")]
     assert accuracy[0] < 0.6 and accuracy[-1] > 0.75, accuracy
+
+
+@pytest.mark.parametrize("form", ["text", "messages", "implicit"])
+def test_pairs_are_tokenised_as_trl_s_dpo_trainer_tokenises_them(tmp_path, form):
+    """The same records through TRL's own preprocessing (DPOTrainer's dataset preparation) and
+    through encode_pair: the same prompt, chosen and rejected token ids."""
+    transformers, trl = require("transformers"), require("trl")
+    from datasets import Dataset
+
+    folder = tiny_qwen(tmp_path / "m", transformers)
+    system = {"role": "system", "content": "You are terse."}
+    records = []
+    for a, b in ((2, 3), (10, 7), (4, 4)):
+        question = {"role": "user", "content": f"What is {a} plus {b}?"}
+        right = {"role": "assistant", "content": f"It is {a + b}."}
+        wrong = {"role": "assistant", "content": f"It is {a + b + 1}, I think."}
+        records.append({"text": {"prompt": f"What is {a} plus {b}?", "chosen": f" {a + b}.", "rejected": " no."},
+                        "messages": {"prompt": [system, question], "chosen": [right], "rejected": [wrong]},
+                        "implicit": {"chosen": [system, question, right], "rejected": [system, question, wrong]}}[form])
+    # The tokenizer's own folder (no model config beside it: transformers then takes its tokenizer.json as it is).
+    tok_folder = make_tokenizer(tmp_path / "tok", QWEN25)
+    theirs = trl.DPOTrainer(
+        model=transformers.AutoModelForCausalLM.from_pretrained(str(folder)),
+        args=trl.DPOConfig(output_dir=str(tmp_path / "trl"), report_to="none", use_cpu=True),
+        processing_class=transformers.AutoTokenizer.from_pretrained(str(tok_folder)),
+        train_dataset=Dataset.from_list(records)).train_dataset
+    tok = HFTokenizer(str(tok_folder))
+    template = template_of(None, tok.config, tok.directory)
+    for i, record in enumerate(records):
+        pair = encode_pair(preference_of(record, f"r{i}"), tok.encode, template, tok.eos_id)
+        assert (pair.prompt.tolist(), pair.chosen.tolist(), pair.rejected.tolist()) == (
+            theirs[i]["prompt_ids"], theirs[i]["chosen_ids"], theirs[i]["rejected_ids"])
+        assert len(pair.chosen) and len(pair.rejected) and len(pair.prompt)
+
+
+def test_each_answer_s_log_probabilities_are_summed_by_its_sequence_number():
+    """Hand-made rows: a full row of one-token answers (the most pairs a row holds), a padded row."""
+    seqs = torch.tensor([[1, 2, 3, 4, 5, 6], [1, 1, 2, 2, 0, 0]])
+    targets = torch.tensor([[7, 7, 7, 7, 7, 7], [IGNORE, 7, IGNORE, 7, IGNORE, IGNORE]])
+    logps = torch.tensor([[-1.0, -2.0, -3.0, -4.0, -5.0, -6.0], [-9.0, -1.5, -9.0, -2.5, -9.0, -9.0]])
+    got = answers(logps, targets, seqs)
+    assert got.chosen.tolist() == [[-1.0, -3.0, -5.0], [-1.5, 0.0, 0.0]]
+    assert got.rejected.tolist() == [[-2.0, -4.0, -6.0], [-2.5, 0.0, 0.0]]
+    assert got.chosen_tokens.tolist() == got.rejected_tokens.tolist() == [[1, 1, 1], [1, 0, 0]]
+    assert got.present.tolist() == [[True, True, True], [True, False, False]]
+    # A row one token longer holds one more pair (numbers up to width + 1) without spilling into the next row.
+    wide = answers(torch.full((2, 7), -1.0), torch.full((2, 7), 7), torch.tensor([[1, 2, 3, 4, 5, 6, 7]] * 2))
+    assert wide.chosen.shape == (2, 4) and wide.chosen.tolist() == [[-1.0, -1.0, -1.0, -1.0]] * 2
+    assert wide.present.tolist() == [[True, True, True, False]] * 2
+
+
+def test_the_dpo_objective_is_the_loss_of_the_policy_s_and_the_reference_s_answers(tmp_path):
+    """Through the objective the trainer calls: with LoRA the reference is the same model with its
+    adapters off; the outcome equals preference_loss on answers computed by hand from each."""
+    transformers = require("transformers")
+    folder = tiny_qwen(tmp_path / "m", transformers)
+    tok = HFTokenizer(str(folder))
+    data = tmp_path / "data" / "train"
+    data.mkdir(parents=True)
+    (data / "p.jsonl").write_text("".join(json.dumps({"prompt": f"{i}+{i}=", "chosen": f"{2 * i}",
+                                                      "rejected": f"{2 * i + 1}"}) + "\n" for i in range(8)))
+    batch = next(iter(BatchStream(LocalFiles(str(tmp_path / "data"), "train", 0, data_format="preference"), tok, 47,
+                                  2, shuffle_buffer=0, epochs=1, preference=True)))
+    rt = Runtime(0, 1, 0, 1, torch.device("cpu"))
+    cfg = parse_args(["--init-from-hf", str(folder), "--lora", "1", "--lora-rank", "4", "--seq-len", "48"])
+    model = build_model(cfg.shape, cfg.parallel, 48, 0, rt, cfg.lora_shape)
+    load_hf_into(model, folder, cfg.shape)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if ".lora_B." in name:
+                p.normal_(0, 0.05, generator=torch.Generator().manual_seed(3))
+    step = DPO(None, 0.25, "sigmoid")(model, batch, torch.device("cpu"))
+    with torch.no_grad():
+        policy = answers(model.token_logps(batch.inputs, batch.targets, batch.docs), batch.targets, batch.docs)
+        with adapters_disabled(model):
+            ref = answers(model.token_logps(batch.inputs, batch.targets, batch.docs), batch.targets, batch.docs)
+    expected = preference_loss(policy, ref, 0.25, "sigmoid")
+    assert step.loss.item() == pytest.approx(expected.loss.item(), abs=1e-6) and step.loss is step.total
+    assert step.sums is not None and step.sums.tolist() == pytest.approx([*expected.sums.tolist(),
+                                                                          expected.pairs.item()], abs=1e-5)
+    assert int(step.sums[-1]) == int(policy.present.sum()) > 4 and step.loss.requires_grad
+    assert abs(step.sums[3].item()) > 1e-4   # the adapters make the policy differ from its reference

@@ -310,7 +310,12 @@ def test_one_step_that_would_build_something_huge_is_refused(source, says):
         ChatTemplate(source, {}, "big.jinja").render(QA)
     assert str(e.value) == f"chat_template: big.jinja refused a conversation: {says}"
     assert ChatTemplate("{{ 'ab' * 3 }}{{ 3 * 'c' }}{{ 2 ** 10 }}{{ 6 * 7 }}", {}).render(QA) == "abababccc102442"
-    assert ChatTemplate("{{ ('x' * 1048576) | length }}", {}).render(QA) == "1048576"
+    assert ChatTemplate("{{ ('x' * 1048576) | length }}", {}).render(QA) == "1048576"   # the edge itself
+    with pytest.raises(UserError, match="a repetition of 1048577 items"):
+        ChatTemplate("{{ ('xy' * 524288) ~ ('x' * 1048577) }}", {}).render(QA)
+    assert ChatTemplate("{{ (2 ** 1024) > 0 }}", {}).render(QA) == "True"
+    with pytest.raises(UserError, match="a power of 1025"):
+        ChatTemplate("{{ 2 ** 1025 }}", {}).render(QA)
 
 
 def test_the_template_s_own_failure_on_a_record_is_one_line_naming_it():
@@ -421,3 +426,38 @@ def test_an_answer_the_render_leaves_out_of_its_turns_is_refused_naming_the_reco
                           {"role": "assistant", "content": "<think>r</think>\n answer "}])
     ids, mask = encode_conversation(ChatTemplate(CHATML, {}), ByteTokenizer().encode, moved)
     assert ByteTokenizer().decode(ids[mask]) == "<think>r</think>\n answer <|im_end|>\n"
+
+
+# An earlier answer's reasoning ("[...]") dropped once a later turn follows, as Qwen 3's template drops it.
+DROPS_REASONING = ("{% for m in messages %}{% if m.role == 'assistant' %}<a>"
+                   "{% if loop.last and m.reasoning_content %}[{{ m.reasoning_content }}]{% endif %}"
+                   "{{ m.content }}{% for c in m.tool_calls or [] %}<c>{{ c.function.name }}</c>{% endfor %}<e>"
+                   "{% else %}<u>{{ m.content }}<e>{% endif %}{% endfor %}{% if add_generation_prompt %}<a>{% endif %}")
+
+
+@pytest.mark.parametrize(("answer", "trained"), [
+    ({"content": "Yes.", "reasoning_content": "r"}, "Yes.<e>"),                      # shorter than any probe
+    ({"content": "A much longer answer than sixteen.", "reasoning_content": "r"},
+     "A much longer answer than sixteen.<e>"),
+    ({"content": "", "reasoning_content": "r",
+      "tool_calls": [{"function": {"name": "f"}}, {"function": {"name": "g"}}]}, "<c>f</c><c>g</c><e>"),
+])
+def test_an_answer_whose_front_is_dropped_once_followed_keeps_the_rest_of_its_turn(answer, trained):
+    convo = [{"role": "user", "content": "q"}, {"role": "assistant", **answer}, {"role": "user", "content": "q2"},
+             {"role": "assistant", "content": "last"}]
+    text, spans = ChatTemplate(DROPS_REASONING, {}, "d.jinja").assistant_spans(convo)
+    assert [text[a:b] for a, b in spans] == [trained, "last<e>"]
+
+
+def test_an_end_that_holds_none_of_the_answer_is_not_taken_for_it():
+    """Alone the answer renders `A<e>`; followed, the template writes `B<e>` in its place: the turns
+    share only `<e>`, which holds nothing the answer says, so the answer is not found."""
+    source = ("{% for m in messages %}{% if m.role == 'assistant' %}<a>{% if loop.last %}{{ m.content }}{% else %}B"
+              "{% endif %}<e>{% else %}<u>{{ m.content }}<e>{% endif %}{% endfor %}"
+              "{% if add_generation_prompt %}<a>{% endif %}")
+    convo = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "A"},
+             {"role": "user", "content": "q2"}, {"role": "assistant", "content": "C"}]
+    with pytest.raises(UserError) as e:
+        ChatTemplate(source, {}, "w.jinja").assistant_spans(convo, where="x:1")
+    assert str(e.value) == ("chat_template: w.jinja renders answer 1 of x:1 differently once later turns follow, and "
+                            "its text is not in the render")

@@ -261,14 +261,12 @@ class ChatTemplate:
         of earlier answers), so long as it still holds what the answer says; else the answer's text
         found after its prompt, with as much of the end-of-turn marker that follows it alone as the
         whole render has there."""
-        said = answer_text(message) or "".join(tool_names(message))
-        probe = full[start:start + 16]
-        k = turn.find(probe) if probe else -1
-        while k >= 0:
-            if full.startswith(turn[k:], start) and (not said or said in turn[k:] or
-                                                     all(n in turn[k:] for n in tool_names(message))):
+        parts = [answer_text(message)] if answer_text(message) else tool_names(message)
+        first = full[start:start + 1]
+        for k, c in enumerate(turn):   # from the longest end down
+            if c == first and full.startswith(turn[k:], start) and all(p in turn[k:] for p in parts):
                 return start + len(turn) - k
-            k = turn.find(probe, k + 1)
+        said = "".join(parts[:1])
         found = full.find(said, start) if said else -1
         if found < 0:
             raise UserError(f"chat_template: {self.name} renders answer {i} of {where} differently once later "
