@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from importlib import resources
 
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ from fsdpkit.errors import UserError
 from fsdpkit.train import trainer
 from fsdpkit.train.config import parse_args
 from fsdpkit.train.data import BatchStream, HFTokenizer, LocalFiles
-from fsdpkit.train.data.chat_template import template_of
+from fsdpkit.train.data.chat_template import ChatTemplate, template_of
 from fsdpkit.train.data.preference import Pair, Preference, encode_pair, pack_pairs, preference_of
 from fsdpkit.train.data.stream import IGNORE
 from fsdpkit.train.dpo import METRICS, Answers, answers, preference_loss
@@ -25,7 +26,7 @@ from fsdpkit.train.parallel.shard import build_model
 from fsdpkit.train.runtime.dist import Runtime
 
 from conftest import read_metrics, require, run_cli
-from finetune_fixtures import QWEN25, load_ours, make_tokenizer, tiny_qwen
+from finetune_fixtures import load_ours, make_tokenizer, tiny_qwen
 
 # Three pairs as token ids (prompt, chosen, rejected) and the reference's log-probability of each answer.
 PAIRS = [([5, 6, 7], [8, 9, 30], [10, 31]), ([11, 12], [13, 40], [14, 15, 16, 41]), ([17, 18, 19, 20], [21], [22])]
@@ -100,8 +101,9 @@ def test_pairs_pack_whole_each_answer_numbered_and_padding_last():
     two = list(pack_pairs(pairs[:1] + pairs[2:], 21, 0, lambda *_: None))
     assert len(two) == 1 and two[0][2].tolist() == [1] * 6 + [2] * 5 + [3] * 5 + [4] * 5
     refused: list[tuple[str, int]] = []
-    assert list(pack_pairs(pairs[1:2], 9, 0, lambda pair, row: refused.append((pair.where, row)))) == []
-    assert refused == [("pair 1", 9)]
+    kept = list(pack_pairs(pairs, 10, 0, lambda pair, row: refused.append((pair.where, row))))
+    assert refused == [("pair 0", 10)] and [r[0][:10].tolist() for r in kept] == [
+        [11, 12, 13, 40, 11, 12, 14, 15, 16, 41], [17, 18, 19, 20, 21, 17, 18, 19, 20, 22]]   # the pairs after it go on
     # Exactly a row: no padding; two pairs that fill a row exactly share it.
     exact = list(pack_pairs(pairs[1:2], 10, 0, lambda *_: None))
     assert len(exact) == 1 and exact[0][2].tolist() == [1] * 4 + [2] * 6
@@ -282,10 +284,13 @@ def test_pairs_are_tokenised_as_trl_s_dpo_trainer_tokenises_them(tmp_path, form)
         right = {"role": "assistant", "content": f"It is {a + b}."}
         wrong = {"role": "assistant", "content": f"It is {a + b + 1}, I think."}
         records.append({"text": {"prompt": f"What is {a} plus {b}?", "chosen": f" {a + b}.", "rejected": " no."},
-                        "messages": {"prompt": [system, question], "chosen": [right], "rejected": [wrong]},
+                        "messages": {"prompt": [system, question], "chosen": [right], "rejected": [wrong],
+                                     "tools": [{"type": "function", "function": {"name": "add", "parameters": {}}}]},
                         "implicit": {"chosen": [system, question, right], "rejected": [system, question, wrong]}}[form])
-    # The tokenizer's own folder (no model config beside it: transformers then takes its tokenizer.json as it is).
-    tok_folder = make_tokenizer(tmp_path / "tok", QWEN25)
+    # The tokenizer's own folder (no model config beside it: transformers then takes its tokenizer.json as it
+    # is), with Qwen 2.5's template as the model ships it (it renders the tools).
+    qwen = (resources.files("trl") / "chat_templates" / "qwen2_5.jinja").read_text()
+    tok_folder = make_tokenizer(tmp_path / "tok", qwen)
     theirs = trl.DPOTrainer(
         model=transformers.AutoModelForCausalLM.from_pretrained(str(folder)),
         args=trl.DPOConfig(output_dir=str(tmp_path / "trl"), report_to="none", use_cpu=True),
@@ -298,6 +303,17 @@ def test_pairs_are_tokenised_as_trl_s_dpo_trainer_tokenises_them(tmp_path, form)
         assert (pair.prompt.tolist(), pair.chosen.tolist(), pair.rejected.tolist()) == (
             theirs[i]["prompt_ids"], theirs[i]["chosen_ids"], theirs[i]["rejected_ids"])
         assert len(pair.chosen) and len(pair.rejected) and len(pair.prompt)
+        if "tools" in record:
+            assert "add" in tok.decode(pair.prompt)   # the tool's schema is in the prompt
+
+
+def test_a_template_that_refuses_a_preference_names_its_record():
+    refuses = ChatTemplate("{{ raise_exception('no system turns here') }}", {}, "r.jinja")
+    p = preference_of({"prompt": [{"role": "user", "content": "q"}], "chosen": [{"role": "assistant", "content": "a"}],
+                       "rejected": [{"role": "assistant", "content": "b"}]}, "prefs.jsonl:7")
+    with pytest.raises(UserError) as e:
+        encode_pair(p, lambda text: np.array([1]), refuses, 0)
+    assert str(e.value) == "chat_template: r.jinja refused prefs.jsonl:7: no system turns here"
 
 
 def test_each_answer_s_log_probabilities_are_summed_by_its_sequence_number():
