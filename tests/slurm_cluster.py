@@ -209,7 +209,9 @@ class SlurmCluster:
     def unreachable_conf(self, path: Path, port: str = "SlurmctldPort") -> Path:
         """This cluster's configuration with one of its daemons (by its port's key: the controller's,
         AccountingStoragePort for slurmdbd) on a port nobody listens on."""
-        path.write_text(self.conf.read_text().replace(f"{port}=", f"{port}={free_port()}\n# was: "))
+        # A short MessageTimeout: the commands give up on the silent daemon in a second or two, not ten.
+        path.write_text(self.conf.read_text().replace(f"{port}=", f"{port}={free_port()}\n# was: ")
+                        + "MessageTimeout=2\n")
         return path
 
     def stop(self) -> None:

@@ -201,6 +201,7 @@ def test_validation_runs_in_slices_of_the_training_batch_with_the_same_loss():
     """A validation batch larger than the training micro-batch is cut into slices of it, so
     validation never needs more memory than a training step, and the loss does not change."""
     from fsdpkit.train.model.transformer import Transformer
+    from fsdpkit.train.objective import NextToken
     from fsdpkit.train.runtime import dist
     from fsdpkit.train.validation import Validator
 
@@ -213,6 +214,6 @@ def test_validation_runs_in_slices_of_the_training_batch_with_the_same_loss():
         model.init_weights(seed=0)
         seen[rows] = []
         model.register_forward_pre_hook(lambda _m, args, rows=rows: seen[rows].append(args[0].shape[0]))
-        losses[rows] = Validator(cfg.data, cfg.log.validation_batches, cfg.seed, cfg.parallel, rt)(model)
+        losses[rows] = Validator(cfg.data, cfg.log.validation_batches, cfg.seed, cfg.parallel, rt, NextToken())(model)
     assert seen == {4: [4, 4], 3: [3, 1, 3, 1]}
     assert losses[3] == pytest.approx(losses[4], rel=1e-6)
