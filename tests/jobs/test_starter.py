@@ -174,3 +174,22 @@ def test_init_writes_a_chat_fine_tuning_job_on_weights_the_nodes_read(backend, l
     r = run_cli("job", "render", str(tmp_path / "sft.yaml"))
     assert r.returncode == 0, r.stderr
     assert base in r.stdout and "chat" in r.stdout
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_init_writes_a_dpo_job_with_the_preset_s_dpo_recipe(lora):
+    """`job init --objective dpo --data-format preference`: the spec names the objective and the nodes
+    get TRL's DPO defaults over the preset's recipe (LoRA's shape kept, its rate replaced)."""
+    base = "/fsx/models/Qwen2.5-3B-Instruct"
+    text = starter("pytorchjob", "dpo", "p5.48xlarge", "2", IMAGE, "qwen2_5_3b", "fsx-claim", None,
+                   "/fsx/data/prefs.jsonl", None, base, "preference", lora, None, "dpo")
+    doc = yaml.safe_load(text)
+    assert (doc["train"]["objective"], doc["train"]["data_format"]) == ("dpo", "preference")
+    assert "  # dpo_beta: 0.1" in text and "  # lr: 1.0e-06" in text
+    flags = resolve(load_spec_dict(doc)).flags()
+    given = dict(zip(flags[::2], flags[1::2], strict=True))
+    assert (given["--objective"], given["--data-format"], given["--lr"]) == ("dpo", "preference", "1e-06")
+    assert ("--lora-rank" in given) == lora
+    with pytest.raises(UserError, match="objective: dpo trains on preference records"):
+        starter("pytorchjob", "dpo", "p5.48xlarge", "2", IMAGE, "qwen2_5_3b", "fsx-claim", None, "/fsx/p", None, base,
+                "chat", lora, None, "dpo")

@@ -82,6 +82,10 @@ def test_skill_commands_run_as_written(skill, world):
         tiny_qwen(folder / "models" / "Qwen2.5-0.5B-Instruct", require("transformers"))
         (folder / "data").mkdir()
         (folder / "data" / "chat.jsonl").write_text("".join(json.dumps(r) + "\n" for r in chat_records()))
+        prefs = [{"prompt": [{"role": "user", "content": f"What is {i} plus 1?"}],
+                  "chosen": [{"role": "assistant", "content": f"{i + 1}."}],
+                  "rejected": [{"role": "assistant", "content": "zebra."}]} for i in range(100)]
+        (folder / "data" / "prefs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in prefs))
         local_task(folder / "tasks", [(f"What is {i} plus 1?", [f"{i + 1}.", "zebra."], 0) for i in range(20)],
                    "my_task")
     # fsdpkit's build infrastructure, as `fsdpkit infra create` leaves it (the infra skill takes it down).
