@@ -209,6 +209,9 @@ def test_a_two_rank_dpo_run_raises_reward_accuracy_and_resumes_exactly(tmp_path)
     assert accuracy[0] < 0.6 and accuracy[-1] > 0.9, accuracy
     assert rows[-1]["rewards/margins"] > rows[0]["rewards/margins"] and rows[-1]["loss"] < rows[0]["loss"]
     assert set(METRICS) <= set(rows[0])
+    last = read_metrics(tmp_path / "whole")[-1]
+    assert (f"Batch 50 Loss: {last['loss']:.5f}, " in whole.stdout and f", rewards: accuracy "
+            f"{last['rewards/accuracies']:.3f}, margin {last['rewards/margins']:.4f}\n" in whole.stdout)
     # Resumed at step 25 (the reference rebuilt as it started): every later window as the uninterrupted run had it.
     shutil.copytree(tmp_path / "ck-whole" / "step-00000025", tmp_path / "ck-half" / "step-00000025")
     rest = run_cli(*dpo_flags(data, tmp_path / "half", tmp_path / "ck-half", "--resume", "auto"))

@@ -162,6 +162,8 @@ def human_line(m: dict[str, Any]) -> str:
         f"tokens/s/device: {m['tokens_per_s_per_device']:.0f}, "
         f"TFLOPs/device: {m['tflops_per_device']:.3f}, MFU: {mfu}, mem: {m['peak_memory_gib']:.2f} GiB"
         + (f", expert load max/mean {m['expert_load_max_over_mean']:.2f}" if "expert_load_max_over_mean" in m else "")
+        + (f", rewards: accuracy {m['rewards/accuracies']:.3f}, margin {m['rewards/margins']:.4f}"
+           if "rewards/accuracies" in m else "")
         + (f", skipped {m['skipped_steps']} step(s): inf/nan gradients" if m.get("skipped_steps") else "")
     )
 
