@@ -58,8 +58,10 @@ def test_every_option_follows_the_one_naming_rule():
                 seen.add(id(sub))
                 walk(sub, f"{path} {name}")
 
-    for verb in VERBS:
-        walk(verb_parser(verb), verb)
+    # Every verb's parser kept alive while walked: ids are unique only among live objects.
+    parsers = {verb: verb_parser(verb) for verb in VERBS}
+    for verb, parser in parsers.items():
+        walk(parser, verb)
     assert not broken, "\n".join(broken)
     assert count > 400   # every command was walked
 
@@ -72,8 +74,12 @@ def _options():
     from fsdpkit.cli.reference import subcommands, verb_parser
 
     seen: set[int] = set()
+    # Every parser walked stays referenced here: an id is unique only among live objects, and a freed
+    # verb's parsers would otherwise lend their ids to the next verb's, which the walk would then skip.
+    alive: list[argparse.ArgumentParser] = []
 
     def walk(parser, path):
+        alive.append(parser)
         for a in parser._actions:
             if a.option_strings and not isinstance(a, argparse._HelpAction):
                 yield from ((path, o, a) for o in a.option_strings)
