@@ -18,7 +18,7 @@ from fsdpkit.train.data import BatchStream, HFTokenizer, LocalFiles
 from fsdpkit.train.data.chat_template import ChatTemplate, template_of
 from fsdpkit.train.data.preference import Pair, Preference, encode_pair, pack_pairs, preference_of
 from fsdpkit.train.data.stream import IGNORE
-from fsdpkit.train.dpo import METRICS, Answers, answers, preference_loss
+from fsdpkit.train.dpo import METRICS, Answers, answers, means, preference_loss
 from fsdpkit.train.model.hf import load_hf_into
 from fsdpkit.train.model.lora import adapters_disabled
 from fsdpkit.train.objective import DPO
@@ -209,6 +209,10 @@ def test_a_two_rank_dpo_run_raises_reward_accuracy_and_resumes_exactly(tmp_path)
     assert accuracy[0] < 0.6 and accuracy[-1] > 0.9, accuracy
     assert rows[-1]["rewards/margins"] > rows[0]["rewards/margins"] and rows[-1]["loss"] < rows[0]["loss"]
     assert set(METRICS) <= set(rows[0])
+    # Validation at the last step: the DPO loss and TRL's metrics over the held-out pairs.
+    val = read_metrics(tmp_path / "whole", "val")[-1]
+    assert val["step"] == 50 and {f"val_{name}" for name in METRICS} <= set(val)
+    assert val["val_rewards/accuracies"] > 0.8 and val["val_loss"] < rows[0]["loss"]
     last = read_metrics(tmp_path / "whole")[-1]
     assert (f"Batch 50 Loss: {last['loss']:.5f}, " in whole.stdout and f", rewards: accuracy "
             f"{last['rewards/accuracies']:.3f}, margin {last['rewards/margins']:.4f}\n" in whole.stdout)
@@ -366,3 +370,10 @@ def test_the_dpo_objective_is_the_loss_of_the_policy_s_and_the_reference_s_answe
                                                                           expected.pairs.item()], abs=1e-5)
     assert int(step.sums[-1]) == int(policy.present.sum()) > 4 and step.loss.requires_grad
     assert abs(step.sums[3].item()) > 1e-4   # the adapters make the policy differ from its reference
+
+
+def test_metrics_are_their_sums_over_the_pairs_counted():
+    assert means(torch.tensor([1.0, -2.0, 3.0, 4.0, -5.0, -6.0, 4.0])) == {
+        "rewards/chosen": 0.25, "rewards/rejected": -0.5, "rewards/accuracies": 0.75, "rewards/margins": 1.0,
+        "logps/chosen": -1.25, "logps/rejected": -1.5}
+    assert means(torch.zeros(7)) == dict.fromkeys(METRICS, 0.0)   # no pair: zeros, not a division by zero

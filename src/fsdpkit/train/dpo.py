@@ -94,6 +94,12 @@ def preference_loss(policy: Answers, reference: Answers, beta: float, kind: Loss
     return Outcome(loss, sums, pairs.float())
 
 
+def means(sums: torch.Tensor) -> dict[str, float]:
+    """TRL's metrics from their sums over pairs with the pair count last (an Outcome's, or several
+    batches' and ranks' added up)."""
+    return {name: float(total / sums[-1].clamp(min=1)) for name, total in zip(METRICS, sums[:-1], strict=True)}
+
+
 def batch_answers(logps: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor], batch: Batch,
                   device: torch.device) -> Answers:
     """A packed preference batch's answers under a model (`logps` is its token_logps)."""

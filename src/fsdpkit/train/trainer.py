@@ -466,7 +466,8 @@ def _after_step(run: Run, state: TrainState, window: Window, lr: float, grad_nor
         if val is not None:
             run.result.val_losses.append((n, val))
             if run.writer:
-                run.writer.record("val", {"step": n, "val_loss": val}, f"Batch {n} Validation loss: {val:.5f}")
+                extra = {f"val_{name}": value for name, value in run.validate.metrics.items()}
+                run.writer.record("val", {"step": n, "val_loss": val, **extra}, f"Batch {n} Validation loss: {val:.5f}")
         window.restart_clock()
     every = ck.every_seconds
     time_due = every is not None and time.monotonic() - run.saved_clock >= every
@@ -505,8 +506,7 @@ def _log_window(run: Run, window: Window, lr: float, grad_norm: torch.Tensor, n:
         m = derive(stats, run.flops_per_token, run.peak, peak_memory_bytes(rt.device))
         m["bad_records"] = run.bad_records()
         if preference is not None:   # means over every rank's pairs in the window
-            m.update({name: float(total / preference[-1].clamp(min=1))
-                      for name, total in zip(dpo.METRICS, preference[:-1], strict=True)})
+            m.update(dpo.means(preference))
         if (load := model.expert_load()) is not None:  # rank 0's last micro-batch, every layer
             m["expert_tokens"] = load.tolist()
             m["expert_load_max_over_mean"] = max(m["expert_tokens"]) / (sum(m["expert_tokens"]) / len(load))

@@ -9,6 +9,7 @@ import torch
 
 from fsdpkit.train.data import Batch, BatchStream
 from fsdpkit.train.data.pipeline import data_pipeline
+from fsdpkit.train.dpo import means
 from fsdpkit.train.model.transformer import Transformer
 from fsdpkit.train.objective import Objective
 from fsdpkit.train.parallel.shard import autocast
@@ -32,6 +33,8 @@ class Validator:
         self.batches = min(batches, available)
         self.objective = objective
         self.rows, self.par, self.rt = d.train_batch_size, par, rt
+        # The last pass's preference metrics (TRL's names, means over every rank's pairs): DPO only.
+        self.metrics: dict[str, float] = {}
 
     @torch.no_grad()
     def __call__(self, model: Transformer) -> float | None:
@@ -39,6 +42,7 @@ class Validator:
             return None
         model.eval()
         total = torch.zeros((), device=self.rt.device)
+        sums: torch.Tensor | None = None
         # In slices of the training micro-batch: validation then never needs more memory than a
         # training step (a 16-sequence batch of 8192 tokens has 34 GB of bf16 logits at a 128k
         # vocabulary, where the compiled loss is not chunked). Blocks are full, so the batch's mean
@@ -53,5 +57,10 @@ class Validator:
                     step = self.objective(model, Batch(x[part], y[part], batch.indices[part],
                                                        None if docs is None else docs[part]), device)
                 total += step.loss.float() * (x[part].shape[0] / x.shape[0])
+                if step.sums is not None:
+                    sums = step.sums if sums is None else sums + step.sums
         model.train()
+        if sums is not None:   # a sum over ranks (the mean times the ranks: the ratios are the same)
+            sums = dist.all_reduce_mean(sums, self.rt).cpu()
+            self.metrics = means(sums)
         return cast("float | None", dist.all_reduce_mean(total / self.batches, self.rt).item())
