@@ -31,7 +31,7 @@ from fsdpkit.train.checkpoint.tiered import SCHEME, MemoryTier
 from fsdpkit.train.config import REPLAY_HEAD, TrainConfig, resume_target
 from fsdpkit.train.data import BatchStream, Prefetcher
 from fsdpkit.train.data.pipeline import data_pipeline
-from fsdpkit.train.model.config import count_params
+from fsdpkit.train.model.config import LoraShape, count_params
 from fsdpkit.train.model.flops import flops_per_token
 from fsdpkit.train.model.hf import check_weights, load_hf_into
 from fsdpkit.train.model.transformer import Transformer
@@ -282,6 +282,14 @@ def _run(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path) -> TrainResult:
     return run.result
 
 
+def _starting_model(cfg: TrainConfig, rt: dist.Runtime, lora: LoraShape | None) -> Transformer:
+    """The model as a run starts it: built from the seed, with the Hugging Face weights where given."""
+    model = build_model(cfg.shape, cfg.parallel, cfg.data.seq_len, cfg.seed, rt, lora)
+    if cfg.checkpoint.init_from_hf:
+        load_hf_into(model, Path(cfg.checkpoint.init_from_hf), cfg.shape)
+    return model
+
+
 def _objective(cfg: TrainConfig, rt: dist.Runtime, eos_id: int | None) -> Objective:
     """The run's objective; for DPO its reference, the model as training starts: the policy with its
     adapters off under LoRA, else a frozen copy built and loaded as the policy was (the same
@@ -290,9 +298,7 @@ def _objective(cfg: TrainConfig, rt: dist.Runtime, eos_id: int | None) -> Object
         return NextToken(eos_id)
     reference = None
     if cfg.lora_shape is None:
-        reference = build_model(cfg.shape, cfg.parallel, cfg.data.seq_len, cfg.seed, rt)
-        if cfg.checkpoint.init_from_hf:
-            load_hf_into(reference, Path(cfg.checkpoint.init_from_hf), cfg.shape)
+        reference = _starting_model(cfg, rt, None)
         reference.requires_grad_(False)
         reference.eval()
     return DPO(reference, cfg.loss.dpo_beta, cfg.loss.dpo_loss)
@@ -301,9 +307,8 @@ def _objective(cfg: TrainConfig, rt: dist.Runtime, eos_id: int | None) -> Object
 def _start_state(cfg: TrainConfig, rt: dist.Runtime, tier: MemoryTier | None = None) -> TrainState:
     """The model (from Hugging Face weights if asked), its optimizer, and the newest checkpoint's
     state when resuming (the memory tier's, where it is newer)."""
-    model = build_model(cfg.shape, cfg.parallel, cfg.data.seq_len, cfg.seed, rt, cfg.lora_shape)
+    model = _starting_model(cfg, rt, cfg.lora_shape)
     if cfg.checkpoint.init_from_hf:
-        load_hf_into(model, Path(cfg.checkpoint.init_from_hf), cfg.shape)
         log.info(f"fsdpkit: initialised from Hugging Face weights in {cfg.checkpoint.init_from_hf}")
     state = TrainState(model, build_optimizer(model, cfg.optim))
     if resume_from := resume_target(cfg):

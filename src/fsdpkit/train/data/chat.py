@@ -37,7 +37,8 @@ class Conversation:
     where: str = "a conversation"
 
 
-def _is_message(m: object) -> bool:
+def is_message(m: object) -> bool:
+    """A message as templates take it (see the module's doc)."""
     if not isinstance(m, dict) or m.get("role") not in ROLES:
         return False
     if any(m.get(k) is not None and not isinstance(m[k], str) for k in REASONING_FIELDS):
@@ -47,6 +48,11 @@ def _is_message(m: object) -> bool:
         return isinstance(calls, list) and bool(calls) and all(isinstance(c, dict) for c in calls) \
             and (m.get("content") is None or isinstance(m["content"], str))
     return isinstance(m.get("content"), str)
+
+
+def is_tool_list(tools: object) -> bool:
+    """A record's `tools`: none, or a list of JSON schemas (mappings)."""
+    return tools is None or (isinstance(tools, list) and all(isinstance(t, dict) for t in tools))
 
 
 def conversation_of(record: object, where: str = "a conversation") -> Conversation | None:
@@ -61,12 +67,12 @@ def conversation_of(record: object, where: str = "a conversation") -> Conversati
             ([{"role": "assistant", "content": completion}] if isinstance(completion, str) else completion)
     else:
         return None
-    if not isinstance(messages, list) or not messages or not all(_is_message(m) for m in messages):
+    if not isinstance(messages, list) or not messages or not all(is_message(m) for m in messages):
         return None
     if not any(m["role"] == "assistant" for m in messages):
         return None
     tools = record.get("tools")
-    if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+    if not is_tool_list(tools):
         return None
     return Conversation(messages, tools or None, where)
 

@@ -266,7 +266,7 @@ class ChatTemplate:
         for k, c in enumerate(turn):   # from the longest end down
             if c == first and full.startswith(turn[k:], start) and all(p in turn[k:] for p in parts):
                 return start + len(turn) - k
-        said = "".join(parts[:1])
+        said = parts[0] if parts else ""
         found = full.find(said, start) if said else -1
         if found < 0:
             raise UserError(f"chat_template: {self.name} renders answer {i} of {where} differently once later "

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from fsdpkit.train.data.chat import conversation_of
+from fsdpkit.train.data.chat import is_message, is_tool_list
 from fsdpkit.train.data.chat_template import ChatTemplate, Messages
 
 PREFERENCE_RECORD = ("no `prompt` with `chosen` and `rejected` (text, or messages), and no `chosen` and `rejected` "
@@ -48,12 +48,9 @@ class Preference:
         return not isinstance(self.prompt, str)
 
 
-def _messages(value: object, where: str) -> Messages | None:
-    """A list of messages as chat records hold them (checked by the chat reader's own rules)."""
-    if not isinstance(value, list) or not value:
-        return None
-    checked = conversation_of({"messages": [*value, {"role": "assistant", "content": ""}]}, where)
-    return value if checked is not None else None
+def _messages(value: object) -> Messages | None:
+    """A list of messages as chat records hold them (the chat reader's own rules), None if not one."""
+    return value if isinstance(value, list) and value and all(is_message(m) for m in value) else None
 
 
 def preference_of(record: object, where: str = "a record") -> Preference | None:
@@ -61,12 +58,12 @@ def preference_of(record: object, where: str = "a record") -> Preference | None:
     if not isinstance(record, dict) or "chosen" not in record or "rejected" not in record:
         return None
     tools = record.get("tools")
-    if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+    if not is_tool_list(tools):
         return None
     prompt, chosen, rejected = record.get("prompt"), record["chosen"], record["rejected"]
     if isinstance(chosen, str) and isinstance(rejected, str):
         return Preference(prompt, chosen, rejected, None, where) if isinstance(prompt, str) else None
-    chosen_m, rejected_m = _messages(chosen, where), _messages(rejected, where)
+    chosen_m, rejected_m = _messages(chosen), _messages(rejected)
     if chosen_m is None or rejected_m is None:
         return None
     if prompt is None:  # implicit prompt: the messages both conversations open with
@@ -76,7 +73,7 @@ def preference_of(record: object, where: str = "a record") -> Preference | None:
         prompt_m: Messages | None = chosen_m[:shared]
         chosen_m, rejected_m = chosen_m[shared:], rejected_m[shared:]
     else:
-        prompt_m = _messages(prompt, where)
+        prompt_m = _messages(prompt)
     if not prompt_m or not all(m["role"] == "assistant" for m in chosen_m + rejected_m):
         return None
     return Preference(prompt_m, chosen_m, rejected_m, tools or None, where)

@@ -87,16 +87,10 @@ class BatchStream:
                  if isinstance(p, Preference))
         yield from pack_pairs(pairs, n, tokenizer.eos_id, too_long)
 
-    def blocks(self, allow_empty: bool = False) -> Iterator[np.ndarray]:
-        """The global stream of seq_len+1-token blocks of a document source, documents separated by
-        EOS (chat data: (3, seq_len+1) blocks, see `_rows`; preference data: whole pairs a row,
-        see `_pair_rows`). A pass that yields no block is an error naming its cause, unless
-        `allow_empty` (counting)."""
-        source = self.source
-        assert not isinstance(source, TokenShards)  # token shards are read by index
-        n = self.seq_len + 1
+    def _pair_blocks(self, allow_empty: bool) -> Iterator[np.ndarray]:
+        """`blocks` of preference data, epoch after epoch; an epoch with no pair is an error, as in `blocks`."""
         epoch = 0
-        while self.preference and (self.epochs is None or epoch < self.epochs):
+        while self.epochs is None or epoch < self.epochs:
             produced = False
             for row in self._pair_rows(epoch):
                 produced = True
@@ -104,10 +98,24 @@ class BatchStream:
             if not produced:
                 if allow_empty:
                     return
-                raise UserError(f"dataset: {source.name} has no preference records"
-                                + (f" in its {split!r} split" if (split := getattr(source, "split", None)) else ""))
+                split = getattr(self.source, "split", None)
+                raise UserError(f"dataset: {self.source.name} has no preference records"
+                                + (f" in its {split!r} split" if split else ""))
             epoch += 1
-        while not self.preference and (self.epochs is None or epoch < self.epochs):
+
+    def blocks(self, allow_empty: bool = False) -> Iterator[np.ndarray]:
+        """The global stream of seq_len+1-token blocks of a document source, documents separated by
+        EOS (chat data: (3, seq_len+1) blocks, see `_rows`; preference data: whole pairs a row,
+        see `_pair_rows`). A pass that yields no block is an error naming its cause, unless
+        `allow_empty` (counting)."""
+        source = self.source
+        assert not isinstance(source, TokenShards)  # token shards are read by index
+        if self.preference:
+            yield from self._pair_blocks(allow_empty)
+            return
+        n = self.seq_len + 1
+        epoch = 0
+        while self.epochs is None or epoch < self.epochs:
             buf = np.empty((0,) if self.chat is None else (3, 0), dtype=np.int64)
             produced, documents = False, 0
             for doc in source.documents(epoch):
