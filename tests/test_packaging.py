@@ -101,6 +101,10 @@ def test_job_init_plan_and_dry_run_from_the_installed_skill(installed):
 TIER_IMPORT = ("import amzn_sagemaker_checkpointing.checkpointing.filesystem.filesystem as f, "
                "amzn_sagemaker_checkpointing.config.sagemaker_checkpoint_config; print(f.__file__)")
 
+# What a QLoRA run imports (fsdpkit.train.model.nf4), and the torch it runs on: the base image's.
+NF4_IMPORT = ("import sys, torch; from fsdpkit.train.model import nf4; n = nf4._torchao(); "
+              "print(n.__file__); assert not torch.__file__.startswith(sys.prefix), torch.__file__")
+
 
 def _base_layer(venv: Path, layer: Path) -> None:
     """What a base image holds before the Dockerfile runs: torch and what it requires, as installed
@@ -156,10 +160,11 @@ def test_an_image_from_an_installed_wheel_installs_fsdpkit_in_a_clean_venv(insta
     """A user with the wheel only (no checkout, and no package index that has this version): `image
     init` packs the running fsdpkit into the build context, and the Dockerfile's own install steps
     work in a fresh venv standing in for the base image (its torch is the base's). With --tiered,
-    pip installs the wheel's tiered extra: the image can open HyperPod's in-memory tier."""
+    pip installs the wheel's tiered extra: the image can open HyperPod's in-memory tier; with --qlora
+    its qlora extra: torchao's NF4 tensor for a QLoRA job, under the base's torch."""
     run, work = installed
     project = work / "my-project"
-    r = run("image", "init", "--out", str(project), "--no-requirements", "--tiered", "--json")
+    r = run("image", "init", "--out", str(project), "--no-requirements", "--tiered", "--qlora", "--json")
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)["data"]
     assert data["fsdpkit"] == ".fsdpkit/fsdpkit-0.1.0-py3-none-any.whl"
@@ -175,9 +180,10 @@ def test_an_image_from_an_installed_wheel_installs_fsdpkit_in_a_clean_venv(insta
     where = subprocess.run([str(venv / "bin" / "python"), "-c", "import fsdpkit; print(fsdpkit.__file__)"],
                            capture_output=True, text=True, env=env, cwd=tmp_path).stdout
     assert where.startswith(str(venv)), where   # installed from the wheel in the build context
-    r = subprocess.run([str(venv / "bin" / "python"), "-c", TIER_IMPORT], capture_output=True, text=True, env=env,
-                       cwd=tmp_path)
-    assert r.returncode == 0 and r.stdout.startswith(str(venv)), r.stdout + r.stderr[-1500:]
+    for code in (TIER_IMPORT, NF4_IMPORT):
+        r = subprocess.run([str(venv / "bin" / "python"), "-c", code], capture_output=True, text=True, env=env,
+                           cwd=tmp_path)
+        assert r.returncode == 0 and r.stdout.startswith(str(venv)), r.stdout + r.stderr[-1500:]
     import torch
 
     assert (root / "etc" / "pip-constraints.txt").read_text().strip() == f"torch=={torch.__version__.split('+')[0]}"

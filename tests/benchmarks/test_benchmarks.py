@@ -70,17 +70,24 @@ def test_optimizer_step_benchmark_smoke(tmp_path):
 
 
 def test_lora_benchmark_smoke(tmp_path):
-    """Both modes train from the same base: LoRA trains a fraction of the parameters and keeps a
-    fraction of the optimizer state, and its step holds less memory."""
+    """The three modes train from the same base: LoRA trains a fraction of the parameters and keeps a
+    fraction of the optimizer state, and its step holds less memory; QLoRA trains the same adapters
+    over a base whose projections take NF4's bytes, and holds less again."""
     out = tmp_path / "lora.json"
     r = subprocess.run([sys.executable, "-m", "benchmarks.lora_finetune", "--smoke", "--out", str(out)],
                        cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
-    full, lora = json.loads(out.read_text())["rows"]
-    assert (full["mode"], lora["mode"]) == ("full", "lora") and full["params"] < lora["params"]
+    full, lora, qlora = json.loads(out.read_text())["rows"]
+    assert (full["mode"], lora["mode"], qlora["mode"]) == ("full", "lora", "qlora")
+    assert full["params"] < lora["params"] == qlora["params"] and qlora["trainable"] == lora["trainable"]
     assert full["trainable"] == full["params"] and lora["trainable"] < full["trainable"] / 4
     assert lora["optimizer_bytes"] == 8 * lora["trainable"]   # AdamW's two fp32 moments, adapters alone
     assert lora["peak_bytes"] < full["peak_bytes"] and lora["tokens_per_s"] > 0
+    # The tiny shape's 4 layers of projections (128 x 128 four times, 384 x 128 three times) at
+    # 0.516 bytes a parameter instead of 4.
+    projections = 4 * (4 * 128 * 128 + 3 * 384 * 128)
+    assert lora["weight_bytes"] - qlora["weight_bytes"] == projections * (4 - (0.5 + 1 / 64 + 4 / 16384))
+    assert qlora["peak_bytes"] < lora["peak_bytes"] and qlora["tokens_per_s"] > 0
 
 
 def test_every_case_can_be_picked_with_select():

@@ -68,6 +68,8 @@ def inputs(tmp_path_factory) -> Path:
     spec(d / "bad-train.yaml", train={"preset": "tiny", "n_heads": 3})
     spec(d / "bad-instance.yaml", instance_type="p9.huge")
     spec(d / "secret-ref-token.yaml", secrets=[{"env": TOKEN, "secret": "s", "key": "k"}])
+    spec(d / "qlora-24-ranks.yaml", nodes=3, train={"preset": "llama3_1_8b", "lora": True, "base_dtype": "nf4",
+                                                     "init_from_hf": "/fsx/llama"})
     damaged_files(d)
     return d
 
@@ -206,6 +208,17 @@ CASES = {
         "loops-silently.jinja", "chat_template: {in}/loops-silently.jinja did not finish rendering "
         "{in}/chat.jsonl:1 within 5 s: it loops without bound; check the template"),
     "lora-without-base": (["train", "--lora", "1"], 2, "pass --init-from-hf"),
+    "nf4-without-lora": (["train", "--base-dtype", "nf4"], 2, "base_dtype: nf4 stores the frozen base of a LoRA run "
+                         "(QLoRA); pass --lora 1, or drop --base-dtype to train the whole model"),
+    # The tiny export's 128 x 128 q_proj over 2 ranks: 64 x 128, half an NF4 block group each.
+    "nf4-blocks-over-ranks": (["train", *FAST, "--init_from_hf", "{in}/hf", "--lora", "1", "--base-dtype", "nf4",
+                               "--nproc", "2", "--run_dir", "run"], 2,
+                              "base_dtype: nf4 stores q_proj (128 x 128) in blocks of 16384 elements, and over 2 "
+                              "shard rank(s) each rank's rows (64 x 128) are no whole number of them; use a rank "
+                              "count that divides them so, or --base-dtype auto"),
+    "nf4-job-over-24-ranks": (["job", "render", "{in}/qlora-24-ranks.yaml"], 2,
+                              "train.base_dtype: nf4 stores q_proj (4096 x 4096) in blocks of 16384 elements, and "
+                              "over 24 shard rank(s) each rank's rows (170.667 x 4096)"),
     "hf-bias": (["train", "--init_from_hf", "{in}/hf-bias"], 2, "uses attention_bias"),
     "preset-of-another-family": (["train", "--preset", "qwen2_5_0_5b", "--init_from_hf", "{in}/hf"], 2,
                                  "preset: qwen2_5_0_5b is a qwen2 model and {in}/hf holds a llama one (its "

@@ -64,8 +64,8 @@ def test_rendered_dockerfiles_are_clean_except_for_a_base_without_efa(tmp_path, 
 
 
 def test_init_again_rewrites_its_own_files_and_keeps_the_users(tmp_path):
-    """`image init --hyperpod` after `image init` adds the agent, and `--tiered` then the tiered
-    writer: the Dockerfile is still exactly what init wrote. A Dockerfile the user changed is never
+    """`image init --hyperpod` after `image init` adds the agent, `--tiered` then the tiered writer
+    and `--qlora` torchao: the Dockerfile is still exactly what init wrote. A Dockerfile the user changed is never
     overwritten without --force."""
     assert run_cli("image", "init", "--out", str(tmp_path), "--fsdpkit", "release").returncode == 0
     r = run_cli("image", "init", "--out", str(tmp_path), "--fsdpkit", "release", "--hyperpod")
@@ -74,6 +74,14 @@ def test_init_again_rewrites_its_own_files_and_keeps_the_users(tmp_path):
     r = run_cli("image", "init", "--out", str(tmp_path), "--fsdpkit", "release", "--tiered")
     assert r.returncode == 0, r.stderr
     assert f'"fsdpkit[tiered]=={__version__}"' in (tmp_path / "Dockerfile").read_text()
+    r = run_cli("image", "init", "--out", str(tmp_path), "--fsdpkit", "release", "--tiered", "--qlora")
+    assert r.returncode == 0, r.stderr
+    text = (tmp_path / "Dockerfile").read_text()
+    assert f'"fsdpkit[tiered,qlora]=={__version__}"' in text
+    assert "tiered checkpoint writer (amzn-sagemaker-checkpointing) and torchao's NF4 for QLoRA." in text
+    r = run_cli("image", "init", "--out", str(tmp_path), "--fsdpkit", "release", "--qlora")
+    assert r.returncode == 0, r.stderr
+    assert f'"fsdpkit[qlora]=={__version__}"' in (tmp_path / "Dockerfile").read_text()
     with (tmp_path / "Dockerfile").open("a") as f:
         f.write("RUN pip install my-extra\n")
     r = run_cli("image", "init", "--out", str(tmp_path), "--fsdpkit", "release")

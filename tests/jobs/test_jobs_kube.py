@@ -716,13 +716,20 @@ def kmock_status(code, message):
                                                "status": "Failure", "message": message, "code": code})
 
 
-@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
-def test_a_dpo_job_renders_plans_its_reference_and_submits_as_a_dry_run(kube, tmp_path, lora):
+# Llama 3.1 8B's projections per layer: q and o 4096 x 4096, k and v 1024 x 4096, three 14336 x 4096.
+PROJECTION_ELEMENTS = 2 * 4096 * 4096 + 2 * 1024 * 4096 + 3 * 14336 * 4096
+
+
+@pytest.mark.parametrize("adapters", ["", "lora", "qlora"], ids=["full", "lora", "qlora"])
+def test_a_dpo_job_renders_plans_its_reference_and_submits_as_a_dry_run(kube, tmp_path, adapters):
     """A preference-tuning job as a cluster runs it: the pods' command carries the objective, the plan
-    counts the reference (a frozen copy without LoRA, nothing with it) and submit's dry run passes."""
+    counts the reference (a frozen copy without LoRA, nothing with it) and submit's dry run passes.
+    With QLoRA the plan holds the base's projections at NF4's bytes."""
+    lora = bool(adapters)
     train = {"preset": "llama3_1_8b", "max_steps": 50, "seq_len": 4096, "train_batch_size": 1,
-             "activation_checkpointing": "full",
-             "dataset": "/fsx/prefs", **({"lora": True, "init_from_hf": "/fsx/llama"} if lora else {})}
+             "activation_checkpointing": "full", "dataset": "/fsx/prefs",
+             **({"lora": True, "init_from_hf": "/fsx/llama"} if lora else {}),
+             **({"base_dtype": "nf4"} if adapters == "qlora" else {})}
     sft = write_spec(tmp_path, train=train)
     sft_plan = json.loads(run_cli("plan", str(sft), "--json").stdout)["data"]
     spec = write_spec(tmp_path, train={**train, "objective": "dpo", "data_format": "preference", "dpo_beta": 0.2})
@@ -732,6 +739,7 @@ def test_a_dpo_job_renders_plans_its_reference_and_submits_as_a_dry_run(kube, tm
     command = pod["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["command"]
     flags = dict(itertools.pairwise(command))
     assert (flags["--objective"], flags["--data-format"], flags["--dpo-beta"]) == ("dpo", "preference", "0.2")
+    assert flags.get("--base-dtype") == ("nf4" if adapters == "qlora" else None)
     plan = json.loads(run_cli("plan", str(spec), "--json").stdout)["data"]
     memory, before = plan["memory_gib"], sft_plan["memory_gib"]
     assert plan["objective"]["name"] == "dpo" and plan["objective"]["beta"] == 0.2
@@ -747,3 +755,13 @@ def test_a_dpo_job_renders_plans_its_reference_and_submits_as_a_dry_run(kube, tm
     r = job_cli(kube, "submit", str(spec), "--dry-run")
     assert r.returncode == 0, r.stderr
     assert writes(kube) == []
+    if adapters == "qlora":
+        # Against the same job with LoRA over an fp32 base: each rank's share of the 32 layers'
+        # projections (16 ranks) at 0.516 bytes instead of 4.
+        lora_plan = json.loads(run_cli("plan", str(write_spec(tmp_path, train={
+            **train, "base_dtype": "auto", "objective": "dpo", "data_format": "preference"})), "--json").stdout)["data"]
+        saved = 32 * PROJECTION_ELEMENTS // 16 * (4 - (0.5 + 1 / 64 + 4 / 16384)) / 2**30
+        assert saved == pytest.approx(1.4154, abs=1e-4)
+        assert memory["params"] == pytest.approx(lora_plan["memory_gib"]["params"] - saved, abs=0.01)
+        assert plan["adapters"]["base_dtype"] == "nf4" and "projections in nf4 (0.516 bytes a parameter)" in \
+            plan["adapters"]["explanation"]

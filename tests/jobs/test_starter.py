@@ -193,3 +193,22 @@ def test_init_writes_a_dpo_job_with_the_preset_s_dpo_recipe(lora):
     with pytest.raises(UserError, match="objective: dpo trains on preference records"):
         starter("pytorchjob", "dpo", "p5.48xlarge", "2", IMAGE, "qwen2_5_3b", "fsx-claim", None, "/fsx/p", None, base,
                 "chat", lora, None, "dpo")
+
+
+def test_init_writes_a_qlora_job_with_the_qlora_paper_s_recipe():
+    """`job init --lora --base-dtype nf4`: the spec names the NF4 base and the nodes get the QLoRA
+    paper's schedule over LoRA's recipe: a constant rate after warm-up, gradients clipped at 0.3, no
+    weight decay (the rank, alpha and rate stay LoRA's)."""
+    text = starter("pytorchjob", "qlora", "p5.48xlarge", "1", IMAGE, "llama3_1_70b", "fsx-claim", None,
+                   "/fsx/data/chat.jsonl", None, "/fsx/models/Llama-3.1-70B", "chat", True, None, None, "nf4")
+    doc = yaml.safe_load(text)
+    assert (doc["train"]["lora"], doc["train"]["base_dtype"]) == (True, "nf4")
+    flags = resolve(load_spec_dict(doc)).flags()
+    given = dict(zip(flags[::2], flags[1::2], strict=True))
+    assert (given["--base-dtype"], given["--lr-decay-style"], given["--grad-clip"], given["--weight-decay"],
+            given["--lr"], given["--lora-rank"], given["--lora-alpha"]) == ("nf4", "constant", "0.3", "0.0", "0.0001",
+                                                                            "64", "16.0")
+    # Without the NF4 base the same job keeps the LoRA recipe's cosine schedule and clip.
+    lora = resolve(load_spec_dict({**doc, "train": {**doc["train"], "base_dtype": "auto"}})).flags()
+    plain = dict(zip(lora[::2], lora[1::2], strict=True))
+    assert (plain["--lr-decay-style"], plain["--grad-clip"], plain["--weight-decay"]) == ("cosine", "1.0", "0.1")

@@ -21,7 +21,7 @@ from fsdpkit.plan.grace import (
     stop_tier,
     write_seconds,
 )
-from fsdpkit.train.model.config import count_params
+from fsdpkit.train.model.config import LoraShape, count_params
 from fsdpkit.train.model.presets import PRESETS
 
 M = PRESETS["llama3_1_8b"]
@@ -92,9 +92,32 @@ def test_start_up_is_ten_minutes_one_and_a_half_reads_and_the_compile_in_whole_m
     assert startup(None) == StartUp(900, 0.0, 300)
     # 2,000 MB/s: 600 + 1.5 x 48.18 + 300 = 972.3 -> 1,020.
     assert startup(M, 2000).seconds == 1020
-    assert startup(None).to_dict() == {"seconds": 900, "read_s": 0.0, "compile_s": 300,
+    assert startup(None).to_dict() == {"seconds": 900, "read_s": 0.0, "compile_s": 300, "base_s": 0.0,
                                        "explanation": "900 s = 600 s to schedule, pull the image and rendezvous "
                                                       "+ 300 s to compile"}
+
+
+# LoRA rank 16 on all seven projections of Llama 3.1 8B: r x (in + out) each, per layer
+# 16 x (8,192 + 5,120 + 5,120 + 8,192 + 3 x 18,432) = 1,310,720; x 32 layers = 41,943,040 parameters.
+LORA = LoraShape(16, 32.0, 0.0, ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"))
+LORA_SIZE = 12 * 41_943_040
+BASE_S = 2 * 8_030_261_248 / 500e6   # the bf16 base weights, 32.12 s at 500 MB/s
+
+
+def test_a_lora_run_s_checkpoint_holds_its_adapters_and_each_start_reads_the_base():
+    assert checkpoint_bytes(M, LORA) == LORA_SIZE == 503_316_480
+    assert write_seconds(M, 500, LORA) == pytest.approx(1.00663296, rel=1e-15)
+    # 60 + 2 x 2.0 + 1.5 x 1.007 = 65.5 -> 70 (the whole model's would be 360).
+    assert grace_period(M, 500, 2.0, lora=LORA).seconds == 70
+    assert grace_period(M, 500, 2.0, lora=LORA).checkpoint_bytes == LORA_SIZE
+    assert cadence(M, 500, LORA).seconds == 600   # the ten-minute floor
+    # 600 + 1.5 x (32.12 + 1.007) + 300 = 949.7 -> 960.
+    start = startup(M, 500, lora=LORA, base=M)
+    assert (start.seconds, start.base_s) == (960, pytest.approx(BASE_S, rel=1e-15))
+    assert start.explain() == ("960 s = 600 s to schedule, pull the image and rendezvous + 1.5 x 32 s to read the base "
+                               "weights + 1.5 x 1 s to read the checkpoint back + 300 s to compile")
+    # Without storage to resume from, the base is still read: 600 + 1.5 x 32.12 = 648.2 -> 660.
+    assert startup(None, 500, compiles=False, base=M).seconds == 660
 
 
 def test_start_up_says_how_it_was_worked_out():

@@ -55,12 +55,13 @@ def planned_peak(world: int, flags: list[str]) -> int:
 
 @pytest.fixture(scope="module")
 def debug_hf(tmp_path_factory) -> str:
-    """The debug preset's shape as a transformers Llama checkpoint: the base a LoRA run adapts."""
+    """The debug preset's shape as a transformers Llama checkpoint: the base a LoRA run adapts (its
+    ffn 768 rather than 688, so that over 2 ranks every projection holds whole NF4 blocks: QLoRA)."""
     transformers = require("transformers")
     m = PRESETS["debug"]
     path = tmp_path_factory.mktemp("debug-hf")
     transformers.LlamaForCausalLM(transformers.LlamaConfig(
-        vocab_size=m.vocab_size, hidden_size=m.dim, intermediate_size=m.ffn_dim, num_hidden_layers=m.n_layers,
+        vocab_size=m.vocab_size, hidden_size=m.dim, intermediate_size=768, num_hidden_layers=m.n_layers,
         num_attention_heads=m.n_heads, num_key_value_heads=m.n_kv_heads, max_position_embeddings=m.max_seq_len,
         )).save_pretrained(path)
     return str(path)
@@ -79,7 +80,8 @@ LORA = ["--init_from_hf", "{hf}", "--lora", "1", "--lora_rank", "16"]
     (2, ["--preset", "debug", "--seq_len", "256", "--train_batch_size", "8", "--mixed_precision", "bf16",
          "--activation_checkpointing", "full"]),
     (2, [*LORA, "--seq_len", "512", "--train_batch_size", "4"]),
-], ids=["1proc-ac", "2ranks", "2ranks-bf16-ac", "2ranks-lora"])
+    (2, [*LORA, "--base_dtype", "nf4", "--seq_len", "512", "--train_batch_size", "4"]),
+], ids=["1proc-ac", "2ranks", "2ranks-bf16-ac", "2ranks-lora", "2ranks-qlora"])
 def test_memory_estimate_is_within_15_percent_of_a_real_run(tmp_path, world, flags, debug_hf):
     flags = with_base(flags, debug_hf)
     measured, planned = measured_tensor_peak(tmp_path, flags, world), planned_peak(world, flags)
@@ -208,7 +210,8 @@ def _sums(calls: list) -> dict[str, int]:
     ["--preset", "tiny", "--seq_len", "64", "--train_batch_size", "2", "--mixed_precision", "bf16",
      "--grad_accum_steps", "2", "--reshard_after_forward", "false", "--n_kv_heads", "2", "--vocab_size", "301"],
     [*LORA, "--seq_len", "64", "--train_batch_size", "2", "--lora_targets", "q_proj,v_proj,down_proj"],
-], ids=["debug-fp32", "tiny-bf16-accum-noreshard", "debug-lora"])
+    [*LORA, "--seq_len", "64", "--train_batch_size", "2", "--base_dtype", "nf4", "--mixed_precision", "bf16"],
+], ids=["debug-fp32", "tiny-bf16-accum-noreshard", "debug-lora", "debug-qlora-bf16"])
 def test_communication_bytes_equal_the_collectives_of_a_real_step(tmp_path, flags, debug_hf):
     flags = with_base(flags, debug_hf)
     # One step's collectives: a 2-step run less a 1-step run (start-up and the final validation cancel).

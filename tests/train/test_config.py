@@ -90,6 +90,11 @@ RULES = {
                                 r"^n_experts: the qwen3 family has no mixture-of-experts form here"),
     "LoRA from random weights": (["--lora", "1"], r"^lora: adapters fine-tune a trained model.*--init-from-hf"),
     "LoRA under float8": (["--lora", "1", "--float8", "1"], r"^lora: float8 linear layers would replace"),
+    "an NF4 base without LoRA": (["--base-dtype", "nf4"], r"^base_dtype: nf4 stores the frozen base of a LoRA run "
+                                                           r"\(QLoRA\); pass --lora 1, or drop --base-dtype"),
+    "an NF4 base of experts": (["--lora", "1", "--base-dtype", "nf4", "--n-experts", "2"],
+                               r"^base_dtype: nf4 holds dense projections; a mixture-of-experts model's experts"),
+    "a base dtype torchao has no tensor for": (["--lora", "1", "--base-dtype", "int4"], r"^base_dtype: .*auto.*nf4"),
     "an unknown LoRA target": (["--lora-targets", "qkv"], r"^lora_targets: unknown LoRA target 'qkv'; allowed: all"),
     "a chat format nobody reads": (["--data-format", "sharegpt"], r"^data_format: .*text.*chat.*preference"),
     "DPO on text": (["--objective", "dpo"], r"^objective: dpo trains on preference records and they train only with "
@@ -114,6 +119,7 @@ EDGES = [
     ["--family", "qwen3", "--n_experts", "0"],
     ["--dim", "130", "--n_heads", "4", "--head-dim", "32"],  # explicit heads need not divide the width
     ["--objective", "dpo", "--data-format", "preference", "--dpo-beta", "1e-6"],
+    ["--base-dtype", "auto", "--n-experts", "2"],
 ]
 
 

@@ -37,7 +37,8 @@ def cmd_init(args: argparse.Namespace) -> int:
     try:
         out.mkdir(parents=True, exist_ok=True)  # a new project folder is fine
         fsdpkit, how = for_image(args.fsdpkit, out, WHEEL_DIR)
-        files[out / "Dockerfile"] = render(args.base, reqs, fsdpkit, hyperpod_agent=args.hyperpod, tiered=args.tiered)
+        files[out / "Dockerfile"] = render(args.base, reqs, fsdpkit, hyperpod_agent=args.hyperpod, tiered=args.tiered,
+                                           qlora=args.qlora)
         for path, text in files.items():
             path.write_text(text)
     except OSError as e:
@@ -53,19 +54,19 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 def _as_written(path: Path, base: str, requirements: str | None) -> bool:
     """The file is what `image init` writes for this base and requirements file (with any fsdpkit
-    source, with or without HyperPod's agent and the tiered writer)."""
+    source, with or without HyperPod's agent, the tiered writer and QLoRA's torchao)."""
     from fsdpkit.image.dockerfile import BASES, DOCKERIGNORE, render
 
     text = path.read_text(errors="replace")
     if path.name == ".dockerignore":
         return text == DOCKERIGNORE
-    m = re.search(r'^(?:COPY (\S+\.whl) /tmp/|RUN pip install --no-cache-dir "?fsdpkit(?:\[tiered\])?(==[^\s"]+))',
+    m = re.search(r'^(?:COPY (\S+\.whl) /tmp/|RUN pip install --no-cache-dir "?fsdpkit(?:\[[a-z,]+\])?(==[^\s"]+))',
                   text, re.M)
     if m is None or base not in BASES:
         return False
     fsdpkit = m.group(1) or f"fsdpkit{m.group(2)}"
-    return any(text == render(base, requirements, fsdpkit, hyperpod_agent=agent, tiered=tiered)
-               for agent in (False, True) for tiered in (False, True))
+    return any(text == render(base, requirements, fsdpkit, hyperpod_agent=agent, tiered=tiered, qlora=qlora)
+               for agent in (False, True) for tiered in (False, True) for qlora in (False, True))
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -243,6 +244,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hyperpod", action="store_true", help="add hyperpod-elastic-agent (HyperPodPyTorchJob)")
     p.add_argument("--tiered", action="store_true", help="add fsdpkit's tiered extra, the writer of HyperPod's "
                    "in-memory checkpoints (a job with train.tiered needs it)")
+    p.add_argument("--qlora", action="store_true", help="add fsdpkit's qlora extra, torchao's NF4 tensor (a job with "
+                   "train.base_dtype nf4 needs it)")
     p.add_argument("--out", default=".")
     p.add_argument("--force", action="store_true")
     p.add_argument("--json", action="store_true")

@@ -73,7 +73,7 @@ def cmd_init(args: argparse.Namespace) -> int:
     name = args.name or (args.preset.replace("_", "-") if args.preset else "my-job")
     text = starter(args.backend, name, args.instance_type, args.nodes, args.image, args.preset, args.storage_claim,
                    args.shared_path, args.dataset, args.tokenizer, args.init_from_hf, args.data_format, args.lora,
-                   args.dataset_config_name, args.objective)
+                   args.dataset_config_name, args.objective, args.base_dtype)
     if args.out == "-":
         if args.json:   # the spec goes in the envelope: stdout stays one JSON document
             return emit_json({"path": None, "text": text, "backend": args.backend, "name": name})
@@ -392,6 +392,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "conversations, loss on the answers (the preset's SFT recipe); preference: prompt/chosen/rejected "
                    "records, for --objective dpo")
     p.add_argument("--lora", action="store_true", help="train LoRA adapters only (needs --init-from-hf)")
+    p.add_argument("--base-dtype", choices=("auto", "nf4"), help="with --lora: nf4 stores the frozen base in 4 bits "
+                   "(QLoRA; the preset's QLoRA recipe)")
     p.add_argument("--objective", choices=("sft", "dpo"), help="dpo: preference tuning after SFT (the preset's DPO "
                    "recipe; needs --data-format preference)")
     p.add_argument("--out", default="job.yaml", help="where to write it (- for stdout)")

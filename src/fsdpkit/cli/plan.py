@@ -13,6 +13,7 @@ from fsdpkit.cli.output import Parser, emit_error, emit_json, show_notes
 from fsdpkit.effects import Effect, declare
 from fsdpkit.errors import UserError
 from fsdpkit.plan.grace import DEFAULT_WRITE_MB_S, cadence, grace_period, startup, stop_tier
+from fsdpkit.plan.memory import NF4_BYTES
 from fsdpkit.train.model.presets import RECIPES, canonical
 
 if TYPE_CHECKING:  # imported when a verb runs, so that --help stays fast
@@ -92,9 +93,11 @@ def run(args: argparse.Namespace, train_flags: list[str]) -> int:
     cfg, nodes, write_rate = got.cfg, got.nodes, got.write_rate
     p = got.plan or plan_config(cfg, got.instance_type, nodes, args.mfu, got.procs)
     stop_rate, stop_to = stop_tier(cfg.checkpoint.tiered, write_rate, nodes)
-    grace = grace_period(cfg.shape, stop_rate, p.step_s, stop_to)
-    start = startup(cfg.shape, write_rate, cfg.parallel.compiles("cuda" if got.instance_type else "cpu"))
-    derived, every = cadence(cfg.shape, write_rate), cfg.checkpoint.checkpoint_every
+    lora = cfg.lora_shape   # a LoRA run saves its adapters alone
+    grace = grace_period(cfg.shape, stop_rate, p.step_s, stop_to, lora)
+    start = startup(cfg.shape, write_rate, cfg.parallel.compiles("cuda" if got.instance_type else "cpu"), lora,
+                    cfg.shape if cfg.checkpoint.init_from_hf else None)
+    derived, every = cadence(cfg.shape, write_rate, lora), cfg.checkpoint.checkpoint_every
     checkpoints = derived.to_dict() if every in ("0", derived.every) else {
         "every": every, "explanation": f"every {every}{' steps' if every.isdigit() else ''}, as configured (the "
         f"derived default: every {derived.every})"}
@@ -104,6 +107,7 @@ def run(args: argparse.Namespace, train_flags: list[str]) -> int:
         cfg.optim.max_steps
     out = {"model": cfg.preset, "verdict": advice(p), **p.summary(args.price_per_hour),
            "currency": args.currency, "recipe": _recipe(cfg), "objective": _objective(cfg),
+           "adapters": _adapters(cfg),
            "validation": {"batches": cfg.log.validation_batches, "batch_size": cfg.data.val_batch_size,
                           "every_steps": cfg.log.validation_freq, "share": round(cfg.validation_share(steps), 4)},
            "grace": grace.to_dict(), "startup": start.to_dict(), "checkpoints": checkpoints,
@@ -186,6 +190,17 @@ def _objective(cfg: TrainConfig) -> dict[str, Any]:
                            "reference's forward adds a third to each step's compute"}
 
 
+def _adapters(cfg: TrainConfig) -> dict[str, Any] | None:
+    """The LoRA adapters a run trains and how its frozen base is stored (see plan.memory), or None."""
+    lora = cfg.lora_shape
+    if lora is None:
+        return None
+    base = (f"projections in nf4 ({NF4_BYTES:.3f} bytes a parameter), the rest fp32" if lora.base_dtype == "nf4"
+            else "fp32 (4 bytes a parameter)")
+    return {"rank": lora.rank, "alpha": lora.alpha, "targets": list(lora.targets), "base_dtype": lora.base_dtype,
+            "explanation": f"LoRA rank {lora.rank} on {','.join(lora.targets)}; the frozen base: {base}"}
+
+
 def _print(out: dict[str, Any]) -> None:
     m = out["memory_gib"]
     where = f"{out['nodes']} x {out['instance_type']} ({out['world']} ranks)" if out["instance_type"] else \
@@ -218,6 +233,8 @@ def _print(out: dict[str, Any]) -> None:
           f"{r['grad_clip']:g}, tokenizer {r['tokenizer']}  [{r['source']}]")
     every = f"every {v['every_steps']} steps and at the end" if v["every_steps"] else "at the end"
     print(f"validation: {v['batches']} batch(es) of {v['batch_size']} {every}: {v['share']:.1%} of training compute")
+    if out["adapters"]:
+        print(f"adapters: {out['adapters']['explanation']}")
     if "explanation" in out["objective"]:
         print(f"objective: {out['objective']['explanation']}")
     print(f"checkpoints: {out['checkpoints']['explanation']}")

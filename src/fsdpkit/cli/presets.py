@@ -28,6 +28,7 @@ def recipe(name: str) -> dict[str, Any]:
             "validation_share": round(cfg.validation_share(), 4), "max_steps": o.max_steps,
             # Laid over the above for chat fine-tuning (--data-format chat), and LoRA's over both.
             "sft": {**RECIPES[name].sft, "source": RECIPES[name].sft_source or None}, "lora": dict(RECIPES[name].lora),
+            "qlora": {**RECIPES[name].qlora, "source": RECIPES[name].qlora_source or None},
             "dpo": {**RECIPES[name].dpo, "source": RECIPES[name].dpo_source or None}}
 
 
@@ -83,6 +84,11 @@ def show(args: argparse.Namespace) -> int:
         sft, lora = r["recipe"]["sft"], r["recipe"]["lora"]
         print(f"{r['name']:<14}{sft.get('lr', r['recipe']['lr']):>8.2g}{lora.get('lr', r['recipe']['lr']):>9.2g}  "
               f"({sft['source'] or 'the recipe above'})")
+    print(f"\n{'QLoRA':<14}{'schedule':>9}{'clip':>6}  (source; over LoRA's, with --base-dtype nf4)")
+    for r in data:
+        q, c = r["recipe"]["qlora"], r["recipe"]
+        style, clip = q.get("lr_decay_style", c["lr_decay_style"]), q.get("grad_clip", c["grad_clip"])
+        print(f"{r['name']:<14}{style:>9}{clip:>6}  ({q['source'] or 'the recipe above'})")
     print(f"\n{'DPO':<14}{'lr':>8}{'beta':>9}  (source)")
     for r in data:
         dpo = r["recipe"]["dpo"]

@@ -96,19 +96,20 @@ checkpoints
 
 
 def with_extra(fsdpkit: str, extra: str) -> str:
-    """pip's argument for `fsdpkit` (a wheel's path, or `fsdpkit==X`) with one of its extras, quoted
-    for the shell (brackets are a glob)."""
+    """pip's argument for `fsdpkit` (a wheel's path, or `fsdpkit==X`) with extras (comma-separated),
+    quoted for the shell (brackets are a glob)."""
     name, sep, version = fsdpkit.partition("==")
     return f'"{name}[{extra}]{sep}{version}"'
 
 
 def render(base_key: str = DEFAULT_BASE, requirements: str | None = "requirements.txt",
-           fsdpkit: str = "fsdpkit", hyperpod_agent: bool = False, tiered: bool = False) -> str:
+           fsdpkit: str = "fsdpkit", hyperpod_agent: bool = False, tiered: bool = False, qlora: bool = False) -> str:
     """The Dockerfile. `fsdpkit` is what pip installs for fsdpkit: a wheel in the project
     (`.fsdpkit/fsdpkit-X-py3-none-any.whl`) or a requirement (`fsdpkit==X`); `requirements` the
     project's requirements file, or None. `tiered` adds the `tiered` extra, the writer of HyperPod's
     in-memory checkpoints (`checkpoint.tiered`: without it a stop's save goes to shared storage, in
-    a grace period planned for node memory)."""
+    a grace period planned for node memory); `qlora` the `qlora` extra, torchao's NF4 tensor (a job
+    with train.base_dtype nf4 needs it)."""
     if base_key not in BASES:
         raise UserError(f"--base: {base_key!r} is not known; choose one of: {', '.join(BASES)}")
     b = BASES[base_key]
@@ -130,12 +131,14 @@ def render(base_key: str = DEFAULT_BASE, requirements: str | None = "requirement
         *([EFA_LAYER] if b.adds_efa else []),
         "# fsdpkit's trainer (fsdpkit-torchrun, python -m fsdpkit.train), as a package"
         + (" with HyperPod's tiered checkpoint writer (amzn-sagemaker-checkpointing)" if tiered else "")
+        + ((" and" if tiered else " with") + " torchao's NF4 for QLoRA" if qlora else "")
         + (", and HyperPod's elastic agent (hyperpodrun starts HyperPodPyTorchJob workers)." if hyperpod_agent
            else "."),
     ]
     wheel = fsdpkit.rsplit("/", 1)[-1] if fsdpkit.endswith(".whl") else None
     target = f"/tmp/{wheel}" if wheel else fsdpkit
-    install = (f"RUN pip install --no-cache-dir {with_extra(target, 'tiered') if tiered else target}"
+    extras = ",".join(e for e, wanted in (("tiered", tiered), ("qlora", qlora)) if wanted)
+    install = (f"RUN pip install --no-cache-dir {with_extra(target, extras) if extras else target}"
                + (f" {HYPERPOD_AGENT}" if hyperpod_agent else ""))
     lines += [f"COPY {fsdpkit} /tmp/{wheel}", f"{install} && rm /tmp/{wheel}"] if wheel else [install]
     if requirements:

@@ -35,6 +35,7 @@ from fsdpkit.plan.grace import (
 )
 from fsdpkit.plan.planner import Plan, plan_config
 from fsdpkit.train.config import TrainConfig, build, recipe_values, step_tokens, to_flags
+from fsdpkit.train.model import nf4
 from fsdpkit.train.sections import CheckpointConfig, OptimConfig
 
 log = logging.getLogger(__name__)
@@ -215,6 +216,10 @@ def _trainer(spec: JobSpec, root: str | None) -> Trainer:
     ranks = spec.nodes.max * spec.procs
     try:
         cfg = build([opts], on_nodes=spec.backend != "local", ranks=ranks)
+        if cfg.lora_shape is not None and cfg.lora_shape.base_dtype == "nf4":
+            # Each node count an elastic job may run at shards the NF4 base its own way.
+            for nodes in range(spec.nodes.min, spec.nodes.max + 1):
+                nf4.check_layout(cfg.shape, cfg.parallel.shard_ranks(nodes * spec.procs, nodes))
     except UserError as e:
         raise UserError(f"train.{e}", hint=e.hint) from None
     # The rendered command carries the steps, whatever the ranks of an elastic job come to.
@@ -228,9 +233,9 @@ def _trainer(spec: JobSpec, root: str | None) -> Trainer:
         # Checkpoints on by default where they survive the pod: as often as costs <= 5% of the run.
         # Tiered, the periodic ones go to node memory, and shared storage's cadence becomes every
         # durable_every-th of them.
-        durable = cadence(cfg.shape, spec.storage.write_mb_per_s)
+        durable = cadence(cfg.shape, spec.storage.write_mb_per_s, cfg.lora_shape)
         tiered = cfg.checkpoint.tiered
-        derived = cadence(cfg.shape, MEMORY_MB_S_PER_NODE * spec.nodes.max) if tiered else durable
+        derived = cadence(cfg.shape, MEMORY_MB_S_PER_NODE * spec.nodes.max, cfg.lora_shape) if tiered else durable
         written: Options = {"checkpoint_every": derived.every}
         if tiered and "durable_every" not in flat:
             written["durable_every"] = max(1, math.ceil(durable.seconds / derived.seconds))
@@ -242,11 +247,12 @@ def _trainer(spec: JobSpec, root: str | None) -> Trainer:
     grace = None
     if spec.storage.root:
         rate, tier = stop_tier(cfg.checkpoint.tiered, spec.storage.write_mb_per_s, spec.nodes.max)
-        grace = grace_period(cfg.shape, rate, step_s, tier)
+        grace = grace_period(cfg.shape, rate, step_s, tier, cfg.lora_shape)
     start = startup(cfg.shape if spec.storage.root else None, spec.storage.write_mb_per_s,
-                    cfg.parallel.compiles("cuda" if nvidia and spec.gpus > 0 else "cpu"))
+                    cfg.parallel.compiles("cuda" if nvidia and spec.gpus > 0 else "cpu"), cfg.lora_shape,
+                    cfg.shape if cfg.checkpoint.init_from_hf else None)
     hp = spec.hyperpod
-    write_s = write_seconds(cfg.shape, spec.storage.write_mb_per_s) if spec.storage.root else 0.0
+    write_s = write_seconds(cfg.shape, spec.storage.write_mb_per_s, cfg.lora_shape) if spec.storage.root else 0.0
     hang = HangTime(step_s, cfg.log.logging_freq, write_s, planned=plan is not None)
     loss = hp.loss_threshold if hp.loss_threshold is not None else math.ceil(2 * math.log(cfg.shape.vocab_size))
     return Trainer(opts, cfg, budget, plan, derived, grace, start, hang,

@@ -30,7 +30,7 @@ _SECTION_HELP = {"storage": "where checkpoints and run outputs live (on: checkpo
 # The trainer options a starter spec names (every one is in `fsdpkit train --help`).
 _TRAIN_OPTIONS = (("preset", None), ("init_from_hf", "checkpoint"), ("dataset", "data"), ("data_format", "data"),
                   ("dataset_config_name", "data"), ("tokenizer", "data"), ("lora", "adapters"),
-                  ("lora_rank", "adapters"), ("objective", "loss"), ("dpo_beta", "loss"),
+                  ("lora_rank", "adapters"), ("base_dtype", "adapters"), ("objective", "loss"), ("dpo_beta", "loss"),
                   ("seq_len", "data"), ("train_batch_size", "data"), ("max_steps", "optim"), ("tokens", "optim"),
                   ("lr", "optim"),
                   ("activation_checkpointing", "parallel"), ("checkpoint_every", "checkpoint"),
@@ -106,7 +106,8 @@ def starter(backend: str, name: str, instance_type: str | None = None, nodes: st
             image: str | None = None, preset: str | None = None, claim: str | None = None,
             shared_path: str | None = None, dataset: str | None = None, tokenizer: str | None = None,
             init_from_hf: str | None = None, data_format: str | None = None, lora: bool = False,
-            dataset_config_name: str | None = None, objective: str | None = None) -> str:
+            dataset_config_name: str | None = None, objective: str | None = None,
+            base_dtype: str | None = None) -> str:
     """The text of a starter spec; it loads back as the spec these values describe (checked here)."""
     if backend == "hyperpod" and instance_type and not instance_type.startswith("ml."):
         instance_type = f"ml.{instance_type}"  # how HyperPod names (and labels) its instance types
@@ -117,7 +118,8 @@ def starter(backend: str, name: str, instance_type: str | None = None, nodes: st
     storage = {k: v for k, v in (("claim", claim), ("shared_path", shared_path)) if v}
     train = {k: v for k, v in (("preset", preset), ("init_from_hf", init_from_hf), ("dataset", dataset),
                                 ("dataset_config_name", dataset_config_name), ("data_format", data_format),
-                                ("tokenizer", tokenizer), ("lora", lora), ("objective", objective)) if v}
+                                ("tokenizer", tokenizer), ("lora", lora), ("base_dtype", base_dtype),
+                                ("objective", objective)) if v}
     # HyperPod's Slurm (its ml. instance names): srun resumes a job after HyperPod replaces a node.
     slurm = {"hyperpod": True} if backend == "slurm" and instance_type and instance_type.startswith("ml.") else {}
     doc = {**top, **({"storage": storage} if storage else {}), **({"train": train} if train else {}),

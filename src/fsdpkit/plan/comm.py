@@ -2,7 +2,8 @@
 
 Each FSDP unit (every decoder block, and the root: embeddings, final norm, head) is all-gathered in
 the compute dtype in forward, and again in backward when it was resharded after forward (every
-block but the last, and the root); with gradient accumulation, on every micro-step. Gradients are
+block but the last, and the root); with gradient accumulation, on every micro-step. QLoRA's NF4
+projections travel as NF4 (4-bit codes and their scalers). Gradients are
 reduce-scattered once per optimizer step in the reduce dtype (`set_requires_gradient_sync` holds
 them back on the other micro-steps); with HSDP the sharded result is then all-reduced across
 replicas. Sizes are the collectives' full tensors (all-gather output, reduce-scatter input),
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from fsdpkit.plan.memory import DTYPE_BYTES, Workload, block_shapes, root_shapes, trained_elements, unit_elements
+from fsdpkit.plan.memory import DTYPE_BYTES, Workload, block_bytes, root_shapes, trained_elements, unit_elements
 
 
 @dataclass
@@ -34,13 +35,14 @@ def step_comm(w: Workload) -> StepComm:
     if not w.fsdp:
         return StepComm(0, 0, 0, 0, 0, 0)
     L, shard = w.model.n_layers, w.shard
-    block, root = unit_elements(block_shapes(w.model, w.lora), shard), unit_elements(root_shapes(w.model), shard)
+    root = unit_elements(root_shapes(w.model), shard)
     block_trained, root_trained = trained_elements(w)   # LoRA: only the adapters' gradients are reduced
     cb, rb = DTYPE_BYTES[w.compute], DTYPE_BYTES[w.reduce]
     regathered_blocks = L - 1 if w.reshard else 0
     regathered_root = 1 if w.reshard else 0
     gathers = w.grad_accum * (L + 1 + regathered_blocks + regathered_root)
-    gathered = w.grad_accum * ((L + regathered_blocks) * block + (1 + regathered_root) * root) * cb
+    block = block_bytes(w, shard, cb)   # QLoRA's projections are gathered in NF4
+    gathered = int(w.grad_accum * ((L + regathered_blocks) * block + (1 + regathered_root) * root * cb))
     scattered = (L * block_trained + root_trained) * rb
     replicas = w.world // shard
     reduced = (L * block_trained + root_trained) // shard * rb if replicas > 1 else 0

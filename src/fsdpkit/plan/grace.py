@@ -1,6 +1,7 @@
 """How long a stopping job must be given: finish the step it is in, write a complete checkpoint to
 shared storage, and exit. Kubernetes gives a pod 30 s after SIGTERM unless told otherwise; a
-Llama 3.1 8B checkpoint with AdamW state is 96 GB, over three minutes at 500 MB/s.
+Llama 3.1 8B checkpoint with AdamW state is 96 GB, over three minutes at 500 MB/s (a LoRA run's holds
+its adapters alone).
 
     grace = 60 s (stop, vote, start and close the writers) + 2 x step time + 1.5 x (checkpoint / write rate)
 
@@ -9,8 +10,8 @@ store instead, written at MEMORY_MB_S_PER_NODE on every node at once.
 
 A job's start-up, what an operator's start-up and fault deadlines are sized by:
 
-    start-up = 600 s (schedule, pull the image, start the agent, rendezvous) + 1.5 x (checkpoint / read rate)
-               + 300 s to compile on GPUs
+    start-up = 600 s (schedule, pull the image, start the agent, rendezvous)
+               + 1.5 x ((base weights + checkpoint) / read rate) + 300 s to compile on GPUs
 
 rounded up to a minute. The write rate is the volume's aggregate throughput (FSx for Lustre: its
 per-TiB tier times its capacity, e.g. 250 MB/s/TiB x 4.8 TiB = 1.2 GB/s); the default assumes a
@@ -23,7 +24,8 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from fsdpkit.train.model.config import ModelConfig, count_params
+from fsdpkit.plan.memory import adapter_shapes
+from fsdpkit.train.model.config import LoraShape, ModelConfig, count_params
 
 DEFAULT_WRITE_MB_S = 500
 # HyperPod's in-memory checkpoint store, per node: each rank's shard serialised and sent over the
@@ -51,15 +53,18 @@ class GracePeriod:
         return {**asdict(self), "explanation": self.explain()}
 
 
-def checkpoint_bytes(model: ModelConfig) -> int:
+def checkpoint_bytes(model: ModelConfig, lora: LoraShape | None = None) -> int:
     """A complete checkpoint: fp32 parameters and AdamW's two fp32 moments, 12 bytes a parameter
-    (what DCP writes, summed over the ranks' shards)."""
-    return 12 * count_params(model)
+    (what DCP writes, summed over the ranks' shards); of a LoRA run, its adapters' alone (the
+    frozen base is not saved)."""
+    if lora is None:
+        return 12 * count_params(model)
+    return 12 * model.n_layers * sum(math.prod(s) for s in adapter_shapes(model, lora))
 
 
-def write_seconds(model: ModelConfig, mb_per_s: float) -> float:
+def write_seconds(model: ModelConfig, mb_per_s: float, lora: LoraShape | None = None) -> float:
     """How long a complete checkpoint takes to write (or read) at `mb_per_s`."""
-    return checkpoint_bytes(model) / (mb_per_s * 1e6)
+    return checkpoint_bytes(model, lora) / (mb_per_s * 1e6)
 
 
 # Periodic checkpoints cost at most this share of the run's time; never more often than every 10 min.
@@ -85,8 +90,8 @@ class Cadence:
         return {**asdict(self), "explanation": self.explain()}
 
 
-def cadence(model: ModelConfig, write_mb_per_s: float = DEFAULT_WRITE_MB_S) -> Cadence:
-    write_s = write_seconds(model, write_mb_per_s)
+def cadence(model: ModelConfig, write_mb_per_s: float = DEFAULT_WRITE_MB_S, lora: LoraShape | None = None) -> Cadence:
+    write_s = write_seconds(model, write_mb_per_s, lora)
     minutes = math.ceil(max(MIN_EVERY_S, write_s / SAVE_SHARE) / 60)
     return Cadence(f"{minutes}m", minutes * 60, write_s, write_s / (minutes * 60 + write_s))
 
@@ -99,9 +104,9 @@ def stop_tier(tiered: bool, write_mb_per_s: float, nodes: int) -> tuple[float, s
     return write_mb_per_s, "shared storage"
 
 
-def grace_period(model: ModelConfig, write_mb_per_s: float = DEFAULT_WRITE_MB_S,
-                 step_s: float | None = None, tier: str = "shared storage") -> GracePeriod:
-    size, write_s = checkpoint_bytes(model), write_seconds(model, write_mb_per_s)
+def grace_period(model: ModelConfig, write_mb_per_s: float = DEFAULT_WRITE_MB_S, step_s: float | None = None,
+                 tier: str = "shared storage", lora: LoraShape | None = None) -> GracePeriod:
+    size, write_s = checkpoint_bytes(model, lora), write_seconds(model, write_mb_per_s, lora)
     total = FIXED_S + 2 * (step_s or 0.0) + WRITE_MARGIN * write_s
     return GracePeriod(int(math.ceil(total / 10) * 10), size, write_mb_per_s, write_s, step_s, tier)
 
@@ -117,23 +122,28 @@ class StartUp:
     seconds: int
     read_s: float      # the newest checkpoint read back (0 without shared storage to resume from)
     compile_s: float
+    base_s: float = 0.0   # the Hugging Face weights a fine-tune starts from, read on every start
 
     def explain(self) -> str:
+        base = f" + {WRITE_MARGIN} x {self.base_s:.0f} s to read the base weights" if self.base_s else ""
         read = f" + {WRITE_MARGIN} x {self.read_s:.0f} s to read the checkpoint back" if self.read_s else ""
         compiled = f" + {self.compile_s:.0f} s to compile" if self.compile_s else ""
-        return f"{self.seconds} s = {PULL_S} s to schedule, pull the image and rendezvous{read}{compiled}"
+        return f"{self.seconds} s = {PULL_S} s to schedule, pull the image and rendezvous{base}{read}{compiled}"
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "explanation": self.explain()}
 
 
-def startup(model: ModelConfig | None, read_mb_per_s: float = DEFAULT_WRITE_MB_S, compiles: bool = True) -> StartUp:
-    """The planned start-up; `model` None where nothing is resumed (no checkpoint storage). The
+def startup(model: ModelConfig | None, read_mb_per_s: float = DEFAULT_WRITE_MB_S, compiles: bool = True,
+            lora: LoraShape | None = None, base: ModelConfig | None = None) -> StartUp:
+    """The planned start-up; `model` None where nothing is resumed (no checkpoint storage); `base`
+    the model whose Hugging Face weights (bf16, as the hub ships them) every start reads. The
     volume's write rate stands for its read rate: FSx for Lustre reads at least as fast."""
-    read_s = write_seconds(model, read_mb_per_s) if model is not None else 0.0
+    read_s = write_seconds(model, read_mb_per_s, lora) if model is not None else 0.0
+    base_s = 2 * count_params(base) / (read_mb_per_s * 1e6) if base is not None else 0.0
     compile_s = COMPILE_S if compiles else 0.0
-    total = PULL_S + WRITE_MARGIN * read_s + compile_s
-    return StartUp(int(math.ceil(total / 60) * 60), read_s, compile_s)
+    total = PULL_S + WRITE_MARGIN * (base_s + read_s) + compile_s
+    return StartUp(int(math.ceil(total / 60) * 60), read_s, compile_s, base_s)
 
 
 MIN_HANG_S = 600       # below this, a slow storage stall or a long validation reads as a hang

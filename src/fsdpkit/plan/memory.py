@@ -22,6 +22,8 @@ The peak is the largest of the start of backward (all activations, no gradients 
 micro-batch, as the trainer runs it; under DPO, the reference's forward on a whole micro-batch).
 DPO without LoRA holds a frozen fp32 copy of the model's shards as its reference; with LoRA the
 reference is the base with its adapters off, and costs nothing.
+QLoRA's base projections are NF4 (about 0.52 bytes a parameter) when sharded, gathered and kept; each
+is dequantized for its matmul, one full weight at a time in the backward working set.
 - one process under autocast instead of FSDP: each weight's compute-dtype copy, saved for its
   backward, and the head's gradient made in the compute dtype and summed in fp32;
 - compiled blocks: what inductor's partitioner keeps (fewer tensors; the norms recomputed).
@@ -36,9 +38,12 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from fsdpkit.train.model.config import LoraShape, ModelConfig
+from fsdpkit.train.model import nf4
+from fsdpkit.train.model.config import LoraShape, ModelConfig, projections
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2}
+# QLoRA's base projections (NF4 of the fp32 parameters): codes, int8 scalers, fp32 factors.
+NF4_BYTES = nf4.bytes_per_param(4)
 
 
 @dataclass(frozen=True)
@@ -74,6 +79,11 @@ class Workload:
         return self.world > 1
 
     @property
+    def nf4(self) -> bool:
+        """QLoRA: the base's projections stored (and gathered) in NF4."""
+        return self.lora is not None and self.lora.base_dtype == "nf4"
+
+    @property
     def reference_copy(self) -> bool:
         """DPO without LoRA: its reference is a frozen, sharded fp32 copy of the model."""
         return self.dpo and self.lora is None
@@ -106,16 +116,6 @@ def _padded(shape: tuple[int, ...], shard: int) -> int:
     return math.ceil(shape[0] / shard) * shard * rest
 
 
-def projections(m: ModelConfig) -> dict[str, tuple[int, int]]:
-    """(out, in) of each dense projection of a decoder block, by name (MoE experts are not Linear)."""
-    hd = m.head_size
-    attn = {"q_proj": (m.n_heads * hd, m.dim), "k_proj": (m.n_kv_heads * hd, m.dim),
-            "v_proj": (m.n_kv_heads * hd, m.dim), "o_proj": (m.dim, m.n_heads * hd)}
-    mlp = {} if m.is_moe else {"gate_proj": (m.ffn_dim, m.dim), "up_proj": (m.ffn_dim, m.dim),
-                               "down_proj": (m.dim, m.ffn_dim)}
-    return {**attn, **mlp}
-
-
 def adapter_shapes(m: ModelConfig, lora: LoraShape | None) -> list[tuple[int, ...]]:
     """A block's LoRA adapters: A (rank, in) and B (out, rank) for each adapted projection."""
     if lora is None:
@@ -138,6 +138,17 @@ def block_shapes(m: ModelConfig, lora: LoraShape | None = None) -> list[tuple[in
     else:
         shapes += [(m.ffn_dim, m.dim), (m.ffn_dim, m.dim), (m.dim, m.ffn_dim)]
     return shapes
+
+
+def nf4_elements(w: Workload) -> int:
+    """Elements of one block held in NF4 (QLoRA: every dense projection; none otherwise)."""
+    return sum(out * inp for out, inp in projections(w.model).values()) if w.nf4 else 0
+
+
+def block_bytes(w: Workload, shard: int, dtype_bytes: int) -> float:
+    """Bytes of one block gathered whole: its parameters in `dtype_bytes`, QLoRA's projections in NF4."""
+    q = nf4_elements(w)
+    return (unit_elements(block_shapes(w.model, w.lora), shard) - q) * dtype_bytes + q * NF4_BYTES
 
 
 def root_shapes(m: ModelConfig) -> list[tuple[int, ...]]:
@@ -268,21 +279,22 @@ def estimate(w: Workload) -> MemoryEstimate:
     p = sharded_elements(w)
     block_trained, root_trained = trained_elements(w)
     t = (block_trained * w.model.n_layers + root_trained) // shard   # what has gradients and moments
-    params, grads, optimizer = 4 * p, 4 * t, 8 * t
+    q = nf4_elements(w) * w.model.n_layers // shard   # this rank's NF4 elements
+    params, grads, optimizer = int(4 * (p - q) + NF4_BYTES * q), 4 * t, 8 * t
     if w.reference_copy:   # the frozen reference's shards (the policy's shapes, no adapters: there are none)
         params += 4 * p
     host = 0
     if w.cpu_offload and w.fsdp:
         host, params, grads, optimizer = params + grads + optimizer, 0, 0, 0
     m, s, L = w.model, w.tokens, w.model.n_layers
-    block = unit_elements(block_shapes(m, w.lora), shard)
+    block = block_bytes(w, shard, cb)
     root = unit_elements(root_shapes(m), shard)
     frozen_head = w.lora is not None   # LoRA: the head and embeddings make no gradient
     recompute = recomputed_block(w)
     accum = 0
     if w.fsdp:
         # Without resharding after forward every block stays gathered until its backward.
-        gathered = root * cb + (L if not w.reshard else 1 + w.prefetch) * block * cb
+        gathered = int(root * cb + (L if not w.reshard else 1 + w.prefetch) * block)
         # Backward: one block's unsharded gradients and the reduce-scatter input.
         fsdp_bwd = block_trained * (cb + rb)
         # The root unit is reduced last: the output head's unsharded gradient lives through the
@@ -298,11 +310,12 @@ def estimate(w: Workload) -> MemoryEstimate:
     else:
         # One process under autocast: each weight's compute-dtype copy is saved for its backward
         # (a checkpointed block's are made again when it is recomputed), the embedding's excepted
-        # (a lookup is not cast). Each block's copy goes with its backward.
+        # (a lookup is not cast; an NF4 weight is kept as it is). Each block's copy goes with its backward.
         cast = 0 if w.compute == "fp32" else cb
+        copied = block_bytes(w, shard, cast) - nf4_elements(w) * NF4_BYTES
         kept_blocks = L - checkpointed_blocks(w) + (1 if recompute else 0)
-        gathered = (kept_blocks * block + head_elements(m)) * cast
-        end_copies = val_copies = block * cast
+        gathered = int(kept_blocks * copied + head_elements(m) * cast)
+        end_copies = val_copies = int(copied)
         fsdp_bwd = root_bwd = 0
         # The head's gradient is made in the compute dtype and accumulated in fp32: the loss's
         # backward holds the compute-dtype one (and with chunks the fp32 sum beside it); the fp32
@@ -316,6 +329,8 @@ def estimate(w: Workload) -> MemoryEstimate:
     # ffn-wide SwiGLU gradients (a recomputed block frees its SwiGLU tensors as fast as their
     # gradients appear).
     working = s * (2 * m.dim + (0 if w.ac == "full" else 2 * m.ffn_dim)) * cb + 2 * s * m.dim * 4
+    if w.nf4:   # an NF4 projection is dequantized for each matmul: one full weight at a time
+        working += max(out * inp for out, inp in projections(m).values()) * cb
     # Backward begins with the loss and head, then the last block: activations are all still alive.
     # The loss's tensors are gone before the first block's backward (and its recomputation) starts.
     start = params + optimizer + gathered + acts - recompute + max(kept + loss_peak + loss_grad,

@@ -53,7 +53,7 @@ def run_time(cfg: TrainConfig, steps: int, step_tokens: int, step_s: float, writ
     validation_s = cfg.validation_share(steps) * train_s
     if write_mb_per_s is None or not cfg.checkpoint.checkpoint_dir:
         return RunTime(steps, steps * step_tokens, train_s, validation_s, 0, 0.0)
-    durable_s = write_seconds(cfg.shape, write_mb_per_s)
+    durable_s = write_seconds(cfg.shape, write_mb_per_s, cfg.lora_shape)
     ck = cfg.checkpoint
     if ck.every_steps:
         periodic = (steps - 1) // ck.every_steps   # the last step's save is counted once, below
@@ -63,7 +63,7 @@ def run_time(cfg: TrainConfig, steps: int, step_tokens: int, step_s: float, writ
         periodic = 0
     if ck.tiered:
         durable = periodic // ck.durable_every
-        memory_s = write_seconds(cfg.shape, MEMORY_MB_S_PER_NODE * nodes)
+        memory_s = write_seconds(cfg.shape, MEMORY_MB_S_PER_NODE * nodes, cfg.lora_shape)
         saves_s = durable * durable_s + (periodic - durable) * memory_s
     else:
         saves_s = periodic * durable_s

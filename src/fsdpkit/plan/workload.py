@@ -13,9 +13,7 @@ def workload(cfg: TrainConfig, world: int, device: str, nodes: int = 1) -> Workl
     m, par = cfg.shape, cfg.parallel
     compute = par.precision(device)
     compiled = par.compiles(device)
-    shard = world
-    if par.sharding_strategy == "hybrid" and world > 1:
-        shard = world // par.replicas(world, nodes)
+    shard = par.shard_ranks(world, nodes)
     return Workload(model=m, seq=cfg.data.seq_len, micro_batch=cfg.data.train_batch_size,
                     val_batch=cfg.data.val_batch_size,
                     grad_accum=cfg.data.grad_accum_steps, world=world, shard=shard, compute=compute,

@@ -109,7 +109,7 @@ class TrainConfig(TrainOptions):
     def lora_shape(self) -> LoraShape | None:
         """The LoRA adapters the run trains, or None (the whole model trains)."""
         c = self.adapters
-        return LoraShape(c.lora_rank, c.lora_alpha, c.lora_dropout, c.targets) if c.lora else None
+        return LoraShape(c.lora_rank, c.lora_alpha, c.lora_dropout, c.targets, c.base_dtype) if c.lora else None
 
     def validation_share(self, steps: int | None = None) -> float:
         """Validation's FLOPs as a share of training's, over `steps` (default: max_steps)."""
@@ -415,9 +415,9 @@ def budget_steps(tokens: int, data: ResolvedData, ranks: int) -> int:
 
 
 def _recipe_for(preset: str, cfg: TrainOptions) -> dict[str, Any]:
-    """The preset's recipe for this kind of run: chat fine-tuning and LoRA lay their values over it."""
+    """The preset's recipe for this kind of run: chat fine-tuning, LoRA (QLoRA) and DPO lay their values over it."""
     return get_recipe(preset).for_run(chat=cfg.data.data_format == "chat", lora=cfg.adapters.lora,
-                                      dpo=cfg.loss.objective == "dpo")
+                                      dpo=cfg.loss.objective == "dpo", nf4=cfg.adapters.base_dtype == "nf4")
 
 
 def _tokenizer(cfg: TrainOptions, given: Set[str], on_nodes: bool) -> str:
@@ -554,6 +554,12 @@ def validate(cfg: TrainConfig) -> None:
         raise UserError(f"warmup_steps: {o.warmup_steps} must be <= max_steps ({o.max_steps})")
     if cfg.checkpoint.resume_from_checkpoint == "auto" and not cfg.checkpoint.checkpoint_dir:
         raise UserError("resume_from_checkpoint: 'auto' needs --checkpoint-dir to know where to look")
+    if cfg.adapters.base_dtype == "nf4" and not cfg.adapters.lora:
+        raise UserError("base_dtype: nf4 stores the frozen base of a LoRA run (QLoRA); pass --lora 1, or drop "
+                        "--base-dtype to train the whole model")
+    if cfg.adapters.base_dtype == "nf4" and cfg.shape.is_moe:
+        raise UserError("base_dtype: nf4 holds dense projections; a mixture-of-experts model's experts are grouped "
+                        "3-D weights it cannot hold: train its adapters with --base-dtype auto")
     if cfg.adapters.lora and cfg.parallel.float8:
         raise UserError("lora: float8 linear layers would replace the adapted projections; drop --float8")
     if cfg.adapters.lora and not cfg.checkpoint.init_from_hf:

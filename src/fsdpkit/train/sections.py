@@ -169,6 +169,12 @@ class ParallelConfig(Settings):
             raise UserError(f"dp_replicate: {replicas} must divide the world size ({world})")
         return replicas
 
+    def shard_ranks(self, world: int, nodes: int) -> int:
+        """Ranks each parameter is sharded over: the world, or under HSDP one replica group's."""
+        if self.sharding_strategy == "hybrid" and world > 1:
+            return world // self.replicas(world, nodes)
+        return world
+
 
 class LogConfig(Settings):
     logging_freq: Int = option(10, "steps between metric lines", ge=1)
@@ -296,6 +302,9 @@ class LoraConfig(Settings):
     lora_dropout: Float = option(0.0, "dropout on the adapter's input", ge=0, le=0.9)
     lora_targets: Str = option("all", "projections that get adapters: all, or a comma-separated list of "
                                + ", ".join(LORA_TARGETS))
+    base_dtype: Literal["auto", "nf4"] = option(
+        "auto", "storage of LoRA's frozen base: auto (the parameters' dtype) or nf4 (QLoRA: the decoder's "
+        "projections in 4-bit NormalFloat, torchao's NF4, about 0.52 bytes a parameter)")
 
     @field_validator("lora_targets")
     @classmethod

@@ -31,6 +31,7 @@ from fsdpkit.train.checkpoint.tiered import SCHEME, MemoryTier
 from fsdpkit.train.config import REPLAY_HEAD, TrainConfig, resume_target
 from fsdpkit.train.data import BatchStream, Prefetcher
 from fsdpkit.train.data.pipeline import data_pipeline
+from fsdpkit.train.model import nf4
 from fsdpkit.train.model.config import LoraShape, count_params
 from fsdpkit.train.model.flops import flops_per_token
 from fsdpkit.train.model.hf import check_weights, load_hf_into
@@ -122,8 +123,11 @@ def _check_inputs(cfg: TrainConfig) -> None:
         check_weights(Path(cfg.checkpoint.init_from_hf))
     if not dist.under_torchrun():
         dist.check_nproc(cfg.parallel.nproc, cfg.parallel.device)
-        if cfg.parallel.sharding_strategy == "hybrid" and cfg.parallel.nproc > 1:
-            cfg.parallel.replicas(cfg.parallel.nproc, 1)  # the workers' mesh, refused here rather than in each
+        # The workers' mesh, refused here rather than in each.
+        shard = cfg.parallel.shard_ranks(cfg.parallel.nproc, 1)
+        if cfg.lora_shape is not None and cfg.lora_shape.base_dtype == "nf4":
+            nf4.check_layout(cfg.shape, shard)
+            nf4.check_available()
         if cfg.parallel.float8 and dist.resolve_device_type(cfg.parallel.device) != "cuda":
             raise UserError("float8: needs an NVIDIA GPU (Ada, Hopper or newer); it cannot run on the CPU")
         # A checkpoint that cannot be resumed is refused before any process starts or file is written.
@@ -426,6 +430,17 @@ def _open_sinks(run: Run, state: TrainState, stack: contextlib.ExitStack) -> Non
     peak_txt = f"{run.peak / 1e12:.3f} TFLOP/s ({run.peak_source})" if run.peak else "unknown for this device"
     run.say(f"fsdpkit: MFU denominator {peak_txt}; mesh {describe_mesh(state.model)}; activation "
             f"checkpointing {cfg.parallel.activation_checkpointing}; compile {cfg.parallel.compile}")
+    if (lora := cfg.lora_shape) is not None:
+        run.say(f"fsdpkit: LoRA rank {lora.rank}, alpha {lora.alpha:g} on {','.join(lora.targets)}; "
+                f"{_base_line(state.model)}")
+
+
+def _base_line(model: torch.nn.Module) -> str:
+    """What the frozen base's projections take on this rank: in NF4 (QLoRA), their bytes per parameter."""
+    stored, elements = nf4.nf4_bytes(model)
+    if not elements:
+        return "base frozen in the parameters' dtype"
+    return f"base projections in nf4: {stored / elements:.3f} bytes a parameter, {stored / 2**20:.1f} MiB on this rank"
 
 
 def _train_step(run: Run, state: TrainState, window: Window) -> torch.Tensor | None:

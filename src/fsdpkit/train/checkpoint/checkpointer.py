@@ -48,7 +48,7 @@ from fsdpkit.train.checkpoint.catalog import (
     resolve,
 )
 from fsdpkit.train.checkpoint.tiered import MemoryTier
-from fsdpkit.train.model.config import ModelConfig
+from fsdpkit.train.model.config import LoraShape, ModelConfig
 from fsdpkit.train.runtime.dist import Runtime
 from fsdpkit.train.runtime.faults import maybe_fail
 
@@ -349,11 +349,14 @@ def _resume_from_memory(tier: MemoryTier, durable: CheckpointInfo | None, model:
 
 # Fields a checkpoint written before they existed does not record: it has their defaults.
 _SHAPE_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ModelConfig) if f.default is not dataclasses.MISSING}
+_LORA_DEFAULTS = {f.name: f.default for f in dataclasses.fields(LoraShape) if f.default is not dataclasses.MISSING}
 
 
 def check_shape(info: CheckpointInfo, model_shape: dict[str, Any]) -> None:
     """The checkpoint holds a model of this shape (read from its fsdpkit.json alone)."""
     theirs = {**_SHAPE_DEFAULTS, **(info.meta.get("model") or {})}
+    if theirs.get("lora"):
+        theirs["lora"] = {**_LORA_DEFAULTS, **theirs["lora"]}
     if theirs == model_shape:
         return
     where = f"resume_from_checkpoint: {info.path}"

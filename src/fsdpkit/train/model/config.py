@@ -28,6 +28,7 @@ class LoraShape:
     alpha: float
     dropout: float
     targets: tuple[str, ...]
+    base_dtype: str = "auto"   # the frozen base's storage: "auto" (the parameters' dtype) or "nf4" (QLoRA)
 
     @property
     def scale(self) -> float:
@@ -91,3 +92,13 @@ def loss_chunk_size(vocab_size: int, setting: int | None, compiled: bool = False
     if compiled:
         return 0
     return max(256, 2**28 // (4 * vocab_size))
+
+
+def projections(m: ModelConfig) -> dict[str, tuple[int, int]]:
+    """(out, in) of each dense projection of a decoder block, by name (MoE experts are not Linear)."""
+    hd = m.head_size
+    attn = {"q_proj": (m.n_heads * hd, m.dim), "k_proj": (m.n_kv_heads * hd, m.dim),
+            "v_proj": (m.n_kv_heads * hd, m.dim), "o_proj": (m.dim, m.n_heads * hd)}
+    mlp = {} if m.is_moe else {"gate_proj": (m.ffn_dim, m.dim), "up_proj": (m.ffn_dim, m.dim),
+                               "down_proj": (m.dim, m.ffn_dim)}
+    return {**attn, **mlp}

@@ -24,6 +24,7 @@ from torch.distributed.tensor._utils import compute_local_shape_and_global_offse
 
 from fsdpkit.errors import UserError
 from fsdpkit.readers import reading
+from fsdpkit.train.model import nf4
 from fsdpkit.train.model.config import ModelConfig
 from fsdpkit.train.model.hf_config import hf_config_dict
 from fsdpkit.train.model.lora import is_adapter
@@ -185,7 +186,7 @@ def check_weights(path: Path) -> None:
     _HubFiles(path)
 
 
-def _local_rows(p: torch.Tensor) -> tuple[slice, torch.Tensor]:
+def local_rows(p: torch.Tensor) -> tuple[slice, torch.Tensor]:
     """The dim-0 rows of the full parameter this rank holds, and the local tensor to fill."""
     if not isinstance(p, DTensor):
         return slice(0, p.shape[0]), p
@@ -239,7 +240,7 @@ def load_hf_into(model: torch.nn.Module, path: Path, cfg: ModelConfig) -> None:
     for name, p in model.named_parameters():
         if is_adapter(name):
             continue  # LoRA adapters: not part of the base model
-        rows, local = _local_rows(p)
+        rows, local = local_rows(p)
         if rows.start >= rows.stop:
             continue
         m = _MOE.match(name)
@@ -252,4 +253,7 @@ def load_hf_into(model: torch.nn.Module, path: Path, cfg: ModelConfig) -> None:
         if tuple(value.shape) != tuple(local.shape):
             raise UserError(f"init_from_hf: {name} has shape {tuple(value.shape)} in {path}, "
                             f"the model expects {tuple(local.shape)}")
-        local.copy_(value.to(local.dtype))
+        if nf4.is_nf4(p):
+            nf4.store(p, value)
+        else:
+            local.copy_(value.to(local.dtype))

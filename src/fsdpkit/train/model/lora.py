@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fsdpkit.train.model import nf4
 from fsdpkit.train.model.config import LoraShape
 
 
@@ -77,12 +78,15 @@ def add_adapters(model: nn.Module, lora: LoraShape) -> list[str]:
 
 def merge_adapters(state: dict[str, torch.Tensor], lora: LoraShape) -> dict[str, torch.Tensor]:
     """A full state dict with adapters as the plain weights they add up to (`W + scale * B A`),
-    the adapter tensors dropped: what a merged Hugging Face export holds."""
+    the adapter tensors dropped: what a merged Hugging Face export holds. Over an NF4 base (QLoRA)
+    W is the base as the run trained against it: every projection quantized once and read back."""
     out = {}
     for name, t in state.items():
         if is_adapter(name):
             continue
         prefix = name.removesuffix(".weight")
+        if lora.base_dtype == "nf4" and nf4.is_projection(prefix):
+            t = nf4.dequantized(t).to(t.dtype)
         if f"{prefix}.lora_A.weight" in state:
             a, b = state[f"{prefix}.lora_A.weight"].float(), state[f"{prefix}.lora_B.weight"].float()
             t = (t.float() + lora.scale * (b @ a)).to(t.dtype)

@@ -100,6 +100,10 @@ ALIASES = {"mistral_8x7b": "mixtral_8x7b", "mashtral_7b": "mathstral_7b"}
 # rank 64, alpha 16, dropout 0.1 (0.05 above 13B). A recipe's lora mapping replaces these.
 _LORA = {"lr": 2e-4, "lora_rank": 64, "lora_alpha": 16.0, "lora_dropout": 0.1, "warmup": 0.03}
 _LORA_LARGE = {**_LORA, "lr": 1e-4, "lora_dropout": 0.05}
+# QLoRA (--base-dtype nf4), over LoRA's: the QLoRA paper's runs (its qlora.py, appendix B) hold the
+# rate constant after warm-up, clip the gradient norm at 0.3 and decay no weights.
+_QLORA = {"lr_decay_style": "constant", "grad_clip": 0.3, "weight_decay": 0.0}
+_QLORA_SRC = "QLoRA paper (Dettmers et al. 2023), appendix B, and its qlora.py"
 # Preference tuning (--objective dpo), over either: TRL's DPOConfig defaults (TRL 1.16), what the
 # teams that run DPO start from: 1e-6 (with LoRA too: DPOConfig has no other rate for adapters),
 # beta 0.1, and transformers' TrainingArguments schedule under it: linear decay to 0, no warm-up.
@@ -121,15 +125,20 @@ class Recipe:
     sft_source: str = ""
     # Laid over both for a LoRA run: adapters train at a far higher rate than full weights.
     lora: Mapping[str, Any] = field(default_factory=lambda: dict(_LORA))
+    # Laid over LoRA's when the base is stored in NF4 (QLoRA).
+    qlora: Mapping[str, Any] = field(default_factory=lambda: dict(_QLORA))
+    qlora_source: str = _QLORA_SRC
     # Laid over all of them for preference tuning (DPO), LoRA's rate included.
     dpo: Mapping[str, Any] = field(default_factory=lambda: dict(_DPO))
     dpo_source: str = _DPO_SRC
 
-    def for_run(self, chat: bool, lora: bool, dpo: bool = False) -> dict[str, Any]:
-        """The options of a run of this kind: pre-training, chat fine-tuning, LoRA over either, and
-        DPO over all. A layer that sets the warm-up as a fraction drops the steps of the layer below."""
+    def for_run(self, chat: bool, lora: bool, dpo: bool = False, nf4: bool = False) -> dict[str, Any]:
+        """The options of a run of this kind: pre-training, chat fine-tuning, LoRA over either (QLoRA
+        over LoRA), and DPO over all. A layer that sets the warm-up as a fraction drops the steps of
+        the layer below."""
         out = dict(self.options)
-        for layer in (self.sft if chat else {}, self.lora if lora else {}, self.dpo if dpo else {}):
+        for layer in (self.sft if chat else {}, self.lora if lora else {}, self.qlora if lora and nf4 else {},
+                      self.dpo if dpo else {}):
             if "warmup" in layer:
                 out.pop("warmup_steps", None)
             out.update(layer)
@@ -178,8 +187,10 @@ _LLAMA3_SRC = "torchtitan llama3 configs; Llama 3 paper, section 3.4.1"
 _REF_SRC = "reference FSDP example's model files (Mistral AI publishes none)"
 
 RECIPES: dict[str, Recipe] = {
-    "tiny": Recipe("fsdpkit's defaults, tuned on the embedded data on a CPU", lora={}, dpo={}, dpo_source=""),
-    "debug": Recipe("fsdpkit's defaults, tuned on the embedded data on a CPU", lora={}, dpo={}, dpo_source=""),
+    "tiny": Recipe("fsdpkit's defaults, tuned on the embedded data on a CPU", lora={}, qlora={}, qlora_source="",
+                   dpo={}, dpo_source=""),
+    "debug": Recipe("fsdpkit's defaults, tuned on the embedded data on a CPU", lora={}, qlora={}, qlora_source="",
+                    dpo={}, dpo_source=""),
     "llama2_7b": Recipe(_LLAMA2_SRC, {**_LLAMA2, "lr": 3e-4}, _SFT_LLAMA2, _SFT_SRC["llama2"]),
     "llama2_13b": Recipe(_LLAMA2_SRC, {**_LLAMA2, "lr": 3e-4}, _SFT_LLAMA2, _SFT_SRC["llama2"]),
     "llama2_70b": Recipe(_LLAMA2_SRC, {**_LLAMA2, "lr": 1.5e-4, "activation_checkpointing": "full"},
@@ -195,8 +206,9 @@ RECIPES: dict[str, Recipe] = {
     "llama3_2_3b": Recipe(_LLAMA3_SRC, _LLAMA3, _SFT_LLAMA3, _SFT_SRC["llama3"]),
     "mathstral_7b": Recipe(_REF_SRC, {**_MISTRAL, "tokenizer": "mistralai/mathstral-7B-v0.1"}, _SFT_MISTRAL,
                            _SFT_SRC["mistral"]),
+    # Its experts are 3-D grouped weights, which NF4 does not hold: no QLoRA (fsdpkit.train.model.nf4).
     "mixtral_8x7b": Recipe(_REF_SRC, {**_MISTRAL, "tokenizer": "mistralai/Mixtral-8x7B-v0.1"}, _SFT_MISTRAL,
-                           _SFT_SRC["mistral"], _LORA_LARGE),
+                           _SFT_SRC["mistral"], _LORA_LARGE, qlora={}, qlora_source="none: no nf4 base for experts"),
     **{name: Recipe(_QWEN_SRC, {**_QWEN, "tokenizer": _QWEN_TOKENIZER[name[:5]]}, _SFT_QWEN, _SFT_SRC["qwen"])
        for name in PRESETS if name.startswith("qwen")},
 }

@@ -19,7 +19,9 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionP
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from fsdpkit.errors import UserError
+from fsdpkit.train.model import nf4
 from fsdpkit.train.model.config import LoraShape, ModelConfig, loss_chunk_size
+from fsdpkit.train.model.hf import local_rows
 from fsdpkit.train.model.lora import add_adapters
 from fsdpkit.train.model.transformer import Transformer
 from fsdpkit.train.runtime.dist import Runtime
@@ -44,6 +46,11 @@ def build_mesh(rt: Runtime, par: ParallelConfig) -> DeviceMesh:
 def apply_activation_checkpointing(model: Transformer, mode: str, every: int) -> None:
     for i, layer in enumerate(model.blocks()):
         layer.checkpoint = mode == "full" or (mode == "selective" and i % every == 0)
+
+
+def shard_count(mesh: DeviceMesh | None) -> int:
+    """Ranks each parameter is sharded over (1: not sharded)."""
+    return mesh["dp_shard"].size() if mesh is not None else 1
 
 
 def apply_fsdp(model: Transformer, mesh: DeviceMesh, par: ParallelConfig, device_type: str) -> None:
@@ -96,7 +103,13 @@ def convert_float8(model: Transformer, recipe: str, head: bool) -> None:
 
 
 def fill_sharded(p: torch.Tensor, init_fn: Callable[[torch.Tensor], None]) -> None:
-    """Initialise the full parameter once, keep this rank's shard (no communication)."""
+    """Initialise the full parameter once, keep this rank's shard (no communication; an NF4
+    parameter's quantization gathers its block scalers)."""
+    if nf4.is_nf4(p):
+        full = torch.empty(p.shape, dtype=p.dtype, device=nf4.device_of(p))
+        init_fn(full)
+        nf4.store(p, full[local_rows(p)[0]])
+        return
     if not isinstance(p, DTensor):
         init_fn(p)
         return
@@ -109,13 +122,17 @@ def fill_sharded(p: torch.Tensor, init_fn: Callable[[torch.Tensor], None]) -> No
 
 def build_model(shape: ModelConfig, par: ParallelConfig, rope_len: int, seed: int, rt: Runtime,
                 lora: LoraShape | None = None) -> Transformer:
-    """The model of this shape, initialised from `seed`, with LoRA adapters (base frozen) and the
-    parallel section's wrappings: float8, activation checkpointing, compiled blocks, FSDP2 over the
-    runtime's mesh."""
+    """The model of this shape, initialised from `seed`, with LoRA adapters (base frozen, in NF4 for
+    QLoRA) and the parallel section's wrappings: float8, activation checkpointing, compiled blocks,
+    FSDP2 over the runtime's mesh."""
+    mesh = build_mesh(rt, par) if rt.distributed else None
     with torch.device("meta"):
         model = Transformer(shape, rope_len=rope_len)
         if lora is not None:
             add_adapters(model, lora)
+        if lora is not None and lora.base_dtype == "nf4":
+            nf4.check_layout(shape, shard_count(mesh))
+            nf4.quantize_base(model)
     model.loss_chunk_tokens = loss_chunk_size(model.cfg.vocab_size, par.loss_chunk_tokens, bool(par.compile))
     if par.float8:
         apply_float8(model, rt.device, par.float8_recipe, par.float8_head)
@@ -131,8 +148,8 @@ def build_model(shape: ModelConfig, par: ParallelConfig, rope_len: int, seed: in
         for layer in model.blocks():
             layer.compile()
         model.output_loss = torch.compile(model.output_loss)  # type: ignore[method-assign]  # the loss, compiled
-    if rt.distributed:
-        apply_fsdp(model, build_mesh(rt, par), par, rt.device.type)
+    if mesh is not None:
+        apply_fsdp(model, mesh, par, rt.device.type)
     # Offloaded shards live on the CPU; unsharded (single-process) models always sit on the device.
     init_device = torch.device("cpu") if par.cpu_offload and rt.distributed else rt.device
     model.to_empty(device=init_device)
