@@ -29,6 +29,7 @@ from benchmarks.common import append_rows, device_of, environment, model_argumen
 from fsdpkit.errors import UserError
 from fsdpkit.train.config import parse_args
 from fsdpkit.train.model import nf4
+from fsdpkit.train.model.config import check_nf4_layout
 from fsdpkit.train.model.hf import load_hf_into, save_hf
 from fsdpkit.train.model.transformer import Transformer
 from fsdpkit.train.optim import build_optimizer, clipped_step
@@ -127,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         lora = [*common, "--lora", "1", "--lora-rank", str(args.rank)]
         rows = [run_mode(common, device, steps, warmup), run_mode(lora, device, steps, warmup)]
         try:   # a shape whose projections hold no whole NF4 blocks (debug's ffn 688) has no QLoRA row
-            nf4.check_layout(parse_args(lora).shape, 1)
+            check_nf4_layout(parse_args(lora).shape, 1)
             rows.append(run_mode([*lora, "--base-dtype", "nf4"], device, steps, warmup))
         except UserError as e:
             print(f"qlora: not run: {e}", flush=True)

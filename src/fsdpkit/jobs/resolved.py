@@ -35,7 +35,7 @@ from fsdpkit.plan.grace import (
 )
 from fsdpkit.plan.planner import Plan, plan_config
 from fsdpkit.train.config import TrainConfig, build, recipe_values, step_tokens, to_flags
-from fsdpkit.train.model import nf4
+from fsdpkit.train.model.config import check_nf4_layout
 from fsdpkit.train.sections import CheckpointConfig, OptimConfig
 
 log = logging.getLogger(__name__)
@@ -219,7 +219,8 @@ def _trainer(spec: JobSpec, root: str | None) -> Trainer:
         if cfg.lora_shape is not None and cfg.lora_shape.base_dtype == "nf4":
             # Each node count an elastic job may run at shards the NF4 base its own way.
             for nodes in range(spec.nodes.min, spec.nodes.max + 1):
-                nf4.check_layout(cfg.shape, cfg.parallel.shard_ranks(nodes * spec.procs, nodes))
+                ranks = nodes * spec.procs
+                check_nf4_layout(cfg.shape, cfg.parallel.shard_ranks(ranks, nodes), ranks)
     except UserError as e:
         raise UserError(f"train.{e}", hint=e.hint) from None
     # The rendered command carries the steps, whatever the ranks of an elastic job come to.

@@ -38,12 +38,11 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from fsdpkit.train.model import nf4
-from fsdpkit.train.model.config import LoraShape, ModelConfig, projections
+from fsdpkit.train.model.config import LoraShape, ModelConfig, nf4_bytes_per_param, projections
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2}
 # QLoRA's base projections (NF4 of the fp32 parameters): codes, int8 scalers, fp32 factors.
-NF4_BYTES = nf4.bytes_per_param(4)
+NF4_BYTES = nf4_bytes_per_param(4)
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from fsdpkit.train.config import REPLAY_HEAD, TrainConfig, resume_target
 from fsdpkit.train.data import BatchStream, Prefetcher
 from fsdpkit.train.data.pipeline import data_pipeline
 from fsdpkit.train.model import nf4
-from fsdpkit.train.model.config import LoraShape, count_params
+from fsdpkit.train.model.config import LoraShape, check_nf4_layout, count_params
 from fsdpkit.train.model.flops import flops_per_token
 from fsdpkit.train.model.hf import check_weights, load_hf_into
 from fsdpkit.train.model.transformer import Transformer
@@ -126,7 +126,7 @@ def _check_inputs(cfg: TrainConfig) -> None:
         # The workers' mesh, refused here rather than in each.
         shard = cfg.parallel.shard_ranks(cfg.parallel.nproc, 1)
         if cfg.lora_shape is not None and cfg.lora_shape.base_dtype == "nf4":
-            nf4.check_layout(cfg.shape, shard)
+            check_nf4_layout(cfg.shape, shard, cfg.parallel.nproc)
             nf4.check_available()
         if cfg.parallel.float8 and dist.resolve_device_type(cfg.parallel.device) != "cuda":
             raise UserError("float8: needs an NVIDIA GPU (Ada, Hopper or newer); it cannot run on the CPU")

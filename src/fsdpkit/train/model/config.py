@@ -5,6 +5,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fsdpkit.errors import UserError
+
+# QLoRA's NF4 (fsdpkit.train.model.nf4): an absmax scaler per 64 elements, the scalers quantized to
+# int8 in groups of 256; a shard must hold whole groups.
+NF4_BLOCK = 64
+NF4_SCALER_BLOCK = 256
+NF4_GRAIN = NF4_BLOCK * NF4_SCALER_BLOCK
+
 
 @dataclass(frozen=True)
 class RopeScaling:
@@ -102,3 +110,27 @@ def projections(m: ModelConfig) -> dict[str, tuple[int, int]]:
     mlp = {} if m.is_moe else {"gate_proj": (m.ffn_dim, m.dim), "up_proj": (m.ffn_dim, m.dim),
                                "down_proj": (m.dim, m.ffn_dim)}
     return {**attn, **mlp}
+
+
+def nf4_bytes_per_param(dtype_bytes: int = 4) -> float:
+    """NF4's storage per parameter: 4-bit codes, an int8 scaler per block, a factor (the weight's
+    dtype) per group of scalers."""
+    return 0.5 + 1 / NF4_BLOCK + dtype_bytes / NF4_GRAIN
+
+
+def check_nf4_layout(shape: ModelConfig, shard: int, world: int = 1) -> None:
+    """Refuse, in one line, projections that cannot be stored in NF4 sharded over `shard` of
+    `world` ranks."""
+    if world > 1 and shard == 1:
+        # FSDP2 hands a one-rank shard group's parameter over without an all-gather, which torchao's
+        # NF4 does not take (measured: its fsdp_post_all_gather gets one tensor of three).
+        raise UserError(f"base_dtype: nf4 needs its shards spread over 2 or more ranks; with {world} ranks in "
+                        f"{world} replicas each holds the whole base: lower --dp-replicate, or use "
+                        "--sharding-strategy full")
+    for name, (out, inp) in projections(shape).items():
+        if out % shard or (out // shard) * inp % NF4_GRAIN:
+            fix = ("use --base-dtype auto for a projection this small" if out * inp % NF4_GRAIN else
+                   "use a rank count that divides them so, or --base-dtype auto")
+            raise UserError(f"base_dtype: nf4 stores {name} ({out} x {inp}) in blocks of {NF4_GRAIN} elements, and "
+                            f"over {shard} shard rank(s) each rank's rows ({out / shard:g} x {inp}) are no whole "
+                            f"number of them; {fix}")

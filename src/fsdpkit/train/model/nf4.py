@@ -8,10 +8,11 @@ dequantizes it for each matmul, and its backward does so again instead of keepin
 full-precision weight.
 
 A shard must hold whole double-quantization groups (64 x 256 elements), so each projection's rows
-divide evenly over the shard ranks in multiples of that; `check_layout` says which projection does
-not, before anything is built. Every rank quantizes only its own rows, with the mean of the whole
-projection's scalers (gathered: 1/64 of the elements), so a sharded base is byte for byte
-`to_nf4` of the whole weight, at any world size.
+divide evenly over the shard ranks in multiples of that; `config.check_nf4_layout` says which
+projection does not, before anything is built (without torch: job commands check it too). Every
+rank quantizes only its own rows, with the mean of the whole projection's scalers (gathered: 1/64
+of the elements), so a sharded base is byte for byte `to_nf4` of the whole weight, at any world
+size.
 
 torchao is imported when a run asks for NF4, not before: importing it costs seconds and logs
 warnings about its GPU kernels, which every other run (and every torchrun worker) would pay.
@@ -33,14 +34,9 @@ from torch import nn
 from torch.distributed.tensor import DTensor, Shard
 
 from fsdpkit.errors import UserError
-from fsdpkit.train.model.config import ModelConfig
-from fsdpkit.train.model.config import projections as projection_shapes
+from fsdpkit.train.model.config import NF4_BLOCK as BLOCK
+from fsdpkit.train.model.config import NF4_SCALER_BLOCK as SCALER_BLOCK
 from fsdpkit.train.sections import LORA_TARGETS
-
-BLOCK = 64            # elements per absmax scaler
-SCALER_BLOCK = 256    # scalers per int8 group of the double quantization
-GRAIN = BLOCK * SCALER_BLOCK   # the elements a shard must hold a whole number of
-
 
 _NF4_MODULE = "torchao.quantization.quantize_.workflows.nf4.nf4_tensor"
 
@@ -70,12 +66,6 @@ def check_available() -> None:
     _torchao()
 
 
-def bytes_per_param(dtype_bytes: int = 4) -> float:
-    """NF4's storage per parameter: 4-bit codes, an int8 scaler per block, a factor (the weight's
-    dtype) per group of scalers."""
-    return 0.5 + 1 / BLOCK + dtype_bytes / GRAIN
-
-
 def is_projection(module_name: str) -> bool:
     """Whether a module (by name) is one of the decoder blocks' dense projections."""
     return module_name.rsplit(".", 1)[-1] in LORA_TARGETS
@@ -85,17 +75,6 @@ def projections(model: nn.Module) -> list[tuple[str, nn.Linear]]:
     """The decoder blocks' dense projections, by module name: what QLoRA holds in NF4 (adapted or
     not). Embeddings, norms and the output head stay in the run's dtype, as in QLoRA."""
     return [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Linear) and is_projection(name)]
-
-
-def check_layout(shape: ModelConfig, shard: int) -> None:
-    """Refuse, in one line, projections that cannot be stored in NF4 sharded over `shard` ranks."""
-    for name, (out, inp) in projection_shapes(shape).items():
-        if out % shard or (out // shard) * inp % GRAIN:
-            fix = ("use --base-dtype auto for a projection this small" if out * inp % GRAIN else
-                   "use a rank count that divides them so, or --base-dtype auto")
-            raise UserError(f"base_dtype: nf4 stores {name} ({out} x {inp}) in blocks of {GRAIN} elements, and over "
-                            f"{shard} shard rank(s) each rank's rows ({out / shard:g} x {inp}) are no whole number "
-                            f"of them; {fix}")
 
 
 def quantize_base(model: nn.Module) -> None:

@@ -20,7 +20,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 
 from fsdpkit.errors import UserError
 from fsdpkit.train.model import nf4
-from fsdpkit.train.model.config import LoraShape, ModelConfig, loss_chunk_size
+from fsdpkit.train.model.config import LoraShape, ModelConfig, check_nf4_layout, loss_chunk_size
 from fsdpkit.train.model.hf import local_rows
 from fsdpkit.train.model.lora import add_adapters
 from fsdpkit.train.model.transformer import Transformer
@@ -131,7 +131,7 @@ def build_model(shape: ModelConfig, par: ParallelConfig, rope_len: int, seed: in
         if lora is not None:
             add_adapters(model, lora)
         if lora is not None and lora.base_dtype == "nf4":
-            nf4.check_layout(shape, shard_count(mesh))
+            check_nf4_layout(shape, shard_count(mesh), rt.world_size)
             nf4.quantize_base(model)
     model.loss_chunk_tokens = loss_chunk_size(model.cfg.vocab_size, par.loss_chunk_tokens, bool(par.compile))
     if par.float8:
