@@ -87,7 +87,10 @@ RULES = {
     "above the range": (["--min_lr_ratio", "2"], r"^min_lr_ratio: .*<= 1"),
     "a bad cadence": (["--checkpoint_every", "often"], r"^checkpoint_every: expected steps \(500\) or a wall time"),
     "experts in a Qwen model": (["--family", "qwen3", "--n_experts", "4"],
-                                r"^n_experts: the qwen3 family has no mixture-of-experts form here"),
+                                r"^n_experts: the qwen3 family has no mixture-of-experts form; use 0, or --family "
+                                r"qwen3_moe \(or mixtral\)$"),
+    "a Qwen3-MoE without experts": (["--family", "qwen3_moe", "--n_experts", "0"],
+                                    r"^n_experts: the qwen3_moe family is a mixture of experts; give --n-experts"),
     "LoRA from random weights": (["--lora", "1"], r"^lora: adapters fine-tune a trained model.*--init-from-hf"),
     "LoRA under float8": (["--lora", "1", "--float8", "1"], r"^lora: float8 linear layers would replace"),
     "an NF4 base without LoRA": (["--base-dtype", "nf4"], r"^base_dtype: nf4 stores the frozen base of a LoRA run "
@@ -120,6 +123,7 @@ EDGES = [
     ["--dim", "130", "--n_heads", "4", "--head-dim", "32"],  # explicit heads need not divide the width
     ["--objective", "dpo", "--data-format", "preference", "--dpo-beta", "1e-6"],
     ["--base-dtype", "auto", "--n-experts", "2"],
+    ["--family", "qwen3_moe", "--n_experts", "1", "--experts-per-token", "1"],
 ]
 
 

@@ -42,7 +42,7 @@ from fsdpkit.settings import (
 )
 from fsdpkit.train.checkpoint import catalog
 from fsdpkit.train.model.config import LoraShape, ModelConfig
-from fsdpkit.train.model.hf_config import QWEN, model_config_from_hf
+from fsdpkit.train.model.hf_config import model_config_from_hf
 from fsdpkit.train.model.presets import get_preset, get_recipe, match_preset
 from fsdpkit.train.sections import (
     VALIDATION_SHARE,
@@ -160,6 +160,10 @@ def _shape(cfg: TrainOptions, on_nodes: bool = False) -> ModelConfig:
     if changes.get("family") == "mixtral" and "n_experts" not in changes and not base.is_moe:
         # The reference's `--model_type=mixtral` builds Mixtral's 8 experts, top-2.
         changes.update(n_experts=8, experts_per_token=changes.get("experts_per_token", 2))
+    if changes.get("family") == "qwen3_moe" and "n_experts" not in changes and not base.is_moe:
+        # Qwen3-MoE's published shape: 128 experts, top-8, per-head q/k norms.
+        changes.update(n_experts=128, experts_per_token=changes.get("experts_per_token", 8),
+                       qk_norm=changes.get("qk_norm", True))
     return dataclasses.replace(base, **changes)
 
 
@@ -585,8 +589,11 @@ def _validate_shape(m: ModelConfig) -> None:
         raise UserError(f"n_kv_heads: {m.n_kv_heads} must divide n_heads ({m.n_heads})")
     if m.head_size % 2:
         raise UserError(f"dim/n_heads: head size {m.head_size} must be even for rotary embeddings")
-    if m.is_moe and m.family in QWEN:
-        raise UserError(f"n_experts: the {m.family} family has no mixture-of-experts form here; use 0, or "
-                        "--family mixtral")
+    if m.is_moe and m.family in ("qwen2", "qwen3"):
+        raise UserError(f"n_experts: the {m.family} family has no mixture-of-experts form; use 0, or "
+                        "--family qwen3_moe (or mixtral)")
+    if m.family == "qwen3_moe" and not m.is_moe:
+        raise UserError("n_experts: the qwen3_moe family is a mixture of experts; give --n-experts (its "
+                        "published models: 128)")
     if m.is_moe and m.experts_per_token > m.n_experts:
         raise UserError(f"experts_per_token: {m.experts_per_token} must be <= n_experts ({m.n_experts})")

@@ -15,7 +15,7 @@ from fsdpkit.errors import UserError
 from fsdpkit.settings import Bool, Float, Int, Settings, Str, fail, option
 
 TRACKERS = ("wandb", "mlflow")
-Family = Literal["llama", "mistral", "mixtral", "qwen2", "qwen3"]
+Family = Literal["llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe"]
 
 
 def parse_trackers(raw: str | None) -> tuple[str, ...]:
@@ -44,7 +44,7 @@ class ModelOverrides(Settings):
     rope_theta: Float | None = option(None, "RoPE base", ge=1)
     sliding_window: Int | None = option(None, "Mistral sliding attention window (0: none)", ge=0)
     n_experts: Int | None = option(
-        None, "MoE experts per layer (0: dense MLP; model_type mixtral without it: 8)", ge=0,
+        None, "MoE experts per layer (0: dense MLP; model_type mixtral without it: 8, qwen3_moe: 128)", ge=0,
         aliases=("num_local_experts",))
     experts_per_token: Int | None = option(None, "experts each token is routed to", ge=1,
                                            aliases=("num_experts_per_tok",))

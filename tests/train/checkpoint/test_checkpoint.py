@@ -239,7 +239,8 @@ def _train_until(tmp_path, nproc: str, sig: int, *extra: str) -> tuple[subproces
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT)
     metrics = tmp_path / "run" / "metrics.jsonl"
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
+    # Three training rows (the file's first row is the run's start record, not a step).
+    while time.monotonic() < deadline and not (metrics.exists() and metrics.read_text().count('"kind": "train"') >= 3):
         assert proc.poll() is None, proc.communicate()[0][-3000:]
         time.sleep(0.1)
     proc.send_signal(sig)

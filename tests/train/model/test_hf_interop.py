@@ -32,9 +32,13 @@ FAMILIES = {
     # Qwen 2.5: biased q/k/v, tied head. Qwen 3: per-head q/k norms, heads wider than hidden / heads.
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(rope_theta=1e6, tie_word_embeddings=True, rms_norm_eps=1e-6)),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(rope_theta=1e6, head_dim=16, rms_norm_eps=1e-6)),
+    # Qwen3-MoE: Qwen 3's attention, every layer sparse, top-k weights renormalised (as published).
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(
+        rope_theta=1e6, head_dim=16, rms_norm_eps=1e-6, num_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=48, norm_topk_prob=True)),
 }
-# llama and qwen2: the import is sharded over 2 ranks
-NPROC = {"llama": "2", "mistral": "1", "mixtral": "1", "qwen2": "2", "qwen3": "1"}
+# llama, qwen2 and qwen3_moe (2 of its 4 experts a rank): the import is sharded over 2 ranks
+NPROC = {"llama": "2", "mistral": "1", "mixtral": "1", "qwen2": "2", "qwen3": "1", "qwen3_moe": "2"}
 
 
 def make_hf_checkpoint(family: str, path) -> None:

@@ -21,8 +21,10 @@ PUBLISHED_B = {
     "llama2_7b": 6.74, "llama2_13b": 13.02, "llama2_70b": 68.98, "llama3_1_8b": 8.03,
     "llama3_1_70b": 70.55, "llama3_2_1b": 1.24, "llama3_2_3b": 3.21, "mathstral_7b": 7.25,
     "mixtral_8x7b": 46.70, "qwen2_5_0_5b": 0.494, "qwen2_5_1_5b": 1.54, "qwen2_5_3b": 3.09, "qwen2_5_7b": 7.62,
-    "qwen3_0_6b": 0.596, "qwen3_1_7b": 1.72, "qwen3_4b": 4.02, "qwen3_8b": 8.19,
+    "qwen3_0_6b": 0.596, "qwen3_1_7b": 1.72, "qwen3_4b": 4.02, "qwen3_8b": 8.19, "qwen3_30b_a3b": 30.53,
 }
+# Parameters a token uses, where the card gives them (mixture-of-experts models).
+PUBLISHED_ACTIVE_B = {"mixtral_8x7b": 12.9, "qwen3_30b_a3b": 3.3}
 
 
 def unique_numel(model: torch.nn.Module) -> int:
@@ -41,6 +43,11 @@ def test_preset_builds_on_meta_with_published_size(name):
     assert all(b.is_meta for b in model.buffers())
     # A 70B model in fp32 is 280 GB: building it must not allocate (ru_maxrss is in KiB on Linux).
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before < 200 * 1024
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED_ACTIVE_B))
+def test_a_mixture_of_experts_preset_activates_its_published_share(name):
+    assert count_params(PRESETS[name], active=True) / 1e9 == pytest.approx(PUBLISHED_ACTIVE_B[name], abs=0.06)
 
 
 @pytest.mark.parametrize("name", sorted(n for n in PRESETS if n.startswith("qwen")))

@@ -61,7 +61,7 @@ class ModelConfig:
     experts_per_token: int = 2
     router_aux_loss_coef: float = 0.02
     init_std: float = 0.02
-    family: str = "llama"  # llama | mistral | mixtral | qwen2 | qwen3: the Hugging Face class the weights map to
+    family: str = "llama"  # llama | mistral | mixtral | qwen2 | qwen3 | qwen3_moe: the weights' Hugging Face class
     head_dim: int | None = None  # Qwen 3: heads wider than dim / n_heads; None: dim / n_heads
     qkv_bias: bool = False  # Qwen 2 / 2.5: biases on the query, key and value projections
     qk_norm: bool = False   # Qwen 3: RMSNorm over each head of queries and keys, before RoPE

@@ -30,15 +30,25 @@ from fsdpkit.train.model.hf_config import hf_config_dict
 from fsdpkit.train.model.lora import is_adapter
 
 # --- weights on disk (the hub's safetensors layout) ------------------------------------------------
-# Dense parameters keep their names. MoE layers are stored per expert, as every Mixtral checkpoint
-# on the hub is (and as transformers v5 writes them back):
+# Dense parameters keep their names. MoE layers are stored per expert, as every Mixtral and
+# Qwen3-MoE checkpoint on the hub is (and as transformers v5 writes them back):
 #   model.layers.N.block_sparse_moe.gate.weight            <- model.layers.N.mlp.gate.weight
 #   model.layers.N.block_sparse_moe.experts.E.w1.weight    <- gate_up_proj[E, :F]   (gate)
 #   model.layers.N.block_sparse_moe.experts.E.w3.weight    <- gate_up_proj[E, F:]   (up)
 #   model.layers.N.block_sparse_moe.experts.E.w2.weight    <- down_proj[E]          (down)
+# Qwen3-MoE keeps `mlp` and names them gate_proj, up_proj and down_proj.
 
 _MOE = re.compile(r"^model\.layers\.(\d+)\.mlp\.(gate\.weight|experts\.gate_up_proj|experts\.down_proj)$")
 SHARD_BYTES = 5 * 2**30  # the hub's customary shard size
+# family -> (the layer's MoE module, its experts' gate, up and down projections), on disk.
+_HUB_MOE = {"mixtral": ("block_sparse_moe", ("w1", "w3"), "w2"),
+            "qwen3_moe": ("mlp", ("gate_proj", "up_proj"), "down_proj")}
+
+
+def _hub_moe(cfg: ModelConfig, layer: str) -> tuple[str, tuple[str, str], str]:
+    """A MoE layer's prefix on disk and its experts' projection names (Mixtral's for any other family)."""
+    module, gate_up, down = _HUB_MOE.get(cfg.family, _HUB_MOE["mixtral"])
+    return f"model.layers.{layer}.{module}", gate_up, down
 
 
 def to_hub_tensors(name: str, t: torch.Tensor, cfg: ModelConfig) -> dict[str, torch.Tensor]:
@@ -47,16 +57,16 @@ def to_hub_tensors(name: str, t: torch.Tensor, cfg: ModelConfig) -> dict[str, to
     if not m:
         return {name: t}
     layer, what = m.groups()
-    prefix = f"model.layers.{layer}.block_sparse_moe"
+    prefix, (gate, up), down = _hub_moe(cfg, layer)
     if what == "gate.weight":
         return {f"{prefix}.gate.weight": t}
     if what == "experts.down_proj":
-        return {f"{prefix}.experts.{e}.w2.weight": t[e] for e in range(t.shape[0])}
+        return {f"{prefix}.experts.{e}.{down}.weight": t[e] for e in range(t.shape[0])}
     f = cfg.ffn_dim
     out = {}
     for e in range(t.shape[0]):
-        out[f"{prefix}.experts.{e}.w1.weight"] = t[e, :f]
-        out[f"{prefix}.experts.{e}.w3.weight"] = t[e, f:]
+        out[f"{prefix}.experts.{e}.{gate}.weight"] = t[e, :f]
+        out[f"{prefix}.experts.{e}.{up}.weight"] = t[e, f:]
     return out
 
 
@@ -202,16 +212,16 @@ _NOT_WEIGHTS = re.compile(r"\.rotary_emb\.inv_freq$")
 
 def _checkpoint_keys(name: str, cfg: ModelConfig, experts: range | None = None) -> list[tuple[str, ...]]:
     """The checkpoint tensors a parameter of the model is filled from: one tensor, whose rows it
-    takes; or for Mixtral's experts one group per expert (`experts`, default all), its tensors
-    concatenated (w1 and w3 into gate_up_proj, w2 alone into down_proj)."""
+    takes; or for a MoE layer's experts one group per expert (`experts`, default all), its tensors
+    concatenated (gate and up into gate_up_proj, down alone into down_proj)."""
     m = _MOE.match(name)
     if not m:
         return [("model.embed_tokens.weight" if name == "lm_head.weight" and cfg.tie_embeddings else name,)]
     layer, what = m.groups()
-    prefix = f"model.layers.{layer}.block_sparse_moe"
+    prefix, gate_up, down = _hub_moe(cfg, layer)
     if what == "gate.weight":
         return [(f"{prefix}.gate.weight",)]
-    parts = ("w2",) if what == "experts.down_proj" else ("w1", "w3")
+    parts = (down,) if what == "experts.down_proj" else gate_up
     return [tuple(f"{prefix}.experts.{e}.{w}.weight" for w in parts)
             for e in (experts if experts is not None else range(cfg.n_experts))]
 

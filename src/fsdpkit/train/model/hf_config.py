@@ -12,18 +12,20 @@ from fsdpkit.readers import reading
 from fsdpkit.train.model.config import ModelConfig, RopeScaling
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "mixtral": "MixtralForCausalLM",
-                 "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+                 "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
 # The families whose configs carry a per-layer sliding-window switch (use_sliding_window, off in
 # every published checkpoint) rather than Mistral's plain window.
-QWEN = ("qwen2", "qwen3")
+QWEN = ("qwen2", "qwen3", "qwen3_moe")
+# The families whose models are mixtures of experts, each with its own config fields.
+MOE = ("mixtral", "qwen3_moe")
 
 
 def hf_config_dict(cfg: ModelConfig) -> dict[str, Any]:
-    if cfg.family == "mixtral" and not cfg.is_moe:
+    if cfg.family in MOE and not cfg.is_moe:
         # transformers would load such a config with freshly initialised experts, warning only.
-        raise UserError("export: the model is of the mixtral family but has no experts (n_experts 0): a "
-                        "MixtralForCausalLM needs them; train with --n-experts, or as --model_type llama")
-    family = "mixtral" if cfg.is_moe else cfg.family
+        raise UserError(f"export: the model is of the {cfg.family} family but has no experts (n_experts 0): a "
+                        f"{ARCHITECTURES[cfg.family]} needs them; train with --n-experts, or as --model_type llama")
+    family = cfg.family if cfg.family in MOE or not cfg.is_moe else "mixtral"
     out: dict[str, Any] = {
         "architectures": [ARCHITECTURES[family]],
         "model_type": family,
@@ -57,6 +59,11 @@ def hf_config_dict(cfg: ModelConfig) -> dict[str, Any]:
     if family == "mixtral":
         out.update(num_local_experts=cfg.n_experts, num_experts_per_tok=cfg.experts_per_token,
                    router_aux_loss_coef=cfg.router_aux_loss_coef)
+    if family == "qwen3_moe":
+        # Every layer sparse (no dense layers among them), the top-k weights renormalised: as fsdpkit's MoE.
+        out.update(moe_intermediate_size=cfg.ffn_dim, num_experts=cfg.n_experts,
+                   num_experts_per_tok=cfg.experts_per_token, norm_topk_prob=True, decoder_sparse_step=1,
+                   mlp_only_layers=[], router_aux_loss_coef=cfg.router_aux_loss_coef)
     return out
 
 
@@ -82,6 +89,11 @@ def refuse_unrepresentable(c: dict[str, Any], family: str) -> None:
     if arch:
         raise UserError(f"init_from_hf: architecture {arch[0]} is not supported (supported: "
                         f"{', '.join(ARCHITECTURES.values())})")
+    if family == "qwen3_moe" and (c.get("norm_topk_prob") is False or c.get("decoder_sparse_step", 1) != 1
+                                  or c.get("mlp_only_layers")):
+        raise UserError("init_from_hf: the checkpoint has dense layers among its expert layers (decoder_sparse_step, "
+                        "mlp_only_layers) or leaves the top-k routing weights unnormalised (norm_topk_prob false), "
+                        "which fsdpkit's MoE does not; every published Qwen3-MoE checkpoint has neither")
     if c.get("hidden_act", "silu") != "silu":
         raise UserError(f"init_from_hf: hidden_act {c['hidden_act']!r} is not supported (fsdpkit's MLP is "
                         "SwiGLU: silu)")
@@ -108,7 +120,7 @@ def _number(c: dict[str, Any], key: str, kind: type[int] | type[float], default:
 
 
 def model_config_from_hf(path: Path) -> ModelConfig:
-    """Our ModelConfig from a Hugging Face config.json (Llama, Mistral, Mixtral, Qwen 2 / 2.5, Qwen 3)."""
+    """Our ModelConfig from a Hugging Face config.json (Llama, Mistral, Mixtral, Qwen 2 / 2.5, Qwen 3, Qwen3-MoE)."""
     cfg_file = path / "config.json"
     if not cfg_file.is_file():
         raise UserError(f"init_from_hf: no config.json in {path}")
@@ -133,17 +145,23 @@ def model_config_from_hf(path: Path) -> ModelConfig:
     heads = _number(c, "num_attention_heads", int)
     hidden = _number(c, "hidden_size", int)
     head_dim = _number(c, "head_dim", int, None)
-    n_experts = _number(c, "num_local_experts", int, 0, low=0) if family == "mixtral" else 0
+    n_experts = 0
+    if family == "mixtral":
+        n_experts = _number(c, "num_local_experts", int, 0, low=0)
+    elif family == "qwen3_moe":   # the hub's configs say num_experts; transformers 5 writes num_local_experts
+        n_experts = _number(c, "num_experts" if "num_experts" in c else "num_local_experts", int)
     window = _number(c, "sliding_window", int, None) if family in ("mistral", "mixtral") else None
     return ModelConfig(
         vocab_size=_number(c, "vocab_size", int), dim=hidden, n_layers=_number(c, "num_hidden_layers", int),
         n_heads=heads, n_kv_heads=_number(c, "num_key_value_heads", int, heads),
-        ffn_dim=_number(c, "intermediate_size", int), max_seq_len=_number(c, "max_position_embeddings", int, 4096),
+        ffn_dim=_number(c, "moe_intermediate_size" if family == "qwen3_moe" else "intermediate_size", int),
+        max_seq_len=_number(c, "max_position_embeddings", int, 4096),
         rope_theta=float(theta), rope_scaling=scaling, norm_eps=_number(c, "rms_norm_eps", float, 1e-5, low=0),
         tie_embeddings=bool(c.get("tie_word_embeddings", False)), sliding_window=window, n_experts=n_experts,
         experts_per_token=_number(c, "num_experts_per_tok", int, 2),
-        router_aux_loss_coef=_number(c, "router_aux_loss_coef", float, 0.02, low=0),
+        router_aux_loss_coef=_number(c, "router_aux_loss_coef", float, 0.001 if family == "qwen3_moe" else 0.02,
+                                     low=0),
         init_std=_number(c, "initializer_range", float, 0.02, low=0), family=family,
         head_dim=head_dim if head_dim not in (None, hidden // heads) else None,
-        qkv_bias=family == "qwen2", qk_norm=family == "qwen3",
+        qkv_bias=family == "qwen2", qk_norm=family in ("qwen3", "qwen3_moe"),
     )

@@ -8,7 +8,7 @@ CPU tests and for `make run` (byte-level vocabulary of the embedded tokenizer).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fsdpkit.errors import UserError
@@ -90,6 +90,10 @@ PRESETS: dict[str, ModelConfig] = {
     "qwen3_1_7b": _qwen3(2048, 28, 16, 8, 6144, tie=True),
     "qwen3_4b": _qwen3(2560, 36, 32, 8, 9728, tie=True),
     "qwen3_8b": _qwen3(4096, 36, 32, 8, 12288),
+    # Qwen3-MoE (config.json of Qwen/Qwen3-30B-A3B): Qwen 3's attention, 128 experts of width 768 in
+    # every layer, 8 per token with their weights renormalised, balancing loss at 0.001.
+    "qwen3_30b_a3b": replace(_qwen3(2048, 48, 32, 4, 768), n_experts=128, experts_per_token=8,
+                                         router_aux_loss_coef=0.001, family="qwen3_moe"),
 }
 
 # Names the reference's job files use for the same models.
@@ -104,6 +108,7 @@ _LORA_LARGE = {**_LORA, "lr": 1e-4, "lora_dropout": 0.05}
 # rate constant after warm-up, clip the gradient norm at 0.3 and decay no weights.
 _QLORA = {"lr_decay_style": "constant", "grad_clip": 0.3, "weight_decay": 0.0}
 _QLORA_SRC = "QLoRA paper (Dettmers et al. 2023), appendix B, and its qlora.py"
+_NO_QLORA = "none: no nf4 base for experts"
 # Preference tuning (--objective dpo), over either: TRL's DPOConfig defaults (TRL 1.16), what the
 # teams that run DPO start from: 1e-6 (with LoRA too: DPOConfig has no other rate for adapters),
 # beta 0.1, and transformers' TrainingArguments schedule under it: linear decay to 0, no warm-up.
@@ -208,8 +213,11 @@ RECIPES: dict[str, Recipe] = {
                            _SFT_SRC["mistral"]),
     # Its experts are 3-D grouped weights, which NF4 does not hold: no QLoRA (fsdpkit.train.model.nf4).
     "mixtral_8x7b": Recipe(_REF_SRC, {**_MISTRAL, "tokenizer": "mistralai/Mixtral-8x7B-v0.1"}, _SFT_MISTRAL,
-                           _SFT_SRC["mistral"], _LORA_LARGE, qlora={}, qlora_source="none: no nf4 base for experts"),
-    **{name: Recipe(_QWEN_SRC, {**_QWEN, "tokenizer": _QWEN_TOKENIZER[name[:5]]}, _SFT_QWEN, _SFT_SRC["qwen"])
+                           _SFT_SRC["mistral"], _LORA_LARGE, qlora={}, qlora_source=_NO_QLORA),
+    # Qwen3-MoE's experts are 3-D grouped weights, which NF4 does not hold: no QLoRA layer.
+    **{name: Recipe(_QWEN_SRC, {**_QWEN, "tokenizer": _QWEN_TOKENIZER[name[:5]]}, _SFT_QWEN, _SFT_SRC["qwen"],
+                    qlora={} if PRESETS[name].is_moe else dict(_QLORA),
+                    qlora_source=_NO_QLORA if PRESETS[name].is_moe else _QLORA_SRC)
        for name in PRESETS if name.startswith("qwen")},
 }
 
