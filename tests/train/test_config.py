@@ -295,6 +295,13 @@ def test_mixtral_model_type_alone_means_eight_experts_top_two():
     assert (cfg.shape.n_experts, cfg.shape.experts_per_token) == (4, 1)
 
 
+def test_qwen3_moe_model_type_alone_means_its_published_experts_and_q_k_norms():
+    m = parse_args(["--model_type=qwen3_moe", "--num_layers=2"]).shape
+    assert (m.family, m.n_experts, m.experts_per_token, m.qk_norm) == ("qwen3_moe", 128, 8, True)
+    m = parse_args(["--model_type=qwen3_moe", "--num_experts_per_tok=2", "--qk-norm", "0"]).shape
+    assert (m.n_experts, m.experts_per_token, m.qk_norm) == (128, 2, False)
+
+
 def test_export_refuses_a_mixtral_family_model_without_experts():
     from fsdpkit.train.model.config import ModelConfig
     from fsdpkit.train.model.hf_config import hf_config_dict

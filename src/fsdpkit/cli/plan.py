@@ -195,7 +195,7 @@ def _adapters(cfg: TrainConfig) -> dict[str, Any] | None:
     lora = cfg.lora_shape
     if lora is None:
         return None
-    base = (f"projections in nf4 ({NF4_BYTES:.3f} bytes a parameter), the rest fp32" if lora.base_dtype == "nf4"
+    base = (f"projections in nf4 ({NF4_BYTES:.3f} bytes a parameter), the rest fp32" if lora.nf4
             else "fp32 (4 bytes a parameter)")
     return {"rank": lora.rank, "alpha": lora.alpha, "targets": list(lora.targets), "base_dtype": lora.base_dtype,
             "explanation": f"LoRA rank {lora.rank} on {','.join(lora.targets)}; the frozen base: {base}"}

@@ -216,7 +216,7 @@ def _trainer(spec: JobSpec, root: str | None) -> Trainer:
     ranks = spec.nodes.max * spec.procs
     try:
         cfg = build([opts], on_nodes=spec.backend != "local", ranks=ranks)
-        if cfg.lora_shape is not None and cfg.lora_shape.base_dtype == "nf4":
+        if cfg.lora_shape is not None and cfg.lora_shape.nf4:
             # Each node count an elastic job may run at shards the NF4 base its own way.
             for nodes in range(spec.nodes.min, spec.nodes.max + 1):
                 ranks = nodes * spec.procs

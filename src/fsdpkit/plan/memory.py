@@ -80,7 +80,7 @@ class Workload:
     @property
     def nf4(self) -> bool:
         """QLoRA: the base's projections stored (and gathered) in NF4."""
-        return self.lora is not None and self.lora.base_dtype == "nf4"
+        return self.lora is not None and self.lora.nf4
 
     @property
     def reference_copy(self) -> bool:
@@ -311,10 +311,10 @@ def estimate(w: Workload) -> MemoryEstimate:
         # (a checkpointed block's are made again when it is recomputed), the embedding's excepted
         # (a lookup is not cast; an NF4 weight is kept as it is). Each block's copy goes with its backward.
         cast = 0 if w.compute == "fp32" else cb
-        copied = block_bytes(w, shard, cast) - nf4_elements(w) * NF4_BYTES
+        copied = (unit_elements(block_shapes(m, w.lora), shard) - nf4_elements(w)) * cast
         kept_blocks = L - checkpointed_blocks(w) + (1 if recompute else 0)
-        gathered = int(kept_blocks * copied + head_elements(m) * cast)
-        end_copies = val_copies = int(copied)
+        gathered = kept_blocks * copied + head_elements(m) * cast
+        end_copies = val_copies = copied
         fsdp_bwd = root_bwd = 0
         # The head's gradient is made in the compute dtype and accumulated in fp32: the loss's
         # backward holds the compute-dtype one (and with chunks the fp32 sum beside it); the fp32

@@ -157,14 +157,19 @@ def _shape(cfg: TrainOptions, on_nodes: bool = False) -> ModelConfig:
     changes = {k: v for k, v in cfg.model.model_dump().items() if v is not None}
     if changes.get("sliding_window") == 0:
         changes["sliding_window"] = None
-    if changes.get("family") == "mixtral" and "n_experts" not in changes and not base.is_moe:
-        # The reference's `--model_type=mixtral` builds Mixtral's 8 experts, top-2.
-        changes.update(n_experts=8, experts_per_token=changes.get("experts_per_token", 2))
-    if changes.get("family") == "qwen3_moe" and "n_experts" not in changes and not base.is_moe:
-        # Qwen3-MoE's published shape: 128 experts, top-8, per-head q/k norms.
-        changes.update(n_experts=128, experts_per_token=changes.get("experts_per_token", 8),
-                       qk_norm=changes.get("qk_norm", True))
+    family = changes.get("family")
+    if family in _MOE_FAMILY_SHAPE and "n_experts" not in changes and not base.is_moe:
+        changes = {**_MOE_FAMILY_SHAPE[family], **changes}
     return dataclasses.replace(base, **changes)
+
+
+# What `--family` (the reference's `--model_type`) of a mixture of experts builds on a dense shape
+# where the experts are not given: Mixtral's 8 experts, top-2; Qwen3-MoE's 128, top-8, with per-head
+# q/k norms. Options given win.
+_MOE_FAMILY_SHAPE: dict[str, dict[str, Any]] = {
+    "mixtral": {"n_experts": 8, "experts_per_token": 2},
+    "qwen3_moe": {"n_experts": 128, "experts_per_token": 8, "qk_norm": True},
+}
 
 
 SECTIONS = ("model", "data", "optim", "parallel", "log", "checkpoint", "adapters", "loss")

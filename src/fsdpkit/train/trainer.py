@@ -125,7 +125,7 @@ def _check_inputs(cfg: TrainConfig) -> None:
         dist.check_nproc(cfg.parallel.nproc, cfg.parallel.device)
         # The workers' mesh, refused here rather than in each.
         shard = cfg.parallel.shard_ranks(cfg.parallel.nproc, 1)
-        if cfg.lora_shape is not None and cfg.lora_shape.base_dtype == "nf4":
+        if cfg.lora_shape is not None and cfg.lora_shape.nf4:
             check_nf4_layout(cfg.shape, shard, cfg.parallel.nproc)
             nf4.check_available()
         if cfg.parallel.float8 and dist.resolve_device_type(cfg.parallel.device) != "cuda":

@@ -42,6 +42,11 @@ class LoraShape:
     def scale(self) -> float:
         return self.alpha / self.rank
 
+    @property
+    def nf4(self) -> bool:
+        """QLoRA: the frozen base's projections held in NF4 (fsdpkit.train.model.nf4)."""
+        return self.base_dtype == "nf4"
+
 
 @dataclass(frozen=True)
 class ModelConfig:

@@ -85,7 +85,7 @@ def merge_adapters(state: dict[str, torch.Tensor], lora: LoraShape) -> dict[str,
         if is_adapter(name):
             continue
         prefix = name.removesuffix(".weight")
-        if lora.base_dtype == "nf4" and nf4.is_projection(prefix):
+        if lora.nf4 and nf4.is_projection(prefix):
             t = nf4.dequantized(t).to(t.dtype)
         if f"{prefix}.lora_A.weight" in state:
             a, b = state[f"{prefix}.lora_A.weight"].float(), state[f"{prefix}.lora_B.weight"].float()

@@ -130,7 +130,7 @@ def build_model(shape: ModelConfig, par: ParallelConfig, rope_len: int, seed: in
         model = Transformer(shape, rope_len=rope_len)
         if lora is not None:
             add_adapters(model, lora)
-        if lora is not None and lora.base_dtype == "nf4":
+        if lora is not None and lora.nf4:
             check_nf4_layout(shape, shard_count(mesh), rt.world_size)
             nf4.quantize_base(model)
     model.loss_chunk_tokens = loss_chunk_size(model.cfg.vocab_size, par.loss_chunk_tokens, bool(par.compile))
