@@ -210,6 +210,12 @@ CASES = {
     "lora-without-base": (["train", "--lora", "1"], 2, "pass --init-from-hf"),
     "nf4-without-lora": (["train", "--base-dtype", "nf4"], 2, "base_dtype: nf4 stores the frozen base of a LoRA run "
                          "(QLoRA); pass --lora 1, or drop --base-dtype to train the whole model"),
+    "context-parallel-over-nproc": (["train", *FAST, "--nproc", "2", "--context-parallel", "4", "--run_dir", "run"], 2,
+                                    "context_parallel: 4 must divide the processes on each node (2): the ranks that "
+                                    "share a sequence sit on one node"),
+    "context-parallel-dpo": (["train", "--objective", "dpo", "--data-format", "preference", "--context-parallel", "2"],
+                             2, "context_parallel: dpo sums each answer's log-probabilities over the whole sequence; "
+                             "train it without --context-parallel"),
     # The tiny export's 128 x 128 q_proj over 2 ranks: 64 x 128, half an NF4 block group each.
     "nf4-blocks-over-ranks": (["train", *FAST, "--init_from_hf", "{in}/hf", "--lora", "1", "--base-dtype", "nf4",
                                "--nproc", "2", "--run_dir", "run"], 2,
@@ -297,8 +303,11 @@ CASES = {
     "nproc-bad-replicate": (["train", *FAST, "--nproc", "2", "--sharding_strategy", "hybrid", "--dp_replicate", "3"],
                             2, "dp_replicate: 3 must divide"),
     "nproc-float8-cpu": (["train", *FAST, "--nproc", "2", "--float8", "1", "--device", "cpu"], 2, "float8: needs"),
-    "hub-tokenizer-unreachable": (["train", *FAST, "--tokenizer", "fsdpkit-tests/no-such-tokenizer"], 2,
-                                  "tokenizer: "),
+    # No look at the hub client's half minute of retries: one look at the hub's host, then its cache.
+    "hub-tokenizer-unreachable": (["train", *FAST, "--tokenizer", "fsdpkit-tests/no-such-tokenizer"], 3,
+                                  "tokenizer: 'fsdpkit-tests/no-such-tokenizer' is not in the Hugging Face cache here "
+                                  "and the hub (https://huggingface.co) cannot be reached; point --tokenizer at a "
+                                  "local directory with tokenizer.json, or run once where the hub can be reached"),
 }
 # Cases that reach an endpoint that is down: AWS credentials are given, the endpoint refuses.
 UNREACHABLE_AWS = {

@@ -5,6 +5,7 @@ parses and runs; bad specs get one-line errors."""
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import os
 import stat
@@ -26,6 +27,7 @@ from fsdpkit.jobs.spec import parse_overrides
 from fsdpkit.train.observe import log_lines
 
 from conftest import ROOT, losses, require, run_cli, unavailable
+from job_specs import write_spec
 from kube_admission import pod_security_violations
 from manifest_schemas import IMAGE, crd_validator, pod_of, validate_builtin, validate_hyperpod_job
 
@@ -620,6 +622,9 @@ BAD = [
     ({"hf_token_env": "hf_abcdef-123"}, "hf_token_env: must be the NAME of an environment variable"),
     ({"memory": "lots"}, "memory: 'lots' is not a Kubernetes quantity"),
     ({"colour": "red"}, "colour: unknown field"),
+    ({"train": {"preset": "llama3_1_8b", "context_parallel": 16}},
+     "train.context_parallel: 16 must divide the processes on each node (8): the ranks that share a sequence sit on "
+     "one node"),
 ]
 
 
@@ -642,6 +647,22 @@ def test_bad_spec_is_one_line_and_exit_2(tmp_path, change, message):
     r = run_cli("job", "render", str(path), "--json")
     env = json.loads(r.stdout)
     assert r.returncode == 2 and env["ok"] is False and env["error"]["message"].startswith(message)
+
+
+def test_a_job_carries_its_context_parallel_layout_into_the_pods_command_its_plan_and_its_budget(tmp_path):
+    """2 p5 nodes, sequences of 131072 tokens over 4 ranks each: 4 data-parallel shares of the
+    batch, so a budget of 5,242,880 tokens is 10 steps of 4 x 131072 (16 ranks' worth would be 3)."""
+    spec = write_spec(tmp_path, train={"preset": "llama3_1_8b", "seq_len": 131072, "train_batch_size": 1,
+                                       "activation_checkpointing": "full", "context_parallel": 4, "tokens": 5242880})
+    r = run_cli("job", "render", str(spec))
+    assert r.returncode == 0, r.stderr
+    job = next(d for d in yaml.safe_load_all(r.stdout) if d["kind"] == "PyTorchJob")
+    command = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["command"]
+    flags = dict(itertools.pairwise(command))   # flag -> the word after it
+    assert (flags["--context-parallel"], flags["--max-steps"]) == ("4", "10")
+    plan = json.loads(run_cli("plan", str(spec), "--json").stdout)["data"]
+    assert (plan["context_parallel"], plan["world"], plan["fits"]) == (4, 16, True)
+    assert plan["run"]["tokens"] == 10 * 4 * 131072
 
 
 def test_set_overrides_and_unknown_fields():

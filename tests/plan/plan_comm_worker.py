@@ -26,7 +26,10 @@ class Collectives(TorchDispatchMode):
         if name in ("c10d::_allgather_base_", "c10d::_reduce_scatter_base_"):
             out, inp = args[0], args[1]   # (output_tensor, input_tensor, process_group, ...)
             self.calls.append((name, out.numel() * out.element_size(), inp.numel() * inp.element_size()))
-        elif name.startswith("c10d::"):
+        elif name == "_c10d_functional::all_to_all_single":   # context parallel (input, ..., group)
+            inp = args[0]
+            self.calls.append((name, inp.numel() * inp.element_size(), 0))
+        elif name.startswith(("c10d::", "_c10d_functional")):
             tensors = [t for a in args for t in (a if isinstance(a, list) else [a]) if isinstance(t, torch.Tensor)]
             self.calls.append((name, sum(t.numel() * t.element_size() for t in tensors), 0))
         return func(*args, **(kwargs or {}))

@@ -201,8 +201,10 @@ def recorded_collectives(tmp_path: Path, steps: int, flags: list[str]) -> list:
 def _sums(calls: list) -> dict[str, int]:
     gathers = [c for c in calls if c[0] == "c10d::_allgather_base_"]
     scatters = [c for c in calls if c[0] == "c10d::_reduce_scatter_base_"]
+    exchanges = [c for c in calls if c[0] == "_c10d_functional::all_to_all_single"]
     return {"all_gathers": len(gathers), "all_gather_bytes": sum(c[1] for c in gathers),
-            "reduce_scatters": len(scatters), "reduce_scatter_bytes": sum(c[2] for c in scatters)}
+            "reduce_scatters": len(scatters), "reduce_scatter_bytes": sum(c[2] for c in scatters),
+            "all_to_alls": len(exchanges), "all_to_all_bytes": sum(c[1] for c in exchanges)}
 
 
 @pytest.mark.parametrize("flags", [
@@ -211,7 +213,13 @@ def _sums(calls: list) -> dict[str, int]:
      "--grad_accum_steps", "2", "--reshard_after_forward", "false", "--n_kv_heads", "2", "--vocab_size", "301"],
     [*LORA, "--seq_len", "64", "--train_batch_size", "2", "--lora_targets", "q_proj,v_proj,down_proj"],
     [*LORA, "--seq_len", "64", "--train_batch_size", "2", "--base_dtype", "nf4", "--mixed_precision", "bf16"],
-], ids=["debug-fp32", "tiny-bf16-accum-noreshard", "debug-lora", "debug-qlora-bf16"])
+    # Context parallel: K/V all-to-all'd with their own heads; then expanded to the query heads
+    # first (1 K/V head over 2 ranks), recomputed under checkpointing, over 2 micro-steps in bf16.
+    ["--preset", "debug", "--seq_len", "64", "--train_batch_size", "2", "--context_parallel", "2"],
+    ["--preset", "debug", "--seq_len", "64", "--train_batch_size", "2", "--context_parallel", "2", "--n_kv_heads", "1",
+     "--activation_checkpointing", "full", "--grad_accum_steps", "2", "--mixed_precision", "bf16"],
+], ids=["debug-fp32", "tiny-bf16-accum-noreshard", "debug-lora", "debug-qlora-bf16", "debug-cp2",
+        "debug-cp2-expanded-ac-accum-bf16"])
 def test_communication_bytes_equal_the_collectives_of_a_real_step(tmp_path, flags, debug_hf):
     flags = with_base(flags, debug_hf)
     # One step's collectives: a 2-step run less a 1-step run (start-up and the final validation cancel).
@@ -406,3 +414,34 @@ def test_a_multi_node_gpu_job_without_storage_warns_and_strict_refuses(kube, tmp
         r = job_cli(kube, "submit", str(write_spec(tmp_path, train={"preset": "tiny", "max_steps": 50}, **fields)),
                     "--dry-run")
         assert r.returncode == 0 and "storage:" not in r.stderr, r.stderr
+
+
+LONG = ["--preset", "llama3_1_8b", "--instance-type", "p5.48xlarge", "--nodes", "1", "--seq_len", "131072",
+        "--train_batch_size", "1"]
+
+
+def test_a_128k_token_llama_8b_fits_one_p5_only_with_its_sequences_split_over_ranks():
+    one = plan_json(*LONG)
+    assert one["fits"] is False and one["context_parallel"] == 1 and one["activation_checkpointing"] == "selective"
+    # FSDP alone does not fit: no change without context parallel does (checkpointing every
+    # block, more nodes and offload leave each rank's 131072 tokens of activations as they are).
+    changes = [a["change"] for a in one["alternatives"]]
+    assert changes == [f"--activation-checkpointing full --context-parallel {n}" for n in (2, 4, 8)]
+    assert one["verdict"] == ("does not fit: needs 380.0 GiB per GPU, 71.0 usable; fits with "
+                              "--activation-checkpointing full --context-parallel 2 (48.1 GiB per GPU, 1 node(s))")
+    # Each degree as applied: activations 1/N of FSDP's alone under the same checkpointing.
+    full = plan_json(*LONG, "--activation_checkpointing", "full")
+    assert full["fits"] is False and full["alternatives"][0]["change"] == "--context-parallel 2"
+    for n, alt in zip((2, 4, 8), one["alternatives"], strict=True):
+        applied = plan_json(*LONG, *alt["change"].split())
+        assert applied["fits"] is True and applied["peak_gib"] == alt["peak_gib"] and applied["context_parallel"] == n
+        assert applied["memory_gib"]["activations"] == pytest.approx(full["memory_gib"]["activations"] / n, abs=1e-3)
+    # 4 ranks a sequence: each holds 32768 tokens; q, the output and K/V (8 heads, 2 a rank) of
+    # 128-wide heads in bf16 cross per block 4 times in forward, in backward and in the recompute.
+    four = plan_json(*LONG, "--activation_checkpointing", "full", "--context_parallel", "4")
+    per_block = 32768 * 128 * (2 * 32 + 2 * 8) * 2
+    assert (four["comm_bytes"]["all_to_alls"], four["comm_bytes"]["all_to_all_bytes"]) == (4 * 96, 96 * per_block)
+    assert four["comm_bytes"]["all_to_all_wire_bytes"] == 96 * per_block * 3 // 4
+    # On attention's path: the exchange's seconds over NVLink (450 GB/s) add to compute's.
+    assert four["context_s"] == pytest.approx(96 * per_block * 3 / 4 / 450e9, abs=1e-4)
+    assert four["step_s"] == pytest.approx(four["compute_s"] + four["context_s"], abs=2e-4)

@@ -101,9 +101,10 @@ def run(args: argparse.Namespace, train_flags: list[str]) -> int:
     checkpoints = derived.to_dict() if every in ("0", derived.every) else {
         "every": every, "explanation": f"every {every}{' steps' if every.isdigit() else ''}, as configured (the "
         f"derived default: every {derived.every})"}
-    per_step = step_tokens(cfg.data, p.workload.world)
+    data_ranks = cfg.parallel.data_ranks(p.workload.world)
+    per_step = step_tokens(cfg.data, data_ranks)
     # A spec's budget is already its steps (train.tokens); flags' --tokens is shared over the plan's ranks.
-    steps = budget_steps(int(args.tokens), cfg.data, p.workload.world) if args.tokens and not args.jobspec else \
+    steps = budget_steps(int(args.tokens), cfg.data, data_ranks) if args.tokens and not args.jobspec else \
         cfg.optim.max_steps
     out = {"model": cfg.preset, "verdict": advice(p), **p.summary(args.price_per_hour),
            "currency": args.currency, "recipe": _recipe(cfg), "objective": _objective(cfg),
@@ -207,7 +208,8 @@ def _print(out: dict[str, Any]) -> None:
         f"{out['world']} rank(s), no instance type"
     print(f"{out['model']} on {where}: seq {out['seq_len']} x micro-batch {out['micro_batch']} x accumulation "
           f"{out['grad_accum']}, {out['dtype']}, sharding {out['sharding']}, activation checkpointing "
-          f"{out['activation_checkpointing']}{', CPU offload' if out['cpu_offload'] else ''}")
+          f"{out['activation_checkpointing']}{', CPU offload' if out['cpu_offload'] else ''}"
+          f"{f', context parallel {cp}' if (cp := out['context_parallel']) > 1 else ''}")
     print("\nmemory per rank (GiB)")
     for k in ("params", "grads", "optimizer", "fsdp_buffers", "activations", "loss", "backward_working"):
         print(f"  {k:18s} {m[k]:10.2f}")
@@ -219,9 +221,13 @@ def _print(out: dict[str, Any]) -> None:
     print(f"\ncommunication per step and rank: all-gather {c['all_gather_bytes'] / GIB:.2f} GiB "
           f"({c['all_gathers']} calls), reduce-scatter {c['reduce_scatter_bytes'] / GIB:.2f} GiB "
           f"({c['reduce_scatters']} calls), on the wire {c['wire_bytes'] / GIB:.2f} GiB")
+    if c["all_to_alls"]:
+        print(f"context parallel: all-to-all {c['all_to_all_bytes'] / GIB:.2f} GiB ({c['all_to_alls']} calls), "
+              f"{c['all_to_all_wire_bytes'] / GIB:.2f} GiB of it to other ranks")
     if out["compute_s"] is not None:
-        print(f"step: compute {out['compute_s']:.3f} s at {out['mfu']:.0%} MFU, communication {out['comm_s']:.3f} s "
-              f"-> {out['bound']}-bound, about {out['tokens_per_s']:,} tokens/s")
+        context = f" + all-to-all {out['context_s']:.3f} s" if out["context_s"] is not None else ""
+        print(f"step: compute {out['compute_s']:.3f} s at {out['mfu']:.0%} MFU{context}, communication "
+              f"{out['comm_s']:.3f} s -> {out['bound']}-bound, about {out['tokens_per_s']:,} tokens/s")
     if out.get("cost_per_hour") is not None:
         print(f"cost: {out['cost_per_hour']:,.2f} {out['currency']} per hour for {out['nodes']} node(s) at your price")
     if out.get("run"):

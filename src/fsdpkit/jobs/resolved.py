@@ -36,7 +36,7 @@ from fsdpkit.plan.grace import (
 from fsdpkit.plan.planner import Plan, plan_config
 from fsdpkit.train.config import TrainConfig, build, recipe_values, step_tokens, to_flags
 from fsdpkit.train.model.config import check_nf4_layout
-from fsdpkit.train.sections import CheckpointConfig, OptimConfig
+from fsdpkit.train.sections import CheckpointConfig, OptimConfig, check_context_group
 
 log = logging.getLogger(__name__)
 
@@ -221,6 +221,7 @@ def _trainer(spec: JobSpec, root: str | None) -> Trainer:
             for nodes in range(spec.nodes.min, spec.nodes.max + 1):
                 ranks = nodes * spec.procs
                 check_nf4_layout(cfg.shape, cfg.parallel.shard_ranks(ranks, nodes), ranks)
+        check_context_group(cfg.parallel.context_parallel, spec.procs)
     except UserError as e:
         raise UserError(f"train.{e}", hint=e.hint) from None
     # The rendered command carries the steps, whatever the ranks of an elastic job come to.
@@ -228,7 +229,7 @@ def _trainer(spec: JobSpec, root: str | None) -> Trainer:
         "train.max_steps" if named(flat, OptimConfig, "max_steps") else "default"
     if cfg.optim.tokens is not None:
         opts = {**_without(opts, "tokens", "optim"), "max_steps": cfg.optim.max_steps}
-    budget = Budget(cfg.optim.max_steps, step_tokens(cfg.data, ranks), budget_source)
+    budget = Budget(cfg.optim.max_steps, step_tokens(cfg.data, cfg.parallel.data_ranks(ranks)), budget_source)
     derived = None
     if spec.storage.enabled and named(flat, CheckpointConfig, "checkpoint_every") is None:
         # Checkpoints on by default where they survive the pod: as often as costs <= 5% of the run.

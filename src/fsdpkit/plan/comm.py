@@ -9,13 +9,28 @@ them back on the other micro-steps); with HSDP the sharded result is then all-re
 replicas. Sizes are the collectives' full tensors (all-gather output, reduce-scatter input),
 padding included: what `torch.distributed` is handed. The gradient-norm all-reduce (one scalar)
 is left out.
+
+Context parallel over N ranks adds, in every block, an all-to-all of q, k, v and of the attention
+output (fsdpkit.train.model.context): 4 in its forward, 4 of their gradients in backward and 4
+more for each forward activation checkpointing recomputes, on every micro-step. K and V travel
+with their own heads where N divides them, else expanded to one per query head. The group's
+target count (one scalar all-reduce per micro-step) is left out. These are on attention's path,
+within a node: they add to the step instead of overlapping it.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from fsdpkit.plan.memory import DTYPE_BYTES, Workload, block_bytes, root_shapes, trained_elements, unit_elements
+from fsdpkit.plan.memory import (
+    DTYPE_BYTES,
+    Workload,
+    block_bytes,
+    checkpointed_blocks,
+    root_shapes,
+    trained_elements,
+    unit_elements,
+)
 
 
 @dataclass
@@ -26,14 +41,30 @@ class StepComm:
     all_gathers: int
     reduce_scatters: int
     wire_bytes: int              # what each rank sends (= receives) with ring algorithms
+    all_to_all_bytes: int = 0    # context parallel: sum of all-to-all inputs
+    all_to_alls: int = 0
+    all_to_all_wire_bytes: int = 0   # what each rank sends of them (the rest stays on the rank)
 
     def to_dict(self) -> dict[str, int]:
         return asdict(self)
 
 
+def context_comm(w: Workload) -> tuple[int, int]:
+    """(all-to-alls, their summed input bytes) of context parallel in one optimizer step."""
+    if w.cp == 1:
+        return 0, 0
+    m = w.model
+    kv_heads = m.n_kv_heads if m.n_kv_heads % w.cp == 0 else m.n_heads
+    per_block = w.tokens * m.head_size * (2 * m.n_heads + 2 * kv_heads) * DTYPE_BYTES[w.compute]
+    passes = w.grad_accum * (2 * m.n_layers + checkpointed_blocks(w))   # forward, backward, recomputed
+    return 4 * passes, per_block * passes
+
+
 def step_comm(w: Workload) -> StepComm:
+    calls, moved = context_comm(w)
+    context = {"all_to_all_bytes": moved, "all_to_alls": calls, "all_to_all_wire_bytes": moved * (w.cp - 1) // w.cp}
     if not w.fsdp:
-        return StepComm(0, 0, 0, 0, 0, 0)
+        return StepComm(0, 0, 0, 0, 0, 0, **context)
     L, shard = w.model.n_layers, w.shard
     root = unit_elements(root_shapes(w.model), shard)
     block_trained, root_trained = trained_elements(w)   # LoRA: only the adapters' gradients are reduced
@@ -48,4 +79,4 @@ def step_comm(w: Workload) -> StepComm:
     reduced = (L * block_trained + root_trained) // shard * rb if replicas > 1 else 0
     frac = (shard - 1) / shard
     wire = int((gathered + scattered) * frac + (2 * reduced * (replicas - 1) / replicas if replicas > 1 else 0))
-    return StepComm(gathered, scattered, reduced, gathers, L + (1 if root_trained else 0), wire)
+    return StepComm(gathered, scattered, reduced, gathers, L + (1 if root_trained else 0), wire, **context)

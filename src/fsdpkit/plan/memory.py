@@ -26,7 +26,9 @@ QLoRA's base projections are NF4 (about 0.52 bytes a parameter) when sharded, ga
 is dequantized for its matmul, one full weight at a time in the backward working set.
 - one process under autocast instead of FSDP: each weight's compute-dtype copy, saved for its
   backward, and the head's gradient made in the compute dtype and summed in fp32;
-- compiled blocks: what inductor's partitioner keeps (fewer tensors; the norms recomputed).
+- compiled blocks: what inductor's partitioner keeps (fewer tensors; the norms recomputed);
+- context parallel over N ranks: every per-token figure counts this rank's 1/N of each sequence
+  (attention, holding all tokens of 1/N of the heads, keeps as many).
 The figure is of tensors (what the CUDA allocator's peak counts); tests/plan/test_plan.py checks
 it against the tensor peak of real CPU runs, from torch.profiler's allocation events, and against
 peaks measured on an H100 and an H200 (within 10% above, never more than 3% below); one eager
@@ -68,10 +70,13 @@ class Workload:
     fused_norm: bool = False    # CUDA's fused RMSNorm kernel: saves its input and rstd, not the normalised x
     lora: LoraShape | None = None   # LoRA: the base frozen (no gradients, no optimizer state), adapters trained
     dpo: bool = False           # DPO: a reference forward (no gradients) on each micro-batch before the policy's
+    cp: int = 1                 # context parallel: ranks that share each sequence
 
     @property
     def tokens(self) -> int:
-        return self.seq * self.micro_batch
+        """Tokens a rank computes per micro-step: its slice of every sequence (attention's head split
+        holds as many: all tokens of 1/cp of the heads)."""
+        return self.seq * self.micro_batch // self.cp
 
     @property
     def fsdp(self) -> bool:
@@ -342,7 +347,7 @@ def estimate(w: Workload) -> MemoryEstimate:
     # the compute dtype, the loss fused). The trainer validates in slices of the training
     # micro-batch, so a validation batch never holds more tokens than a training step. DPO's
     # reference forward is such a forward, on a whole micro-batch.
-    v = w.seq * (w.micro_batch if w.dpo else min(w.val_batch, w.micro_batch))
+    v = w.seq // w.cp * (w.micro_batch if w.dpo else min(w.val_batch, w.micro_batch))
     if w.compiled and (w.loss_chunk == 0 or w.loss_chunk >= v):
         val_loss = v * m.vocab_size * cb
     else:

@@ -9,6 +9,7 @@ Assumptions, stated because they are not measurements:
 - compute time = FLOPs / (peak x MFU), with activation checkpointing's recomputed forward added;
 - communication overlaps compute (FSDP prefetch), so a step takes the longer of the two; within a
   node collectives run over NVLink, across nodes each GPU gets its share of the node's EFA bandwidth;
+- context parallel's all-to-alls (over NVLink) sit on attention's path: they add to compute;
 - CPU offload adds its copies over PCIe (25 GB/s per GPU) and AdamW on the host (20 GB/s of state
   per rank) to every step.
 """
@@ -26,6 +27,7 @@ from fsdpkit.hardware.instances import Instance, lookup
 from fsdpkit.plan.comm import StepComm, step_comm
 from fsdpkit.plan.memory import MemoryEstimate, Workload, estimate
 from fsdpkit.plan.workload import workload
+from fsdpkit.train.model.config import context_degrees
 from fsdpkit.train.model.flops import flops_per_token
 
 GIB = 2**30
@@ -55,6 +57,7 @@ class Plan:
     bound: str | None = None
     tokens_per_s: float | None = None
     offload_s: float = 0.0
+    context_s: float = 0.0              # context parallel's all-to-alls, not overlapped
     change: str = ""                    # the flags that turn the asked-for plan into this one
     alternatives: list[Plan] = field(default_factory=list)
 
@@ -63,7 +66,7 @@ class Plan:
         """Seconds per optimizer step: compute and communication overlap; offload's copies add."""
         if self.compute_s is None or self.comm_s is None:
             return None
-        return max(self.compute_s, self.comm_s) + self.offload_s
+        return max(self.compute_s + self.context_s, self.comm_s) + self.offload_s
 
     def summary(self, price: float | None = None) -> dict[str, Any]:
         w = self.workload
@@ -72,13 +75,14 @@ class Plan:
             "instance_type": self.instance.name if self.instance else None, "nodes": self.nodes,
             "world": w.world, "seq_len": w.seq, "micro_batch": w.micro_batch, "grad_accum": w.grad_accum,
             "dtype": w.compute, "sharding": "hybrid" if w.shard < w.world else "full" if w.fsdp else "none",
-            "activation_checkpointing": w.ac, "cpu_offload": w.cpu_offload,
+            "activation_checkpointing": w.ac, "cpu_offload": w.cpu_offload, "context_parallel": w.cp,
             "fits": self.fits, "peak_gib": round(self.memory.peak / GIB, 2),
             "usable_gib": round(self.usable_bytes / GIB, 2) if self.usable_bytes else None,
             "memory_gib": {k: round(v / GIB, 3) for k, v in self.memory.to_dict().items() if isinstance(v, int)},
             "peak_at": self.memory.peak_at, "host_fits": self.host_fits,
             "comm_bytes": self.comm.to_dict(),
-            "compute_s": _round(self.compute_s), "comm_s": _round(self.comm_s), "bound": self.bound,
+            "compute_s": _round(self.compute_s), "comm_s": _round(self.comm_s),
+            "context_s": _round(self.context_s) if w.cp > 1 else None, "bound": self.bound,
             "offload_s": _round(self.offload_s) if w.cpu_offload else None,
             "step_s": _round(self.step_s),
             "tokens_per_s": round(self.tokens_per_s) if self.tokens_per_s else None, "mfu": self.mfu,
@@ -112,8 +116,9 @@ def evaluate(w: Workload, inst: Instance | None, nodes: int, mfu: float, flops_p
         intra = NVLINK.get(inst.accelerator, PCIE)
         bw = intra if nodes == 1 else min(intra, inst.net_gbps * 1e9 / 8 / per_node)
         plan.comm_s = comm.wire_bytes / bw if comm.wire_bytes else 0.0
-        plan.bound = "network" if plan.comm_s > plan.compute_s else "compute"
-        step = max(plan.compute_s, plan.comm_s)
+        plan.context_s = comm.all_to_all_wire_bytes / intra
+        plan.bound = "network" if plan.comm_s > plan.compute_s + plan.context_s else "compute"
+        step = max(plan.compute_s + plan.context_s, plan.comm_s)
         if w.cpu_offload:
             # Host <-> GPU copies of the fp32 shards (gathered twice, gradients back) and AdamW on the CPU.
             shard_elems = mem.host // 16
@@ -137,6 +142,11 @@ def _changes(w: Workload, nodes: int, per_node: int) -> list[tuple[str, Workload
         w = dataclasses.replace(w, micro_batch=w.micro_batch // 2)
         out.append((" ".join([*flags, f"--train-batch-size {w.micro_batch}"]), w, nodes))
     flags = [out[-1][0]] if out else []
+    # Long sequences: activations fall with the ranks that share each sequence, not with more nodes.
+    if w.cp == 1 and not w.dpo:
+        for degree in context_degrees(w.model, w.seq, per_node):
+            out.append((" ".join([*flags, f"--context-parallel {degree}"]).strip(),
+                        dataclasses.replace(w, cp=degree), nodes))
     for n in sorted({nodes * 2, nodes * 4, nodes * 8} | set(range(nodes + 1, nodes + 8))):
         world = n * per_node
         replicas = w.world // w.shard

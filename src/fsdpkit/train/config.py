@@ -41,7 +41,7 @@ from fsdpkit.settings import (
     section_of,
 )
 from fsdpkit.train.checkpoint import catalog
-from fsdpkit.train.model.config import LoraShape, ModelConfig
+from fsdpkit.train.model.config import LoraShape, ModelConfig, check_context_layout
 from fsdpkit.train.model.hf_config import model_config_from_hf
 from fsdpkit.train.model.presets import get_preset, get_recipe, match_preset
 from fsdpkit.train.sections import (
@@ -373,8 +373,8 @@ def resolve(cfg: TrainOptions, given: Set[str] = frozenset(), on_nodes: bool = F
     """The config with every derived value written into its field (sequence length, the steps a
     token budget means, warm-up, learning-rate floor, validation batch size and count, the model's
     shape), so it holds what the run does. `given` names the fields a layer set: a recipe's warm-up,
-    not given, is capped for a short run. `ranks`: the data-parallel ranks a token budget is
-    shared over (default: the ranks torchrun started, else --nproc)."""
+    not given, is capped for a short run. `ranks`: the ranks of the run, whose data-parallel
+    shares a token budget is spread over (default: the ranks torchrun started, else --nproc)."""
     o, d, lg, shape = cfg.optim, cfg.data, cfg.log, _shape(cfg, on_nodes)
     data = ResolvedData(**{**d.model_dump(), "seq_len": d.seq_len or min(shape.max_seq_len, 2048),
                            "val_batch_size": d.val_batch_size or d.train_batch_size,
@@ -383,7 +383,8 @@ def resolve(cfg: TrainOptions, given: Set[str] = frozenset(), on_nodes: bool = F
     if o.tokens is not None:
         if "max_steps" in given:
             raise UserError(f"tokens: give a token budget or max_steps ({o.max_steps}), not both")
-        steps = budget_steps(o.tokens, data, ranks or int(os.environ.get("WORLD_SIZE") or cfg.parallel.nproc))
+        world = ranks or int(os.environ.get("WORLD_SIZE") or cfg.parallel.nproc)
+        steps = budget_steps(o.tokens, data, cfg.parallel.data_ranks(world))
     warmup_steps = o.warmup_steps
     if "warmup_steps" not in given and warmup_steps is not None:   # the recipe's
         # The user's fraction wins over the recipe's steps; else the recipe's, capped.
@@ -563,6 +564,31 @@ def validate(cfg: TrainConfig) -> None:
         raise UserError(f"warmup_steps: {o.warmup_steps} must be <= max_steps ({o.max_steps})")
     if cfg.checkpoint.resume_from_checkpoint == "auto" and not cfg.checkpoint.checkpoint_dir:
         raise UserError("resume_from_checkpoint: 'auto' needs --checkpoint-dir to know where to look")
+    _validate_adapters(cfg)
+    if (cfg.loss.objective == "dpo") != (cfg.data.data_format == "preference"):
+        raise UserError("objective: dpo trains on preference records and they train only with it: pass --objective "
+                        "dpo with --data-format preference")
+    _validate_parallel(cfg)
+    if (cfg.checkpoint.every_steps or cfg.checkpoint.every_seconds) and not cfg.checkpoint.checkpoint_dir:
+        raise UserError("checkpoint_every: needs --checkpoint-dir to know where checkpoints go")
+    if cfg.checkpoint.tiered and not cfg.checkpoint.checkpoint_dir:
+        raise UserError("tiered: needs --checkpoint-dir, the durable tier (where the last step and every "
+                        "durable_every-th checkpoint go)")
+
+
+def _validate_parallel(cfg: TrainConfig) -> None:
+    """float8's device and context parallel's layout."""
+    if cfg.parallel.float8 and cfg.parallel.device == "cpu":
+        raise UserError("float8: needs an NVIDIA GPU (Ada, Hopper or newer); it cannot run with --device cpu")
+    if cfg.parallel.context_parallel > 1:
+        check_context_layout(cfg.shape, cfg.data.seq_len, cfg.parallel.context_parallel)
+        if cfg.loss.objective == "dpo":
+            raise UserError("context_parallel: dpo sums each answer's log-probabilities over the whole sequence; "
+                            "train it without --context-parallel")
+
+
+def _validate_adapters(cfg: TrainConfig) -> None:
+    """LoRA's and QLoRA's rules."""
     if cfg.adapters.base_dtype == "nf4" and not cfg.adapters.lora:
         raise UserError("base_dtype: nf4 stores the frozen base of a LoRA run (QLoRA); pass --lora 1, or drop "
                         "--base-dtype to train the whole model")
@@ -574,16 +600,6 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.adapters.lora and not cfg.checkpoint.init_from_hf:
         raise UserError("lora: adapters fine-tune a trained model, and only they are saved: pass --init-from-hf "
                         "with the model's Hugging Face directory")
-    if (cfg.loss.objective == "dpo") != (cfg.data.data_format == "preference"):
-        raise UserError("objective: dpo trains on preference records and they train only with it: pass --objective "
-                        "dpo with --data-format preference")
-    if cfg.parallel.float8 and cfg.parallel.device == "cpu":
-        raise UserError("float8: needs an NVIDIA GPU (Ada, Hopper or newer); it cannot run with --device cpu")
-    if (cfg.checkpoint.every_steps or cfg.checkpoint.every_seconds) and not cfg.checkpoint.checkpoint_dir:
-        raise UserError("checkpoint_every: needs --checkpoint-dir to know where checkpoints go")
-    if cfg.checkpoint.tiered and not cfg.checkpoint.checkpoint_dir:
-        raise UserError("tiered: needs --checkpoint-dir, the durable tier (where the last step and every "
-                        "durable_every-th checkpoint go)")
 
 
 def _validate_shape(m: ModelConfig) -> None:

@@ -13,8 +13,6 @@ import json
 import logging
 import math
 import os
-import socket
-import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +20,7 @@ import torch
 
 from fsdpkit.errors import Unreachable, UserError
 from fsdpkit.readers import reading
+from fsdpkit.train.data.hub import hub_endpoint, hub_reachable
 
 log = logging.getLogger(__name__)
 
@@ -35,22 +34,6 @@ def _harness() -> tuple[Any, Any]:
         return importlib.import_module("lm_eval"), importlib.import_module("lm_eval.tasks").TaskManager
     except ImportError:
         raise UserError("eval: needs lm-evaluation-harness: pip install 'fsdpkit[eval]'") from None
-
-
-def _hub_endpoint() -> str:
-    return os.environ.get("HF_ENDPOINT", "https://huggingface.co")
-
-
-def _hub_reachable(timeout: float = 3.0) -> bool:
-    """A connection to the hub's host opens (read before the hub client is imported: it reads
-    HF_HUB_OFFLINE once, on import)."""
-    url = urllib.parse.urlparse(_hub_endpoint())
-    try:
-        socket.create_connection((url.hostname or "", url.port or (443 if url.scheme == "https" else 80)),
-                                 timeout).close()
-    except OSError:
-        return False
-    return True
 
 
 def run_dir_of(model: Path) -> Path | None:
@@ -95,7 +78,7 @@ def evaluate(model: Path, tasks: list[str], include_path: Path | None = None, li
         raise UserError(f"eval: --include-path {include_path} is not a directory")
     run_dir = run_dir or run_dir_of(model)
     told_offline = os.environ.get("HF_HUB_OFFLINE") == "1"
-    offline = told_offline or not _hub_reachable()
+    offline = told_offline or not hub_reachable()
     if offline:
         # Cached task data only: the hub client would retry each file for half a minute first.
         os.environ.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
@@ -122,7 +105,7 @@ def evaluate(model: Path, tasks: list[str], include_path: Path | None = None, li
                                 f"keeps the hub out ({first}); unset HF_HUB_OFFLINE, or use a local task with "
                                 "--include-path") from None
             raise Unreachable(f"eval: {', '.join(tasks)} needs data that is not cached here, and the Hugging Face hub "
-                              f"({_hub_endpoint()}) cannot be reached ({first}); run where the hub can be reached "
+                              f"({hub_endpoint()}) cannot be reached ({first}); run where the hub can be reached "
                               "once (the data is then cached), or use a local task with --include-path") from None
         raise UserError(f"eval: the harness stopped: {first}") from None
     scores = scores_of(out["results"] if out else {})

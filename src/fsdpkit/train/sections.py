@@ -112,6 +112,14 @@ class OptimConfig(Settings):
     fused_optimizer: Bool = option(True, "fused AdamW kernel (one kernel for all parameters; CPU and CUDA)")
 
 
+def check_context_group(degree: int, per_node: int) -> None:
+    """Refuse a context-parallel degree that does not divide a node's processes: a group's
+    all-to-alls run twice a layer, over the node's own links (NVLink), never between nodes."""
+    if per_node % degree:
+        raise UserError(f"context_parallel: {degree} must divide the processes on each node ({per_node}): the "
+                        "ranks that share a sequence sit on one node")
+
+
 class ParallelConfig(Settings):
     nproc: Int = option(1, "processes on this machine (launches torchrun when > 1)", ge=1)
     device: Literal["auto", "cpu", "cuda"] = option("auto", "where to train")
@@ -122,6 +130,10 @@ class ParallelConfig(Settings):
         "auto", "parameter dtype in compute (auto: bf16 on GPU, fp32 on CPU)", aliases=("bf16",),
         alias_values={"1": "bf16", "0": "fp32", "true": "bf16", "false": "fp32"})
     reduce_dtype: Literal["fp32", "bf16"] = option("fp32", "dtype of gradient reduction")
+    context_parallel: Int = option(
+        1, "split every sequence over N ranks of a node, for long contexts: each holds 1/N of its tokens and "
+        "attends with 1/N of the heads (all-to-all, as DeepSpeed-Ulysses); N divides the processes per node, "
+        "seq_len and the attention heads", ge=1, le=64)
     reshard_after_forward: Bool = option(True, "free gathered parameters after forward (saves memory)")
     cpu_offload: Bool = option(False, "keep sharded parameters and optimizer state on the CPU")
     activation_checkpointing: Literal["none", "full", "selective"] = option(
@@ -168,6 +180,10 @@ class ParallelConfig(Settings):
         if world % replicas:
             raise UserError(f"dp_replicate: {replicas} must divide the world size ({world})")
         return replicas
+
+    def data_ranks(self, world: int) -> int:
+        """Ranks that read their own share of the data: a context-parallel group reads one."""
+        return world // self.context_parallel
 
     def shard_ranks(self, world: int, nodes: int) -> int:
         """Ranks each parameter is sharded over: the world, or under HSDP one replica group's."""

@@ -58,6 +58,7 @@ from fsdpkit.train.parallel.shard import autocast, build_model, compute_dtype, d
 from fsdpkit.train.runtime import dist, run_lock
 from fsdpkit.train.runtime.faults import maybe_fail
 from fsdpkit.train.runtime.host_memory import keep_freed_memory
+from fsdpkit.train.sections import check_context_group
 from fsdpkit.train.validation import Validator
 
 log = logging.getLogger(__name__)
@@ -123,6 +124,7 @@ def _check_inputs(cfg: TrainConfig) -> None:
         check_weights(Path(cfg.checkpoint.init_from_hf))
     if not dist.under_torchrun():
         dist.check_nproc(cfg.parallel.nproc, cfg.parallel.device)
+        check_context_group(cfg.parallel.context_parallel, cfg.parallel.nproc)
         # The workers' mesh, refused here rather than in each.
         shard = cfg.parallel.shard_ranks(cfg.parallel.nproc, 1)
         if cfg.lora_shape is not None and cfg.lora_shape.nf4:
@@ -241,7 +243,7 @@ def train(cfg: TrainConfig, accepted: Callable[[], None] = lambda: None) -> Trai
 
 def _train(cfg: TrainConfig, run_dir: Path) -> TrainResult:
     nccl = network.capture_nccl_log(run_dir, dist.resolve_device_type(cfg.parallel.device))
-    rt = dist.setup(cfg.parallel.device)
+    rt = dist.setup(cfg.parallel.device, cfg.parallel.context_parallel)
     if cfg.parallel.compile is None:  # the default follows the device, now that it is known
         cfg = cfg.model_copy(update={"parallel": cfg.parallel.model_copy(
             update={"compile": cfg.parallel.compiles(rt.device.type)})})
@@ -322,20 +324,21 @@ def _start_state(cfg: TrainConfig, rt: dist.Runtime, tier: MemoryTier | None = N
         else:
             state.step, state.samples = found.step, found.meta["samples"]
             log.info(f"fsdpkit: resumed from {found.path} at step {state.step}")
-            state.samples = _carry_data_position(found.meta, cfg, rt.world_size, state.samples)
+            state.samples = _carry_data_position(found.meta, cfg, rt.data_ranks, state.samples)
     return state
 
 
-def _carry_data_position(meta: dict[str, Any], cfg: TrainConfig, world_size: int, samples: int) -> int:
+def _carry_data_position(meta: dict[str, Any], cfg: TrainConfig, data_ranks: int, samples: int) -> int:
     """The data position after resuming with another sequence length or global batch (allowed: the
     model is the same). The position is kept in tokens: with another sequence length the samples
     consumed are rescaled, so no text is skipped or repeated; the schedule continues by step."""
     saved = (meta.get("config") or {}).get("data") or {}
     old_len, new_len = saved.get("seq_len"), cfg.data.seq_len
     d = cfg.data
-    old_batch = (saved.get("train_batch_size") or 0) * (meta.get("world_size") or 0) * (saved.get("grad_accum_steps")
-                                                                                          or 1)
-    new_batch = d.train_batch_size * world_size * d.grad_accum_steps
+    # Checkpoints of runs without context parallel record no data_ranks: their world read the data.
+    old_ranks = meta.get("data_ranks") or meta.get("world_size") or 0
+    old_batch = (saved.get("train_batch_size") or 0) * old_ranks * (saved.get("grad_accum_steps") or 1)
+    new_batch = d.train_batch_size * data_ranks * d.grad_accum_steps
     if old_len and old_len != new_len:
         carried = -(-samples * old_len // new_len)
         log.info(f"fsdpkit: resumed with seq_len {new_len} (the checkpoint's: {old_len}): the data continues "
@@ -355,7 +358,7 @@ def _open_run(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path, state: TrainSta
     d = cfg.data
     pipe = data_pipeline(d, cfg.seed, d.train_split, verbose=rt.is_main)
     source = pipe.source
-    batches = BatchStream(source, pipe.tokenizer, cfg.data.seq_len, d.train_batch_size, rt.rank, rt.world_size,
+    batches = BatchStream(source, pipe.tokenizer, cfg.data.seq_len, d.train_batch_size, rt.data_rank, rt.data_ranks,
                           cfg.seed, epochs=d.epochs, skip_blocks=state.samples, chat=pipe.chat,
                           preference=pipe.preference)
     stream = Prefetcher(batches, d.prefetch, pin_memory=rt.device.type == "cuda") if d.prefetch else iter(batches)
@@ -365,7 +368,7 @@ def _open_run(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path, state: TrainSta
     validate = Validator(cfg.data, cfg.log.validation_batches, cfg.seed, cfg.parallel, rt, objective)
     if validate.batches == 0:
         log.warning(f"the {d.val_split!r} split holds less than one global validation batch "
-                    f"({cfg.data.val_batch_size} x {rt.world_size} blocks of {cfg.data.seq_len + 1} tokens); "
+                    f"({cfg.data.val_batch_size} x {rt.data_ranks} blocks of {cfg.data.seq_len + 1} tokens); "
                     "no validation")
     dtype = compute_dtype(cfg.parallel, rt.device.type)
     peak, peak_source = peak_flops(rt.device, dtype, cfg.log.peak_tflops)
@@ -424,7 +427,12 @@ def _open_sinks(run: Run, state: TrainState, stack: contextlib.ExitStack) -> Non
     d, mcfg = cfg.data, cfg.shape
     run.say(f"fsdpkit: {cfg.preset} ({count_params(mcfg) / 1e6:.2f}M params), {rt.world_size} x "
             f"{rt.device.type}, {str(run.dtype).removeprefix('torch.')}, seq {cfg.data.seq_len}, global batch "
-            f"{d.train_batch_size * rt.world_size * d.grad_accum_steps}, {cfg.optim.max_steps} steps -> {run_dir}")
+            f"{d.train_batch_size * rt.data_ranks * d.grad_accum_steps}, {cfg.optim.max_steps} steps -> {run_dir}")
+    if rt.context_parallel > 1:
+        run.say(f"fsdpkit: context parallel {rt.context_parallel}: each rank holds "
+                f"{cfg.data.seq_len // rt.context_parallel} tokens of every sequence and attends with "
+                f"{mcfg.n_heads // rt.context_parallel} of {mcfg.n_heads} heads; {rt.data_ranks} data-parallel "
+                "share(s) of the batch")
     config_name = f" ({d.dataset_config_name})" if d.dataset_config_name else ""
     run.say(f"fsdpkit: data {d.dataset}{config_name}, tokenizer {d.tokenizer}, vocab {mcfg.vocab_size}")
     peak_txt = f"{run.peak / 1e12:.3f} TFLOP/s ({run.peak_source})" if run.peak else "unknown for this device"
@@ -471,7 +479,7 @@ def _train_step(run: Run, state: TrainState, window: Window) -> torch.Tensor | N
     maybe_fail("step", state.step + 1, rt.rank)
     window.steps += 1
     state.step += 1
-    state.samples += cfg.data.train_batch_size * rt.world_size * accum
+    state.samples += cfg.data.train_batch_size * rt.data_ranks * accum
     return grad_norm
 
 
@@ -517,7 +525,7 @@ def _log_window(run: Run, window: Window, lr: float, grad_norm: torch.Tensor, n:
     loss = dist.all_reduce_mean(window.loss_sum / window.steps, rt).item()
     # A sum over ranks (the mean times the ranks: the ratios are the same).
     preference = None if window.preference is None else dist.all_reduce_mean(window.preference, rt).cpu()
-    per_step = d.train_batch_size * rt.world_size * d.grad_accum_steps
+    per_step = d.train_batch_size * rt.data_ranks * d.grad_accum_steps
     stats = StepStats(n, loss, lr, float(grad_norm), time.perf_counter() - window.start, window.steps,
                       per_step * window.steps, per_step * cfg.data.seq_len * window.steps, rt.world_size,
                       minor_page_faults() - window.faults, int(window.skipped))

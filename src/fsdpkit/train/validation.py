@@ -25,11 +25,11 @@ class Validator:
         """`batches` per pass at most (log.validation_batches); `par` for the compute dtype."""
         pipe = data_pipeline(d, seed, d.val_split, verbose=rt.is_main)
         self.source = pipe.source
-        self.stream = BatchStream(pipe.source, pipe.tokenizer, d.seq_len, d.val_batch_size, rt.rank, rt.world_size,
+        self.stream = BatchStream(pipe.source, pipe.tokenizer, d.seq_len, d.val_batch_size, rt.data_rank, rt.data_ranks,
                                   seed, shuffle_buffer=0, epochs=1, chat=pipe.chat, preference=pipe.preference)
         # Every rank must run the same number of forwards (FSDP collectives): count on each rank,
         # deterministically, how many whole global batches the held-out split holds.
-        available = self.stream.count_blocks() // (d.val_batch_size * rt.world_size)
+        available = self.stream.count_blocks() // (d.val_batch_size * rt.data_ranks)
         self.batches = min(batches, available)
         self.objective = objective
         self.rows, self.par, self.rt = d.train_batch_size, par, rt

@@ -233,7 +233,7 @@ class Checkpointer:
 
     def _record(self, step: int, meta: dict[str, Any]) -> dict[str, Any]:
         """A checkpoint's fsdpkit.json, in either tier."""
-        return {"step": step, "world_size": self.rt.world_size, **meta}
+        return {"step": step, "world_size": self.rt.world_size, "data_ranks": self.rt.data_ranks, **meta}
 
     def _complete(self, step: int, tmp: Path, final: Path, meta: dict[str, Any]) -> None:
         maybe_fail("save", step, self.rt.rank)

@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 
-from fsdpkit.errors import NotFound, UserError
+from fsdpkit.errors import NotFound, Unreachable, UserError
 from fsdpkit.readers import reading
+from fsdpkit.train.data.hub import hub_endpoint, hub_reachable, quiet_hub
 
 log = logging.getLogger(__name__)
 
@@ -55,21 +55,6 @@ class ByteTokenizer:
 EOS_CANDIDATES = ("<|end_of_text|>", "<|endoftext|>", "</s>", "<|eot_id|>", "<eos>")
 
 
-@contextlib.contextmanager
-def quiet_hub() -> Iterator[None]:
-    """The hub client logs every retry (ten lines before an offline machine gives up); the error
-    that follows says what matters. `--verbose` (fsdpkit's logger at DEBUG) lets them through."""
-    from huggingface_hub.utils import logging as hub_logging  # loaded with the hub client, not before
-
-    level = hub_logging.get_verbosity()  # importing the client first: it resets its level on import
-    if not logging.getLogger("fsdpkit").isEnabledFor(logging.DEBUG):
-        hub_logging.set_verbosity_error()
-    try:
-        yield
-    finally:
-        hub_logging.set_verbosity(level)
-
-
 class HFTokenizer:
     """A Hugging Face `tokenizers` tokenizer from a local directory/file or the hub."""
 
@@ -97,12 +82,24 @@ class HFTokenizer:
             if os.environ.get("HF_HUB_OFFLINE") == "1":
                 raise UserError(f"tokenizer: {spec!r} is on the Hugging Face hub but HF_HUB_OFFLINE=1; "
                                 "point --tokenizer at a local directory with tokenizer.json")
+            # One look at the hub's host first: out of reach, the hub client would retry for half a
+            # minute before falling back to its cache; the cache is read at once instead.
+            from huggingface_hub import hf_hub_download  # the hub client, loaded when a hub name is given
+
+            online = hub_reachable()
             try:
                 with quiet_hub():
-                    self.tok = RustTokenizer.from_pretrained(spec, token=os.environ.get("HF_TOKEN"))
+                    file = hf_hub_download(spec, "tokenizer.json", token=os.environ.get("HF_TOKEN"),
+                                           local_files_only=not online)
             except Exception as e:  # network, auth and not-found errors all end the same way
+                if not online:
+                    raise Unreachable(f"tokenizer: {spec!r} is not in the Hugging Face cache here and the hub "
+                                      f"({hub_endpoint()}) cannot be reached; point --tokenizer at a local directory "
+                                      "with tokenizer.json, or run once where the hub can be reached") from None
                 raise UserError(f"tokenizer: cannot load {spec!r} from the hub: {str(e).splitlines()[0]}") from None
-            config = _hub_tokenizer_config(spec)
+            with reading(Path(file), "tokenizer"):
+                self.tok = RustTokenizer.from_file(file)
+            config = _hub_tokenizer_config(spec, online)
         self.config = config
         self.vocab_size = self.tok.get_vocab_size(with_added_tokens=True)
         eos = config.get("eos_token")
@@ -127,7 +124,7 @@ class HFTokenizer:
         return self.tok.decode([int(i) for i in ids])
 
 
-def _hub_tokenizer_config(spec: str) -> dict[str, Any]:
+def _hub_tokenizer_config(spec: str, online: bool) -> dict[str, Any]:
     """tokenizer_config.json of a hub tokenizer (its special tokens and chat template), from the
     hub client's cache when this machine has it; {} where the repository has none."""
     from huggingface_hub import hf_hub_download
@@ -135,7 +132,8 @@ def _hub_tokenizer_config(spec: str) -> dict[str, Any]:
 
     try:
         with quiet_hub():
-            file = hf_hub_download(spec, "tokenizer_config.json", token=os.environ.get("HF_TOKEN"))
+            file = hf_hub_download(spec, "tokenizer_config.json", token=os.environ.get("HF_TOKEN"),
+                                   local_files_only=not online)
     except EntryNotFoundError:
         return {}
     except Exception as e:  # the tokenizer loaded (from the cache, say): go on without its config

@@ -139,3 +139,31 @@ def check_nf4_layout(shape: ModelConfig, shard: int, world: int = 1) -> None:
             raise UserError(f"base_dtype: nf4 stores {name} ({out} x {inp}) in blocks of {NF4_GRAIN} elements, and "
                             f"over {shard} shard rank(s) each rank's rows ({out / shard:g} x {inp}) are no whole "
                             f"number of them; {fix}")
+
+
+def context_layout_error(shape: ModelConfig, seq_len: int, ranks: int) -> str | None:
+    """Why this model and sequence length cannot be split over `ranks` context-parallel ranks
+    (fsdpkit.train.model.context: equal slices of every sequence, whole heads per rank); None if
+    they can."""
+    if ranks == 1:
+        return None
+    if seq_len % ranks:
+        return f"{ranks} must divide seq_len ({seq_len}): each rank holds an equal slice of every sequence"
+    if shape.n_heads % ranks:
+        return (f"{ranks} must divide the model's {shape.n_heads} attention heads: each rank attends with "
+                f"1/{ranks} of them")
+    if shape.is_moe:
+        return ("a mixture-of-experts model's balancing loss counts its experts' load over whole sequences; train "
+                "it without --context-parallel")
+    return None
+
+
+def check_context_layout(shape: ModelConfig, seq_len: int, ranks: int) -> None:
+    if why := context_layout_error(shape, seq_len, ranks):
+        raise UserError(f"context_parallel: {why}")
+
+
+def context_degrees(shape: ModelConfig, seq_len: int, per_node: int) -> list[int]:
+    """The context-parallel degrees above 1 this model and sequence length can take on nodes of
+    `per_node` ranks."""
+    return [n for n in range(2, per_node + 1) if per_node % n == 0 and not context_layout_error(shape, seq_len, n)]

@@ -19,8 +19,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fsdpkit.train.model.attention import AttentionMask, causal_attention, document_ids, masked_attention
+from fsdpkit.train.model.attention import (
+    AttentionMask,
+    causal_attention,
+    document_ids,
+    expand_kv,
+    masked_attention,
+)
 from fsdpkit.train.model.config import ModelConfig, loss_chunk_size
+from fsdpkit.train.model.context import SequenceSplit
 
 
 def rope_frequencies(cfg: ModelConfig) -> torch.Tensor:
@@ -79,6 +86,7 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(cfg.n_heads * cfg.head_size, cfg.dim, bias=False)
         self.q_norm = RMSNorm(cfg.head_size, cfg.norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_size, cfg.norm_eps) if cfg.qk_norm else None
+        self.split: SequenceSplit | None = None   # context parallel (Transformer.split_sequences)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 mask: AttentionMask | None = None) -> torch.Tensor:
@@ -90,7 +98,13 @@ class Attention(nn.Module):
         q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if self.split is not None:  # this rank's tokens of every head -> every token of its heads
+            if self.n_kv_heads % self.split.size:   # too few K/V heads to share out: one per query head
+                k, v = expand_kv(k, v, self.n_heads)
+            q, k, v = (self.split.gather_sequence(t) for t in (q, k, v))
         out = causal_attention(q, k, v) if mask is None else masked_attention(q, k, v, mask)
+        if self.split is not None:
+            out = self.split.scatter_sequence(out)
         return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
 
 
@@ -239,6 +253,7 @@ class Transformer(nn.Module):
         self.model = Model(cfg)
         self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         self.loss_chunk_tokens: int | None = None  # set by fsdpkit.train.parallel.shard from the config
+        self.split: SequenceSplit | None = None   # context parallel: see split_sequences
         if cfg.tie_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         # Derived from the config, so not saved in checkpoints; init_weights fills them.
@@ -295,15 +310,25 @@ class Transformer(nn.Module):
         self.rope_cos.copy_(freqs.cos())
         self.rope_sin.copy_(freqs.sin())
 
+    def split_sequences(self, split: SequenceSplit | None) -> None:
+        """Context parallel (fsdpkit.train.model.context): every rank of `split`'s group is given the
+        same whole sequences and computes its slice of them; None: this rank computes them whole."""
+        self.split = split
+        for layer in self.blocks():
+            layer.self_attn.split = split
+
     # -- forward ----------------------------------------------------------------------------------
     def hidden_states(self, tokens: torch.Tensor, eos_id: int | None = None,
                       docs: torch.Tensor | None = None) -> torch.Tensor:
-        """The last block's output, before the final norm."""
+        """The last block's output, before the final norm: of this rank's slice of each sequence
+        under context parallel, where the mask and positions are still the whole sequence's."""
         T = tokens.shape[1]
         if self.rope_len < T:
             raise ValueError(f"sequence of {T} tokens is longer than the RoPE table ({self.rope_len})")
         cos, sin = self.rope_cos[:T], self.rope_sin[:T]
         mask = self.attention_mask(tokens, eos_id, docs)
+        if self.split is not None:
+            tokens, cos, sin = self.split.local(tokens), self.split.local(cos, 0), self.split.local(sin, 0)
         h = self.model.embed_tokens(tokens)
         if torch.is_autocast_enabled(h.device.type):
             # One process under autocast: carry the residual stream in the compute dtype, as FSDP's
@@ -376,9 +401,14 @@ class Transformer(nn.Module):
 
     def output_loss(self, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Final norm, output head and mean cross-entropy: one method, so that `--compile` can fuse
-        the norm and the loss's elementwise work as it does each block's."""
+        the norm and the loss's elementwise work as it does each block's. Under context parallel,
+        this rank's share of its group's mean, times the group's size (fsdpkit.train.model.context)."""
         h = self.model.norm(h)
-        return chunked_cross_entropy(self.lm_head, h.flatten(0, 1), targets.flatten(), self.loss_chunk_tokens)
+        if self.split is None:
+            return chunked_cross_entropy(self.lm_head, h.flatten(0, 1), targets.flatten(), self.loss_chunk_tokens)
+        targets = self.split.local(targets).flatten()
+        count = self.split.total((targets != -100).sum()).clamp(min=1)
+        return self.split.size * chunked_ce_sum(self.lm_head, h.flatten(0, 1), targets, self.loss_chunk_tokens) / count
 
     def loss(self, tokens: torch.Tensor, targets: torch.Tensor, eos_id: int | None = None,
              docs: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -397,16 +427,20 @@ def chunked_cross_entropy(head: nn.Linear, h: torch.Tensor, targets: torch.Tenso
     """Mean cross-entropy of head(h) against targets (-100 ignored) without materialising the full
     (tokens x vocab) fp32 logits: each chunk's logits are computed, reduced and dropped, and
     recomputed in backward (activation checkpointing of the head), so the peak holds one chunk."""
+    return chunked_ce_sum(head, h, targets, chunk) / (targets != -100).sum().clamp(min=1)
+
+
+def chunked_ce_sum(head: nn.Linear, h: torch.Tensor, targets: torch.Tensor, chunk: int | None) -> torch.Tensor:
+    """The summed cross-entropy `chunked_cross_entropy` divides by the target count."""
     n = h.shape[0]
-    count = (targets != -100).sum().clamp(min=1)
     size = loss_chunk_size(head.out_features, chunk)
     if size == 0 or size >= n:
-        return _ce_sum(head, h, targets) / count
+        return _ce_sum(head, h, targets)
     total = h.new_zeros((), dtype=torch.float32)
     for start in range(0, n, size):
         part = slice(start, start + size)
         total = total + torch.utils.checkpoint.checkpoint(_ce_sum, head, h[part], targets[part], use_reentrant=False)
-    return total / count
+    return total
 
 
 def chunked_token_nll(head: nn.Linear, h: torch.Tensor, targets: torch.Tensor, chunk: int | None) -> torch.Tensor:

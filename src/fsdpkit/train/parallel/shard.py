@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any, cast
 
 import torch
+import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
@@ -21,6 +22,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from fsdpkit.errors import UserError
 from fsdpkit.train.model import nf4
 from fsdpkit.train.model.config import LoraShape, ModelConfig, check_nf4_layout, loss_chunk_size
+from fsdpkit.train.model.context import SequenceSplit, sequence_split
 from fsdpkit.train.model.hf import local_rows
 from fsdpkit.train.model.lora import add_adapters
 from fsdpkit.train.model.transformer import Transformer
@@ -41,6 +43,16 @@ def build_mesh(rt: Runtime, par: ParallelConfig) -> DeviceMesh:
         return init_device_mesh(rt.device.type, (replicas, rt.world_size // replicas),
                                 mesh_dim_names=("dp_replicate", "dp_shard"))
     return init_device_mesh(rt.device.type, (rt.world_size,), mesh_dim_names=("dp_shard",))
+
+
+def sequence_group(rt: Runtime) -> SequenceSplit | None:
+    """This rank's context-parallel group: `context_parallel` consecutive ranks, so one node's
+    (fsdpkit.train.runtime.dist.setup refuses a degree that does not divide a node's processes).
+    FSDP still shards over the whole world: the group's ranks hold different shards of one model."""
+    if rt.context_parallel == 1:
+        return None
+    group, _ = dist.new_subgroups(group_size=rt.context_parallel)
+    return sequence_split(group)
 
 
 def apply_activation_checkpointing(model: Transformer, mode: str, every: int) -> None:
@@ -134,6 +146,7 @@ def build_model(shape: ModelConfig, par: ParallelConfig, rope_len: int, seed: in
             check_nf4_layout(shape, shard_count(mesh), rt.world_size)
             nf4.quantize_base(model)
     model.loss_chunk_tokens = loss_chunk_size(model.cfg.vocab_size, par.loss_chunk_tokens, bool(par.compile))
+    model.split_sequences(sequence_group(rt))
     if par.float8:
         apply_float8(model, rt.device, par.float8_recipe, par.float8_head)
     apply_activation_checkpointing(model, par.activation_checkpointing, par.ac_every)

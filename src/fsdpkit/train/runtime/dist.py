@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from fsdpkit.errors import UserError
+from fsdpkit.train.sections import check_context_group
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,7 @@ class Runtime:
     local_rank: int
     local_world_size: int
     device: torch.device
+    context_parallel: int = 1   # ranks that share each sequence (consecutive ranks of one node)
 
     @property
     def distributed(self) -> bool:
@@ -40,6 +42,16 @@ class Runtime:
     @property
     def num_nodes(self) -> int:
         return max(1, self.world_size // self.local_world_size)
+
+    @property
+    def data_rank(self) -> int:
+        """Which share of the data this rank reads: the ranks of a context-parallel group read the same."""
+        return self.rank // self.context_parallel
+
+    @property
+    def data_ranks(self) -> int:
+        """How many shares the data is read in (the world over the context-parallel degree)."""
+        return self.world_size // self.context_parallel
 
 
 def resolve_device_type(device: str) -> str:
@@ -67,7 +79,7 @@ def under_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
-def setup(device: str = "auto") -> Runtime:
+def setup(device: str = "auto", context_parallel: int = 1) -> Runtime:
     kind = resolve_device_type(device)
     if not under_torchrun():
         dev = torch.device("cuda", torch.cuda.current_device()) if kind == "cuda" else torch.device("cpu")
@@ -75,6 +87,7 @@ def setup(device: str = "auto") -> Runtime:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    check_context_group(context_parallel, local_world)
     if kind == "cuda":
         torch.cuda.set_device(local_rank)
         dev = torch.device("cuda", local_rank)
@@ -84,7 +97,7 @@ def setup(device: str = "auto") -> Runtime:
         backend = "nccl" if kind == "cuda" else "gloo"
         dist.init_process_group(backend, store=_attempt_store(rank, world), rank=rank, world_size=world,
                                 device_id=dev if kind == "cuda" else None)
-    return Runtime(rank, world, local_rank, local_world, dev)
+    return Runtime(rank, world, local_rank, local_world, dev, context_parallel)
 
 
 def _attempt_store(rank: int, world: int) -> dist.Store:
