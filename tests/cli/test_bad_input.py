@@ -213,6 +213,10 @@ CASES = {
     "context-parallel-over-nproc": (["train", *FAST, "--nproc", "2", "--context-parallel", "4", "--run_dir", "run"], 2,
                                     "context_parallel: 4 must divide the processes on each node (2): the ranks that "
                                     "share a sequence sit on one node"),
+    "expert-parallel-over-ranks": (["train", *FAST, "--family", "mixtral", "--n-experts", "4", "--nproc", "2",
+                                    "--expert-parallel", "4", "--run_dir", "run"], 2,
+                                   "expert_parallel: 4 must divide the ranks of the run (2): each group of 4 "
+                                   "consecutive ranks holds every expert once"),
     "context-parallel-dpo": (["train", "--objective", "dpo", "--data-format", "preference", "--context-parallel", "2"],
                              2, "context_parallel: dpo sums each answer's log-probabilities over the whole sequence; "
                              "train it without --context-parallel"),

@@ -625,6 +625,9 @@ BAD = [
     ({"train": {"preset": "llama3_1_8b", "context_parallel": 16}},
      "train.context_parallel: 16 must divide the processes on each node (8): the ranks that share a sequence sit on "
      "one node"),
+    ({"nodes": "1:2", "train": {"preset": "qwen3_30b_a3b", "expert_parallel": 16}},
+     "train.expert_parallel: 16 must divide the ranks of the run (8): each group of 16 consecutive ranks holds every "
+     "expert once"),
 ]
 
 

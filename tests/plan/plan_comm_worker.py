@@ -1,5 +1,7 @@
 """Run by test_plan.py under torchrun: a real fsdpkit training run with every c10d collective it
-issues recorded (op, output and input bytes) through a TorchDispatchMode, written by rank 0 as JSON.
+issues recorded (op, output and input bytes) through a TorchDispatchMode, each optimizer step marked
+among them as ("optimizer.step", 0, 0), written as JSON by rank 0 to OUT.json and by every other
+rank r to OUT.json.r (expert parallel's all-to-alls differ by rank).
 Usage: torchrun --nproc-per-node 2 tests/plan/plan_comm_worker.py OUT.json [trainer flags]"""
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ import os
 import sys
 
 import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from fsdpkit.train.config import parse_args
@@ -38,9 +41,10 @@ class Collectives(TorchDispatchMode):
 if __name__ == "__main__":
     cfg = parse_args(sys.argv[2:])
     mode = Collectives()
+    register_optimizer_step_post_hook(lambda *_: mode.calls.append(("optimizer.step", 0, 0)))
     with mode:
         train(cfg)
-    if int(os.environ.get("RANK", "0")) == 0:
-        with open(sys.argv[1], "w") as f:
-            json.dump(mode.calls, f)
+    rank = int(os.environ.get("RANK", "0"))
+    with open(sys.argv[1] + (f".{rank}" if rank else ""), "w") as f:
+        json.dump(mode.calls, f)
     leave(0)  # as fsdpkit's own workers end: no interpreter finalization racing gloo's threads

@@ -81,7 +81,10 @@ LORA = ["--init_from_hf", "{hf}", "--lora", "1", "--lora_rank", "16"]
          "--activation_checkpointing", "full"]),
     (2, [*LORA, "--seq_len", "512", "--train_batch_size", "4"]),
     (2, [*LORA, "--base_dtype", "nf4", "--seq_len", "512", "--train_batch_size", "4"]),
-], ids=["1proc-ac", "2ranks", "2ranks-bf16-ac", "2ranks-lora", "2ranks-qlora"])
+    (2, ["--preset", "debug", "--seq_len", "2048", "--train_batch_size", "2", "--context_parallel", "2"]),
+    (2, ["--preset", "debug", "--family", "mixtral", "--n_experts", "4", "--seq_len", "512", "--train_batch_size", "4",
+         "--expert_parallel", "2"]),
+], ids=["1proc-ac", "2ranks", "2ranks-bf16-ac", "2ranks-lora", "2ranks-qlora", "2ranks-cp2", "2ranks-mixtral-ep2"])
 def test_memory_estimate_is_within_15_percent_of_a_real_run(tmp_path, world, flags, debug_hf):
     flags = with_base(flags, debug_hf)
     measured, planned = measured_tensor_peak(tmp_path, flags, world), planned_peak(world, flags)
@@ -186,8 +189,10 @@ def test_planned_peak_is_within_15_percent_of_the_measured_tensor_peak_at_a_larg
     assert 0.85 <= planned / measured <= 1.15, f"planned {planned / MIB:.1f} MiB, measured {measured / MIB:.1f} MiB"
 
 
-def recorded_collectives(tmp_path: Path, steps: int, flags: list[str]) -> list:
-    out = tmp_path / f"calls{steps}.json"
+def recorded_collectives(tmp_path: Path, flags: list[str]) -> list[list]:
+    """Each of the 2 ranks' collectives in the second step of a 2-step run: those after the first
+    optimizer step up to the second (start-up, logging and the final validation fall outside)."""
+    out, steps = tmp_path / "calls.json", 2
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
            str(ROOT / "tests" / "plan" / "plan_comm_worker.py"), str(out), *flags, "--max_steps", str(steps),
            "--validation_freq", "0", "--validation_batches", "1", "--tensorboard", "0", "--progress", "off",
@@ -195,7 +200,10 @@ def recorded_collectives(tmp_path: Path, steps: int, flags: list[str]) -> list:
     r = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, cwd=ROOT,
                        timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(out.read_text())
+    ranks = [json.loads(Path(f"{out}.{rank}" if rank else out).read_text()) for rank in range(2)]
+    steps_at = [[i for i, c in enumerate(calls) if c[0] == "optimizer.step"] for calls in ranks]
+    assert all(len(at) == 2 for at in steps_at), steps_at
+    return [calls[at[0] + 1:at[1]] for calls, at in zip(ranks, steps_at, strict=True)]
 
 
 def _sums(calls: list) -> dict[str, int]:
@@ -215,16 +223,26 @@ def _sums(calls: list) -> dict[str, int]:
     [*LORA, "--seq_len", "64", "--train_batch_size", "2", "--base_dtype", "nf4", "--mixed_precision", "bf16"],
     # Context parallel: K/V all-to-all'd with their own heads; then expanded to the query heads
     # first (1 K/V head over 2 ranks), recomputed under checkpointing, over 2 micro-steps in bf16.
+    # Expert parallel: the experts out of FSDP's units, tokens to them and back; the same
+    # recomputed, accumulated and in bf16.
     ["--preset", "debug", "--seq_len", "64", "--train_batch_size", "2", "--context_parallel", "2"],
     ["--preset", "debug", "--seq_len", "64", "--train_batch_size", "2", "--context_parallel", "2", "--n_kv_heads", "1",
      "--activation_checkpointing", "full", "--grad_accum_steps", "2", "--mixed_precision", "bf16"],
+    ["--preset", "debug", "--family", "mixtral", "--n_experts", "4", "--seq_len", "64", "--train_batch_size", "2",
+     "--expert_parallel", "2"],
+    ["--preset", "debug", "--family", "mixtral", "--n_experts", "4", "--seq_len", "64", "--train_batch_size", "2",
+     "--expert_parallel", "2", "--activation_checkpointing", "full", "--grad_accum_steps", "2",
+     "--mixed_precision", "bf16"],
 ], ids=["debug-fp32", "tiny-bf16-accum-noreshard", "debug-lora", "debug-qlora-bf16", "debug-cp2",
-        "debug-cp2-expanded-ac-accum-bf16"])
+        "debug-cp2-expanded-ac-accum-bf16", "mixtral-ep2", "mixtral-ep2-ac-accum-bf16"])
 def test_communication_bytes_equal_the_collectives_of_a_real_step(tmp_path, flags, debug_hf):
     flags = with_base(flags, debug_hf)
-    # One step's collectives: a 2-step run less a 1-step run (start-up and the final validation cancel).
-    one, two = (_sums(recorded_collectives(tmp_path, n, flags)) for n in (1, 2))
-    step = {k: two[k] - one[k] for k in one}
+    # One step's collectives, the mean of the 2 ranks' (the rows a rank's experts receive differ by
+    # rank; their sum is every rank's tokens).
+    ranks = [_sums(calls) for calls in recorded_collectives(tmp_path, flags)]
+    summed = {k: sum(r[k] for r in ranks) for k in ranks[0]}
+    assert all(v % 2 == 0 for v in summed.values())
+    step = {k: v // 2 for k, v in summed.items()}
     cfg = parse_args(flags)
     expected = step_comm(workload(cfg, 2, "cpu")).to_dict()
     assert step == {k: expected[k] for k in step}
@@ -443,5 +461,30 @@ def test_a_128k_token_llama_8b_fits_one_p5_only_with_its_sequences_split_over_ra
     assert (four["comm_bytes"]["all_to_alls"], four["comm_bytes"]["all_to_all_bytes"]) == (4 * 96, 96 * per_block)
     assert four["comm_bytes"]["all_to_all_wire_bytes"] == 96 * per_block * 3 // 4
     # On attention's path: the exchange's seconds over NVLink (450 GB/s) add to compute's.
-    assert four["context_s"] == pytest.approx(96 * per_block * 3 / 4 / 450e9, abs=1e-4)
-    assert four["step_s"] == pytest.approx(four["compute_s"] + four["context_s"], abs=2e-4)
+    assert four["all_to_all_s"] == pytest.approx(96 * per_block * 3 / 4 / 450e9, abs=1e-4)
+    assert four["step_s"] == pytest.approx(four["compute_s"] + four["all_to_all_s"], abs=2e-4)
+
+
+MOE = ["--preset", "qwen3_30b_a3b", "--instance-type", "p5.48xlarge", "--nodes", "2"]
+
+
+def test_qwen3_moe_on_two_p5_waits_on_gathering_its_experts_and_runs_faster_with_them_split_over_16():
+    dp = plan_json(*MOE)
+    assert (dp["fits"], dp["bound"], dp["expert_parallel"]) == (True, "network", 1)
+    # Split over the 16 ranks the experts stay put and tokens travel: 5.9x the tokens a second.
+    assert [a["change"] for a in dp["alternatives"]] == ["--expert-parallel 16"]
+    sixteen = plan_json(*MOE, "--expert_parallel", "16")
+    assert sixteen["fits"] is True and sixteen["tokens_per_s"] == dp["alternatives"][0]["tokens_per_s"]
+    assert sixteen["tokens_per_s"] > 5 * dp["tokens_per_s"]
+    # Per MoE layer (48): the counts of 128 experts (int64) and 4096 tokens x 8 slots of 2048 bf16
+    # values out and back in forward, their gradients back and out in backward.
+    rows = 4096 * 8 * 2048 * 2
+    c = sixteen["comm_bytes"]
+    assert (c["all_to_alls"], c["all_to_all_bytes"]) == (48 * 5, 48 * (128 * 8 + 4 * rows))
+    # FSDP gathers the rest: attention, norms and routers, no expert.
+    assert c["all_gather_bytes"] < dp["comm_bytes"]["all_gather_bytes"] / 19
+    # Each rank holds its 8 experts of every layer whole, fp32 with gradients and moments: 16 ranks
+    # fit, 8 (twice the experts a rank, and their gradients all-reduced between the nodes) do not.
+    local_experts = 48 * 3 * 128 * 768 * 2048 // 16
+    assert sixteen["memory_gib"]["optimizer"] * 2**30 >= 8 * local_experts
+    assert plan_json(*MOE, "--expert_parallel", "8")["fits"] is False

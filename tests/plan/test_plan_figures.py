@@ -94,6 +94,14 @@ WORKLOADS: dict[str, tuple[Any, ...]] = {
                       1, "cpu", 1),
     "8b-16-cuda-hybrid-2nodes": ([*SMALL_8B, "--sharding_strategy", "hybrid"], 16, "cuda", 2),
     "debug-2-cpu-dpo": ([*DEBUG, *DPO], 2, "cpu", 1),
+    # Context parallel: 4 ranks a sequence, K/V (4 heads) shared out; 2 groups over 8 ranks, recomputed.
+    "debug-8-cuda-cp4-ac": ([*DEBUG, "--context_parallel", "4", "--activation_checkpointing", "full"], 8, "cuda", 1),
+    # Expert parallel: 2 copies of each half of the experts over 4 ranks; and 2 ranks, all of them once.
+    "mixtral-4-cuda-ep2": (["--preset", "mixtral_8x7b", "--n_layers", "2", "--seq_len", "512",
+                            "--train_batch_size", "1", "--expert_parallel", "2"], 4, "cuda", 1),
+    "mixtral-2-cpu-ep2-accum": (["--preset", "mixtral_8x7b", "--n_layers", "1", "--seq_len", "128",
+                                 "--train_batch_size", "1", "--expert_parallel", "2", "--grad_accum_steps", "2"], 2,
+                                "cpu", 1),
     "debug-2-cuda-lora-dpo": ([*DEBUG, *DPO, "--compile", "0"], 2, "cuda", 1, LoraShape(8, 16.0, 0.0, LORA_TARGETS)),
 }
 
@@ -123,6 +131,12 @@ PLANS: dict[str, tuple[list[str], str | None, int, float, int | None]] = {
     "1b-p5-4-ranks": (["--preset", "llama3_2_1b", "--seq_len", "4096", "--train_batch_size", "2"], "p5.48xlarge", 1,
                       0.4, 4),
     "debug-no-instance": (DEBUG, None, 1, 0.4, None),
+    # A sequence that fits only split over ranks; a mixture of experts that waits on gathering them.
+    "8b-p5-131072": (["--preset", "llama3_1_8b", "--seq_len", "131072", "--train_batch_size", "1"], "p5.48xlarge", 1,
+                     0.4, None),
+    "qwen3-moe-p5-2-nodes": (["--preset", "qwen3_30b_a3b"], "p5.48xlarge", 2, 0.4, None),
+    "qwen3-moe-p5-2-nodes-ep16": (["--preset", "qwen3_30b_a3b", "--expert_parallel", "16"], "p5.48xlarge", 2, 0.4,
+                                  None),
     # More changes fit than the three best shown.
     "1b-p4d-batch16": (["--preset", "llama3_2_1b", "--seq_len", "4096", "--train_batch_size", "16",
                         "--activation_checkpointing", "none"], "p4d.24xlarge", 1, 0.4, None),

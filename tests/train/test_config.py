@@ -447,3 +447,34 @@ def test_a_preset_beside_hf_weights_brings_its_recipe_and_must_be_of_their_famil
     with caplog.at_level(logging.INFO, logger="fsdpkit"):
         parse_args(["--init-from-hf", str(hf)])   # no preset named: the weights alone, nothing said
     assert not [r for r in caplog.records if "preset" in r.getMessage()]
+
+
+MIXTRAL = ["--family", "mixtral", "--n-experts", "4"]
+# Context and expert parallel layouts a model cannot take (fsdpkit.train.model.context,
+# fsdpkit.train.model.expert_parallel), refused before anything starts.
+LAYOUTS = {
+    "cp-seq-len": (["--seq-len", "100", "--context-parallel", "8"],
+                   "context_parallel: 8 must divide seq_len (100): each rank holds an equal slice of every sequence"),
+    "cp-heads": (["--n-heads", "4", "--dim", "128", "--context-parallel", "8"],
+                 "context_parallel: 8 must divide the model's 4 attention heads: each rank attends with 1/8 of them"),
+    "cp-experts": ([*MIXTRAL, "--context-parallel", "2"],
+                   "context_parallel: a mixture-of-experts model's balancing loss counts its experts' load over whole "
+                   "sequences; train it without --context-parallel"),
+    "ep-dense": (["--expert-parallel", "2"],
+                 "expert_parallel: llama is a dense model; it has no experts to split (a mixture-of-experts model "
+                 "does: --family mixtral or qwen3_moe)"),
+    "ep-experts": ([*MIXTRAL, "--expert-parallel", "3"],
+                   "expert_parallel: 3 must divide the model's 4 experts: each rank of a group holds 1/3 of them"),
+    "ep-offload": ([*MIXTRAL, "--expert-parallel", "2", "--cpu-offload", "1"],
+                   "expert_parallel: not with --lora, --cpu-offload or --objective dpo (expert weights split by "
+                   "expert are trained whole, kept on the GPU, and not yet run under DPO's reference); drop one of "
+                   "them"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LAYOUTS))
+def test_a_parallel_layout_the_model_cannot_take_is_refused_naming_why(case):
+    flags, message = LAYOUTS[case]
+    with pytest.raises(UserError) as e:
+        config.parse_args(["--preset", "debug", "--seq-len", "256", *flags])
+    assert str(e.value) == message

@@ -209,7 +209,8 @@ def _print(out: dict[str, Any]) -> None:
     print(f"{out['model']} on {where}: seq {out['seq_len']} x micro-batch {out['micro_batch']} x accumulation "
           f"{out['grad_accum']}, {out['dtype']}, sharding {out['sharding']}, activation checkpointing "
           f"{out['activation_checkpointing']}{', CPU offload' if out['cpu_offload'] else ''}"
-          f"{f', context parallel {cp}' if (cp := out['context_parallel']) > 1 else ''}")
+          f"{f', context parallel {cp}' if (cp := out['context_parallel']) > 1 else ''}"
+          f"{f', expert parallel {ep}' if (ep := out['expert_parallel']) > 1 else ''}")
     print("\nmemory per rank (GiB)")
     for k in ("params", "grads", "optimizer", "fsdp_buffers", "activations", "loss", "backward_working"):
         print(f"  {k:18s} {m[k]:10.2f}")
@@ -222,10 +223,11 @@ def _print(out: dict[str, Any]) -> None:
           f"({c['all_gathers']} calls), reduce-scatter {c['reduce_scatter_bytes'] / GIB:.2f} GiB "
           f"({c['reduce_scatters']} calls), on the wire {c['wire_bytes'] / GIB:.2f} GiB")
     if c["all_to_alls"]:
-        print(f"context parallel: all-to-all {c['all_to_all_bytes'] / GIB:.2f} GiB ({c['all_to_alls']} calls), "
+        print(f"{'context' if out['context_parallel'] > 1 else 'expert'} parallel: all-to-all "
+              f"{c['all_to_all_bytes'] / GIB:.2f} GiB ({c['all_to_alls']} calls), "
               f"{c['all_to_all_wire_bytes'] / GIB:.2f} GiB of it to other ranks")
     if out["compute_s"] is not None:
-        context = f" + all-to-all {out['context_s']:.3f} s" if out["context_s"] is not None else ""
+        context = f" + all-to-all {out['all_to_all_s']:.3f} s" if out["all_to_all_s"] is not None else ""
         print(f"step: compute {out['compute_s']:.3f} s at {out['mfu']:.0%} MFU{context}, communication "
               f"{out['comm_s']:.3f} s -> {out['bound']}-bound, about {out['tokens_per_s']:,} tokens/s")
     if out.get("cost_per_hour") is not None:

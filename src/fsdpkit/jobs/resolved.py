@@ -36,7 +36,7 @@ from fsdpkit.plan.grace import (
 from fsdpkit.plan.planner import Plan, plan_config
 from fsdpkit.train.config import TrainConfig, build, recipe_values, step_tokens, to_flags
 from fsdpkit.train.model.config import check_nf4_layout
-from fsdpkit.train.sections import CheckpointConfig, OptimConfig, check_context_group
+from fsdpkit.train.sections import CheckpointConfig, OptimConfig, check_context_group, check_expert_group
 
 log = logging.getLogger(__name__)
 
@@ -222,6 +222,8 @@ def _trainer(spec: JobSpec, root: str | None) -> Trainer:
                 ranks = nodes * spec.procs
                 check_nf4_layout(cfg.shape, cfg.parallel.shard_ranks(ranks, nodes), ranks)
         check_context_group(cfg.parallel.context_parallel, spec.procs)
+        for nodes in range(spec.nodes.min, spec.nodes.max + 1):   # every world an elastic job may run at
+            check_expert_group(cfg.parallel.expert_parallel, nodes * spec.procs)
     except UserError as e:
         raise UserError(f"train.{e}", hint=e.hint) from None
     # The rendered command carries the steps, whatever the ranks of an elastic job come to.

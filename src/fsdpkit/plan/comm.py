@@ -16,6 +16,12 @@ more for each forward activation checkpointing recomputes, on every micro-step. 
 with their own heads where N divides them, else expanded to one per query head. The group's
 target count (one scalar all-reduce per micro-step) is left out. These are on attention's path,
 within a node: they add to the step instead of overlapping it.
+
+Expert parallel over N ranks takes the experts out of FSDP's units, and adds, in every MoE layer,
+an all-to-all of the rows' counts per expert (int64) and two of the routed rows (to their experts
+and back: each rank's tokens times top-k, model-wide, on average what a rank receives), in forward
+and again when recomputed; in backward two of the rows' gradients. Once a step, the ranks that
+hold the same experts all-reduce their fp32 gradients.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from fsdpkit.plan.memory import (
     Workload,
     block_bytes,
     checkpointed_blocks,
+    local_expert_elements,
     root_shapes,
     trained_elements,
     unit_elements,
@@ -60,9 +67,24 @@ def context_comm(w: Workload) -> tuple[int, int]:
     return 4 * passes, per_block * passes
 
 
+def expert_comm(w: Workload) -> tuple[int, int]:
+    """(all-to-alls, their summed input bytes) of expert parallel in one optimizer step, per rank."""
+    if w.ep == 1:
+        return 0, 0
+    m = w.model
+    rows = w.tokens * m.experts_per_token * m.dim * DTYPE_BYTES[w.compute]
+    counts = m.n_experts * 8
+    forward_calls, forward = 3, counts + 2 * rows
+    recomputed = checkpointed_blocks(w)
+    calls = m.n_layers * (forward_calls + 2) + recomputed * forward_calls
+    moved = m.n_layers * (forward + 2 * rows) + recomputed * forward
+    return w.grad_accum * calls, w.grad_accum * moved
+
+
 def step_comm(w: Workload) -> StepComm:
-    calls, moved = context_comm(w)
-    context = {"all_to_all_bytes": moved, "all_to_alls": calls, "all_to_all_wire_bytes": moved * (w.cp - 1) // w.cp}
+    calls, moved = (a + b for a, b in zip(context_comm(w), expert_comm(w), strict=True))
+    degree = w.cp if w.cp > 1 else w.ep
+    context = {"all_to_all_bytes": moved, "all_to_alls": calls, "all_to_all_wire_bytes": moved * (degree - 1) // degree}
     if not w.fsdp:
         return StepComm(0, 0, 0, 0, 0, 0, **context)
     L, shard = w.model.n_layers, w.shard
@@ -79,4 +101,9 @@ def step_comm(w: Workload) -> StepComm:
     reduced = (L * block_trained + root_trained) // shard * rb if replicas > 1 else 0
     frac = (shard - 1) / shard
     wire = int((gathered + scattered) * frac + (2 * reduced * (replicas - 1) / replicas if replicas > 1 else 0))
+    copies = w.world // w.ep   # ranks holding the same experts: their fp32 gradients all-reduced
+    if copies > 1:
+        experts = L * local_expert_elements(w) * 4
+        reduced += experts
+        wire += int(2 * experts * (copies - 1) / copies)
     return StepComm(gathered, scattered, reduced, gathers, L + (1 if root_trained else 0), wire, **context)

@@ -28,7 +28,10 @@ is dequantized for its matmul, one full weight at a time in the backward working
   backward, and the head's gradient made in the compute dtype and summed in fp32;
 - compiled blocks: what inductor's partitioner keeps (fewer tensors; the norms recomputed);
 - context parallel over N ranks: every per-token figure counts this rank's 1/N of each sequence
-  (attention, holding all tokens of 1/N of the heads, keeps as many).
+  (attention, holding all tokens of 1/N of the heads, keeps as many);
+- expert parallel over N ranks: the experts are no part of FSDP's units; each rank holds 1/N of
+  them whole in fp32 with gradients and moments, and their compute-dtype copies made in forward;
+  its experts receive up to EP_IMBALANCE times their even share of the routed rows.
 The figure is of tensors (what the CUDA allocator's peak counts); tests/plan/test_plan.py checks
 it against the tensor peak of real CPU runs, from torch.profiler's allocation events, and against
 peaks measured on an H100 and an H200 (within 10% above, never more than 3% below); one eager
@@ -45,6 +48,9 @@ from fsdpkit.train.model.config import LoraShape, ModelConfig, nf4_bytes_per_par
 DTYPE_BYTES = {"fp32": 4, "bf16": 2}
 # QLoRA's base projections (NF4 of the fp32 parameters): codes, int8 scalers, fp32 factors.
 NF4_BYTES = nf4_bytes_per_param(4)
+# Expert parallel: the rows a rank's experts receive, over their even share (the busiest rank's, at
+# initialisation, on the suite's Mixtral shape: 1.46; the balancing loss brings it towards 1).
+EP_IMBALANCE = 1.5
 
 
 @dataclass(frozen=True)
@@ -71,6 +77,7 @@ class Workload:
     lora: LoraShape | None = None   # LoRA: the base frozen (no gradients, no optimizer state), adapters trained
     dpo: bool = False           # DPO: a reference forward (no gradients) on each micro-batch before the policy's
     cp: int = 1                 # context parallel: ranks that share each sequence
+    ep: int = 1                 # expert parallel: ranks each MoE layer's experts are split over
 
     @property
     def tokens(self) -> int:
@@ -128,7 +135,9 @@ def adapter_shapes(m: ModelConfig, lora: LoraShape | None) -> list[tuple[int, ..
             for s in ((lora.rank, inp), (out, lora.rank))]
 
 
-def block_shapes(m: ModelConfig, lora: LoraShape | None = None) -> list[tuple[int, ...]]:
+def block_shapes(m: ModelConfig, lora: LoraShape | None = None, experts: bool = True) -> list[tuple[int, ...]]:
+    """One decoder block's parameter shapes; without the experts' stacks for `experts` False (under
+    expert parallel they are no part of the block's FSDP unit)."""
     hd = m.head_size
     shapes = [(m.dim,), (m.n_heads * hd, m.dim), (m.n_kv_heads * hd, m.dim), (m.n_kv_heads * hd, m.dim),
               (m.dim, m.n_heads * hd), (m.dim,)]
@@ -138,7 +147,8 @@ def block_shapes(m: ModelConfig, lora: LoraShape | None = None) -> list[tuple[in
         shapes += [(hd,), (hd,)]
     shapes += adapter_shapes(m, lora)
     if m.is_moe:
-        shapes += [(m.n_experts, m.dim), (m.n_experts, 2 * m.ffn_dim, m.dim), (m.n_experts, m.dim, m.ffn_dim)]
+        shapes += [(m.n_experts, m.dim)]
+        shapes += [(m.n_experts, 2 * m.ffn_dim, m.dim), (m.n_experts, m.dim, m.ffn_dim)] if experts else []
     else:
         shapes += [(m.ffn_dim, m.dim), (m.ffn_dim, m.dim), (m.dim, m.ffn_dim)]
     return shapes
@@ -149,10 +159,21 @@ def nf4_elements(w: Workload) -> int:
     return sum(out * inp for out, inp in projections(w.model).values()) if w.nf4 else 0
 
 
+def fsdp_block_shapes(w: Workload) -> list[tuple[int, ...]]:
+    """The shapes of one block's FSDP unit: every parameter, but the experts under expert parallel."""
+    return block_shapes(w.model, w.lora, experts=w.ep == 1)
+
+
+def local_expert_elements(w: Workload) -> int:
+    """Expert-parallel weights one rank holds per layer (their experts whole); 0 without."""
+    m = w.model
+    return 3 * m.n_experts * m.ffn_dim * m.dim // w.ep if w.ep > 1 else 0
+
+
 def block_bytes(w: Workload, shard: int, dtype_bytes: int) -> float:
     """Bytes of one block gathered whole: its parameters in `dtype_bytes`, QLoRA's projections in NF4."""
     q = nf4_elements(w)
-    return (unit_elements(block_shapes(w.model, w.lora), shard) - q) * dtype_bytes + q * NF4_BYTES
+    return (unit_elements(fsdp_block_shapes(w), shard) - q) * dtype_bytes + q * NF4_BYTES
 
 
 def root_shapes(m: ModelConfig) -> list[tuple[int, ...]]:
@@ -167,9 +188,9 @@ def unit_elements(shapes: list[tuple[int, ...]], shard: int) -> int:
 def sharded_elements(w: Workload) -> int:
     """Elements of all parameters one rank holds."""
     shard = w.shard if w.fsdp else 1
-    total = unit_elements(block_shapes(w.model, w.lora), shard) * w.model.n_layers + \
+    total = unit_elements(fsdp_block_shapes(w), shard) * w.model.n_layers + \
         unit_elements(root_shapes(w.model), shard)
-    return total // shard
+    return total // shard + local_expert_elements(w) * w.model.n_layers
 
 
 def trained_elements(w: Workload) -> tuple[int, int]:
@@ -177,7 +198,7 @@ def trained_elements(w: Workload) -> tuple[int, int]:
     state), gathered whole: all of them, or with LoRA the adapters alone."""
     shard = w.shard if w.fsdp else 1
     if w.lora is None:
-        return unit_elements(block_shapes(w.model), shard), unit_elements(root_shapes(w.model), shard)
+        return unit_elements(fsdp_block_shapes(w), shard), unit_elements(root_shapes(w.model), shard)
     return unit_elements(adapter_shapes(w.model, w.lora), shard), 0
 
 
@@ -217,9 +238,9 @@ def block_activations(w: Workload) -> int:
     qkv = 3 * s * d * cb                        # q, and K/V repeated to every query head for SDPA
     # The kernel's output and its log-sum-exp; o_proj's (reshaped) input.
     attn_out = s * d * cb + s * m.n_heads * 4 + kept("o_proj") * s * d * cb
-    if m.is_moe:
-        routed = s * m.experts_per_token
-        mlp = s * d * cb + s * m.n_experts * 4 * 2 + routed * (d * cb + 4 * m.ffn_dim * cb)
+    if m.is_moe:   # under expert parallel the routed rows are the ones this rank's experts receive
+        routed = s * m.experts_per_token * (EP_IMBALANCE if w.ep > 1 else 1)
+        mlp = int(s * d * cb + s * m.n_experts * 4 * 2 + routed * (d * cb + 4 * m.ffn_dim * cb))
     else:   # the input; gate, silu(gate) and up; their product, down_proj's input
         mlp = kept("gate_proj", "up_proj") * s * d * cb + (3 + kept("down_proj")) * s * m.ffn_dim * cb
     return norms + attn_in + qkv + attn_out + mlp + adapter_activations(w)
@@ -282,7 +303,8 @@ def estimate(w: Workload) -> MemoryEstimate:
     shard = w.shard if w.fsdp else 1
     p = sharded_elements(w)
     block_trained, root_trained = trained_elements(w)
-    t = (block_trained * w.model.n_layers + root_trained) // shard   # what has gradients and moments
+    # What has gradients and moments: FSDP's shards, and this rank's experts whole under expert parallel.
+    t = (block_trained * w.model.n_layers + root_trained) // shard + local_expert_elements(w) * w.model.n_layers
     q = nf4_elements(w) * w.model.n_layers // shard   # this rank's NF4 elements
     params, grads, optimizer = int(4 * (p - q) + NF4_BYTES * q), 4 * t, 8 * t
     if w.reference_copy:   # the frozen reference's shards (the policy's shapes, no adapters: there are none)
@@ -309,6 +331,12 @@ def estimate(w: Workload) -> MemoryEstimate:
         if w.grad_accum > 1:   # without gradient sync, unsharded gradients of every unit stay
             accum = (block_trained * L + root_trained) * cb
         gathered += accum
+        # Expert-parallel weights (FSDP does not cast them) are cast to the compute dtype in each
+        # forward and the copy saved for backward (a checkpointed block's made again); in backward
+        # one layer's copy has a gradient of its own.
+        experts_cast = local_expert_elements(w) * (0 if w.compute == "fp32" else cb)
+        gathered += (L - checkpointed_blocks(w) + (1 if recompute else 0)) * experts_cast
+        fsdp_bwd += experts_cast
         end_copies = gathered
         val_copies = gathered
     else:

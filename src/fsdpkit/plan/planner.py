@@ -9,7 +9,8 @@ Assumptions, stated because they are not measurements:
 - compute time = FLOPs / (peak x MFU), with activation checkpointing's recomputed forward added;
 - communication overlaps compute (FSDP prefetch), so a step takes the longer of the two; within a
   node collectives run over NVLink, across nodes each GPU gets its share of the node's EFA bandwidth;
-- context parallel's all-to-alls (over NVLink) sit on attention's path: they add to compute;
+- context and expert parallel's all-to-alls sit on the layer's path: they add to compute (over
+  NVLink within a node; an expert-parallel group larger than a node crosses EFA);
 - CPU offload adds its copies over PCIe (25 GB/s per GPU) and AdamW on the host (20 GB/s of state
   per rank) to every step.
 """
@@ -27,7 +28,7 @@ from fsdpkit.hardware.instances import Instance, lookup
 from fsdpkit.plan.comm import StepComm, step_comm
 from fsdpkit.plan.memory import MemoryEstimate, Workload, estimate
 from fsdpkit.plan.workload import workload
-from fsdpkit.train.model.config import context_degrees
+from fsdpkit.train.model.config import context_degrees, expert_degrees
 from fsdpkit.train.model.flops import flops_per_token
 
 GIB = 2**30
@@ -57,7 +58,7 @@ class Plan:
     bound: str | None = None
     tokens_per_s: float | None = None
     offload_s: float = 0.0
-    context_s: float = 0.0              # context parallel's all-to-alls, not overlapped
+    all_to_all_s: float = 0.0           # context or expert parallel's all-to-alls, not overlapped
     change: str = ""                    # the flags that turn the asked-for plan into this one
     alternatives: list[Plan] = field(default_factory=list)
 
@@ -66,7 +67,7 @@ class Plan:
         """Seconds per optimizer step: compute and communication overlap; offload's copies add."""
         if self.compute_s is None or self.comm_s is None:
             return None
-        return max(self.compute_s + self.context_s, self.comm_s) + self.offload_s
+        return max(self.compute_s + self.all_to_all_s, self.comm_s) + self.offload_s
 
     def summary(self, price: float | None = None) -> dict[str, Any]:
         w = self.workload
@@ -76,13 +77,14 @@ class Plan:
             "world": w.world, "seq_len": w.seq, "micro_batch": w.micro_batch, "grad_accum": w.grad_accum,
             "dtype": w.compute, "sharding": "hybrid" if w.shard < w.world else "full" if w.fsdp else "none",
             "activation_checkpointing": w.ac, "cpu_offload": w.cpu_offload, "context_parallel": w.cp,
+            "expert_parallel": w.ep,
             "fits": self.fits, "peak_gib": round(self.memory.peak / GIB, 2),
             "usable_gib": round(self.usable_bytes / GIB, 2) if self.usable_bytes else None,
             "memory_gib": {k: round(v / GIB, 3) for k, v in self.memory.to_dict().items() if isinstance(v, int)},
             "peak_at": self.memory.peak_at, "host_fits": self.host_fits,
             "comm_bytes": self.comm.to_dict(),
             "compute_s": _round(self.compute_s), "comm_s": _round(self.comm_s),
-            "context_s": _round(self.context_s) if w.cp > 1 else None, "bound": self.bound,
+            "all_to_all_s": _round(self.all_to_all_s) if max(w.cp, w.ep) > 1 else None, "bound": self.bound,
             "offload_s": _round(self.offload_s) if w.cpu_offload else None,
             "step_s": _round(self.step_s),
             "tokens_per_s": round(self.tokens_per_s) if self.tokens_per_s else None, "mfu": self.mfu,
@@ -116,9 +118,10 @@ def evaluate(w: Workload, inst: Instance | None, nodes: int, mfu: float, flops_p
         intra = NVLINK.get(inst.accelerator, PCIE)
         bw = intra if nodes == 1 else min(intra, inst.net_gbps * 1e9 / 8 / per_node)
         plan.comm_s = comm.wire_bytes / bw if comm.wire_bytes else 0.0
-        plan.context_s = comm.all_to_all_wire_bytes / intra
-        plan.bound = "network" if plan.comm_s > plan.compute_s + plan.context_s else "compute"
-        step = max(plan.compute_s + plan.context_s, plan.comm_s)
+        exchange = intra if max(w.cp, w.ep) <= per_node else bw
+        plan.all_to_all_s = comm.all_to_all_wire_bytes / exchange
+        plan.bound = "network" if plan.comm_s > plan.compute_s + plan.all_to_all_s else "compute"
+        step = max(plan.compute_s + plan.all_to_all_s, plan.comm_s)
         if w.cpu_offload:
             # Host <-> GPU copies of the fp32 shards (gathered twice, gradients back) and AdamW on the CPU.
             shard_elems = mem.host // 16
@@ -147,6 +150,7 @@ def _changes(w: Workload, nodes: int, per_node: int) -> list[tuple[str, Workload
         for degree in context_degrees(w.model, w.seq, per_node):
             out.append((" ".join([*flags, f"--context-parallel {degree}"]).strip(),
                         dataclasses.replace(w, cp=degree), nodes))
+    out += [(" ".join([*flags, change]).strip(), ew, nodes) for ew, change in _expert_layouts(w)]
     for n in sorted({nodes * 2, nodes * 4, nodes * 8} | set(range(nodes + 1, nodes + 8))):
         world = n * per_node
         replicas = w.world // w.shard
@@ -154,6 +158,13 @@ def _changes(w: Workload, nodes: int, per_node: int) -> list[tuple[str, Workload
         out.append((" ".join([*flags, f"nodes={n}"]).strip(), scaled, n))
     out.append((" ".join([*flags, "--cpu-offload true"]).strip(), dataclasses.replace(w, cpu_offload=True), nodes))
     return out
+
+
+def _expert_layouts(w: Workload) -> list[tuple[Workload, str]]:
+    """A mixture of experts split over 2 ranks and up instead of gathered by every rank."""
+    if w.ep > 1 or w.lora is not None or w.cpu_offload:
+        return []
+    return [(dataclasses.replace(w, ep=n), f"--expert-parallel {n}") for n in expert_degrees(w.model, w.world)]
 
 
 def plan(w: Workload, inst: Instance | None, nodes: int, mfu: float, flops_per_token: float) -> Plan:
@@ -179,7 +190,7 @@ def plan(w: Workload, inst: Instance | None, nodes: int, mfu: float, flops_per_t
         tries = [(dataclasses.replace(w, micro_batch=w.micro_batch * 2), f"--train-batch-size {w.micro_batch * 2}")]
         if nodes > 1 and w.shard == w.world:
             tries.insert(0, (dataclasses.replace(w, shard=per_node), "--sharding-strategy hybrid"))
-        for cw, change in tries:
+        for cw, change in [*tries, *_expert_layouts(w)]:
             alt = evaluate(cw, inst, nodes, mfu, flops_per_token, change)
             if alt.fits:
                 base.alternatives.append(alt)

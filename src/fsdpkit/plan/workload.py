@@ -21,4 +21,4 @@ def workload(cfg: TrainConfig, world: int, device: str, nodes: int = 1) -> Workl
                     cpu_offload=par.cpu_offload, prefetch=par.fsdp_prefetch, reshard=par.reshard_after_forward,
                     loss_chunk=loss_chunk_size(m.vocab_size, par.loss_chunk_tokens, compiled),
                     compiled=compiled, fused_norm=device == "cuda", lora=cfg.lora_shape,
-                    dpo=cfg.loss.objective == "dpo", cp=par.context_parallel)
+                    dpo=cfg.loss.objective == "dpo", cp=par.context_parallel, ep=par.expert_parallel)

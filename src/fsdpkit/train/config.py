@@ -585,6 +585,17 @@ def _validate_parallel(cfg: TrainConfig) -> None:
         if cfg.loss.objective == "dpo":
             raise UserError("context_parallel: dpo sums each answer's log-probabilities over the whole sequence; "
                             "train it without --context-parallel")
+    if (ep := cfg.parallel.expert_parallel) > 1:
+        if not cfg.shape.is_moe:
+            raise UserError(f"expert_parallel: {cfg.shape.family} is a dense model; it has no experts to split "
+                            "(a mixture-of-experts model does: --family mixtral or qwen3_moe)")
+        if cfg.shape.n_experts % ep:
+            raise UserError(f"expert_parallel: {ep} must divide the model's {cfg.shape.n_experts} experts: each rank "
+                            f"of a group holds 1/{ep} of them")
+        if cfg.adapters.lora or cfg.parallel.cpu_offload or cfg.loss.objective == "dpo":
+            raise UserError("expert_parallel: not with --lora, --cpu-offload or --objective dpo (expert weights split "
+                            "by expert are trained whole, kept on the GPU, and not yet run under DPO's reference); "
+                            "drop one of them")
 
 
 def _validate_adapters(cfg: TrainConfig) -> None:

@@ -13,17 +13,27 @@ from fsdpkit.train.sections import OptimConfig, ResolvedOptim
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """Decay weight matrices; never norms, biases or embeddings (tied heads count as embeddings)."""
-    decay, no_decay, seen = [], [], set()
+    """Decay weight matrices; never norms, biases or embeddings (tied heads count as embeddings).
+    Expert-parallel weights, DTensors on a mesh of their own, come in a group of their own after
+    these two: one for-each or fused kernel takes the tensors of one mesh."""
+    meshes: list[Any] = []
+    groups: dict[tuple[int, bool], list[nn.Parameter]] = {(0, True): [], (0, False): []}
+    seen: set[int] = set()
     for name, p in model.named_parameters():
         if not p.requires_grad or id(p) in seen:
             continue
         seen.add(id(p))
-        if p.ndim < 2 or "embed_tokens" in name or name.endswith("norm.weight"):
-            no_decay.append(p)
-        else:
-            decay.append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        mesh = _mesh_of(p)
+        if mesh not in meshes:
+            meshes.append(mesh)
+        decays = not (p.ndim < 2 or "embed_tokens" in name or name.endswith("norm.weight"))
+        groups.setdefault((meshes.index(mesh), decays), []).append(p)
+    return [{"params": groups[k], "weight_decay": weight_decay if k[1] else 0.0}
+            for k in sorted(groups, key=lambda k: (k[0], not k[1]))]
+
+
+def _mesh_of(p: torch.Tensor) -> Any:
+    return p.device_mesh if isinstance(p, DTensor) else None
 
 
 def build_optimizer(model: nn.Module, o: OptimConfig) -> torch.optim.Optimizer:
@@ -35,10 +45,18 @@ def build_optimizer(model: nn.Module, o: OptimConfig) -> torch.optim.Optimizer:
 
 def gradient_norm(params: list[nn.Parameter]) -> torch.Tensor:
     """The global L2 norm of the gradients, one fp32 number on the device (sharded gradients'
-    partial norms are reduced across ranks)."""
-    grads = [p.grad for p in params if p.grad is not None]
-    norm = torch.nn.utils.get_total_norm(grads, foreach=True)
-    return norm.full_tensor() if isinstance(norm, DTensor) else norm
+    partial norms are reduced across ranks; each mesh's apart, then combined)."""
+    by_mesh: dict[Any, list[torch.Tensor]] = {}
+    for p in params:
+        if p.grad is not None:
+            by_mesh.setdefault(_mesh_of(p), []).append(p.grad)
+    norms = []
+    for grads in by_mesh.values():
+        norm = torch.nn.utils.get_total_norm(grads, foreach=True)
+        norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+    if len(norms) == 1:
+        return norms[0]
+    return torch.stack(norms).square().sum().sqrt() if norms else torch.zeros(())
 
 
 def clipped_step(optimizer: torch.optim.Optimizer, max_norm: float) -> torch.Tensor:

@@ -120,6 +120,13 @@ def check_context_group(degree: int, per_node: int) -> None:
                         "ranks that share a sequence sit on one node")
 
 
+def check_expert_group(degree: int, world: int) -> None:
+    """Refuse an expert-parallel degree that does not divide the ranks (its groups tile the world)."""
+    if world % degree:
+        raise UserError(f"expert_parallel: {degree} must divide the ranks of the run ({world}): each group of "
+                        f"{degree} consecutive ranks holds every expert once")
+
+
 class ParallelConfig(Settings):
     nproc: Int = option(1, "processes on this machine (launches torchrun when > 1)", ge=1)
     device: Literal["auto", "cpu", "cuda"] = option("auto", "where to train")
@@ -134,6 +141,10 @@ class ParallelConfig(Settings):
         1, "split every sequence over N ranks of a node, for long contexts: each holds 1/N of its tokens and "
         "attends with 1/N of the heads (all-to-all, as DeepSpeed-Ulysses); N divides the processes per node, "
         "seq_len and the attention heads", ge=1, le=64)
+    expert_parallel: Int = option(
+        1, "split the experts of every mixture-of-experts layer over N consecutive ranks: tokens travel to their "
+        "experts' rank and back (all-to-all) instead of every rank gathering every expert; N divides the ranks "
+        "and the experts", ge=1, le=1024)
     reshard_after_forward: Bool = option(True, "free gathered parameters after forward (saves memory)")
     cpu_offload: Bool = option(False, "keep sharded parameters and optimizer state on the CPU")
     activation_checkpointing: Literal["none", "full", "selective"] = option(

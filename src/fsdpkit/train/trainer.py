@@ -54,11 +54,11 @@ from fsdpkit.train.observe.trackers import open_trackers
 from fsdpkit.train.observe.trainjob_status import TrainJobStatusSink
 from fsdpkit.train.optim import build_optimizer, clipped_step, lr_at, set_lr
 from fsdpkit.train.parallel import network
-from fsdpkit.train.parallel.shard import autocast, build_model, compute_dtype, describe_mesh
+from fsdpkit.train.parallel.shard import autocast, build_model, compute_dtype, describe_mesh, expert_grads
 from fsdpkit.train.runtime import dist, run_lock
 from fsdpkit.train.runtime.faults import maybe_fail
 from fsdpkit.train.runtime.host_memory import keep_freed_memory
-from fsdpkit.train.sections import check_context_group
+from fsdpkit.train.sections import check_context_group, check_expert_group
 from fsdpkit.train.validation import Validator
 
 log = logging.getLogger(__name__)
@@ -125,6 +125,7 @@ def _check_inputs(cfg: TrainConfig) -> None:
     if not dist.under_torchrun():
         dist.check_nproc(cfg.parallel.nproc, cfg.parallel.device)
         check_context_group(cfg.parallel.context_parallel, cfg.parallel.nproc)
+        check_expert_group(cfg.parallel.expert_parallel, cfg.parallel.nproc)
         # The workers' mesh, refused here rather than in each.
         shard = cfg.parallel.shard_ranks(cfg.parallel.nproc, 1)
         if cfg.lora_shape is not None and cfg.lora_shape.nf4:
@@ -243,7 +244,7 @@ def train(cfg: TrainConfig, accepted: Callable[[], None] = lambda: None) -> Trai
 
 def _train(cfg: TrainConfig, run_dir: Path) -> TrainResult:
     nccl = network.capture_nccl_log(run_dir, dist.resolve_device_type(cfg.parallel.device))
-    rt = dist.setup(cfg.parallel.device, cfg.parallel.context_parallel)
+    rt = dist.setup(cfg.parallel.device, cfg.parallel.context_parallel, cfg.parallel.expert_parallel)
     if cfg.parallel.compile is None:  # the default follows the device, now that it is known
         cfg = cfg.model_copy(update={"parallel": cfg.parallel.model_copy(
             update={"compile": cfg.parallel.compiles(rt.device.type)})})
@@ -428,6 +429,10 @@ def _open_sinks(run: Run, state: TrainState, stack: contextlib.ExitStack) -> Non
     run.say(f"fsdpkit: {cfg.preset} ({count_params(mcfg) / 1e6:.2f}M params), {rt.world_size} x "
             f"{rt.device.type}, {str(run.dtype).removeprefix('torch.')}, seq {cfg.data.seq_len}, global batch "
             f"{d.train_batch_size * rt.data_ranks * d.grad_accum_steps}, {cfg.optim.max_steps} steps -> {run_dir}")
+    if (ep := rt.expert_parallel) > 1:
+        run.say(f"fsdpkit: expert parallel {ep}: each rank holds {mcfg.n_experts // ep} of the {mcfg.n_experts} "
+                f"experts of every layer, tokens travel to theirs by all-to-all; {rt.world_size // ep} copy(ies) of "
+                "each expert")
     if rt.context_parallel > 1:
         run.say(f"fsdpkit: context parallel {rt.context_parallel}: each rank holds "
                 f"{cfg.data.seq_len // rt.context_parallel} tokens of every sequence and attends with "
@@ -473,6 +478,7 @@ def _train_step(run: Run, state: TrainState, window: Window) -> torch.Tensor | N
         window.loss_sum += step.loss.detach().float() / accum
         if step.sums is not None:
             window.add_preference(step.sums.detach())
+    expert_grads(model)
     grad_norm = clipped_step(state.optimizer, cfg.optim.grad_clip)
     window.skipped += ~grad_norm.isfinite()
     state.optimizer.zero_grad(set_to_none=True)

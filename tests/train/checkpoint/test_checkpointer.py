@@ -85,7 +85,7 @@ def test_a_save_is_complete_under_its_step_s_name_with_its_record_and_keep_last_
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000002", "step-00000003"]
     # fsdpkit.json as people read it: indented.
     assert (tmp_path / "step-00000003" / "fsdpkit.json").read_text() == json.dumps(
-        {"step": 3, "world_size": 1, "samples": 64, "model": SHAPE}, indent=2)
+        {"step": 3, "world_size": 1, "data_ranks": 1, "samples": 64, "model": SHAPE}, indent=2)
     assert {p.name for p in (tmp_path / "step-00000003").iterdir()} == {".metadata", "__0_0.distcp", "fsdpkit.json"}
     # keep_last 0 keeps every one; a save of a step that exists replaces it.
     saved(tmp_path / "all", [1, 2, 3, 2])
@@ -238,7 +238,7 @@ def test_a_background_save_becomes_visible_at_wait_or_at_the_next_save_with_the_
     ck.wait()   # nothing pending: nothing to do
     assert sorted(c.name for c in tmp_path.iterdir()) == ["step-00000001", "step-00000002"]
     assert json.loads((tmp_path / "step-00000002" / "fsdpkit.json").read_text()) == {
-        "step": 2, "world_size": 1, "samples": 64, "model": SHAPE}
+        "step": 2, "world_size": 1, "data_ranks": 1, "samples": 64, "model": SHAPE}
     loaded = trained(99)
     assert resume(str(tmp_path), *loaded, SHAPE, RT).step == 2
     assert same(tensors(*loaded), tensors(*second))

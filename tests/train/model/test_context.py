@@ -17,9 +17,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from fsdpkit.errors import UserError
-from fsdpkit.train.config import parse_args
-
 from conftest import ROOT, run_cli
 
 pytestmark = pytest.mark.slow
@@ -119,22 +116,3 @@ def test_fsdpkit_train_over_a_compiled_pair_is_one_process_step_by_step_and_resu
     assert "resumed from" in rest.stdout
     for got, want in zip(rows(tmp_path / "rest"), expected[3:], strict=True):
         assert got == pytest.approx(want, rel=1e-5)
-
-
-REFUSED = {
-    "seq-len": (["--seq-len", "100", "--context-parallel", "8"],
-                "context_parallel: 8 must divide seq_len (100): each rank holds an equal slice of every sequence"),
-    "heads": (["--n-heads", "4", "--dim", "128", "--context-parallel", "8"],
-              "context_parallel: 8 must divide the model's 4 attention heads: each rank attends with 1/8 of them"),
-    "experts": (["--family", "mixtral", "--n-experts", "4", "--context-parallel", "2"],
-                "context_parallel: a mixture-of-experts model's balancing loss counts its experts' load over whole "
-                "sequences; train it without --context-parallel"),
-}
-
-
-@pytest.mark.parametrize("case", sorted(REFUSED))
-def test_a_split_the_model_cannot_take_is_refused_naming_why(case):
-    flags, message = REFUSED[case]
-    with pytest.raises(UserError) as e:
-        parse_args(["--preset", "debug", "--seq-len", "256", *flags])
-    assert str(e.value) == message

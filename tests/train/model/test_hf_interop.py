@@ -37,8 +37,10 @@ FAMILIES = {
         rope_theta=1e6, head_dim=16, rms_norm_eps=1e-6, num_experts=4, num_experts_per_tok=2,
         moe_intermediate_size=48, norm_topk_prob=True)),
 }
-# llama, qwen2 and qwen3_moe (2 of its 4 experts a rank): the import is sharded over 2 ranks
-NPROC = {"llama": "2", "mistral": "1", "mixtral": "1", "qwen2": "2", "qwen3": "1", "qwen3_moe": "2"}
+# llama, qwen2, mixtral (FSDP's shards of every expert) and qwen3_moe (expert parallel: 2 of its 4
+# experts whole a rank): the import is sharded over 2 ranks
+NPROC = {"llama": "2", "mistral": "1", "mixtral": "2", "qwen2": "2", "qwen3": "1", "qwen3_moe": "2"}
+LAYOUT = {"qwen3_moe": ("--expert-parallel", "2")}
 # Trained weights are exported by the same code for every family (the round trip above it holds
 # each family's names and config.json): a dense family and a mixture of experts show it.
 TRAINED = {"llama", "qwen3_moe"}
@@ -72,7 +74,8 @@ def test_import_export_round_trip_and_transformers_parity(family, tmp_path, cli)
     nproc = NPROC[family]
 
     # Import, one step at lr 0 (weights unchanged), export: the same tensors, bit for bit.
-    info = train_from(hf_dir, tmp_path, "same", nproc, "--max_steps", "1", "--lr", "0", "--weight_decay", "0")
+    info = train_from(hf_dir, tmp_path, "same", nproc, "--max_steps", "1", "--lr", "0", "--weight_decay", "0",
+                      *LAYOUT.get(family, ()))
     r = cli("export", str(info.path), str(tmp_path / "out-same"), "--to", "hf", "--json")
     assert r.returncode == 0, r.stdout + r.stderr
     assert json.loads(r.stdout)["data"]["step"] == 1
@@ -96,7 +99,7 @@ def test_import_export_round_trip_and_transformers_parity(family, tmp_path, cli)
         return
 
     # Import, train, export: transformers loads the result and computes our logits.
-    info = train_from(hf_dir, tmp_path, "trained", nproc, "--max_steps", "3", "--lr", "0.01")
+    info = train_from(hf_dir, tmp_path, "trained", nproc, "--max_steps", "3", "--lr", "0.01", *LAYOUT.get(family, ()))
     out = tmp_path / "out-trained"
     assert cli("export", str(tmp_path / "trained-ckpt"), str(out)).returncode == 0
     ours = load_full_model(info).eval()

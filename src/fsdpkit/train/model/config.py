@@ -163,6 +163,12 @@ def check_context_layout(shape: ModelConfig, seq_len: int, ranks: int) -> None:
         raise UserError(f"context_parallel: {why}")
 
 
+def expert_degrees(shape: ModelConfig, world: int) -> list[int]:
+    """The expert-parallel degrees above 1 a run of `world` ranks can take: they divide the ranks
+    and the experts (none for a dense model)."""
+    return [n for n in range(2, world + 1) if shape.is_moe and world % n == 0 and shape.n_experts % n == 0]
+
+
 def context_degrees(shape: ModelConfig, seq_len: int, per_node: int) -> list[int]:
     """The context-parallel degrees above 1 this model and sequence length can take on nodes of
     `per_node` ranks."""

@@ -18,6 +18,7 @@ from typing import cast
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from fsdpkit.train.model.attention import (
     AttentionMask,
@@ -28,6 +29,7 @@ from fsdpkit.train.model.attention import (
 )
 from fsdpkit.train.model.config import ModelConfig, loss_chunk_size
 from fsdpkit.train.model.context import SequenceSplit
+from fsdpkit.train.model.expert_parallel import ExpertSplit
 
 
 def rope_frequencies(cfg: ModelConfig) -> torch.Tensor:
@@ -124,35 +126,49 @@ class MLP(nn.Module):
 class Experts(nn.Module):
     """The experts of one MoE layer as stacked weights (E, 2F, D) and (E, D, F). Tokens are sorted
     by expert once, every expert's rows then run as one grouped matrix product per projection
-    (`F.grouped_mm`), and the weighted results are added back to their tokens."""
+    (`F.grouped_mm`), and the weighted results are added back to their tokens. Under expert
+    parallel (`split`) this rank holds E/N of them and the rows travel to their experts' ranks
+    (fsdpkit.train.model.expert_parallel)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.gate_up_proj = nn.Parameter(torch.empty(cfg.n_experts, 2 * cfg.ffn_dim, cfg.dim))
         self.down_proj = nn.Parameter(torch.empty(cfg.n_experts, cfg.dim, cfg.ffn_dim))
+        self.split: ExpertSplit | None = None   # set by fsdpkit.train.parallel.shard
 
     def weights(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """Both stacks in the compute dtype. Autocast covers nn.Linear but not grouped products, so
-        one process under autocast (fp32 weights, bf16 activations) casts here; under FSDP's bf16
-        parameters, and in fp32, this is a no-op."""
-        return self.gate_up_proj.to(dtype), self.down_proj.to(dtype)
+        """Both stacks (this rank's experts) in the compute dtype. Autocast covers nn.Linear but not
+        grouped products, so one process under autocast (fp32 weights, bf16 activations) casts here,
+        as do expert-parallel weights (FSDP does not manage them); under FSDP's bf16 parameters, and
+        in fp32, this is a no-op."""
+        stacks = [w.to_local() if isinstance(w, DTensor) else w for w in (self.gate_up_proj, self.down_proj)]
+        return stacks[0].to(dtype), stacks[1].to(dtype)
 
     def forward(self, x: torch.Tensor, top_idx: torch.Tensor, top_w: torch.Tensor,
                 counts: torch.Tensor | None = None) -> torch.Tensor:
         """x (N, D), each token's top-k experts and weights (N, k); `counts`: tokens per expert."""
-        if not grouped_mm_supported(x):
+        if self.split is None and not grouped_mm_supported(x):
             return self.forward_loop(x, top_idx, top_w)
         k = top_idx.shape[1]
         order = torch.argsort(top_idx.reshape(-1), stable=True)  # (token, slot) pairs sorted by expert
         token = order // k
         if counts is None:
             counts = tokens_per_expert(top_idx, self.gate_up_proj.shape[0])
-        offs = counts.cumsum(0).to(torch.int32)
-        w_gate_up, w_down = self.weights(x.dtype)
-        gate, up = F.grouped_mm(x[token], w_gate_up.transpose(-2, -1), offs=offs).chunk(2, dim=-1)
-        h = F.grouped_mm(F.silu(gate) * up, w_down.transpose(-2, -1), offs=offs)
+        rows = x[token]
+        h = self.run(rows, counts) if self.split is None else self.split.exchange(rows, counts, self.run)
         weight = top_w.reshape(-1)[order, None]
         return torch.zeros_like(x).index_add_(0, token, (h * weight).to(x.dtype))
+
+    def run(self, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """SwiGLU of `rows`, sorted by (this rank's) expert, `counts` rows each."""
+        w_gate_up, w_down = self.weights(rows.dtype)
+        if not grouped_mm_supported(rows):   # expert parallel without grouped products: expert by expert
+            parts = torch.split(rows, counts.tolist())
+            return torch.cat([F.linear(F.silu(g) * u, w_down[e]) for e, part in enumerate(parts)
+                              for g, u in [F.linear(part, w_gate_up[e]).chunk(2, dim=-1)]])
+        offs = counts.cumsum(0).to(torch.int32)
+        gate, up = F.grouped_mm(rows, w_gate_up.transpose(-2, -1), offs=offs).chunk(2, dim=-1)
+        return F.grouped_mm(F.silu(gate) * up, w_down.transpose(-2, -1), offs=offs)
 
     def forward_loop(self, x: torch.Tensor, top_idx: torch.Tensor, top_w: torch.Tensor) -> torch.Tensor:
         """One expert at a time: where grouped products are not available, and the reference the

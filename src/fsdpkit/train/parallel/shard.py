@@ -9,6 +9,7 @@ seeded by its name and keeps this rank's slice, so any world size starts from th
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from collections.abc import Callable
 from typing import Any, cast
@@ -17,18 +18,20 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
-from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
 from fsdpkit.errors import UserError
 from fsdpkit.train.model import nf4
 from fsdpkit.train.model.config import LoraShape, ModelConfig, check_nf4_layout, loss_chunk_size
 from fsdpkit.train.model.context import SequenceSplit, sequence_split
+from fsdpkit.train.model.expert_parallel import ExpertSplit
 from fsdpkit.train.model.hf import local_rows
 from fsdpkit.train.model.lora import add_adapters
-from fsdpkit.train.model.transformer import Transformer
+from fsdpkit.train.model.transformer import MoE, Transformer
 from fsdpkit.train.runtime.dist import Runtime
 from fsdpkit.train.sections import ParallelConfig
 
+log = logging.getLogger(__name__)
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
@@ -55,6 +58,40 @@ def sequence_group(rt: Runtime) -> SequenceSplit | None:
     return sequence_split(group)
 
 
+def split_experts(model: Transformer, rt: Runtime) -> set[torch.nn.Parameter]:
+    """Expert parallel: every MoE layer's expert weights made DTensors sharded by expert over
+    groups of `expert_parallel` consecutive ranks (replicated across the groups), and the layers
+    told their split; returns the weights, which FSDP is to leave alone. On the meta device, before
+    anything is allocated: each rank then allocates its experts only."""
+    degree = rt.expert_parallel
+    if degree == 1:
+        return set()
+    mesh = init_device_mesh(rt.device.type, (rt.world_size // degree, degree), mesh_dim_names=("replicas", "ep"))
+    replicas = mesh["replicas"].get_group() if rt.world_size > degree else None
+    split = ExpertSplit(mesh["ep"].get_group(), degree, mesh["ep"].get_local_rank(), replicas, rt.world_size)
+    owned: set[torch.nn.Parameter] = set()
+    for layer in model.blocks():
+        if not isinstance(layer.mlp, MoE):
+            continue
+        experts = layer.mlp.experts
+        for name in ("gate_up_proj", "down_proj"):
+            weight = torch.nn.Parameter(distribute_tensor(getattr(experts, name), mesh["ep"], [Shard(0)],
+                                                          src_data_rank=None))
+            setattr(experts, name, weight)
+            owned.add(weight)
+        experts.split = split
+    return owned
+
+
+def expert_grads(model: Transformer) -> None:
+    """Expert-parallel weights' gradients finished as FSDP finishes the others' (ExpertSplit.finish_grads):
+    once per optimizer step, after its last backward."""
+    for layer in model.blocks():
+        if isinstance(layer.mlp, MoE) and (split := layer.mlp.experts.split) is not None:
+            grads = [p.grad for p in layer.mlp.experts.parameters() if p.grad is not None]
+            split.finish_grads([g.to_local() if isinstance(g, DTensor) else g for g in grads])
+
+
 def apply_activation_checkpointing(model: Transformer, mode: str, every: int) -> None:
     for i, layer in enumerate(model.blocks()):
         layer.checkpoint = mode == "full" or (mode == "selective" and i % every == 0)
@@ -65,7 +102,8 @@ def shard_count(mesh: DeviceMesh | None) -> int:
     return mesh["dp_shard"].size() if mesh is not None else 1
 
 
-def apply_fsdp(model: Transformer, mesh: DeviceMesh, par: ParallelConfig, device_type: str) -> None:
+def apply_fsdp(model: Transformer, mesh: DeviceMesh, par: ParallelConfig, device_type: str,
+               ignored: set[torch.nn.Parameter] | None = None) -> None:
     param_dtype = compute_dtype(par, device_type)
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=DTYPES[par.reduce_dtype])
     offload = CPUOffloadPolicy(pin_memory=device_type == "cuda") if par.cpu_offload else OffloadPolicy()
@@ -73,9 +111,10 @@ def apply_fsdp(model: Transformer, mesh: DeviceMesh, par: ParallelConfig, device
     for i, layer in enumerate(layers):
         # The last block's parameters are needed again at once by backward: keep them gathered.
         reshard = par.reshard_after_forward and i < len(layers) - 1
-        fully_shard(layer, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp, offload_policy=offload)
+        fully_shard(layer, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp, offload_policy=offload,
+                    ignored_params=ignored)
     fully_shard(model, mesh=mesh, reshard_after_forward=par.reshard_after_forward, mp_policy=mp,
-                offload_policy=offload)
+                offload_policy=offload, ignored_params=ignored)
     set_prefetch([cast(FSDPModule, layer) for layer in layers], par.fsdp_prefetch)
 
 
@@ -147,6 +186,7 @@ def build_model(shape: ModelConfig, par: ParallelConfig, rope_len: int, seed: in
             nf4.quantize_base(model)
     model.loss_chunk_tokens = loss_chunk_size(model.cfg.vocab_size, par.loss_chunk_tokens, bool(par.compile))
     model.split_sequences(sequence_group(rt))
+    expert_weights = split_experts(model, rt)
     if par.float8:
         apply_float8(model, rt.device, par.float8_recipe, par.float8_head)
     apply_activation_checkpointing(model, par.activation_checkpointing, par.ac_every)
@@ -158,11 +198,18 @@ def build_model(shape: ModelConfig, par: ParallelConfig, rope_len: int, seed: in
         # Compile is on by default on GPUs, so a block it cannot take must not stop the run: that
         # frame runs eagerly and dynamo says so once, in a warning naming it.
         torch._dynamo.config.suppress_errors = True
+        # Grouped expert products trace in bf16 only (their meta kernel refuses fp32): on the CPU a
+        # mixture-of-experts block stays eager rather than failing to compile at every step.
+        eager_experts = shape.is_moe and rt.device.type == "cpu"
+        if eager_experts:
+            log.info("fsdpkit: compile: mixture-of-experts blocks run eagerly on the CPU (grouped expert products "
+                     "compile on CUDA in bf16)")
         for layer in model.blocks():
-            layer.compile()
+            if not eager_experts:
+                layer.compile()
         model.output_loss = torch.compile(model.output_loss)  # type: ignore[method-assign]  # the loss, compiled
     if mesh is not None:
-        apply_fsdp(model, mesh, par, rt.device.type)
+        apply_fsdp(model, mesh, par, rt.device.type, expert_weights)
     # Offloaded shards live on the CPU; unsharded (single-process) models always sit on the device.
     init_device = torch.device("cpu") if par.cpu_offload and rt.distributed else rt.device
     model.to_empty(device=init_device)

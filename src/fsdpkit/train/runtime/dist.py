@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from fsdpkit.errors import UserError
-from fsdpkit.train.sections import check_context_group
+from fsdpkit.train.sections import check_context_group, check_expert_group
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,7 @@ class Runtime:
     local_world_size: int
     device: torch.device
     context_parallel: int = 1   # ranks that share each sequence (consecutive ranks of one node)
+    expert_parallel: int = 1    # ranks each MoE layer's experts are split over (consecutive ranks)
 
     @property
     def distributed(self) -> bool:
@@ -79,7 +80,7 @@ def under_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
-def setup(device: str = "auto", context_parallel: int = 1) -> Runtime:
+def setup(device: str = "auto", context_parallel: int = 1, expert_parallel: int = 1) -> Runtime:
     kind = resolve_device_type(device)
     if not under_torchrun():
         dev = torch.device("cuda", torch.cuda.current_device()) if kind == "cuda" else torch.device("cpu")
@@ -88,6 +89,7 @@ def setup(device: str = "auto", context_parallel: int = 1) -> Runtime:
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     check_context_group(context_parallel, local_world)
+    check_expert_group(expert_parallel, world)
     if kind == "cuda":
         torch.cuda.set_device(local_rank)
         dev = torch.device("cuda", local_rank)
@@ -97,7 +99,7 @@ def setup(device: str = "auto", context_parallel: int = 1) -> Runtime:
         backend = "nccl" if kind == "cuda" else "gloo"
         dist.init_process_group(backend, store=_attempt_store(rank, world), rank=rank, world_size=world,
                                 device_id=dev if kind == "cuda" else None)
-    return Runtime(rank, world, local_rank, local_world, dev, context_parallel)
+    return Runtime(rank, world, local_rank, local_world, dev, context_parallel, expert_parallel)
 
 
 def _attempt_store(rank: int, world: int) -> dist.Store:
