@@ -96,10 +96,10 @@ def rows(run_dir: Path) -> list[tuple[float, float]]:
 def test_fsdpkit_train_over_a_compiled_pair_is_one_process_step_by_step_and_resumes_on_one(tmp_path):
     one = train(tmp_path, "one")
     # Compiled, as on a GPU by default: the all-to-alls are functional collectives inside the
-    # blocks' graphs (a graph break would say so on stderr).
+    # blocks' graphs (a graph break or a frame dynamo gave up on would say so through its logger).
     pair = train(tmp_path, "pair", "--nproc", "2", "--context-parallel", "2", "--checkpoint-dir", str(tmp_path / "ck"),
                  "--checkpoint-every", "3", "--compile", "1")
-    assert pair.stderr == ""
+    assert "torch/_dynamo" not in pair.stderr and "Traceback" not in pair.stderr, pair.stderr[-3000:]
     assert ("fsdpkit: context parallel 2: each rank holds 128 tokens of every sequence and attends with 4 of 8 "
             "heads; 1 data-parallel share(s) of the batch") in pair.stdout
     assert "global batch 4," in pair.stdout and "global batch 4," in one.stdout
