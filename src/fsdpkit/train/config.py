@@ -41,7 +41,7 @@ from fsdpkit.settings import (
     section_of,
 )
 from fsdpkit.train.checkpoint import catalog
-from fsdpkit.train.model.config import LoraShape, ModelConfig, check_context_layout
+from fsdpkit.train.model.config import LoraShape, ModelConfig, check_context_layout, check_expert_layout
 from fsdpkit.train.model.hf_config import model_config_from_hf
 from fsdpkit.train.model.presets import get_preset, get_recipe, match_preset
 from fsdpkit.train.sections import (
@@ -577,7 +577,7 @@ def validate(cfg: TrainConfig) -> None:
 
 
 def _validate_parallel(cfg: TrainConfig) -> None:
-    """float8's device and context parallel's layout."""
+    """float8's device, context and expert parallel's layouts."""
     if cfg.parallel.float8 and cfg.parallel.device == "cpu":
         raise UserError("float8: needs an NVIDIA GPU (Ada, Hopper or newer); it cannot run with --device cpu")
     if cfg.parallel.context_parallel > 1:
@@ -585,13 +585,8 @@ def _validate_parallel(cfg: TrainConfig) -> None:
         if cfg.loss.objective == "dpo":
             raise UserError("context_parallel: dpo sums each answer's log-probabilities over the whole sequence; "
                             "train it without --context-parallel")
-    if (ep := cfg.parallel.expert_parallel) > 1:
-        if not cfg.shape.is_moe:
-            raise UserError(f"expert_parallel: {cfg.shape.family} is a dense model; it has no experts to split "
-                            "(a mixture-of-experts model does: --family mixtral or qwen3_moe)")
-        if cfg.shape.n_experts % ep:
-            raise UserError(f"expert_parallel: {ep} must divide the model's {cfg.shape.n_experts} experts: each rank "
-                            f"of a group holds 1/{ep} of them")
+    if cfg.parallel.expert_parallel > 1:
+        check_expert_layout(cfg.shape, cfg.parallel.expert_parallel)
         if cfg.adapters.lora or cfg.parallel.cpu_offload or cfg.loss.objective == "dpo":
             raise UserError("expert_parallel: not with --lora, --cpu-offload or --objective dpo (expert weights split "
                             "by expert are trained whole, kept on the GPU, and not yet run under DPO's reference); "

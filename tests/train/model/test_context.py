@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import ROOT, run_cli
+from conftest import ROOT, read_metrics, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -89,8 +89,7 @@ def train(tmp_path: Path, name: str, *flags: str) -> subprocess.CompletedProcess
 
 
 def rows(run_dir: Path) -> list[tuple[float, float]]:
-    return [(r["loss"], r["grad_norm"]) for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
-            if r.get("kind") == "train"]
+    return [(r["loss"], r["grad_norm"]) for r in read_metrics(run_dir)]
 
 
 def test_fsdpkit_train_over_a_compiled_pair_is_one_process_step_by_step_and_resumes_on_one(tmp_path):

@@ -8,7 +8,6 @@ their gradients added up), each continuing as EP=1 does from the same checkpoint
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -17,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, run_cli
+from conftest import ROOT, read_metrics, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -48,8 +47,7 @@ def train(ranks: int, args: list[str]) -> str:
 
 def steps(run_dir: Path) -> list[tuple[float, float, list[int]]]:
     """Each step's loss, gradient norm and rank 0's tokens per expert."""
-    return [(r["loss"], r["grad_norm"], r["expert_tokens"])
-            for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if r.get("kind") == "train"]
+    return [(r["loss"], r["grad_norm"], r["expert_tokens"]) for r in read_metrics(run_dir)]
 
 
 def assert_same_steps(got: list, want: list) -> None:

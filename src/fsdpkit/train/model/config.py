@@ -163,10 +163,29 @@ def check_context_layout(shape: ModelConfig, seq_len: int, ranks: int) -> None:
         raise UserError(f"context_parallel: {why}")
 
 
+def expert_layout_error(shape: ModelConfig, ranks: int) -> str | None:
+    """Why this model's experts cannot be split over `ranks` expert-parallel ranks
+    (fsdpkit.train.model.expert_parallel: whole experts, the same number a rank); None if they can."""
+    if ranks == 1:
+        return None
+    if not shape.is_moe:
+        return (f"{shape.family} is a dense model; it has no experts to split (a mixture-of-experts model does: "
+                "--family mixtral or qwen3_moe)")
+    if shape.n_experts % ranks:
+        return (f"{ranks} must divide the model's {shape.n_experts} experts: each rank of a group holds "
+                f"1/{ranks} of them")
+    return None
+
+
+def check_expert_layout(shape: ModelConfig, ranks: int) -> None:
+    if why := expert_layout_error(shape, ranks):
+        raise UserError(f"expert_parallel: {why}")
+
+
 def expert_degrees(shape: ModelConfig, world: int) -> list[int]:
     """The expert-parallel degrees above 1 a run of `world` ranks can take: they divide the ranks
     and the experts (none for a dense model)."""
-    return [n for n in range(2, world + 1) if shape.is_moe and world % n == 0 and shape.n_experts % n == 0]
+    return [n for n in range(2, world + 1) if world % n == 0 and not expert_layout_error(shape, n)]
 
 
 def context_degrees(shape: ModelConfig, seq_len: int, per_node: int) -> list[int]:
