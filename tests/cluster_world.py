@@ -31,11 +31,13 @@ SCHEMAS = ROOT.parent / "shared" / "schemas"
 OPERATOR_RESOURCES = (
     "trainer.kubeflow.org/v1alpha1/trainjobs", "trainer.kubeflow.org/v1alpha1/clustertrainingruntimes",
     "jobset.x-k8s.io/v1alpha2/jobsets", "kubeflow.org/v1/pytorchjobs", "kubeflow.org/v2beta1/mpijobs",
-    "sagemaker.amazonaws.com/v1/hyperpodpytorchjobs", "ray.io/v1/rayclusters", "ray.io/v1/rayjobs")
+    "sagemaker.amazonaws.com/v1/hyperpodpytorchjobs", "ray.io/v1/rayclusters", "ray.io/v1/rayjobs",
+    "kueue.x-k8s.io/v1beta2/localqueues", "kueue.x-k8s.io/v1beta2/workloads", "kueue.x-k8s.io/v1beta2/clusterqueues")
 
 
 # Lines that change cloud resources run as dry runs: an EKS cluster takes 20-40 min, a file system 10.
-DRY_RUN = re.compile(r"^fsdpkit (cluster (create|delete)|storage fsx (create|delete|storage-class))\b")
+# A NodePool too: Karpenter launches GPU nodes from it (and eksctl, which installs Karpenter, runs dry).
+DRY_RUN = re.compile(r"^fsdpkit (cluster (create|delete|nodepool)|storage fsx (create|delete|storage-class))\b")
 
 
 def line_argv(line: str) -> list[str]:

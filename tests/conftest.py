@@ -162,7 +162,8 @@ class KubeMock:
                  "apps/v1/deployments", "apiextensions.k8s.io/v1/customresourcedefinitions",
                  "storage.k8s.io/v1/storageclasses", "storage.k8s.io/v1/csidrivers", "ray.io/v1/rayclusters",
                  "ray.io/v1/rayjobs", "kubeflow.org/v2beta1/mpijobs", "v1/persistentvolumes", "v1/services",
-                 "kueue.x-k8s.io/v1beta2/localqueues")
+                 "kueue.x-k8s.io/v1beta2/localqueues", "kueue.x-k8s.io/v1beta2/workloads",
+                 "kueue.x-k8s.io/v1beta2/clusterqueues")
 
     def __init__(self, tmp_path):
         import asyncio
@@ -206,6 +207,8 @@ class KubeMock:
                     return refused
                 if raw_request.method == "POST" and raw_request.query.get("dryRun") == "All":
                     return await mock._dry_run(raw_request)
+                if (answer := await mock._namespace(raw_request)) is not None:
+                    return answer
                 response = await super().__call__(raw_request)
                 if raw_request.method == "POST" and raw_request.path == mock.CRDS and response.status < 300:
                     mock._serve_crd(await raw_request.json())
@@ -294,6 +297,38 @@ class KubeMock:
     # A server-side dry run's verdict: `refuse(path, body)` -> None to accept, or the API server's
     # message for a 400 (what a real one says of a field its CRD does not know, say).
     refuse = None
+
+    namespaces: dict[str, dict] = {}  # noqa: RUF012 - replaced whole by each create, never mutated
+
+    async def _namespace(self, raw_request):
+        """Namespaces as the API server keeps them (kmock reads /api/v1/namespaces/X as a namespaced
+        path): create, read, list; a name taken is its 409, one absent its 404."""
+        import re
+
+        from aiohttp import web
+
+        m = re.fullmatch(r"/api/v1/namespaces(?:/([^/]+))?", raw_request.path)
+        if m is None:
+            return None
+        name = m.group(1)
+
+        def status(code, reason, message):
+            return web.json_response({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                                      "message": message, "reason": reason, "code": code}, status=code)
+
+        if raw_request.method == "POST" and name is None:
+            body = await raw_request.json()
+            taken = body["metadata"]["name"]
+            if taken in self.namespaces:
+                return status(409, "AlreadyExists", f'namespaces "{taken}" already exists')
+            self.namespaces = {**self.namespaces, taken: body}
+            return web.json_response(body, status=201)
+        if raw_request.method == "GET" and name is None:
+            return web.json_response({"kind": "NamespaceList", "apiVersion": "v1", "metadata": {},
+                                      "items": list(self.namespaces.values())})
+        if raw_request.method == "GET" and name in self.namespaces:
+            return web.json_response(self.namespaces[name])
+        return status(404, "NotFound", f'namespaces "{name}" not found')
 
     async def _dry_run(self, raw_request):
         from aiohttp import web

@@ -89,6 +89,12 @@ elif tool == "kubectl" and line.startswith("apply") and "mpi-operator/v0.6.0/dep
     crds("kubeflow.org_mpijobs.yaml")
     controller("mpi-operator", "mpi-operator", {{"app.kubernetes.io/name": "mpi-operator"}},
                "mpioperator/mpi-operator:0.6.0")
+elif tool == "kubectl" and line.startswith("apply") and "kubernetes-sigs/kueue/releases/download/" in line:
+    crds(*(f"kueue.x-k8s.io_{{p}}.yaml" for p in ("clusterqueues", "localqueues", "resourceflavors", "workloads",
+                                                "workloadpriorityclasses", "cohorts", "admissionchecks", "topologies")))
+    controller("kueue-controller-manager", "kueue-system",
+               {{"app.kubernetes.io/name": "kueue", "control-plane": "controller-manager"}},
+               "registry.k8s.io/kueue/kueue:" + line.split("/download/")[1].split("/")[0])
 elif tool == "kubectl" and line.startswith("apply") and "NVIDIA/k8s-device-plugin" in line:
     daemonset("nvidia-device-plugin-daemonset", {{"name": "nvidia-device-plugin-ds"}})
 elif tool == "kubectl" and re.search(r"\\bwait --for=condition=Available\\b", line):

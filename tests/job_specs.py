@@ -50,3 +50,62 @@ def set_conditions(kube, name, *types):
 def stamp(seconds_ago: float) -> str:
     t = dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=seconds_ago)
     return t.strftime("%Y-%m-%dT%H:%M:%S.%f") + "123Z"  # nanoseconds, as the kubelet writes them
+
+
+WORKLOADS = "/apis/kueue.x-k8s.io/v1beta2/namespaces/default/workloads"
+
+
+class Kueue:
+    """Play Kueue's controller: each job that appears on a queue gets a Workload owned by it, and the
+    scheduler's verdict on it as Kueue writes it (QuotaReserved and Admitted conditions: reason and
+    message). `verdict(job) -> (reserved, reason, message)` decides; a thread watches the jobs, and
+    plays the garbage collector too: a Workload whose job is gone goes with it."""
+
+    def __init__(self, kube, verdict, plural=PLURAL, kind="PyTorchJob"):
+        import threading
+
+        self.kube, self.verdict, self.plural, self.kind = kube, verdict, plural, kind
+        self.stop, self.made = threading.Event(), []
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        from kubernetes import client
+
+        api = client.CustomObjectsApi(self.kube.api())
+        seen = set()
+        while not self.stop.wait(0.1):
+            jobs = api.list_namespaced_custom_object(GROUP, VERSION, "default", self.plural)["items"]
+            names = {j["metadata"]["name"] for j in jobs}
+            for w in api.list_namespaced_custom_object("kueue.x-k8s.io", "v1beta2", "default", "workloads")["items"]:
+                if not {o["name"] for o in w["metadata"].get("ownerReferences") or []} & names:
+                    api.delete_namespaced_custom_object("kueue.x-k8s.io", "v1beta2", "default", "workloads",
+                                                        w["metadata"]["name"])
+            for job in jobs:
+                meta = job["metadata"]
+                key = (meta["name"], meta.get("resourceVersion"))
+                if key in seen or "kueue.x-k8s.io/queue-name" not in (meta.get("labels") or {}):
+                    continue
+                seen.add(key)
+                reserved, reason, message = self.verdict(job)
+                name = f"{self.kind.lower()}-{meta['name']}-{len(self.made):05x}"
+                conditions = [{"type": "QuotaReserved", "status": "True" if reserved else "False", "reason": reason,
+                               "message": message, "lastTransitionTime": "2026-11-28T00:00:00Z"}]
+                if reserved:
+                    conditions.append({"type": "Admitted", "status": "True", "reason": "Admitted",
+                                       "message": "The workload is admitted",
+                                       "lastTransitionTime": "2026-11-28T00:00:00Z"})
+                self.kube.create(WORKLOADS, {
+                    "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
+                    "metadata": {"name": name, "namespace": "default",
+                                 "labels": {"kueue.x-k8s.io/queue-name": meta["labels"]["kueue.x-k8s.io/queue-name"]},
+                                 "ownerReferences": [{"apiVersion": f"{GROUP}/{VERSION}", "kind": self.kind,
+                                                      "name": meta["name"], "uid": meta.get("uid", "uid-1"),
+                                                      "controller": True, "blockOwnerDeletion": True}]},
+                    "spec": {"queueName": meta["labels"]["kueue.x-k8s.io/queue-name"]},
+                    "status": {"conditions": conditions}})
+                self.made.append(name)
+
+    def close(self):
+        self.stop.set()
+        self.thread.join(5)

@@ -70,7 +70,7 @@ def hyperpod_operator(kube):
 
 def healthy_eks(kube, *, operator=True, gpu_plugin=True, gpu_plugin_labels=None, hyperpod_labels=None):
     """Two p5 nodes and a system node; plugins installed by Helm; the training operator; FSx CSI."""
-    labels = hyperpod_labels or [{}, {}]
+    labels = hyperpod_labels or [{"eks.amazonaws.com/nodegroup": "gpu"}] * 2   # eksctl's managed node group
     kube.create("/api/v1/nodes", node("gpu-a", "p5.48xlarge", 8, 32, labels=labels[0]))
     kube.create("/api/v1/nodes", node("gpu-b", "p5.48xlarge", 8, 32, labels=labels[1]))
     kube.create("/api/v1/nodes", node("sys", "m5.xlarge", cpu="3920m", memory="15Gi"))

@@ -36,20 +36,93 @@ def _strict(schema):
     return schema
 
 
-def crd_validator(filename):
-    import jsonschema
-
+@cache
+def crd_schema(filename):
     if not (SCHEMAS / filename).is_file():
         unavailable(f"{SCHEMAS} is absent (a fresh clone outside the project's workspace)")
     crd = yaml.safe_load((SCHEMAS / filename).read_text())
     version = next(v for v in crd["spec"]["versions"] if v.get("storage", v.get("served")))
-    return jsonschema.Draft4Validator(_strict(copy.deepcopy(version["schema"]["openAPIV3Schema"])))
+    return version["schema"]["openAPIV3Schema"]
+
+
+def eksctl_validator():
+    """eksctl's own JSON schema of a ClusterConfig."""
+    import jsonschema
+
+    path = SCHEMAS / "eksctl.io_v1alpha5_clusterconfig.schema.json"
+    if not path.is_file():
+        unavailable(f"{SCHEMAS} is absent (a fresh clone outside the project's workspace)")
+    schema = json.loads(path.read_text())
+    return jsonschema.validators.validator_for(schema)(schema)
+
+
+def crd_validator(filename):
+    import jsonschema
+
+    return jsonschema.Draft4Validator(_strict(copy.deepcopy(crd_schema(filename))))
+
+
+def _find(text, pattern):
+    """Kubernetes' CEL regex library: `s.find(re)`, the first match or ""."""
+    import re
+
+    from celpy import celtypes
+
+    m = re.search(str(pattern), str(text))
+    return celtypes.StringType(m.group(0) if m else "")
+
+
+def _find_all(text, pattern):
+    import re
+
+    from celpy import celtypes
+
+    return celtypes.ListType([celtypes.StringType(m.group(0)) for m in re.finditer(str(pattern), str(text))])
+
+
+# The functions of Kubernetes' CEL libraries the CRDs here use beyond standard CEL.
+K8S_CEL = {"find": _find, "findAll": _find_all}
+
+
+def cel_errors(schema, value, path="", unevaluated=None):
+    """The CRD's x-kubernetes-validations rules (CEL) that `value` breaks, as the API server
+    evaluates them on create: each rule where its node is present, with `self` that node (transition
+    rules, which read oldSelf, apply only to updates). A rule cel-python cannot evaluate (a Kubernetes
+    CEL library function it lacks) is added to `unevaluated` rather than passed silently."""
+    import celpy
+
+    errors = []
+    for v in schema.get("x-kubernetes-validations") or []:
+        if "oldSelf" in v["rule"]:
+            continue
+        env = celpy.Environment()
+        try:
+            program = env.program(env.compile(v["rule"]), functions=K8S_CEL)
+            ok = program.evaluate({"self": celpy.json_to_cel(value)})
+        except Exception as e:   # an unsupported function: reported, not passed
+            if unevaluated is not None:
+                unevaluated.append(f"{path or '.'}: {v['rule']} ({type(e).__name__})")
+            continue
+        if ok is not True and not (isinstance(ok, celpy.celtypes.BoolType) and bool(ok)):
+            errors.append(f"{path or '.'}: {v.get('message') or v['rule']}")
+    if isinstance(value, dict):
+        props = schema.get("properties") or {}
+        extra = schema.get("additionalProperties") if isinstance(schema.get("additionalProperties"), dict) else None
+        for k, sub in value.items():
+            child = props.get(k, extra)
+            if child is not None:
+                errors += cel_errors(child, sub, f"{path}.{k}", unevaluated)
+    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
+        for i, sub in enumerate(value):
+            errors += cel_errors(schema["items"], sub, f"{path}[{i}]", unevaluated)
+    return errors
 
 
 def validate_builtin(obj):
     import kubernetes_validate
 
-    kubernetes_validate.validate(obj, "1.33.0", strict=True)  # raises ValidationError
+    # 1.34: DRA's resource.k8s.io/v1 is GA there (EKS's minimum for DRA); raises ValidationError
+    kubernetes_validate.validate(obj, "1.34.0", strict=True)
 
 
 def pod_of(template, name="p"):
@@ -105,8 +178,11 @@ def kubectl_reads(text: str) -> list[dict]:
     r = subprocess.run([str(kubectl), "label", "--local", "-f", "-", "-o", "json", f"{_READ_MARK}=1"], input=text,
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
-    doc = json.loads(r.stdout)
-    objs = doc["items"] if doc.get("kind") == "List" else [doc]
+    objs, decoder, at = [], json.JSONDecoder(), 0
+    while at < len(r.stdout.rstrip()):   # one JSON document per object read, or a List of them
+        doc, end = decoder.raw_decode(r.stdout, at)
+        objs += doc["items"] if doc.get("kind") == "List" else [doc]
+        at = len(r.stdout) - len(r.stdout[end:].lstrip())
     for obj in objs:
         labels = obj["metadata"]["labels"]
         del labels[_READ_MARK]
@@ -120,22 +196,33 @@ def _validator(filename):
     return crd_validator(filename)
 
 
-CRDS = {"PyTorchJob": "kubeflow.org_pytorchjobs.yaml", "TrainJob": "trainer.kubeflow.org_trainjobs.yaml",
+CRDS = {"NodePool": "karpenter.sh_nodepools.yaml", "EC2NodeClass": "karpenter.k8s.aws_ec2nodeclasses.yaml",
+        "ClusterQueue": "kueue.x-k8s.io_clusterqueues.yaml", "LocalQueue": "kueue.x-k8s.io_localqueues.yaml",
+        "ResourceFlavor": "kueue.x-k8s.io_resourceflavors.yaml", "Workload": "kueue.x-k8s.io_workloads.yaml",
+        "WorkloadPriorityClass": "kueue.x-k8s.io_workloadpriorityclasses.yaml",
+        "PyTorchJob": "kubeflow.org_pytorchjobs.yaml", "TrainJob": "trainer.kubeflow.org_trainjobs.yaml",
         "RayCluster": "ray.io_rayclusters.yaml", "RayJob": "ray.io_rayjobs.yaml",
         "JobSet": "jobset.x-k8s.io_jobsets.yaml",
-        "ClusterTrainingRuntime": "trainer.kubeflow.org_clustertrainingruntimes.yaml"}
+        "ClusterTrainingRuntime": "trainer.kubeflow.org_clustertrainingruntimes.yaml",
+        "TrainingRuntime": "trainer.kubeflow.org_trainingruntimes.yaml"}
 
 
 def validate_object(obj):
-    """Any object fsdpkit sends, against its kind's real schema: a CRD's (strict), the HyperPod
-    CLI's models, or Kubernetes' own for built-in kinds."""
+    """Any object fsdpkit sends, against its kind's real schema: a CRD's (strict, and its CEL
+    rules), the HyperPod CLI's models, or Kubernetes' own for built-in kinds. Returns the CEL rules
+    that could not be evaluated (empty where all were)."""
     if obj["kind"] == "HyperPodPyTorchJob":
         validate_hyperpod_job(obj)
     elif obj["kind"] in CRDS:
         errors = [f"{list(e.absolute_path)}: {e.message}" for e in _validator(CRDS[obj["kind"]]).iter_errors(obj)]
         assert not errors, errors[:5]
+        unevaluated = []
+        errors = cel_errors(crd_schema(CRDS[obj["kind"]]), obj, "", unevaluated)
+        assert not errors, errors[:5]
+        return unevaluated
     else:
         validate_builtin(obj)
+    return []
 
 
 def merge_trainjob_pod(pod, job):

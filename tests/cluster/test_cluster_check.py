@@ -58,11 +58,13 @@ def test_healthy_eks_gpu_cluster_passes(kube):
     code, checks, nodes = check(kube)
     assert code == 0, checks
     assert {k: c["status"] for k, c in checks.items()} == {
-        "nodes ready": "pass", "GPU capacity": "pass", "NVIDIA device plugin": "pass", "EFA device plugin": "pass",
-        "Kubeflow Trainer v2": "warn", "Kubeflow training operator": "pass", "KubeRay operator": "warn",
-        "FSx for Lustre": "pass"}
+        "nodes ready": "pass", "GPU capacity": "pass", "GPU provisioning": "pass", "NVIDIA device plugin": "pass",
+        "EFA device plugin": "pass", "Kubeflow Trainer v2": "warn", "Kubeflow training operator": "pass",
+        "KubeRay operator": "warn", "FSx for Lustre": "pass"}
     # 16 GPUs, 8 held by the running pod (limits only), the Succeeded pod's 8 released.
     assert checks["GPU capacity"]["detail"] == "2 GPU node(s), 16 GPUs, 8 free"
+    # Karpenter pools: tests/cluster/test_kueue.py.
+    assert checks["GPU provisioning"]["detail"] == "managed node group gpu: 2 node(s)"
     assert nodes["gpu-a"]["allocated"] == {"cpu": "0.500", "memory": "1073741824", "nvidia.com/gpu": "8",
                                            "vpc.amazonaws.com/efa": "32"}
     assert nodes["gpu-b"]["allocated"] == {}

@@ -23,22 +23,12 @@ from typing import ClassVar
 import pytest
 import yaml
 
-from conftest import aws_client, run_cli, unavailable
+from conftest import aws_client, run_cli
 from kube_objects import trainer_v2
-from manifest_schemas import SCHEMAS, crd_validator, validate_builtin
+from manifest_schemas import crd_validator, eksctl_validator, validate_builtin
 
 CR = "cr-0123456789abcdef0"
 EFA_INTERFACES = {"p4d.24xlarge": 4, "p5.48xlarge": 32, "p5en.48xlarge": 16, "g5.8xlarge": 1, "g6e.12xlarge": 1}
-
-
-def eksctl_validator():
-    import jsonschema
-
-    path = SCHEMAS / "eksctl.io_v1alpha5_clusterconfig.schema.json"
-    if not path.is_file():
-        unavailable(f"{SCHEMAS} is absent (a fresh clone outside the project's workspace)")
-    schema = json.loads(path.read_text())
-    return jsonschema.validators.validator_for(schema)(schema)
 
 
 def render(instance: str, nodes: int, **choices) -> dict:

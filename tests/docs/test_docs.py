@@ -106,7 +106,9 @@ NEEDS = [
      r"|infra (create|delete|status)|image (build|push|test)|deploy"
      r"|ray (submit\b(?!.*--dry-run)|delete|status|exec))\b",
      "an AWS account or a Kubernetes cluster"),
-    (r"^fsdpkit (cluster create|ray create|storage fsx storage-class)\b(?!.*--dry-run)", "an AWS account or a cluster"),
+    (r"^fsdpkit (cluster create|cluster nodepool|ray create|storage fsx storage-class)\b(?!.*--dry-run)",
+     "an AWS account or a cluster"),
+    (r"^fsdpkit cluster team .*--apply", "a Kubernetes cluster with Kueue"),
     (r"--eks-cluster|--context", "an AWS account or a cluster"),
     (r"--dry-run=server", "a Kubernetes API server to ask"),
     (r"^fsdpkit job (status|logs|wait|watch|delete|list)\b", "a job that is running"),

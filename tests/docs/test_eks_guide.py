@@ -78,7 +78,12 @@ def test_the_eks_guide_runs_in_order_on_a_bare_cluster_and_each_step_finds_what_
             "kubectl apply --server-side -f https://raw.githubusercontent.com/kubeflow/mpi-operator/v0.6.0/deploy/v2beta1/"
             "mpi-operator.yaml",
             "helm repo add aws-fsx-csi-driver https://kubernetes-sigs.github.io/aws-fsx-csi-driver",
-            "helm upgrade --install aws-fsx-csi-driver aws-fsx-csi-driver/aws-fsx-csi-driver --namespace kube-system"]
+            "helm upgrade --install aws-fsx-csi-driver aws-fsx-csi-driver/aws-fsx-csi-driver --namespace kube-system",
+            "kubectl apply --server-side -f https://github.com/kubernetes-sigs/kueue/releases/download/v0.19.2/"
+            "manifests.yaml"]
+        # The team's quota, applied once Kueue was there, then found by `cluster check --team`.
+        assert created(world, "clusterqueues") == ["hyperpod-ns-ml-clusterqueue"]
+        assert created(world, "localqueues") == ["hyperpod-ns-ml-localqueue"]
         # What the later steps created with what was installed: the NCCL check's MPIJob, the
         # example's PyTorchJob (by deploy, then again by job submit --replace), fsdpkit's Trainer runtime.
         assert len(created(world, "mpijobs")) == 1

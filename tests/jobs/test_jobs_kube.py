@@ -17,7 +17,7 @@ import yaml
 from fsdpkit.cluster.rbac import role_rules
 
 from conftest import ROOT, require, run_cli
-from job_specs import GROUP, PLURAL, TOKEN, VERSION, job_cli, set_conditions, write_spec, writes
+from job_specs import GROUP, PLURAL, TOKEN, VERSION, Kueue, job_cli, set_conditions, write_spec, writes
 from kube_admission import PodAdmission
 
 require("kmock")
@@ -600,6 +600,7 @@ def test_a_named_queue_must_exist_and_orders_the_job_by_kueue_s_priority_label(k
                               "spec": {"clusterQueue": "cluster-queue"}})
     r = job_cli(kube, "submit", str(spec), "--dry-run=server", "--json")
     assert r.returncode == 0, r.stdout
+    kueue = Kueue(kube, lambda job: (True, "QuotaReserved", "Quota reserved in ClusterQueue cluster-queue"))
     r = job_cli(kube, "submit", str(spec))
     assert r.returncode == 0, r.stderr
     job = kube.get_job("llama-tiny")
@@ -616,6 +617,7 @@ def test_a_named_queue_must_exist_and_orders_the_job_by_kueue_s_priority_label(k
     assert ("warning: queue 'team-a' not checked: localqueues.kueue.x-k8s.io \"team-a\" is forbidden: User "
             '"team-a-ci" cannot get resource "localqueues" in API group "kueue.x-k8s.io" in the namespace '
             '"default"') in r.stderr
+    kueue.close()
 
 
 PT_ROLE = [{"apiGroups": ["kubeflow.org"], "resources": ["pytorchjobs"], "verbs": ["get", "list"]},
@@ -765,3 +767,139 @@ def test_a_dpo_job_renders_plans_its_reference_and_submits_as_a_dry_run(kube, tm
         assert memory["params"] == pytest.approx(lora_plan["memory_gib"]["params"] - saved, abs=0.01)
         assert plan["adapters"]["base_dtype"] == "nf4" and "projections in nf4 (0.516 bytes a parameter)" in \
             plan["adapters"]["explanation"]
+
+
+DEVICECLASSES = "/apis/resource.k8s.io/v1/deviceclasses"
+
+
+def test_submit_asks_the_cluster_for_dra_and_claims_gpus_with_their_efa_where_it_has_the_drivers(kube, tmp_path):
+    """devices auto: a cluster without DRA's API, or without the drivers' DeviceClasses, gets
+    extended resources, said in one line; once NVIDIA's and AWS's EFA DRA drivers have installed
+    theirs, the same spec's pods claim their devices from a ResourceClaimTemplate created before the
+    job, which `job delete` removes with it. A namespace user, who may not read the cluster-scoped
+    DeviceClasses, is told so and gets extended resources."""
+    from kubernetes import client
+
+    spec = write_spec(tmp_path, hf_token_env=None, storage={"claim": "fsx-claim"})
+    kube.forget("resource.k8s.io/v1/deviceclasses")
+    r = job_cli(kube, "submit", str(spec))
+    assert r.returncode == 0, r.stderr
+    assert "devices:" not in r.stderr   # nothing to choose: extended resources, as on every cluster before DRA
+    assert "nvidia.com/gpu" in kube.get_job("llama-tiny")["spec"]["pytorchReplicaSpecs"]["Master"]["template"][
+        "spec"]["containers"][0]["resources"]["limits"]
+    assert job_cli(kube, "delete", "llama-tiny", "--yes").returncode == 0
+    for resource in ("deviceclasses", "resourceclaimtemplates"):
+        kube.serve(f"resource.k8s.io/v1/{resource}")
+    kube.create(DEVICECLASSES, {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+                                "metadata": {"name": "gpu.nvidia.com"},
+                                "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.nvidia.com'"}}]}})
+    r = job_cli(kube, "submit", str(spec))
+    assert "devices: extended resources (it has no DeviceClass efa.networking.k8s.aws (AWS's EFA DRA driver, " \
+           "aws-dranet installs it))" in r.stderr
+    assert job_cli(kube, "delete", "llama-tiny", "--yes").returncode == 0
+    kube.create(DEVICECLASSES, {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+                                "metadata": {"name": "efa.networking.k8s.aws"},
+                                "spec": {"selectors": [{"cel": {"expression": "device.driver == 'dra.net'"}}]}})
+    since = kube.request_count()
+    r = job_cli(kube, "submit", str(spec))
+    assert r.returncode == 0, r.stderr
+    assert "devices: DRA claims (the cluster serves resource.k8s.io/v1 with DeviceClass gpu.nvidia.com and " \
+           "efa.networking.k8s.aws)" in r.stderr
+    posts = [(p.split("?")[0], body) for m, p, body in kube.requests(since) if m == "POST"]
+    assert [p for p, _ in posts] == ["/apis/resource.k8s.io/v1/namespaces/default/resourceclaimtemplates",
+                                     "/apis/kubeflow.org/v1/namespaces/default/pytorchjobs"]
+    template, job = posts[0][1], posts[1][1]
+    assert template["metadata"]["name"] == "llama-tiny-devices"
+    assert len(template["spec"]["spec"]["devices"]["constraints"]) == 8
+    for replica in job["spec"]["pytorchReplicaSpecs"].values():
+        pod = replica["template"]["spec"]
+        assert pod["resourceClaims"] == [{"name": "devices", "resourceClaimTemplateName": "llama-tiny-devices"}]
+        assert "nvidia.com/gpu" not in pod["containers"][0]["resources"].get("limits", {})
+    r = job_cli(kube, "delete", "llama-tiny", "--yes")
+    assert r.returncode == 0, r.stderr
+    assert [p for m, p in writes(kube) if m == "DELETE"][-2:] == [
+        "/apis/kubeflow.org/v1/namespaces/default/pytorchjobs/llama-tiny",
+        "/apis/resource.k8s.io/v1/namespaces/default/resourceclaimtemplates/llama-tiny-devices"]
+    assert client.CustomObjectsApi(kube.api()).list_namespaced_custom_object(
+        "resource.k8s.io", "v1", "default", "resourceclaimtemplates")["items"] == []
+    # A team's user, bound to the Role `fsdpkit cluster rbac` renders: no cluster-wide reads.
+    user = kube.user("team-a-ci", role_rules([("kubeflow.org", "pytorchjobs")]))
+    r = job_cli(kube, "submit", str(spec), env=user)
+    assert r.returncode == 0, r.stderr
+    refusal = ('its DeviceClasses could not be read (deviceclasses.resource.k8s.io is forbidden: User "team-a-ci" '
+               'cannot list resource "deviceclasses" in API group "resource.k8s.io" at the cluster scope)')
+    assert f"devices: extended resources ({refusal}; set devices: dra where the cluster has the drivers)" in r.stderr
+    # ... who knows the drivers are there says devices: dra, and the Role lets it make the claim template.
+    r = job_cli(kube, "submit", str(write_spec(tmp_path, name="other", devices="dra", storage={"claim": "c"})),
+                env=user)
+    assert r.returncode == 0, r.stderr
+    assert f"devices: DRA claims (given (devices: dra); not checked: {refusal})" in r.stderr
+    assert writes(kube)[-2:] == [("POST", "/apis/resource.k8s.io/v1/namespaces/default/resourceclaimtemplates"),
+                                 ("POST", "/apis/kubeflow.org/v1/namespaces/default/pytorchjobs")]
+    r = job_cli(kube, "delete", "other", "--yes", env=user)
+    assert r.returncode == 0, r.stderr
+    assert writes(kube)[-3:] == [
+        ("DELETE", "/apis/kubeflow.org/v1/namespaces/default/pytorchjobs/other"),
+        ("DELETE", "/apis/resource.k8s.io/v1/namespaces/default/resourceclaimtemplates/other-devices"),
+        ("DELETE", "/api/v1/namespaces/default/secrets/other-hf-token")]
+    # devices: dra on a cluster that has no DRA at all is refused before anything is made.
+    kube.forget("resource.k8s.io/v1/deviceclasses")
+    before = writes(kube)
+    r = job_cli(kube, "submit", str(write_spec(tmp_path, name="other", devices="dra", storage={"claim": "c"})))
+    assert (r.returncode, r.stderr) == (2, "error: devices: dra, but the cluster does not serve resource.k8s.io/v1 "
+                                           "(Kubernetes 1.34 or later); install it, or set devices: extended\n")
+    assert writes(kube) == before
+
+
+def test_a_job_over_its_team_s_quota_is_told_so_at_submit_in_kueue_s_words(kube, tmp_path):
+    """Submit on a LocalQueue reads Kueue's verdict from the job's Workload (kmock playing Kueue's
+    controller, its conditions as Kueue writes them): a job over what its ClusterQueue could ever
+    have (nominal plus borrowing) is refused in one line naming the queue, the ClusterQueue, the
+    resource, the flavor and the amounts, and the job is taken back; one waiting for quota in use is
+    kept and said; an admitted one is quiet. Pinned: the verdict is Kueue's message, not a guess."""
+    kube.create(LOCALQUEUES, {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
+                              "metadata": {"name": "hyperpod-ns-team-a-localqueue", "namespace": "default"},
+                              "spec": {"clusterQueue": "hyperpod-ns-team-a-clusterqueue"}})
+    spec = write_spec(tmp_path, hf_token_env=None, queue="hyperpod-ns-team-a-localqueue")
+    never = ("couldn't assign flavors to pod set worker: insufficient quota for nvidia.com/gpu in flavor p5-reserved, "
+             "previously considered podsets requests (8) + current podset request (8) > maximum capacity (8)")
+    kueue = Kueue(kube, lambda job: (False, "Pending", never))
+    try:
+        r = job_cli(kube, "submit", str(spec))
+    finally:
+        kueue.close()
+    assert r.returncode == 3
+    assert r.stderr.splitlines() == [
+        "error: queue hyperpod-ns-team-a-localqueue (ClusterQueue hyperpod-ns-team-a-clusterqueue): Kueue will never "
+        f"admit job llama-tiny: {never}; ask for less (nodes, gpus_per_node) or for the team's quota to be raised; "
+        "nothing was left behind"]
+    assert kube.get_job("llama-tiny") is None
+    assert [p for m, p in writes(kube) if m == "DELETE" and "workloads" not in p] == [   # not the GC's
+        "/apis/kubeflow.org/v1/namespaces/default/pytorchjobs/llama-tiny",
+        "/api/v1/namespaces/default/persistentvolumeclaims/llama-tiny-ckpt"]
+
+    waiting = ("couldn't assign flavors to pod set worker: insufficient unused quota for nvidia.com/gpu in flavor "
+               "p5-reserved, 8 more needed")
+    kueue = Kueue(kube, lambda job: (False, "Pending", waiting))
+    try:
+        r = job_cli(kube, "submit", str(spec), "--json")
+    finally:
+        kueue.close()
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["data"]["admission"] == {"state": "queued", "message": waiting,
+                                                         "workload": "pytorchjob-llama-tiny-00000"}
+    assert ("warning: job llama-tiny is queued in queue hyperpod-ns-team-a-localqueue (ClusterQueue "
+            f"hyperpod-ns-team-a-clusterqueue), not admitted: {waiting}; it starts when quota frees (kubectl -n "
+            "default get workloads)") in r.stderr.splitlines()
+    assert kube.get_job("llama-tiny") is not None
+    assert job_cli(kube, "delete", "llama-tiny", "--yes").returncode == 0
+
+    kueue = Kueue(kube, lambda job: (True, "QuotaReserved", "Quota reserved in ClusterQueue "
+                                                           "hyperpod-ns-team-a-clusterqueue"))
+    try:
+        r = job_cli(kube, "submit", str(spec), "--json")
+    finally:
+        kueue.close()
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["data"]["admission"]["state"] == "admitted"
+    assert "warning" not in r.stderr

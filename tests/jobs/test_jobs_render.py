@@ -452,6 +452,7 @@ def test_topology_placement_asks_kueue_on_every_pod_template_of_every_kueue_back
 
     level = "topology.k8s.aws/network-node-layer-2"
     want = {KUEUE_REQUIRED_TOPOLOGY if required else KUEUE_PREFERRED_TOPOLOGY: level}
+    on_pods = {**want, "karpenter.sh/do-not-disrupt": "true"}   # beside Karpenter's (aws/karpenter.py)
     # Kueue's own names (sigs.k8s.io/kueue apis/kueue/v1alpha1).
     assert (KUEUE_REQUIRED_TOPOLOGY, KUEUE_PREFERRED_TOPOLOGY) == (
         "kueue.x-k8s.io/podset-required-topology", "kueue.x-k8s.io/podset-preferred-topology")
@@ -460,7 +461,7 @@ def test_topology_placement_asks_kueue_on_every_pod_template_of_every_kueue_back
     job = manifests.render(spec_for("pytorchjob", "4", **extra))[-1]
     validate_object(job)
     templates = [r["template"] for r in job["spec"]["pytorchReplicaSpecs"].values()]
-    assert len(templates) == 2 and all(t["metadata"]["annotations"] == want for t in templates)
+    assert len(templates) == 2 and all(t["metadata"]["annotations"] == on_pods for t in templates)
     for t in templates:
         validate_builtin(pod_of(t))
 
@@ -471,12 +472,12 @@ def test_topology_placement_asks_kueue_on_every_pod_template_of_every_kueue_back
         jobset = jobset_of(job, rt)
         validate_object(jobset)
         pod = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
-        assert pod["metadata"]["annotations"] == want
+        assert pod["metadata"]["annotations"] == on_pods
 
     ours = hyperpod.render(spec_for("hyperpod", "4", "ml.p5.48xlarge", **extra))[-1]
     validate_object(ours)
     pod = ours["spec"]["replicaSpecs"][0]["template"]
-    assert pod["metadata"]["annotations"] == want
+    assert pod["metadata"]["annotations"] == on_pods
     found = importlib.util.find_spec("hyperpod_pytorch_job_template")
     if found is None:
         unavailable("hyperpod-pytorch-job-template is not installed (make venv installs sagemaker-hyperpod)")

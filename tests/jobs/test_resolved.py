@@ -75,7 +75,8 @@ def test_explain_of_the_hyperpod_example_holds_each_value_to_what_the_manifest_c
         "hang_seconds": (600, "plan"),         # 5 x 10 x 1.4 + 1.5 x 192.7 + 60 = 419, at least 600
         "loss_threshold": (24, "default"),     # 2 ln(128,256) = 23.5, up
         "checkpoint_every": ("65m", "plan"),   # 192.7 s / 5%, in minutes
-        "steps": (10_000, "given"), "tokens": (10_000 * 8192 * 32, "given")}
+        "steps": (10_000, "given"), "tokens": (10_000 * 8192 * 32, "given"),
+        "devices": ("extended", "default")}       # DRA only where `job submit` finds it (tests/jobs/test_devices.py)
     assert explained["hang_seconds"]["why"] == ("5 logging windows of 10 steps at 1.4 s + 1.5 x 193 s to write a "
                                                 "checkpoint + 60 s = 419 s, in whole minutes, at least 600 s")
     r = cli_here("job", "render", str(HYPERPOD), "--explain")
@@ -189,30 +190,33 @@ GRACE_500 = ("grace_seconds", 360, "plan", "360 s = 60 s + 2 x 1.4 s to finish t
 EVERY_65M = ("checkpoint_every", "65m", "plan", "every 65m: writing it takes 193 s, 4.7% of the run (at most 5%, at "
              "least 10 min apart); the last step is always saved")
 FSX = {"storage": {"claim": "fsx"}}
+DEVICES = ("devices", "extended", "default", "no cluster read: `job submit` asks the cluster whether it offers DRA")
 EXPLAINED = {
     "no storage": ({}, [
         ("grace_seconds", 30, "default", "Kubernetes' own: the job has no storage to write a stop's checkpoint to"),
-        ("checkpoint_every", "0", "default", "no checkpoints: the job has no storage"), *GIVEN_STEPS]),
+        DEVICES, ("checkpoint_every", "0", "default", "no checkpoints: the job has no storage"), *GIVEN_STEPS]),
     "grace given": ({**FSX, "termination_grace_seconds": 900}, [
-        ("grace_seconds", 900, "given", "termination_grace_seconds"), EVERY_65M, *GIVEN_STEPS]),
+        ("grace_seconds", 900, "given", "termination_grace_seconds"), DEVICES, EVERY_65M, *GIVEN_STEPS]),
     "faster storage": ({"storage": {"claim": "fsx", "write_mb_per_s": 1000}}, [
         ("grace_seconds", 210, "plan", "210 s = 60 s + 2 x 1.4 s to finish the step + 1.5 x 96 s to write the 96.4 GB "
          "checkpoint at 1000 MB/s to shared storage"),    # 207.4, in tens
+        DEVICES,
         ("checkpoint_every", "33m", "plan", "every 33m: writing it takes 96 s, 4.6% of the run (at most 5%, at least "
          "10 min apart); the last step is always saved"), *GIVEN_STEPS]),
     "interval given": ({**FSX, "train": {"checkpoint_every": "500"}}, [
-        GRACE_500, ("checkpoint_every", "500", "given", "train.checkpoint_every"), *GIVEN_STEPS]),
+        GRACE_500, DEVICES, ("checkpoint_every", "500", "given", "train.checkpoint_every"), *GIVEN_STEPS]),
     "last step only": ({**FSX, "train": {"checkpoint_every": "0"}}, [
-        GRACE_500, ("checkpoint_every", "0", "default", "the last step only"), *GIVEN_STEPS]),
+        GRACE_500, DEVICES, ("checkpoint_every", "0", "default", "the last step only"), *GIVEN_STEPS]),
     "token budget": ({**FSX, "train": {"tokens": 1_000_000_000, "max_steps": None}}, [
-        GRACE_500, EVERY_65M, ("steps", 7630, "given", "train.tokens 1,000,000,000 / 131,072 tokens a step"),
+        GRACE_500, DEVICES, EVERY_65M, ("steps", 7630, "given", "train.tokens 1,000,000,000 / 131,072 tokens a step"),
         ("tokens", 1_000_079_360, "given", f"7,630 steps x {STEP_TOKENS}")]),
     "default steps": ({**FSX, "train": {"max_steps": None}}, [
-        GRACE_500, EVERY_65M, ("steps", 300, "default", "the trainer's default: set train.tokens or train.max_steps"),
+        GRACE_500, DEVICES, EVERY_65M,
+        ("steps", 300, "default", "the trainer's default: set train.tokens or train.max_steps"),
         ("tokens", 39_321_600, "default", f"300 steps x {STEP_TOKENS}")]),
     "hyperpod given": ({**FSX, "backend": "hyperpod", "instance_type": "ml.p5.48xlarge", "hyperpod": {
         "startup_deadline": 1800, "fault_deadline": 2400, "hang_timeout": 900, "loss_threshold": 12}}, [
-        GRACE_500, ("startup_deadline", 1800, "given", "hyperpod.startup_deadline"),
+        GRACE_500, DEVICES, ("startup_deadline", 1800, "given", "hyperpod.startup_deadline"),
         ("fault_deadline", 2400, "given", "hyperpod.fault_deadline"),
         ("hang_seconds", 900, "given", "hyperpod.hang_timeout"),
         ("loss_threshold", 12, "given", "hyperpod.loss_threshold"), EVERY_65M, *GIVEN_STEPS]),

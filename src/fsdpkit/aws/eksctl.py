@@ -1,14 +1,19 @@
 """`fsdpkit cluster config|create|delete`: an eksctl ClusterConfig (eksctl.io/v1alpha5) for training,
 rendered from a few choices, and eksctl run with it.
 
-The config holds a small system node group (CoreDNS, operators, the Ray head) and one GPU node group:
+Two ways to GPU capacity. `nodegroup` (the default):
+a small system node group (CoreDNS, operators, the Ray head) and one GPU node group:
 EFA on where the instance has it (eksctl then makes every network card an EFA interface, adds the
 EFA security group and installs the EFA device plugin), the whole group in one availability zone
 and a cluster placement group (EFA traffic does not cross zones, and a placement group keeps the
 nodes on one spine), an optional On-Demand Capacity Reservation or Capacity Block, a 500 GiB root
 volume for multi-GB training images, and Amazon Linux 2023 (eksctl picks its NVIDIA/Neuron AMI
 for accelerated instance types). EKS add-ons: VPC CNI, CoreDNS, kube-proxy, the EBS and FSx CSI
-drivers; IAM OIDC for their service-account roles.
+drivers; IAM OIDC for their service-account roles. `karpenter`: the system node group alone, with
+Karpenter installed by eksctl (its `karpenter:` section: IAM role, instance profile, Helm chart) and
+the cluster tagged for Karpenter's subnet and security-group discovery; the GPU capacity is then a
+NodePool (`fsdpkit cluster nodepool`, aws/karpenter.py), which can take reserved capacity by tag
+and scales to zero.
 
 eksctl itself does not create the placement group a node group names, so `create` makes it first
 (EC2 CreatePlacementGroup, strategy cluster) and `delete` removes it after the cluster is gone.
@@ -37,6 +42,9 @@ ZONE = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d[a-z]$")
 TAG = {"fsdpkit:managed": "true"}
 GPU_POOL_LABEL = "fsdpkit.dev/pool"
 EFA_LABEL = "fsdpkit.dev/efa-interfaces"
+PROVISIONERS = ("nodegroup", "karpenter")
+DISCOVERY = "karpenter.sh/discovery"   # the tag Karpenter's EC2NodeClass selects subnets and groups by
+KARPENTER_VERSION = "1.8.1"            # the Karpenter release eksctl installs (its Helm chart's version)
 ADDONS = ("vpc-cni", "coredns", "kube-proxy", "aws-ebs-csi-driver", "aws-fsx-csi-driver")
 # The FSx CSI controller creates file systems for dynamic provisioning; AWS's managed policy for it.
 FSX_POLICY = "arn:aws:iam::aws:policy/AmazonFSxFullAccess"
@@ -57,6 +65,7 @@ class ClusterPlan:
     volume_size: int = 500
     system_instance_type: str = "m6i.xlarge"
     system_nodes: int = 2
+    provisioner: str = "nodegroup"      # nodegroup | karpenter (GPU nodes from a NodePool)
 
     def validate(self) -> Instance:
         """The instance row; a UserError naming the field for anything eksctl or EC2 would refuse later."""
@@ -66,6 +75,12 @@ class ClusterPlan:
             raise UserError(f"instance_type: {self.instance_type!r} is a SageMaker HyperPod type; EKS node groups "
                             f"take the EC2 name ({self.instance_type.removeprefix('ml.')})")
         self._check_placement(inst)
+        if self.provisioner not in PROVISIONERS:
+            raise UserError(f"provisioner: {self.provisioner!r} is not one of {', '.join(PROVISIONERS)}")
+        if self.provisioner == "karpenter" and (self.capacity_reservation or self.placement_group):
+            flag = "--capacity-reservation" if self.capacity_reservation else "--placement-group"
+            raise UserError(f"{flag}: with --provisioner karpenter the GPU nodes' capacity is the NodePool's: give it "
+                            f"to `fsdpkit cluster nodepool {flag} ...`")
         return inst
 
     def _check_names_and_sizes(self) -> None:
@@ -139,6 +154,7 @@ def render(plan: ClusterPlan) -> dict[str, Any]:
         "amiFamily": "AmazonLinux2023", "volumeSize": 100, "volumeType": "gp3",
         "labels": {GPU_POOL_LABEL: "system"}, "tags": dict(TAG),
     }
+    karpenter = plan.provisioner == "karpenter"
     addons: list[dict[str, Any]] = []
     for name in ADDONS:
         addon: dict[str, Any] = {"name": name}
@@ -147,15 +163,19 @@ def render(plan: ClusterPlan) -> dict[str, Any]:
         if name == "aws-fsx-csi-driver":
             addon["attachPolicyARNs"] = [FSX_POLICY]
         addons.append(addon)
-    return {
+    config: dict[str, Any] = {
         "apiVersion": API_VERSION,
         "kind": "ClusterConfig",
-        "metadata": {"name": plan.name, "region": plan.region, "version": plan.k8s_version, "tags": dict(TAG)},
+        "metadata": {"name": plan.name, "region": plan.region, "version": plan.k8s_version,
+                     "tags": {**TAG, **({DISCOVERY: plan.name} if karpenter else {})}},
         "availabilityZones": sorted({zone, other}),
         "iam": {"withOIDC": True},
         "addons": addons,
-        "managedNodeGroups": [system, gpu],
+        "managedNodeGroups": [system] if karpenter else [system, gpu],
     }
+    if karpenter:
+        config["karpenter"] = {"version": KARPENTER_VERSION}
+    return config
 
 
 def placement_group_name(plan: ClusterPlan) -> str:

@@ -22,7 +22,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     from fsdpkit.cluster.checks import node_table, run_checks
     from fsdpkit.cluster.client import connect
 
-    report = run_checks(connect(args.context, args.kubeconfig, args.eks_cluster, args.region))
+    report = run_checks(connect(args.context, args.kubeconfig, args.eks_cluster, args.region), args.team)
     if args.json:
         return emit_json(report.to_dict(), 1 if report.failed else 0, *_failure(report.checks))
     for row in node_table(report.nodes):
@@ -53,6 +53,51 @@ def cmd_rbac(args: argparse.Namespace) -> int:
         return emit_json({"manifests": objs})
     print(yamlfile.dump_all(objs), end="")
     return 0
+
+
+def cmd_team(args: argparse.Namespace) -> int:
+    from fsdpkit.cluster.kueue import TeamPlan, team_objects
+    from fsdpkit.hardware.instances import lookup
+
+    inst = lookup(args.instance_type)
+    priorities = []
+    for given in args.priority or []:
+        name, sep, value = given.partition("=")
+        if not sep or not value.lstrip("-").isdigit():
+            raise UserError(f"--priority: {given!r} is not NAME=VALUE (an integer; higher runs first)")
+        priorities.append((name, int(value)))
+    per_node: dict[str, str | int] = {"cpu": inst.vcpus, "memory": f"{inst.memory_gib}Gi"}
+    if inst.accelerators:
+        per_node[inst.resource] = inst.accelerators
+    if inst.efa:
+        per_node["vpc.amazonaws.com/efa"] = inst.efa
+    objs = team_objects(TeamPlan(args.name, inst.name, args.nodes, args.cohort, args.borrow_nodes, args.lend_nodes,
+                                 tuple(priorities)), per_node)
+    if not args.apply:
+        if args.json:
+            return emit_json({"manifests": objs})
+        print(yamlfile.dump_all(objs), end="")
+        return 0
+    return _apply(args, objs, "install Kueue: fsdpkit cluster addons install --only kueue (HyperPod: turn on task "
+                              "governance)")
+
+
+def _apply(args: argparse.Namespace, objs: list[dict[str, Any]], installs: str) -> int:
+    """Create each object that is not there yet (their APIs served first, else one line naming
+    `installs`), each said; an existing one is left as it is."""
+    from fsdpkit.cluster.apply import describe, ensure, require_api
+    from fsdpkit.cluster.client import connect
+
+    api = connect(args.context, args.kubeconfig, args.eks_cluster, args.region)
+    require_api(api, objs, installs)
+    say = progress(args)
+    done = []
+    for obj in objs:
+        action = ensure(api, obj)
+        say(f"{describe(obj)}: {action}" + (" (left as it is: delete it to apply another)" if action == "exists"
+                                            else ""))
+        done.append({"object": describe(obj), "action": action})
+    return emit_json({"applied": done, "manifests": objs}) if args.json else 0
 
 
 def _failure(checks: list[Any]) -> tuple[str | None, str, str | None]:
@@ -136,17 +181,42 @@ def cmd_config(args: argparse.Namespace) -> int:
                        capacity_reservation=args.capacity_reservation or "", capacity_block=args.capacity_block,
                        placement_group=args.placement_group or "", k8s_version=args.k8s_version,
                        volume_size=args.volume_size, system_instance_type=args.system_instance_type,
-                       system_nodes=args.system_nodes)
+                       system_nodes=args.system_nodes, provisioner=args.provisioner)
     config = render(plan)
     text = yamlfile.dump(config)
     if args.out:
         _write(args.out, text)
-        progress(args)(f"wrote {args.out}; next: fsdpkit cluster create --config {args.out}")
+        progress(args)(f"wrote {args.out}; next: fsdpkit cluster create --config {args.out}" + (
+            f", then the GPU NodePool: fsdpkit cluster nodepool --name {plan.name} --region {region} --instance-type "
+            f"{plan.instance_type} --nodes {plan.nodes}" if plan.provisioner == "karpenter" else ""))
     if args.json:
         return emit_json({"config": config, "path": args.out})
     if not args.out:
         print(text, end="")
     return 0
+
+
+def cmd_nodepool(args: argparse.Namespace) -> int:
+    from fsdpkit.aws.karpenter import NodePoolPlan, render
+
+    region = pick_region(args.region)
+    plan = NodePoolPlan(args.name, region, args.instance_type, args.nodes, zone=args.zone or "",
+                        capacity_type=args.capacity_type, capacity_reservation=args.capacity_reservation or "",
+                        capacity_reservation_tag=args.capacity_reservation_tag or "", efa=args.efa,
+                        placement_group=args.placement_group or "", k8s_version=args.k8s_version,
+                        volume_size=args.volume_size, instance_profile=args.instance_profile or "")
+    objs = render(plan)
+    if args.dry_run:
+        if args.json:
+            return emit_json({"dry_run": True, "manifests": objs})
+        print(yamlfile.dump_all(objs), end="")
+        return 0
+    names = ", ".join(f"{o['kind']}/{o['metadata']['name']}" for o in objs)
+    if not confirmed(args, names, f"create {names}? Karpenter then launches up to {plan.nodes} {plan.instance_type} "
+                                  "(billed while they run) when GPU pods are pending", verb="create"):
+        return 1
+    return _apply(args, objs, "Karpenter is not installed: make the cluster with `fsdpkit cluster config "
+                              "--provisioner karpenter` and `fsdpkit cluster create`, or install Karpenter")
 
 
 def _write(path: str, text: str) -> None:
@@ -261,6 +331,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--volume-size", type=int, default=500, help="GPU node root volume, GiB")
     p.add_argument("--system-instance-type", default="m6i.xlarge")
     p.add_argument("--system-nodes", type=int, default=2)
+    p.add_argument("--provisioner", choices=("nodegroup", "karpenter"), default="nodegroup",
+                   help="how GPU nodes come: an eksctl managed node group of --nodes, or Karpenter installed by "
+                   "eksctl with the GPU nodes from `fsdpkit cluster nodepool` (reserved capacity by id or tag, "
+                   "scale to zero)")
     p.add_argument("--out", help="write the config to this file (default: print it)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_config)
@@ -280,12 +354,39 @@ def build_parser() -> argparse.ArgumentParser:
         declare(p, Effect.REMOTE | Effect.LONG | (Effect.CREATES | Effect.COSTS if verb == "create"
                                                   else Effect.DELETES))
 
+    p = sub.add_parser("nodepool", help="a Karpenter NodePool and EC2NodeClass for one GPU instance type: "
+                       "the accelerated AMI, every EFA interface, one zone, on-demand or reserved capacity (an ODCR "
+                       "or Capacity Block by id or tag), never disrupting a node a training pod runs on")
+    p.add_argument("--name", required=True, help="the EKS cluster's name (Karpenter's discovery tags, the "
+                   "instance profile eksctl made)")
+    p.add_argument("--instance-type", required=True, help="GPU node type (p5.48xlarge, ...)")
+    p.add_argument("--nodes", type=int, required=True, help="the most GPU nodes the pool may hold (its GPU limit)")
+    p.add_argument("--zone", help="availability zone (default: the region's a zone; a reservation's own)")
+    p.add_argument("--capacity-type", choices=("on-demand", "reserved"), default="on-demand",
+                   help="reserved: only from --capacity-reservation or --capacity-reservation-tag")
+    p.add_argument("--capacity-reservation", help="an On-Demand Capacity Reservation or Capacity Block id (cr-...)")
+    p.add_argument("--capacity-reservation-tag", help="KEY=VALUE: every reservation carrying this tag")
+    p.add_argument("--efa", choices=("auto", "on", "off"), default="auto", help="EFA interfaces (auto: where the "
+                   "instance type has them)")
+    p.add_argument("--placement-group", help="an existing cluster placement group by name")
+    p.add_argument("--k8s-version", default="1.33", help="the cluster's Kubernetes minor version (the AMI's)")
+    p.add_argument("--volume-size", type=int, default=500, help="root volume, GiB")
+    p.add_argument("--instance-profile", help="the nodes' instance profile (default: the one eksctl's Karpenter "
+                   "install made, eksctl-KarpenterNodeInstanceProfile-NAME)")
+    p.add_argument("--dry-run", action="store_true", help="print the NodePool and EC2NodeClass, apply nothing")
+    p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    _kube_flags(p)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_nodepool)
+    declare(p, Effect.REMOTE | Effect.CREATES | Effect.COSTS)
+
     addons_p = sub.add_parser("addons", help="install the device plugins and operators training needs")
     addons_sub = addons_p.add_subparsers(dest="addons_cmd", required=True, metavar="VERB", parser_class=Parser)
     p = addons_sub.add_parser("install", help="NVIDIA and EFA device plugins, Kubeflow Trainer v2 with fsdpkit's "
                               "runtime, KubeRay (pinned, each once), then the readiness checks")
     p.add_argument("--only", help="comma-separated subset of: nvidia, efa, trainer, training-operator (legacy v1, "
-                   "only when named), kuberay, mpi (the MPI operator, for `cluster validate nccl`; only when named)")
+                   "only when named), kuberay, mpi (the MPI operator, for `cluster validate nccl`; only when named), "
+                   "kueue (teams' quotas, `cluster team`; only when named)")
     p.add_argument("--etcd", action="store_true", help="also one etcd member + Service for etcd rendezvous")
     p.add_argument("-n", "--namespace", default="default", help="namespace of etcd")
     p.add_argument("--dry-run", action="store_true", help="print the manifests and commands, apply nothing")
@@ -307,8 +408,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_rbac)
     declare(p, Effect.NONE)
 
-    p = sub.add_parser("check", help="nodes, GPUs, EFA, device plugins, operators, storage: pass/warn/fail")
+    p = sub.add_parser("team", help="a team's Kueue quota, for the cluster's admin to apply: its namespace, "
+                       "LocalQueue and ClusterQueue (named as HyperPod task governance names them), the instance "
+                       "type's ResourceFlavor, priorities; borrowing and lending within a cohort")
+    p.add_argument("--name", required=True, help="the team (namespace hyperpod-ns-NAME)")
+    p.add_argument("--instance-type", required=True, help="the GPU instance type of the quota (p5.48xlarge, ...)")
+    p.add_argument("--nodes", type=int, required=True, help="the team's nominal quota, in whole nodes")
+    p.add_argument("--cohort", help="the cohort the team lends to and borrows from")
+    p.add_argument("--borrow-nodes", type=int, help="the most it may borrow, in nodes (default: no limit)")
+    p.add_argument("--lend-nodes", type=int, help="the most of its own it lends, in nodes (default: all)")
+    p.add_argument("--priority", action="append", help="a WorkloadPriorityClass NAME=VALUE (repeatable; higher "
+                   "runs first and preempts lower)")
+    p.add_argument("--apply", action="store_true", help="create them on the cluster (each left as it is where it "
+                   "exists; needs Kueue: `fsdpkit cluster addons install --only kueue`); default: print them")
     _kube_flags(p)
+    p.add_argument("--json", action="store_true", help="one JSON envelope on stdout")
+    p.set_defaults(func=cmd_team)
+    declare(p, Effect.NONE, apply=Effect.REMOTE | Effect.CREATES)
+
+    p = sub.add_parser("check", help="nodes, GPUs and how they are provisioned, EFA, device plugins, operators, "
+                       "storage: pass/warn/fail")
+    _kube_flags(p)
+    p.add_argument("--team", help="also the team's Kueue quota (HyperPod task governance): its LocalQueue in "
+                   "hyperpod-ns-TEAM, its ClusterQueue's nominal quota, use, borrowing and lending")
     p.add_argument("--fix", action="store_true", help="offer the known remedy for each missing component, "
                    "and run it when you confirm")
     p.add_argument("--yes", action="store_true", help="with --fix: run the remedies without asking")

@@ -73,7 +73,7 @@ def cmd_init(args: argparse.Namespace) -> int:
     name = args.name or (args.preset.replace("_", "-") if args.preset else "my-job")
     text = starter(args.backend, name, args.instance_type, args.nodes, args.image, args.preset, args.storage_claim,
                    args.shared_path, args.dataset, args.tokenizer, args.init_from_hf, args.data_format, args.lora,
-                   args.dataset_config_name, args.objective, args.base_dtype)
+                   args.dataset_config_name, args.objective, args.base_dtype, args.team, args.priority)
     if args.out == "-":
         if args.json:   # the spec goes in the envelope: stdout stays one JSON document
             return emit_json({"path": None, "text": text, "backend": args.backend, "name": name})
@@ -396,6 +396,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "(QLoRA; the preset's QLoRA recipe)")
     p.add_argument("--objective", choices=("sft", "dpo"), help="dpo: preference tuning after SFT (the preset's DPO "
                    "recipe; needs --data-format preference)")
+    p.add_argument("--team", help="submit as this team of HyperPod task governance: its namespace "
+                   "(hyperpod-ns-TEAM) and LocalQueue, under its compute quota")
+    p.add_argument("--priority", help="with --team: the Kueue WorkloadPriorityClass the job runs at (the cluster "
+                   "policy's; `kubectl get workloadpriorityclasses`)")
     p.add_argument("--out", default="job.yaml", help="where to write it (- for stdout)")
     p.add_argument("--force", action="store_true", help="overwrite an existing file")
     common(p, cluster=False)

@@ -23,16 +23,18 @@ def progress(args: argparse.Namespace) -> Callable[[str], None]:
     return lambda message: print(message, file=out, flush=True)
 
 
-def confirmed(args: argparse.Namespace, what: str, question: str) -> bool:
-    """Consent to destroy something: --yes, or "y" at a terminal. Under --json or without a
-    terminal nobody can answer, so that is a one-line error naming --yes, not a silent no."""
+def confirmed(args: argparse.Namespace, what: str, question: str, verb: str = "delete") -> bool:
+    """Consent to destroy something (or, `verb` "create", to start what bills): --yes, or "y" at a
+    terminal. Under --json or without a terminal nobody can answer, so that is a one-line error
+    naming --yes, not a silent no."""
     if getattr(args, "yes", False):
         return True
     if getattr(args, "json", False) or not sys.stdin.isatty():
-        raise UserError(f"delete: removes {what}; add --yes to confirm", code="unconfirmed")
+        said = f"removes {what}" if verb == "delete" else f"makes {what}, which can cost money"
+        raise UserError(f"{verb}: {said}; add --yes to confirm", code="unconfirmed")
     if input(f"{question} [y/N] ").strip().lower() in ("y", "yes"):
         return True
-    print("nothing deleted")
+    print(f"nothing {verb}d")
     return False
 
 

@@ -76,6 +76,7 @@ class Planned:
     write_rate: float
     keeps_checkpoints: bool     # a checkpoint directory: saves are part of the run's time
     plan: Plan | None = None    # the job's own, where it was planned at the asked MFU
+    devices: dict[str, str] | None = None   # a Kubernetes job's: how its pods ask for GPUs and EFA
 
 
 def run(args: argparse.Namespace, train_flags: list[str]) -> int:
@@ -113,6 +114,8 @@ def run(args: argparse.Namespace, train_flags: list[str]) -> int:
                           "every_steps": cfg.log.validation_freq, "share": round(cfg.validation_share(steps), 4)},
            "grace": grace.to_dict(), "startup": start.to_dict(), "checkpoints": checkpoints,
            "alternatives": [a.summary(args.price_per_hour) for a in p.alternatives]}
+    if got.devices:
+        out["devices"] = got.devices
     if p.step_s is not None:
         rt = run_time(cfg, steps, per_step, p.step_s, write_rate if got.keeps_checkpoints else None, nodes)
         out["run"] = rt.to_dict()
@@ -154,8 +157,10 @@ def _from_spec(args: argparse.Namespace, train_flags: list[str]) -> Planned:
         raise UserError("jobspec: this job runs its own command, not fsdpkit's trainer; nothing to plan")
     if why := job.default_steps():
         log.warning(why)
+    devices = next(({"mode": str(s.value), "explanation": s.why} for s in job.sources if s.name == "devices"), None)
     return Planned(t.config, spec.instance_type, spec.nodes.max, spec.procs if spec.instance_type else None,
-                   spec.storage.write_mb_per_s, bool(job.root), t.plan if args.mfu == DEFAULT_MFU else None)
+                   spec.storage.write_mb_per_s, bool(job.root), t.plan if args.mfu == DEFAULT_MFU else None,
+                   devices)
 
 
 def _from_flags(args: argparse.Namespace, train_flags: list[str]) -> Planned:
@@ -246,6 +251,9 @@ def _print(out: dict[str, Any]) -> None:
     if "explanation" in out["objective"]:
         print(f"objective: {out['objective']['explanation']}")
     print(f"checkpoints: {out['checkpoints']['explanation']}")
+    if "devices" in out:
+        mode = "DRA claims" if out["devices"]["mode"] == "dra" else "extended resources"
+        print(f"devices: {mode} ({out['devices']['explanation']})")
     print(f"stopping: grace period {out['grace']['explanation']}")
     print(f"starting: {out['startup']['explanation']} (HyperPod's startup deadline; with the grace, its fault "
           "deadline)")

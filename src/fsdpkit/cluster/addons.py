@@ -24,13 +24,14 @@ from fsdpkit.image.dockerfile import BASES, DEFAULT_BASE
 NVIDIA_PLUGIN_IMAGE = "nvcr.io/nvidia/k8s-device-plugin:v0.17.0"
 EFA_PLUGIN_IMAGE = "public.ecr.aws/eks/aws-efa-k8s-device-plugin:v0.5.6"
 ETCD_IMAGE = "quay.io/coreos/etcd:v3.5.21"
-COMPONENTS = ("nvidia", "efa", "trainer", "training-operator", "kuberay", "mpi")
+COMPONENTS = ("nvidia", "efa", "trainer", "training-operator", "kuberay", "mpi", "kueue")
 # What `install` does with no --only: Trainer v2 is the Kubeflow job API; the v1 operator is legacy.
 DEFAULT_COMPONENTS = ("nvidia", "efa", "trainer", "kuberay")
 # Which readiness check verifies each component.
 CHECK_NAMES = {"nvidia": "NVIDIA device plugin", "efa": "EFA device plugin", "trainer": "Kubeflow Trainer v2",
                "training-operator": "Kubeflow training operator", "kuberay": "KubeRay operator",
-               "mpi": "MPI operator"}  # no readiness check of its own: `cluster validate nccl` is its test
+               "mpi": "MPI operator",  # no readiness check of its own: `cluster validate nccl` is its test
+               "kueue": "Kueue"}
 _PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 _RESTRICTED = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
 

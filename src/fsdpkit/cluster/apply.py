@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fsdpkit.cluster.client import api_errors, is_not_found
+from fsdpkit.cluster.client import ClusterError, api_errors, api_resources, is_not_found
 
 # (apiVersion, kind) -> (client class, method suffix, namespaced)
 KINDS: dict[tuple[str, str], tuple[str, str, bool]] = {
@@ -18,10 +18,32 @@ KINDS: dict[tuple[str, str], tuple[str, str, bool]] = {
     ("apps/v1", "Deployment"): ("AppsV1Api", "namespaced_deployment", True),
     ("storage.k8s.io/v1", "StorageClass"): ("StorageV1Api", "storage_class", False),
 }
-# Cluster-scoped custom objects fsdpkit installs: (apiVersion, kind) -> plural.
+# Custom objects fsdpkit installs: (apiVersion, kind) -> plural (cluster-scoped but for NAMESPACED).
 CUSTOM: dict[tuple[str, str], str] = {
     ("trainer.kubeflow.org/v1alpha1", "ClusterTrainingRuntime"): "clustertrainingruntimes",
+    ("karpenter.sh/v1", "NodePool"): "nodepools",
+    ("karpenter.k8s.aws/v1", "EC2NodeClass"): "ec2nodeclasses",
+    ("kueue.x-k8s.io/v1beta2", "ResourceFlavor"): "resourceflavors",
+    ("kueue.x-k8s.io/v1beta2", "ClusterQueue"): "clusterqueues",
+    ("kueue.x-k8s.io/v1beta2", "WorkloadPriorityClass"): "workloadpriorityclasses",
+    ("kueue.x-k8s.io/v1beta2", "LocalQueue"): "localqueues",
 }
+NAMESPACED = {"LocalQueue"}
+
+
+def require_api(api_client: Any, objs: list[dict[str, Any]], installs: str) -> None:
+    """Every custom kind among `objs` is served (discovery), else one line naming what installs it,
+    before anything is created."""
+    from kubernetes import client
+
+    custom = client.CustomObjectsApi(api_client)
+    for api_version, kind in dict.fromkeys((o["apiVersion"], o["kind"]) for o in objs):
+        if (api_version, kind) not in CUSTOM:
+            continue
+        group, version = api_version.split("/")
+        served = api_resources(custom, group, version, api_client.configuration.host, f"finding the {kind} API")
+        if CUSTOM[(api_version, kind)] not in (served or ()):
+            raise ClusterError(f"{kind}: this cluster has no {api_version} API; {installs}", code="not_found")
 
 
 def describe(obj: dict[str, Any]) -> str:
@@ -39,6 +61,9 @@ def _call(api_client: Any, obj: dict[str, Any], verb: str, *extra: Any, **kw: An
         api = client.CustomObjectsApi(api_client)
         target = [] if verb == "create" else [obj["metadata"]["name"]]
         verb = "get" if verb == "read" else verb
+        if obj["kind"] in NAMESPACED:
+            return getattr(api, f"{verb}_namespaced_custom_object")(group, version, obj["metadata"]["namespace"],
+                                                                    CUSTOM[key], *target, *extra, **kw)
         return getattr(api, f"{verb}_cluster_custom_object")(group, version, CUSTOM[key], *target, *extra, **kw)
     cls, suffix, namespaced = KINDS[key]
     api = getattr(client, cls)(api_client)

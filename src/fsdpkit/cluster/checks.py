@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from fsdpkit.cluster import trainer
+from fsdpkit.cluster import kueue, trainer
 from fsdpkit.cluster.client import api_errors, api_message, api_resources, is_forbidden, is_not_found, labels_match
 from fsdpkit.cluster.quantity import fmt_bytes, fmt_cores, parse
 
@@ -45,6 +45,8 @@ TRAINING_OPERATOR_LABELS: LabelSets = [
 # The HyperPod training operator's controller (an EKS add-on of HyperPod clusters, namespace aws-hyperpod).
 HYPERPOD_OPERATOR_LABELS: LabelSets = [
     {"hp-training-control-plane": None}, {"app.kubernetes.io/name": "hp-training-operator"}]
+KUEUE_LABELS: LabelSets = [{"app.kubernetes.io/name": "kueue", "control-plane": "controller-manager"}]
+KUEUE_RELEASE = "v0.19.2"
 KUBERAY_LABELS: LabelSets = [
     {"app.kubernetes.io/name": "kuberay-operator"}, {"app.kubernetes.io/component": "kuberay-operator"}]
 
@@ -63,6 +65,9 @@ REMEDIES = {
     # MPIJob v2beta1: what `fsdpkit cluster validate nccl` runs nccl-tests as.
     "mpi": "kubectl apply --server-side -f https://raw.githubusercontent.com/kubeflow/mpi-operator/v0.6.0/deploy/"
            "v2beta1/mpi-operator.yaml",
+    # Kueue, for teams' quotas (`fsdpkit cluster team`); HyperPod's task governance brings its own.
+    "kueue": f"kubectl apply --server-side -f https://github.com/kubernetes-sigs/kueue/releases/download/{KUEUE_RELEASE}/"
+             "manifests.yaml",
     "fsx": "helm repo add aws-fsx-csi-driver https://kubernetes-sigs.github.io/aws-fsx-csi-driver && helm upgrade "
            "--install aws-fsx-csi-driver aws-fsx-csi-driver/aws-fsx-csi-driver --namespace kube-system",
 }
@@ -72,7 +77,7 @@ FIXES["hyperpod-operator"] = ("install the HyperPod training operator add-on: aw
 # The CRDs the checks look for, each with the version discovery finds it at where CRDs cannot be listed.
 CRD_VERSIONS = {"trainjobs.trainer.kubeflow.org": trainer.VERSION, "jobsets.jobset.x-k8s.io": "v1alpha2",
                 "pytorchjobs.kubeflow.org": "v1", "hyperpodpytorchjobs.sagemaker.amazonaws.com": "v1",
-                "rayclusters.ray.io": "v1"}
+                "rayclusters.ray.io": "v1", "clusterqueues.kueue.x-k8s.io": "v1beta2"}
 # The job backend each job operator serves, in the order a plain cluster prefers them.
 JOB_OPERATORS = {"hyperpod": "HyperPod training operator", "trainjob": "Kubeflow Trainer v2",
                  "pytorchjob": "Kubeflow training operator"}
@@ -112,6 +117,7 @@ class Report:
     nodes: list[NodeInfo]
     backends: list[str] = field(default_factory=list)   # job backends whose operator runs here, preferred first
     operators: dict[str, bool] = field(default_factory=dict)   # job operator -> installed and running
+    team: dict[str, Any] | None = None   # with --team: the team's queue, ClusterQueue, quota and use
 
     @property
     def failed(self) -> bool:
@@ -120,7 +126,7 @@ class Report:
     def to_dict(self) -> dict[str, Any]:
         return {"ok": not self.failed, "checks": [asdict(c) for c in self.checks],
                 "nodes": [n.to_dict() for n in self.nodes], "operators": self.operators, "backends": self.backends,
-                "default_backend": self.backends[0] if self.backends else None}
+                "default_backend": self.backends[0] if self.backends else None, "team": self.team}
 
 
 class ClusterReader:
@@ -324,7 +330,99 @@ def _node_checks(nodes: list[NodeInfo]) -> list[Check]:
     return checks
 
 
-def run_checks(api_client: Any) -> Report:
+NODEPOOL_LABEL = "karpenter.sh/nodepool"
+NODEGROUP_LABEL = "eks.amazonaws.com/nodegroup"
+INSTANCE_GROUP_LABEL = "sagemaker.amazonaws.com/instance-group-name"
+
+
+def _gpu_pools(pools: list[dict[str, Any]]) -> dict[str, str]:
+    """Karpenter NodePools that can launch GPU nodes (a GPU limit, or a requirement naming GPU
+    instance types), each described: its instance types, capacity type and GPU limit."""
+    out = {}
+    for p in pools:
+        spec = p.get("spec") or {}
+        reqs = {r.get("key"): r.get("values") or [] for r in
+                ((spec.get("template") or {}).get("spec") or {}).get("requirements") or []}
+        limits = spec.get("limits") or {}
+        types = reqs.get(INSTANCE_TYPE) or []
+        if GPU not in limits and NEURON not in limits and not any(t.split(".")[0].startswith(("p", "g", "trn"))
+                                                                  for t in types):
+            continue
+        parts = [", ".join(types) or "any type", "/".join(reqs.get("karpenter.sh/capacity-type") or ["any capacity"])]
+        if limit := limits.get(GPU) or limits.get(NEURON):
+            parts.append(f"up to {limit} GPUs")
+        out[str((p.get("metadata") or {}).get("name"))] = "; ".join(parts)
+    return out
+
+
+def _provisioning_check(r: ClusterReader, nodes: list[NodeInfo]) -> Check:
+    """How this cluster gets GPU nodes: Karpenter NodePools, EKS managed node groups, HyperPod
+    instance groups, from the GPU nodes' own labels and the NodePools there are."""
+    name = "GPU provisioning"
+    served = api_resources(r.custom, "karpenter.sh", "v1", r.host) or set()
+    pools = _gpu_pools(r.items("NodePools", r.custom.list_cluster_custom_object, group="karpenter.sh", version="v1",
+                               plural="nodepools")) if "nodepools" in served else {}
+    gpu_nodes = [n for n in nodes if n.allocatable.get(GPU, 0) > 0 or n.allocatable.get(NEURON, 0) > 0]
+    by: dict[str, list[str]] = defaultdict(list)
+    for n in gpu_nodes:
+        for label, what in ((NODEPOOL_LABEL, "Karpenter NodePool"), (NODEGROUP_LABEL, "managed node group"),
+                            (INSTANCE_GROUP_LABEL, "HyperPod instance group")):
+            if label in n.labels:
+                by[f"{what} {n.labels[label]}"].append(n.name)
+                break
+        else:
+            by["self-managed nodes"].append(n.name)
+    described = {f"Karpenter NodePool {p}": f"Karpenter NodePool {p} ({desc})" for p, desc in pools.items()}
+    parts = [f"{described.get(source, source)}: {len(names)} node(s)" for source, names in sorted(by.items())]
+    parts += [f"{text}: no nodes now; they come when GPU pods are pending"
+              for source, text in sorted(described.items()) if source not in by]
+    if "NodePools" in r.gaps:
+        parts.append(f"NodePools not read ({r.gaps['NodePools']})")
+    if not parts:
+        return Check(name, "warn", "no GPU nodes and no Karpenter NodePool that launches them",
+                     "add GPU capacity: `fsdpkit cluster nodepool` (Karpenter) or `fsdpkit cluster config` (a node "
+                     "group)")
+    return Check(name, "pass" if by or pools else "unread", "; ".join(parts))
+
+
+def _team_check(r: ClusterReader, team: str) -> tuple[Check, dict[str, Any] | None]:
+    """The team's LocalQueue (HyperPod task governance's names) and its ClusterQueue's quota, use,
+    borrowing and lending, as Kueue reports them."""
+    name, ns = f"team {team}", kueue.TEAM_NAMESPACE.format(team=team)
+    version = next((v for v in kueue.VERSIONS if "localqueues" in (api_resources(r.custom, kueue.GROUP, v, r.host)
+                                                                    or ())), None)
+    if version is None:
+        return Check(name, "fail", "this cluster has no Kueue (no kueue.x-k8s.io API): no team quotas",
+                     "turn on HyperPod task governance, or install Kueue"), None
+    queues = r.items(f"LocalQueues in {ns}", r.custom.list_namespaced_custom_object, group=kueue.GROUP,
+                     version=version, namespace=ns, plural="localqueues")
+    if unread := r.unread(name, f"LocalQueues in {ns}"):
+        return unread, None
+    local = next((q for q in queues if (q.get("metadata") or {}).get("name") == kueue.TEAM_QUEUE.format(team=team)),
+                 queues[0] if len(queues) == 1 else None)
+    if local is None:
+        return Check(name, "fail", f"no LocalQueue in namespace {ns}" if not queues else
+                     f"{len(queues)} LocalQueues in {ns}, none named {kueue.TEAM_QUEUE.format(team=team)}",
+                     "ask the cluster's admin for the team's compute quota (HyperPod task governance)"), None
+    lq, cq_name = local["metadata"]["name"], str((local.get("spec") or {}).get("clusterQueue"))
+    found = r.items("ClusterQueues", r.custom.list_cluster_custom_object, group=kueue.GROUP, version=version,
+                    plural="clusterqueues")
+    if "ClusterQueues" in r.gaps:
+        return Check(name, "unread", f"LocalQueue {ns}/{lq} -> ClusterQueue {cq_name}; its quota not read "
+                     f"({r.gaps['ClusterQueues']})", "ask the cluster's admin to let the team read its "
+                     "ClusterQueue"), {"namespace": ns, "local_queue": lq, "cluster_queue": cq_name}
+    cq = next((q for q in found if (q.get("metadata") or {}).get("name") == cq_name), None)
+    if cq is None:
+        return Check(name, "fail", f"LocalQueue {ns}/{lq} points at ClusterQueue {cq_name}, which does not exist",
+                     "ask the cluster's admin"), None
+    report = kueue.queue_report(cq)
+    cohort = f" (cohort {report.cohort})" if report.cohort else ""
+    detail = f"queue {ns}/{lq} -> ClusterQueue {cq_name}{cohort}: " + "; ".join(u.line() for u in report.usage) + \
+        f"; {report.admitted} admitted, {report.pending} pending"
+    return Check(name, "pass", detail), {"namespace": ns, "local_queue": lq, **report.to_dict()}
+
+
+def run_checks(api_client: Any, team: str | None = None) -> Report:
     r = ClusterReader(api_client)
     nodes_raw = r.items("nodes", r.core.list_node)
     pods = r.items("pods", r.core.list_pod_for_all_namespaces)
@@ -336,6 +434,12 @@ def run_checks(api_client: Any) -> Report:
     drivers = {(d.get("metadata") or {}).get("name") for d in r.items("CSI drivers", r.storage.list_csi_driver)}
 
     checks = [unread] if (unread := r.unread("nodes", "nodes")) else _node_checks(nodes)
+    if not r.unread("nodes", "nodes"):
+        checks.append(_provisioning_check(r, nodes))
+    team_report = None
+    if team:
+        team_check, team_report = _team_check(r, team)
+        checks.append(team_check)
     if "pods" in r.gaps and (capacity := next((c for c in checks if c.name == "GPU capacity"), None)):
         capacity.detail += f" (free not known: pods not read: {r.gaps['pods']})"
     hyperpod_cluster = any(HEALTH in n.labels for n in nodes)
@@ -351,6 +455,10 @@ def run_checks(api_client: Any) -> Report:
         *operators,
         ("kuberay", _operator_check("KubeRay operator", "rayclusters.ray.io", crds, deployments, KUBERAY_LABELS,
                                     FIXES["kuberay"], False, r)),
+        # Kueue is said where it is, or where a team's quota is asked for; its absence is no warning.
+        *([("kueue", _operator_check("Kueue", "clusterqueues.kueue.x-k8s.io", crds, deployments, KUEUE_LABELS,
+                                     FIXES["kueue"], True, r))] if team or "clusterqueues.kueue.x-k8s.io" in crds
+          else []),
     ):
         if key in ("nvidia", "efa") and (unread := r.unread(check.name, "nodes", "daemonsets")):
             check = unread
@@ -361,7 +469,7 @@ def run_checks(api_client: Any) -> Report:
         checks.append(check)
     if unread := r.unread("FSx for Lustre", "CSI drivers", "storage classes"):
         checks.append(unread)
-        return Report(checks, nodes, backends, running)
+        return Report(checks, nodes, backends, running, team_report)
     fsx = [c["metadata"]["name"] for c in classes if c.get("provisioner") == "fsx.csi.aws.com"]
     checks.append(Check("FSx for Lustre", "pass" if "fsx.csi.aws.com" in drivers else "warn",
                         ("CSI driver installed" + (f"; storage classes: {', '.join(fsx)}" if fsx else
@@ -369,7 +477,7 @@ def run_checks(api_client: Any) -> Report:
                         if "fsx.csi.aws.com" in drivers else "CSI driver fsx.csi.aws.com not installed: checkpoints "
                         "need another shared volume", "" if "fsx.csi.aws.com" in drivers else FIXES["fsx"],
                         "" if "fsx.csi.aws.com" in drivers else REMEDIES["fsx"]))
-    return Report(checks, nodes, backends, running)
+    return Report(checks, nodes, backends, running, team_report)
 
 
 def _pair(n: NodeInfo, key: str, f: Callable[[Any], str] = lambda v: str(int(v))) -> str:

@@ -11,13 +11,16 @@ if anyone looks). Each rule mirrors Kubernetes' `validateResourceRequirements` a
   it has a request ("Limit must be set for non overcommitable resources"), and the two are equal
   ("must be equal to ... limit");
 - a request is never above its limit ("must be less than or equal to ... limit");
-- hugepages need a cpu or memory request or limit beside them ("HugePages require cpu or memory").
+- hugepages need a cpu or memory request or limit beside them ("HugePages require cpu or memory");
+- a container's resource claims name claims of its pod, once each (validateResourceClaimNames:
+  "must be the name of an entry in pod.spec.resourceClaims", "Duplicate value").
 
 The API server defaults a missing request to its limit before it validates; so does `check`."""
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from decimal import Decimal
 from typing import Any
 
@@ -73,12 +76,28 @@ def container_errors(resources: dict[str, Any], where: str = "resources") -> lis
     return errors
 
 
+def claim_errors(resources: dict[str, Any], pod_claims: set[str], where: str) -> list[str]:
+    """A container's `resources.claims` against the claims its pod declares."""
+    errors, seen = [], set()
+    for j, claim in enumerate(resources.get("claims") or []):
+        name = claim.get("name")
+        if name in seen:
+            errors.append(f"{where}.claims[{j}].name: Duplicate value: {name!r}")
+        elif name not in pod_claims:
+            errors.append(f"{where}.claims[{j}].name: must be the name of an entry in pod.spec.resourceClaims "
+                          f"({name!r} is not)")
+        seen.add(name)
+    return errors
+
+
 def pod_errors(pod_spec: dict[str, Any], where: str = "spec") -> list[str]:
     """The rules over every container (init containers too) of a pod's spec."""
     errors: list[str] = []
+    pod_claims = {c.get("name") for c in pod_spec.get("resourceClaims") or []}
     for kind in ("initContainers", "containers"):
         for i, c in enumerate(pod_spec.get(kind) or []):
-            errors += container_errors(c.get("resources") or {}, f"{where}.{kind}[{i}].resources")
+            res, at = c.get("resources") or {}, f"{where}.{kind}[{i}].resources"
+            errors += container_errors(res, at) + claim_errors(res, pod_claims, at)
     return errors
 
 
@@ -90,10 +109,10 @@ def check(template: dict[str, Any], what: str) -> None:
         raise UserError(f"{what}: the API server would refuse its pods: {errors[0]}{more}")
 
 
-def templates(obj: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+def templates(obj: dict[str, Any], beside: Sequence[dict[str, Any]] = ()) -> list[tuple[str, dict[str, Any]]]:
     """(where, pod template) of every pod an object makes: a Pod itself, each replica of a
     PyTorchJob, MPIJob or HyperPodPyTorchJob, a RayCluster's head and worker groups, and a TrainJob's
-    node pod."""
+    node pod (on its own TrainingRuntime where that is among `beside`, the objects sent with it)."""
     spec = obj.get("spec") or {}
     kind = obj.get("kind")
     if kind == "Pod":
@@ -108,15 +127,28 @@ def templates(obj: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
         return head + [(g.get("groupName", str(i)), g["template"]) for i, g in enumerate(spec.get("workerGroupSpecs")
                                                                                          or [])]
     if kind == "TrainJob":
-        return [(NODE, _trainjob_pod(spec))]
+        ref = spec.get("runtimeRef") or {}
+        runtime = next((o for o in beside if o.get("kind") == ref.get("kind") == "TrainingRuntime"
+                        and (o.get("metadata") or {}).get("name") == ref.get("name")), None)
+        return [(NODE, _trainjob_pod(spec, runtime))]
     return []
 
 
-def _trainjob_pod(spec: dict[str, Any]) -> dict[str, Any]:
+def _runtime_pod(runtime: dict[str, Any] | None) -> dict[str, Any]:
+    """The node pod's spec fields a TrainingRuntime sets beside its containers (device claims)."""
+    for job in (((runtime or {}).get("spec") or {}).get("template") or {}).get("spec", {}).get("replicatedJobs") or []:
+        if job.get("name") == NODE:
+            pod = (((job.get("template") or {}).get("spec") or {}).get("template") or {}).get("spec") or {}
+            return {k: copy.deepcopy(v) for k, v in pod.items() if k != "containers"}
+    return {}
+
+
+def _trainjob_pod(spec: dict[str, Any], runtime: dict[str, Any] | None = None) -> dict[str, Any]:
     """A TrainJob's node pod as Trainer v2 assembles it: the runtime patches' pod template (volumes,
     node selection, tolerations, the grace period, the container's mounts) with the `trainer`
-    container (image, command, env, resources). The runtime's own template adds nothing that
-    admission reads in fsdpkit's runtime or upstream's torch-distributed."""
+    container (image, command, env, resources), over the pod fields of the job's own runtime where
+    it has one. Otherwise the runtime's template adds nothing that admission reads in fsdpkit's
+    runtime or upstream's torch-distributed."""
     template: dict[str, Any] = {"metadata": {}, "spec": {}}
     for patch in spec.get("runtimePatches") or []:
         replicated = (((patch.get("trainingRuntimeSpec") or {}).get("template") or {}).get("spec") or {}).get(
@@ -132,16 +164,17 @@ def _trainjob_pod(spec: dict[str, Any]) -> dict[str, Any]:
         if source in trainer:
             container[field] = trainer[source]
     template.setdefault("spec", {})["containers"] = [container]
+    template["spec"] = {**_runtime_pod(runtime), **template["spec"]}
     return template
 
 
-def pods(obj: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+def pods(obj: dict[str, Any], beside: Sequence[dict[str, Any]] = ()) -> list[tuple[str, dict[str, Any]]]:
     """(where, Pod) for each kind of pod an object's operator creates, named as its first such pod
     (`JOB-master-0`), in the object's namespace: what a server dry run sends, so that the admission
     that will see the operator's pods (Pod Security, Priority, quotas, webhooks) answers now."""
     meta = obj.get("metadata") or {}
     out = []
-    for where, template in templates(obj):
+    for where, template in templates(obj, beside):
         tmeta = template.get("metadata") or {}
         name = f"{meta.get('name')}-{where.lower()}-0" if where else meta.get("name")
         pod_meta = {"name": name, "namespace": meta.get("namespace"),
@@ -157,7 +190,7 @@ def check_objects(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """`check` on every pod template of every object; returns `objs` unchanged."""
     for obj in objs:
         name = f"{obj.get('kind')}/{(obj.get('metadata') or {}).get('name')}"
-        for where, template in templates(obj):
+        for where, template in templates(obj, objs):
             check(template, f"{name} {where}".strip())
     return objs
 

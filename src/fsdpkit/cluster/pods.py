@@ -32,15 +32,16 @@ def helper_manifest(name: str, namespace: str, claim: str, image: str, argv: lis
     }
 
 
-def dry_run_pods(core: Any, obj: dict[str, Any], host: str | None = None) -> list[str]:
+def dry_run_pods(core: Any, obj: dict[str, Any], host: str | None = None,
+                 beside: list[dict[str, Any]] | None = None) -> list[str]:
     """One Pod of each kind `obj`'s operator will make (pod_rules.pods), created with dryRun=All in
     its namespace: admission speaks to pods, which the job object alone never meets (Pod Security,
     PriorityClass, quotas, LimitRanges, webhooks on pods). Nothing is stored. A 409 means
     admission let it through (a pod of that name exists). Returns Pod/NAME of each; `core` is a
-    CoreV1Api."""
+    CoreV1Api; `beside`: the objects sent with it (a TrainJob's own runtime)."""
     meta = obj["metadata"]
     accepted = []
-    for where, pod in pod_rules.pods(obj):
+    for where, pod in pod_rules.pods(obj, beside or []):
         name = pod["metadata"]["name"]
         try:
             with api_errors(f"server dry run of Pod/{name} (a pod of {obj['kind']} {meta['name']}: {where})", host,

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from fsdpkit.cluster import kueue, trainer
 from fsdpkit.cluster.client import ClusterError, api_errors, is_forbidden, is_not_found
 
 # The job kind of the verb's backend (TrainJob, PyTorchJob, HyperPodPyTorchJob), filled in per backend.
@@ -45,14 +46,22 @@ def _p(verbs: str, resource: str, group: str = "", optional: bool = False) -> li
 # what exists, created, and deleted again if a later create fails (the rollback); `job delete`
 # finds the job's Secret (and PVC) by label. Reading a pod's log or running the sampling script in
 # it is optional where a verb still answers without it.
+# A job with DRA claims also has its claim template (and a TrainJob its own runtime) made and removed
+# with it; a job without them needs neither permission.
+_DEVICES = "resourceclaimtemplates", "resource.k8s.io"
+_RUNTIME = "trainingruntimes", trainer.GROUP
 VERB_NEEDS: dict[str, list[Permission]] = {
+    # On a Kueue queue, its verdict is read from the job's Workload (said as unread without it).
     "job submit": [*_p("get,create", JOB), *_p("get,create,delete", "secrets"),
-                   *_p("get,create,delete", "persistentvolumeclaims")],
+                   *_p("get,create,delete", "persistentvolumeclaims"), *_p("get,create,delete", *_DEVICES),
+                   *_p("get,create,delete", *_RUNTIME), *_p("list", "workloads", kueue.GROUP, optional=True)],
     "job submit --replace": [*_p("get,create,delete", JOB), *_p("get,list,create,delete", "secrets"),
-                             *_p("get,create,delete", "persistentvolumeclaims")],
+                             *_p("get,create,delete", "persistentvolumeclaims"), *_p("get,create,delete", *_DEVICES),
+                             *_p("get,create,delete", *_RUNTIME)],
     # A server dry run also sends each pod the operator will make, as a Pod with dryRun=All.
     "job submit --dry-run=server": [*_p("get,create", JOB), *_p("get,create", "secrets"),
-                                    *_p("get,create", "persistentvolumeclaims"), *_p("create", "pods")],
+                                    *_p("get,create", "persistentvolumeclaims"), *_p("get,create", *_DEVICES),
+                                    *_p("get,create", *_RUNTIME), *_p("create", "pods")],
     "job status": [*_p("get", JOB), *_p("list", "pods"), *_p("get", "pods/log", optional=True)],
     "job wait": _p("get", JOB),
     # A Failed job within its resubmission budget is made again: delete, then create.
@@ -62,11 +71,14 @@ VERB_NEEDS: dict[str, list[Permission]] = {
     "job watch": [*_p("get", JOB), *_p("list", "pods"), *_p("get", "pods/log"),
                   *_p("get,create", "pods/exec", optional=True)],
     "job list": _p("list", JOB),
-    "job delete": [*_p("get,delete", JOB), *_p("list,delete", "secrets")],
+    "job delete": [*_p("get,delete", JOB), *_p("list,delete", "secrets"), *_p("delete", *_DEVICES),
+                   *_p("delete", *_RUNTIME)],
     "job delete --delete-storage": [*_p("get,delete", JOB), *_p("list,delete", "secrets"),
-                                    *_p("list,delete", "persistentvolumeclaims")],
+                                    *_p("list,delete", "persistentvolumeclaims"), *_p("delete", *_DEVICES),
+                                    *_p("delete", *_RUNTIME)],
     "deploy": [*_p("get,create", JOB), *_p("get,create,delete", "secrets"),
-               *_p("get,create,delete", "persistentvolumeclaims")],
+               *_p("get,create,delete", "persistentvolumeclaims"), *_p("get,create,delete", *_DEVICES),
+               *_p("get,create,delete", *_RUNTIME)],
 }
 
 

@@ -47,15 +47,19 @@ INSTALL = (f'kubectl apply --server-side -k "https://github.com/kubeflow/trainer
            f'"https://github.com/kubeflow/trainer.git/manifests/overlays/runtimes?ref={RELEASE}"')
 
 
-def runtime_manifest(image: str, max_restarts: int = 3) -> dict[str, Any]:
+def runtime_manifest(image: str, max_restarts: int = 3, namespace: str | None = None, name: str = FSDPKIT_RUNTIME,
+                     pod: dict[str, Any] | None = None, labels: dict[str, str] | None = None) -> dict[str, Any]:
     """fsdpkit-torch: upstream's torch-distributed shape plus what a TrainJob cannot patch: a
     re-pushed tag is pulled again, and failed pods are started again `max_restarts` times before
     the TrainJob fails (then `fsdpkit job wait` may resubmit it; the trainer resumes from its
-    newest checkpoint). The image is a placeholder each TrainJob replaces with its own."""
+    newest checkpoint). The image is a placeholder each TrainJob replaces with its own. With
+    `namespace`, the same as one job's TrainingRuntime, its pod given `pod`'s fields (the device
+    claims a runtime patch has no field for)."""
     return {
-        "apiVersion": API_VERSION, "kind": "ClusterTrainingRuntime",
-        "metadata": {"name": FSDPKIT_RUNTIME, "labels": {"trainer.kubeflow.org/framework": "torch",
-                                                          "app.kubernetes.io/managed-by": "fsdpkit"}},
+        "apiVersion": API_VERSION, "kind": "TrainingRuntime" if namespace else "ClusterTrainingRuntime",
+        "metadata": {"name": name, **({"namespace": namespace} if namespace else {}),
+                     "labels": {"trainer.kubeflow.org/framework": "torch", "app.kubernetes.io/managed-by": "fsdpkit",
+                                **(labels or {})}},
         "spec": {
             "mlPolicy": {"numNodes": 1, "torch": {}},
             "template": {"spec": {
@@ -63,7 +67,7 @@ def runtime_manifest(image: str, max_restarts: int = 3) -> dict[str, Any]:
                 "replicatedJobs": [{"name": NODE, "template": {
                     "metadata": {"labels": {ANCESTOR: "trainer"}},
                     "spec": {"template": {"spec": {"containers": [
-                        {"name": NODE, "image": image, "imagePullPolicy": "Always"}]}}},
+                        {"name": NODE, "image": image, "imagePullPolicy": "Always"}], **(pod or {})}}},
                 }}],
             }},
         },

@@ -165,4 +165,4 @@ def hyperpod_job_manifest(resolved: ResolvedJob) -> dict[str, Any]:
 def render(resolved: ResolvedJob) -> list[dict[str, Any]]:
     spec = resolved.spec
     job = hyperpod_job_manifest(resolved) if spec.hyperpod.operator == "hyperpod" else pytorchjob_manifest(resolved)
-    return pod_rules.check_objects([*m.support_objects(spec), job])
+    return pod_rules.check_objects([*m.support_objects(resolved), job])

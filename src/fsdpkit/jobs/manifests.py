@@ -9,6 +9,7 @@ import copy
 from typing import Any
 
 from fsdpkit.cluster import pod_rules
+from fsdpkit.jobs import devices
 from fsdpkit.jobs.command import node_command, node_env
 from fsdpkit.jobs.resolved import ResolvedJob
 from fsdpkit.jobs.spec import JobSpec, require_image
@@ -26,6 +27,9 @@ SECRET_PLACEHOLDER = "<set at submit from ${env}>"
 CONTAINER = "pytorch"  # the training operator finds the container by this name
 
 
+# Karpenter never takes a node a pod so marked runs on (consolidation, drift): a training pod's node
+# stays until the pod is gone, whatever NodePool made it.
+DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
 KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
 KUEUE_PRIORITY = "kueue.x-k8s.io/priority-class"   # names a WorkloadPriorityClass, not a PriorityClass
 
@@ -95,24 +99,28 @@ def env_list(spec: JobSpec) -> list[dict[str, Any]]:
     return out
 
 
-def resources(spec: JobSpec) -> dict[str, Any]:
-    """Extended resources (GPUs, EFA) must have requests == limits. cpu and memory are requested
-    (the spec's, else the pod's share of the instance); a memory the spec gives is the limit too,
-    so a runaway process is killed by its own cgroup rather than starving the node; CPU is not
-    limited (throttling the data loader costs more than it saves)."""
+def resources(spec: JobSpec, dra: bool = False) -> dict[str, Any]:
+    """Extended resources (GPUs, EFA) must have requests == limits; with `dra` the devices come
+    from the pod's claim instead, named in `claims`. cpu and memory are requested (the spec's, else
+    the pod's share of the instance); a memory the spec gives is the limit too, so a runaway
+    process is killed by its own cgroup rather than starving the node; CPU is not limited
+    (throttling the data loader costs more than it saves)."""
     requests: dict[str, Any] = {}
     limits: dict[str, Any] = {}
-    if spec.gpus:
+    if spec.gpus and not dra:
         requests[spec.accelerator_resource] = limits[spec.accelerator_resource] = spec.gpus
-    if spec.efa:
-        requests["vpc.amazonaws.com/efa"] = limits["vpc.amazonaws.com/efa"] = spec.efa
+    if spec.efa and not dra:
+        requests[devices.EFA_RESOURCE] = limits[devices.EFA_RESOURCE] = spec.efa
     if spec.cpu_request:
         requests["cpu"] = spec.cpu_request
     if spec.memory_request:
         requests["memory"] = spec.memory_request
     if spec.memory:
         limits["memory"] = spec.memory
-    return {k: v for k, v in (("requests", requests), ("limits", limits)) if v}
+    out: dict[str, Any] = {k: v for k, v in (("requests", requests), ("limits", limits)) if v}
+    if dra:
+        out["claims"] = [{"name": devices.CLAIM}]
+    return out
 
 
 def pod_template(job: ResolvedJob, command: list[str] | None, container: str = CONTAINER) -> dict[str, Any]:
@@ -131,11 +139,14 @@ def pod_template(job: ResolvedJob, command: list[str] | None, container: str = C
     }
     if command is not None:
         container_spec["command"] = command
-    res = resources(spec)
+    dra = job.devices.mode == "dra"
+    res = resources(spec, dra)
     if res:
         container_spec["resources"] = res
     pod_security, container_spec["securityContext"] = security_context(spec)
     pod: dict[str, Any] = {"containers": [container_spec], "volumes": volumes}
+    if dra:
+        pod["resourceClaims"] = devices.pod_claims(spec)
     if pod_security:
         pod["securityContext"] = pod_security
     if job.grace_seconds is not None:
@@ -143,9 +154,9 @@ def pod_template(job: ResolvedJob, command: list[str] | None, container: str = C
     pod.update(placement(spec))
     if priority := pod_priority(spec):
         pod["priorityClassName"] = priority
-    meta: dict[str, Any] = {"labels": labels(spec)}
+    meta: dict[str, Any] = {"labels": labels(spec), "annotations": {DO_NOT_DISRUPT: "true"}}
     if spec.placement == "topology":
-        meta["annotations"] = spec.topology.annotations
+        meta["annotations"].update(spec.topology.annotations)
     return {"metadata": meta, "spec": pod}
 
 
@@ -215,18 +226,21 @@ def pytorchjob_manifest(job: ResolvedJob) -> dict[str, Any]:
     }
 
 
-def support_objects(spec: JobSpec) -> list[dict[str, Any]]:
-    """What every Kubernetes job of the spec needs before the job itself: its HF token Secret and
-    the PVC fsdpkit creates for it."""
+def support_objects(job: ResolvedJob) -> list[dict[str, Any]]:
+    """What every Kubernetes job of the spec needs before the job itself: its HF token Secret, the
+    PVC fsdpkit creates for it, and with DRA the template its pods' device claims are made from."""
+    spec = job.spec
     objs = []
     if spec.hf_secret_name:
         objs.append(secret_manifest(spec))
     if spec.created_claim:
         objs.append(pvc_manifest(spec))
+    if job.devices.mode == "dra":
+        objs.append(devices.claim_template(spec, labels(spec)))
     return objs
 
 
 def render(job: ResolvedJob) -> list[dict[str, Any]]:
     """Everything `submit` creates, in creation order (the job last, so its volumes exist); pods
     the API server would refuse are refused here."""
-    return pod_rules.check_objects([*support_objects(job.spec), pytorchjob_manifest(job)])
+    return pod_rules.check_objects([*support_objects(job), pytorchjob_manifest(job)])

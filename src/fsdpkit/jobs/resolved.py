@@ -10,6 +10,7 @@ check and `deploy` read it; none of them calls the planner or builds the config 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections.abc import Sequence
@@ -20,6 +21,7 @@ from pathlib import Path
 from fsdpkit.envelope import said_once_accepted
 from fsdpkit.errors import UserError
 from fsdpkit.image import pins
+from fsdpkit.jobs.devices import DeviceChoice, DraOffer, choose
 from fsdpkit.jobs.spec import CLUSTER_BACKENDS, JobSpec, flat_options, load_spec, named, output_root
 from fsdpkit.plan.grace import (
     MEMORY_MB_S_PER_NODE,
@@ -105,6 +107,11 @@ class ResolvedJob:
     root: str | None                 # where the job's outputs live on its nodes
     trainer: Trainer | None          # None: the job runs its own command
     grace_seconds: int | None        # terminationGracePeriodSeconds; None keeps Kubernetes' 30 s
+    devices: DeviceChoice            # how the pods ask for GPUs and EFA (jobs.devices.choose)
+
+    def on_cluster(self, offer: DraOffer) -> ResolvedJob:
+        """The job as submitted to a cluster offering `offer`: its devices chosen again against it."""
+        return dataclasses.replace(self, devices=choose(self.spec, offer))
 
     @cached_property
     def sources(self) -> list[Source]:
@@ -207,7 +214,7 @@ def resolve(spec: JobSpec) -> ResolvedJob:
     grace = trainer.grace if trainer else None
     grace_s = spec.termination_grace_seconds if spec.termination_grace_seconds is not None else \
         grace.seconds if grace else None
-    return ResolvedJob(spec, root, trainer, grace_s)
+    return ResolvedJob(spec, root, trainer, grace_s, choose(spec, None))
 
 
 def _trainer(spec: JobSpec, root: str | None) -> Trainer:
@@ -274,6 +281,9 @@ def _sources(job: ResolvedJob) -> list[Source]:
     elif spec.backend in CLUSTER_BACKENDS:
         out.append(Source("grace_seconds", KUBERNETES_GRACE, "default", "Kubernetes' own: the job has no storage "
                           "to write a stop's checkpoint to"))
+    if spec.backend in CLUSTER_BACKENDS and spec.gpus:
+        out.append(Source("devices", job.devices.mode, "given" if spec.devices != "auto" else "default",
+                          job.devices.why))
     if t is None:
         return out
     hp, b, ck = spec.hyperpod, t.budget, t.config.checkpoint

@@ -190,6 +190,10 @@ class JobSpec(Settings):
     gpus_per_node: Int | None = option(None, "default: every GPU of the instance type", ge=0)
     procs_per_node: Int | None = option(None, "processes per node; default: GPUs per node (or 1)", ge=1)
     efa_per_node: Int | None = option(None, "default: every EFA interface of the instance type", ge=0)
+    devices: Literal["auto", "dra", "extended"] = option(
+        "auto", "how pods ask for GPUs and EFA: dra (DRA claims, each GPU with the EFA on its PCIe root), extended "
+        "(nvidia.com/gpu, vpc.amazonaws.com/efa counts), auto (dra where `job submit` finds the drivers and the job "
+        "has no queue)", what="a way to ask for devices")
     ofi_nccl: Str | None = option(None, "aws-ofi-nccl version in the image (1.14.0): picks how NCCL loads it")
     cpu: Str | None = option(None, "CPU request per node (a Kubernetes quantity)")
     memory: Str | None = option(None, "memory request per node (a Kubernetes quantity)")
@@ -452,6 +456,13 @@ def _validate_nodes(spec: JobSpec) -> None:
                             "EFA instance type (p4d, p5, p5e, p5en, g5.12xlarge and up, trn1.32xlarge)")
         if spec.efa > inst.efa:
             raise UserError(f"efa_per_node: {spec.efa} is more than {inst.name} has ({inst.efa})")
+    if spec.devices == "dra":
+        if spec.backend not in CLUSTER_BACKENDS:
+            raise UserError(f"devices: dra is Kubernetes' Dynamic Resource Allocation; the {spec.backend} backend "
+                            "has none: remove devices, or pick a Kubernetes backend")
+        if inst is not None and inst.resource != "nvidia.com/gpu":
+            raise UserError(f"devices: dra asks NVIDIA's DRA driver for GPUs; {inst.name} has {inst.accelerator} "
+                            f"({inst.resource}): set devices: extended")
 
 
 def _validate_placement(spec: JobSpec) -> None:

@@ -14,7 +14,8 @@ from typing import Any, cast
 import yaml
 from pydantic import BaseModel
 
-from fsdpkit.errors import NotFound
+from fsdpkit.cluster import kueue
+from fsdpkit.errors import NotFound, UserError
 from fsdpkit.jobs.resolved import resolve
 from fsdpkit.jobs.spec import CLUSTER_BACKENDS, JobSpec, load_spec_dict
 from fsdpkit.settings import Settings, section_of
@@ -102,16 +103,31 @@ def _section(model: type[Settings], values: dict[str, Any], indent: int) -> list
     return lines
 
 
+def _team_fields(backend: str, team: str | None, priority: str | None) -> dict[str, Any]:
+    """A team's namespace and LocalQueue as HyperPod task governance names them, and its priority."""
+    if priority and not team:
+        raise UserError("--priority: a Kueue priority needs --team (the team's queue orders jobs by it)")
+    if not team:
+        return {}
+    if backend not in CLUSTER_BACKENDS:
+        raise UserError(f"--team: a team's quota is a Kueue queue on Kubernetes; pick a Kubernetes backend "
+                        f"({', '.join(CLUSTER_BACKENDS)}), not {backend}")
+    return {"namespace": kueue.TEAM_NAMESPACE.format(team=team), "queue": kueue.TEAM_QUEUE.format(team=team),
+            **({"priority_class": priority} if priority else {})}
+
+
 def starter(backend: str, name: str, instance_type: str | None = None, nodes: str | None = None,
             image: str | None = None, preset: str | None = None, claim: str | None = None,
             shared_path: str | None = None, dataset: str | None = None, tokenizer: str | None = None,
             init_from_hf: str | None = None, data_format: str | None = None, lora: bool = False,
             dataset_config_name: str | None = None, objective: str | None = None,
-            base_dtype: str | None = None) -> str:
-    """The text of a starter spec; it loads back as the spec these values describe (checked here)."""
+            base_dtype: str | None = None, team: str | None = None, priority: str | None = None) -> str:
+    """The text of a starter spec; it loads back as the spec these values describe (checked here).
+    `team`: the job goes where HyperPod task governance puts a team's work, its namespace and its
+    LocalQueue, with `priority` as a Kueue WorkloadPriorityClass of the cluster's policy."""
     if backend == "hyperpod" and instance_type and not instance_type.startswith("ml."):
         instance_type = f"ml.{instance_type}"  # how HyperPod names (and labels) its instance types
-    top: dict[str, Any] = {"name": name, "backend": backend}
+    top: dict[str, Any] = {"name": name, "backend": backend, **_team_fields(backend, team, priority)}
     top.update({k: v for k, v in (("image", image), ("instance_type", instance_type), ("nodes", nodes)) if v})
     if nodes and nodes.isdigit():
         top["nodes"] = int(nodes)
@@ -139,6 +155,9 @@ def starter(backend: str, name: str, instance_type: str | None = None, nodes: st
              "# `fsdpkit plan FILE`, and submit with `fsdpkit job submit FILE` (--dry-run first)."]
     if backend in CLUSTER_BACKENDS and not image:
         lines.append("# image: is required: `fsdpkit image push` prints the URI of the image it pushed.")
+    if team:
+        lines.append(f"# team {team}: its quota and use: `fsdpkit cluster check --team {team}`; its priorities: "
+                     "`kubectl get workloadpriorityclasses`.")
     if backend != "local" and not dataset:
         lines.append("# train.dataset: the embedded sample text unless you name your data (a hub dataset, or token "
                      "shards from `fsdpkit data prepare` on the storage)")

@@ -11,7 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from fsdpkit.cluster import pod_rules
-from fsdpkit.cluster.trainer import API_VERSION, GROUP, NODE
+from fsdpkit.cluster.trainer import API_VERSION, GROUP, NODE, runtime_manifest
+from fsdpkit.jobs import devices
 from fsdpkit.jobs import manifests as m
 from fsdpkit.jobs.command import node_command
 from fsdpkit.jobs.resolved import ResolvedJob
@@ -42,6 +43,15 @@ def trainjob_labels(spec: JobSpec) -> dict[str, str]:
     return out
 
 
+def device_runtime(job: ResolvedJob) -> dict[str, Any]:
+    """With DRA, the job's own TrainingRuntime, fsdpkit-torch's shape with the pods' device claims:
+    a runtime patch has no resourceClaims field (Trainer v2.3), and a claim template is namespaced,
+    so the pod that names it comes from a runtime in the job's namespace."""
+    spec = job.spec
+    return runtime_manifest(spec.image or "", namespace=spec.namespace, name=devices.claim_template_name(spec),
+                            pod={"resourceClaims": devices.pod_claims(spec)}, labels=m.labels(spec))
+
+
 def trainjob_manifest(job: ResolvedJob) -> dict[str, Any]:
     spec = job.spec
     pod = m.pod_template(job, node_command(job, rdzv_endpoint(spec), spec.name), container=NODE)
@@ -60,7 +70,9 @@ def trainjob_manifest(job: ResolvedJob) -> dict[str, Any]:
         "metadata": {"name": spec.name, "namespace": spec.namespace, "labels": trainjob_labels(spec),
                      "annotations": {m.ATTEMPT: "0", m.MAX_RESUBMITS: str(spec.resubmits)}},
         "spec": {
-            "runtimeRef": {"name": spec.trainjob.runtime, "kind": "ClusterTrainingRuntime", "apiGroup": GROUP},
+            "runtimeRef": {"name": devices.claim_template_name(spec), "kind": "TrainingRuntime", "apiGroup": GROUP}
+            if job.devices.mode == "dra" else
+            {"name": spec.trainjob.runtime, "kind": "ClusterTrainingRuntime", "apiGroup": GROUP},
             "trainer": trainer,
             "runtimePatches": [{"manager": PATCH_MANAGER, "trainingRuntimeSpec": {
                 "template": {"spec": {"replicatedJobs": [node_patch]}}}}],
@@ -69,5 +81,7 @@ def trainjob_manifest(job: ResolvedJob) -> dict[str, Any]:
 
 
 def render(job: ResolvedJob) -> list[dict[str, Any]]:
-    """Secret and PVC as for every Kubernetes job, then the TrainJob."""
-    return pod_rules.check_objects([*m.support_objects(job.spec), trainjob_manifest(job)])
+    """Secret, PVC and claim template as for every Kubernetes job, with DRA the job's runtime, then
+    the TrainJob."""
+    runtime = [device_runtime(job)] if job.devices.mode == "dra" else []
+    return pod_rules.check_objects([*m.support_objects(job), *runtime, trainjob_manifest(job)])

@@ -75,8 +75,11 @@ KINDS = {k.kind: k for k in (
 )}
 
 
-# The objects fsdpkit makes beside a job, by kind: their resource names.
-SUPPORT = {"Secret": "secrets", "PersistentVolumeClaim": "persistentvolumeclaims"}
+# The objects fsdpkit makes beside a job, by kind: (API group, version, resource). The core API's
+# through CoreV1Api; the others (a DRA claim template, a TrainJob's own runtime) as custom objects.
+SUPPORT = {"Secret": ("", "v1", "secrets"), "PersistentVolumeClaim": ("", "v1", "persistentvolumeclaims"),
+           "ResourceClaimTemplate": ("resource.k8s.io", "v1", "resourceclaimtemplates"),
+           "TrainingRuntime": (trainer.GROUP, trainer.VERSION, "trainingruntimes")}
 
 
 class KubeAPI:
@@ -159,7 +162,7 @@ class KubeAPI:
         support objects' permissions only where `objs` has them), else one line naming each."""
         k = KINDS[kind]
         present = {o["kind"] for o in objs} if objs is not None else set(SUPPORT)
-        skip = {SUPPORT[kind_] for kind_ in SUPPORT if kind_ not in present}
+        skip = {SUPPORT[kind_][2] for kind_ in SUPPORT if kind_ not in present}
         wanted = [p for p in rbac.needs(verb, k.group, k.plural) if p.resource not in skip]
         rbac.require(self.client, namespace, wanted, verb, k.backend)
 
@@ -170,6 +173,9 @@ class KubeAPI:
                 core.delete_namespaced_secret(name, namespace)
             elif kind == "PersistentVolumeClaim":
                 core.delete_namespaced_persistent_volume_claim(name, namespace)
+            elif kind in SUPPORT:
+                group, version, plural = SUPPORT[kind]
+                self._custom().delete_namespaced_custom_object(group, version, namespace, plural, name)
             else:
                 group, version, plural = KINDS[kind].find()
                 self._custom().delete_namespaced_custom_object(group, version, namespace, plural, name,

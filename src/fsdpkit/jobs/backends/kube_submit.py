@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import copy
 import os
+from collections.abc import Callable
 from typing import Any
 
-from fsdpkit.cluster import trainer
+from fsdpkit.cluster import kueue, trainer
 from fsdpkit.cluster.client import (
     ClusterError,
     api_errors,
@@ -21,22 +22,24 @@ from fsdpkit.cluster.client import (
     label_selector,
     labels_match,
 )
+from fsdpkit.cluster.pod_rules import templates
 from fsdpkit.cluster.pods import dry_run_pods
 from fsdpkit.errors import Conflict, TimedOut, UserError
-from fsdpkit.jobs import manifests
+from fsdpkit.jobs import devices, manifests
 from fsdpkit.jobs.backends.base import Rendered
-from fsdpkit.jobs.backends.kube_api import KINDS, KubeAPI, log
+from fsdpkit.jobs.backends.kube_api import KINDS, SUPPORT, KubeAPI, log
 from fsdpkit.jobs.manifests import ATTEMPT, JOB_LABEL
 from fsdpkit.jobs.resolved import ResolvedJob
 from fsdpkit.jobs.spec import JobSpec
-from fsdpkit.polling import wait_saying
+from fsdpkit.polling import poll_until, wait_saying
 
-KUEUE_GROUP = "kueue.x-k8s.io"
 CLAIM_GONE_S = 120.0   # how long a submit waits for a claim being deleted to go
-KUEUE_VERSIONS = ("v1beta2", "v1beta1")
+KUEUE_ANSWER_S = 15.0  # how long a submit on a queue waits for Kueue's verdict on the job's Workload
 
 
 class KubeSubmitter(KubeAPI):
+    _kueue_version = kueue.VERSIONS[0]   # the Kueue API the cluster serves, and the job's ClusterQueue:
+    _cluster_queue = "unread"            # found by require_queue
     def render(self, job: ResolvedJob) -> Rendered:
         return Rendered(manifests=manifests.render(job), pod_security=job.spec.security)
 
@@ -44,7 +47,9 @@ class KubeSubmitter(KubeAPI):
         """Create the job's objects. `dry_run` "client": only render and say what would be made;
         "server": the API server validates each create (schemas, strict fields, admission) and
         persists nothing."""
-        spec, objs = job.spec, self.render(job).objects()
+        spec, objs = job.spec, self.render(job).objects()   # every input checked before the cluster is asked
+        if dry_run != "client" and (placed := self.placed(job)) is not job:
+            job, objs = placed, self.render(placed).objects()
         token = os.environ.get(spec.hf_token_env) if spec.hf_token_env else None
         missing = (f"hf_token_env: ${spec.hf_token_env} is not set in this shell; export it, or drop hf_token_env "
                    "for public models") if spec.hf_token_env and not token else None
@@ -74,8 +79,81 @@ class KubeSubmitter(KubeAPI):
             self._cancel(spec.name, spec.namespace)
             self._wait_gone(spec.name, spec.namespace)
         created, reused = self.apply(spec, objs, token)
-        return {"name": spec.name, "namespace": spec.namespace, "dry_run": False, "created": created,
-                "reused": reused}
+        result: dict[str, Any] = {"name": spec.name, "namespace": spec.namespace, "dry_run": False,
+                                  "created": created, "reused": reused}
+        if spec.queue:
+            result["admission"] = self.admitted(spec, objs, created).to_dict()
+        return result
+
+    def admitted(self, spec: JobSpec, objs: list[dict[str, Any]], created: list[str]) -> kueue.Admission:
+        """Kueue's verdict on the job just created, from its Workload's QuotaReserved condition: a
+        job over what its ClusterQueue could ever have is taken back (what this submit created
+        deleted) and refused in one line naming the quota; one waiting for quota in use is said and
+        kept; silence within KUEUE_ANSWER_S is said too."""
+        kind, version = objs[-1]["kind"], self._kueue_version
+        group = kueue.GROUP
+
+        def look() -> kueue.Admission:
+            with api_errors(f"reading Kueue's Workloads in {spec.namespace}", self.host, keep=is_forbidden):
+                found = self._custom().list_namespaced_custom_object(
+                    group, version, spec.namespace, "workloads", _preload_content=False).json().get("items") or []
+            return kueue.admission(next((w for w in found if kueue.owned_by(w, kind, spec.name)), None))
+
+        try:
+            answer = poll_until(look, lambda a: a.state != "unanswered", KUEUE_ANSWER_S, 1.0)
+        except Exception as e:
+            if not is_forbidden(e):
+                raise
+            log.info(f"note: Kueue's verdict not read ({api_message(e)})")
+            return kueue.Admission("unanswered", api_message(e))
+        where = f"queue {spec.queue} (ClusterQueue {self._cluster_queue})"
+        if answer.state == "never":
+            self._rollback([o for o in objs if f"{o['kind']}/{o['metadata']['name']}" in created], spec.namespace,
+                           log.debug)
+            raise ClusterError(f"{where}: Kueue will never admit job {spec.name}: {answer.message}; ask for less "
+                               "(nodes, gpus_per_node) or for the team's quota to be raised; nothing was left "
+                               "behind", code="refused")
+        if answer.state == "queued":
+            log.warning(f"job {spec.name} is queued in {where}, not admitted: {answer.message}; it starts when "
+                        f"quota frees (kubectl -n {spec.namespace} get workloads)")
+        elif answer.state == "unanswered":
+            log.info(f"job {spec.name} is in {where}; Kueue gave no verdict within {KUEUE_ANSWER_S:.0f} s "
+                     f"(kubectl -n {spec.namespace} get workloads)")
+        return answer
+
+    def placed(self, job: ResolvedJob) -> ResolvedJob:
+        """The job with its devices chosen against this cluster: DRA where it serves
+        resource.k8s.io/v1 with the drivers' DeviceClasses (devices auto or dra), said in one line."""
+        spec = job.spec
+        decided = devices.choose(spec, None).why != devices.NOT_READ   # no GPUs, a queue, ...
+        if spec.devices == "extended" or (spec.devices == "auto" and decided):
+            return job
+        offer = self.dra_offer()
+        placed = job.on_cluster(offer)
+        if offer.served:   # said where DRA was there to choose: what was chosen, or what it lacked
+            log.info(f"devices: {'DRA claims' if placed.devices.mode == 'dra' else 'extended resources'} "
+                     f"({placed.devices.why})")
+        return placed
+
+    def dra_offer(self) -> devices.DraOffer:
+        """Whether the cluster serves resource.k8s.io/v1 (discovery, open to every user) and which
+        DeviceClasses it has (cluster-scoped: a namespace user may be refused, which is said)."""
+        group, version = devices.API_VERSION.split("/")
+        if "deviceclasses" not in (api_resources(self._custom(), group, version, self.host,
+                                                 "finding Dynamic Resource Allocation's API") or ()):
+            return devices.DraOffer(False)
+        try:
+            with api_errors("reading the cluster's DeviceClasses", self.host, keep=is_forbidden):
+                found = self._custom().list_cluster_custom_object(group, version, "deviceclasses",
+                                                                  _preload_content=False).json()
+        except Exception as e:
+            if is_not_found(e):   # gone since discovery answered
+                return devices.DraOffer(False)
+            if not is_forbidden(e):
+                raise
+            return devices.DraOffer(True, unread=api_message(e))
+        return devices.DraOffer(True, frozenset(str((o.get("metadata") or {}).get("name"))
+                                                for o in found.get("items") or []))
 
     def server_dry_run(self, spec: JobSpec, objs: list[dict[str, Any]], replace: bool) -> tuple[list[str], list[str]]:
         """Each object a submit would create, sent as a create with dryRun=All: the API server runs
@@ -99,7 +177,7 @@ class KubeSubmitter(KubeAPI):
             with api_errors(f"server dry run of {kind}/{name}", self.host):
                 self._create(spec.namespace, obj, dry_run="All")
             accepted.append(f"{kind}/{name}")
-        return accepted + dry_run_pods(self._core(), objs[-1], self.host), existing
+        return accepted + dry_run_pods(self._core(), objs[-1], self.host, objs), existing
 
     def require_release(self, kind: str) -> None:
         """A TrainJob needs Trainer's controller at MIN_VERSION or newer: an older one is refused in
@@ -137,17 +215,18 @@ class KubeSubmitter(KubeAPI):
         may not read LocalQueues is told the queue went unchecked."""
         if not spec.queue:
             return
-        # v1beta2 from Kueue 0.15; v1beta1 before and beside it
-        version = next((v for v in KUEUE_VERSIONS
-                        if "localqueues" in (api_resources(self._custom(), KUEUE_GROUP, v, self.host,
+        version = next((v for v in kueue.VERSIONS
+                        if "localqueues" in (api_resources(self._custom(), kueue.GROUP, v, self.host,
                                                            "finding Kueue's API") or ())), None)
         if version is None:
-            raise ClusterError(f"queue: {spec.queue}: this cluster has no Kueue (no {KUEUE_GROUP} API); install "
+            raise ClusterError(f"queue: {spec.queue}: this cluster has no Kueue (no {kueue.GROUP} API); install "
                                "Kueue, or drop queue", code="not_found")
+        self._kueue_version, self._cluster_queue = version, "unread"
         try:
             with api_errors(f"reading Kueue LocalQueue {spec.queue}", self.host, keep=is_forbidden):
-                self._custom().get_namespaced_custom_object(KUEUE_GROUP, version, spec.namespace, "localqueues",
-                                                            spec.queue)
+                local = self._custom().get_namespaced_custom_object(kueue.GROUP, version, spec.namespace,
+                                                                    "localqueues", spec.queue)
+            self._cluster_queue = str((local.get("spec") or {}).get("clusterQueue") or "unnamed")
         except Exception as e:
             if is_not_found(e):
                 raise ClusterError(f"queue: no Kueue LocalQueue {spec.queue!r} in namespace {spec.namespace}; pick "
@@ -164,6 +243,9 @@ class KubeSubmitter(KubeAPI):
             self._core().create_namespaced_secret(namespace, obj, **kw)
         elif kind == "PersistentVolumeClaim":
             self._core().create_namespaced_persistent_volume_claim(namespace, obj, **kw)
+        elif kind in SUPPORT:
+            group, version, plural = SUPPORT[kind]
+            self._custom().create_namespaced_custom_object(group, version, namespace, plural, obj, **kw)
         else:
             group, version, plural = KINDS[kind].find()
             self._custom().create_namespaced_custom_object(group, version, namespace, plural, obj, **kw)
@@ -256,23 +338,29 @@ class KubeSubmitter(KubeAPI):
     def _exists(self, kind: str, name: str, namespace: str) -> bool:
         if kind in KINDS:
             return self.get_job(name, namespace) is not None
-        read = {"Secret": self._core().read_namespaced_secret,
-                "PersistentVolumeClaim": self._core().read_namespaced_persistent_volume_claim}[kind]
+        group, version, plural = SUPPORT[kind]
         try:
             with api_errors(f"reading {kind}/{name}", self.host):
-                read(name, namespace, _preload_content=False)
+                if group:
+                    self._custom().get_namespaced_custom_object(group, version, namespace, plural, name,
+                                                                _preload_content=False)
+                else:
+                    {"Secret": self._core().read_namespaced_secret, "PersistentVolumeClaim":
+                     self._core().read_namespaced_persistent_volume_claim}[kind](name, namespace,
+                                                                                 _preload_content=False)
             return True
         except Exception as e:
             if is_not_found(e):
                 return False
             raise
 
-    def _rollback(self, created: list[dict[str, Any]], namespace: str) -> None:
+    def _rollback(self, created: list[dict[str, Any]], namespace: str,
+                  say: Callable[[str], None] = log.info) -> None:
         for obj in reversed(created):
             kind, name = obj["kind"], obj["metadata"]["name"]
             try:
                 self._delete_object(kind, name, namespace)
-                log.info(f"rolled back {kind}/{name}")
+                say(f"rolled back {kind}/{name}")
             except Exception as e:  # keep rolling back the rest; say what is left
                 log.info(f"could not roll back {kind}/{name}: {e}; delete it by hand")
 
@@ -282,10 +370,13 @@ class KubeSubmitter(KubeAPI):
         return self._cancel(name, self.namespace, delete_storage, dry_run)
 
     def _cancel(self, name: str, namespace: str, delete_storage: bool = False, dry_run: bool = False) -> list[str]:
-        kind, _obj = self._require_job(name, namespace)
+        kind, obj = self._require_job(name, namespace)
+        device_objects = self._device_objects(obj)
         if not dry_run:
-            self.require_access("job delete --delete-storage" if delete_storage else "job delete", kind, namespace)
-        targets = [(kind, name)]
+            self.require_access("job delete --delete-storage" if delete_storage else "job delete", kind, namespace,
+                                [{"kind": k} for k in ("Secret", "PersistentVolumeClaim")] +
+                                [{"kind": k} for k, _ in device_objects])
+        targets = [(kind, name), *device_objects]
         core = self._core()
         kinds = [("Secret", core.list_namespaced_secret)]
         if delete_storage:
@@ -299,6 +390,17 @@ class KubeSubmitter(KubeAPI):
             self._delete_object(*target, namespace)
         return [f"{k}/{n}" for k, n in targets]
 
+
+    @staticmethod
+    def _device_objects(obj: dict[str, Any]) -> list[tuple[str, str]]:
+        """The DRA objects a job was submitted with, from the job itself: the claim templates its
+        pods name, and a TrainJob's own runtime (which names the template of the same name)."""
+        ref = (obj.get("spec") or {}).get("runtimeRef") or {}
+        runtime = [ref["name"]] if ref.get("kind") == "TrainingRuntime" else []
+        named = {c["resourceClaimTemplateName"] for _, t in templates(obj)
+                 for c in (t.get("spec") or {}).get("resourceClaims") or [] if c.get("resourceClaimTemplateName")}
+        return [("TrainingRuntime", n) for n in runtime] + [("ResourceClaimTemplate", n)
+                                                             for n in sorted(named | set(runtime))]
 
     def recreate(self, kind: str, obj: dict[str, Any]) -> None:
         """The job made again from its own manifest, its attempt counted."""
