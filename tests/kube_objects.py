@@ -100,6 +100,7 @@ def namespace_user(kube, namespace="default"):
     This cluster serves only the training operator's jobs (kmock serves every kind it was told of)."""
     for resource in ("trainer.kubeflow.org/v1alpha1/trainjobs", "trainer.kubeflow.org/v1alpha1/clustertrainingruntimes",
                      "jobset.x-k8s.io/v1alpha2/jobsets", "sagemaker.amazonaws.com/v1/hyperpodpytorchjobs",
-                     "ray.io/v1/rayclusters", "ray.io/v1/rayjobs"):
+                     "ray.io/v1/rayclusters", "ray.io/v1/rayjobs", "kueue.x-k8s.io/v1beta2/localqueues",
+                     "kueue.x-k8s.io/v1beta2/workloads", "kueue.x-k8s.io/v1beta2/clusterqueues"):
         kube.forget(resource)
     return kube.user("team-a-ci", role_rules([("kubeflow.org", "pytorchjobs")]), namespace)

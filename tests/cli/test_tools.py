@@ -129,7 +129,8 @@ def test_the_catalogue_is_every_command_but_the_server():
     assert {"train", "plan", "job_submit", "job_delete", "storage_fsx_storage_class", "ray_exec"} <= set(BY_NAME)
     assert "mcp" not in BY_NAME and len(BY_NAME) == len(TOOLS)
     assert {t.name for t in TOOLS if t.confirms} == {"ckpt_prune", "cluster_delete", "cluster_check",
-                                                    "storage_fsx_delete", "ray_delete", "infra_delete", "job_delete"}
+                                                    "cluster_nodepool", "storage_fsx_delete", "ray_delete",
+                                                    "infra_delete", "job_delete"}
     assert BY_NAME["job_submit"].destructive and not BY_NAME["job_submit"].confirms   # --replace deletes a job
 
 
