@@ -2,8 +2,10 @@
 starts as EKS gives it (nodes, no operator: kmock serves a job kind only once its CRD is created)
 and moto for AWS (tests/cluster_world.py). The `cluster addons install` lines run the upstream
 installs (kubectl and helm stand-ins create the operators' own CRDs and controllers), and every
-later step must find what it uses: the NCCL check its MPIJob kind, the example its PyTorchJob kind.
-Lines that create cloud resources run as dry runs, as in the skills' walk."""
+later step must find what it uses: the NCCL check its MPIJob kind, the example its PyTorchJob kind,
+the team's quota Kueue's API (`cluster team --apply` after `addons install --only kueue`). Lines that
+create cloud resources run as dry runs, as in the skills' walk: both provisioning paths' `cluster
+create` and the Karpenter NodePool (applied to kmock in tests/aws/test_karpenter.py)."""
 
 from __future__ import annotations
 
