@@ -26,7 +26,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from fsdpkit.aws.eksctl import CAPACITY_RESERVATION, DISCOVERY, EFA_LABEL, GPU_POOL_LABEL, TAG, ZONE, ClusterPlan
+from fsdpkit.aws.eksctl import CAPACITY_RESERVATION, DISCOVERY, EFA_LABEL, GPU_POOL_LABEL, TAG, ClusterPlan
 from fsdpkit.errors import UserError
 from fsdpkit.hardware.instances import Instance
 
@@ -62,10 +62,15 @@ class NodePoolPlan:
     volume_size: int = 500
     instance_profile: str = ""        # default: eksctl's for the cluster
 
+    def _as_cluster(self) -> ClusterPlan:
+        """The node-group plan of the same nodes: its checks (names, sizes, instance, EFA, zone) and
+        its EFA rule are the pool's too."""
+        return ClusterPlan(self.cluster, self.region, self.instance_type, self.nodes, zone=self.zone, efa=self.efa,
+                           k8s_version=self.k8s_version, volume_size=self.volume_size)
+
     def validate(self) -> Instance:
         """The instance row; a UserError naming the field for anything Karpenter or EC2 would refuse."""
-        inst = ClusterPlan(self.cluster, self.region, self.instance_type, self.nodes, zone=self.zone, efa=self.efa,
-                           k8s_version=self.k8s_version, volume_size=self.volume_size).validate()
+        inst = self._as_cluster().validate()
         if self.capacity_type not in CAPACITY_TYPES:
             raise UserError(f"capacity_type: {self.capacity_type!r} is not one of {', '.join(CAPACITY_TYPES)}")
         if self.capacity_reservation and not CAPACITY_RESERVATION.match(self.capacity_reservation):
@@ -82,12 +87,10 @@ class NodePoolPlan:
         if reserved and self.capacity_type != "reserved":
             raise UserError("capacity_type: a capacity reservation is used by reserved capacity: add "
                             "--capacity-type reserved")
-        if self.zone and not (ZONE.match(self.zone) and self.zone.startswith(self.region)):
-            raise UserError(f"zone: {self.zone!r} is not an availability zone of {self.region}")
         return inst
 
     def uses_efa(self, inst: Instance) -> bool:
-        return self.efa == "on" or (self.efa == "auto" and inst.efa > 0)
+        return self._as_cluster().uses_efa(inst)
 
 
 def ami_parameter(inst: Instance, k8s_version: str) -> str:

@@ -56,7 +56,7 @@ def cmd_rbac(args: argparse.Namespace) -> int:
 
 
 def cmd_team(args: argparse.Namespace) -> int:
-    from fsdpkit.cluster.kueue import TeamPlan, team_objects
+    from fsdpkit.cluster.kueue import TeamPlan, node_quota, team_objects
     from fsdpkit.hardware.instances import lookup
 
     inst = lookup(args.instance_type)
@@ -66,13 +66,8 @@ def cmd_team(args: argparse.Namespace) -> int:
         if not sep or not value.lstrip("-").isdigit():
             raise UserError(f"--priority: {given!r} is not NAME=VALUE (an integer; higher runs first)")
         priorities.append((name, int(value)))
-    per_node: dict[str, str | int] = {"cpu": inst.vcpus, "memory": f"{inst.memory_gib}Gi"}
-    if inst.accelerators:
-        per_node[inst.resource] = inst.accelerators
-    if inst.efa:
-        per_node["vpc.amazonaws.com/efa"] = inst.efa
     objs = team_objects(TeamPlan(args.name, inst.name, args.nodes, args.cohort, args.borrow_nodes, args.lend_nodes,
-                                 tuple(priorities)), per_node)
+                                 tuple(priorities)), node_quota(inst))
     if not args.apply:
         if args.json:
             return emit_json({"manifests": objs})

@@ -389,8 +389,7 @@ def _team_check(r: ClusterReader, team: str) -> tuple[Check, dict[str, Any] | No
     """The team's LocalQueue (HyperPod task governance's names) and its ClusterQueue's quota, use,
     borrowing and lending, as Kueue reports them."""
     name, ns = f"team {team}", kueue.TEAM_NAMESPACE.format(team=team)
-    version = next((v for v in kueue.VERSIONS if "localqueues" in (api_resources(r.custom, kueue.GROUP, v, r.host)
-                                                                    or ())), None)
+    version = kueue.served_version(r.custom, r.host)
     if version is None:
         return Check(name, "fail", "this cluster has no Kueue (no kueue.x-k8s.io API): no team quotas",
                      "turn on HyperPod task governance, or install Kueue"), None

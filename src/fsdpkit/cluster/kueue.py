@@ -13,12 +13,12 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from fsdpkit.cluster.client import api_resources
 from fsdpkit.errors import UserError
+from fsdpkit.hardware.instances import Instance
 
 GROUP = "kueue.x-k8s.io"
 VERSIONS = ("v1beta2", "v1beta1")   # v1beta2 from Kueue 0.15; v1beta1 before and beside it
-QUEUE_LABEL = f"{GROUP}/queue-name"
-PRIORITY_LABEL = f"{GROUP}/priority-class"
 # HyperPod task governance's names for a team's objects (its compute quota allocation makes them).
 TEAM_NAMESPACE = "hyperpod-ns-{team}"
 TEAM_QUEUE = "hyperpod-ns-{team}-localqueue"
@@ -37,6 +37,23 @@ class Admission:
 
     def to_dict(self) -> dict[str, Any]:
         return {"state": self.state, "message": self.message, "workload": self.workload}
+
+
+def served_version(custom: Any, host: str | None = None) -> str | None:
+    """The Kueue API version the cluster serves (discovery, open to every user), newest first; None
+    without Kueue. `custom` is a CustomObjectsApi."""
+    return next((v for v in VERSIONS if "localqueues" in (api_resources(custom, GROUP, v, host, "finding Kueue's API")
+                                                          or ())), None)
+
+
+def node_quota(inst: Instance) -> dict[str, str | int]:
+    """One node's worth of what a training pod on it requests: cpu, memory, its accelerators, EFA."""
+    per_node: dict[str, str | int] = {"cpu": inst.vcpus, "memory": f"{inst.memory_gib}Gi"}
+    if inst.accelerators:
+        per_node[inst.resource] = inst.accelerators
+    if inst.efa:
+        per_node["vpc.amazonaws.com/efa"] = inst.efa
+    return per_node
 
 
 def owned_by(workload: dict[str, Any], kind: str, name: str) -> bool:

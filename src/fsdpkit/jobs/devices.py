@@ -59,6 +59,23 @@ class DeviceChoice:
     why: str
 
 
+def _decided_without_cluster(spec: JobSpec) -> DeviceChoice | None:
+    """Under devices auto, the answers no cluster can change: no GPUs, no NVIDIA driver, a queue."""
+    if spec.backend not in CLUSTER_BACKENDS or not spec.gpus:
+        return DeviceChoice("extended", "no GPUs asked for on Kubernetes")
+    if spec.accelerator_resource != "nvidia.com/gpu":
+        return DeviceChoice("extended", f"{spec.accelerator_resource} has no DRA driver fsdpkit asks for")
+    if spec.queue:
+        return DeviceChoice("extended", "Kueue counts the queue's quota in nvidia.com/gpu; it counts DRA devices "
+                                        "only when configured to (deviceClassMappings)")
+    return None
+
+
+def asks_cluster(spec: JobSpec) -> bool:
+    """Whether the choice depends on what the cluster offers (so `job submit` reads its DRA offer)."""
+    return spec.devices == "dra" or (spec.devices == "auto" and _decided_without_cluster(spec) is None)
+
+
 def choose(spec: JobSpec, offer: DraOffer | None) -> DeviceChoice:
     """The one rule for how the pods ask for devices. `offer` None: no cluster was asked (job
     render, plan). `devices: dra` on a cluster without it is refused, naming what is missing."""
@@ -70,13 +87,8 @@ def choose(spec: JobSpec, offer: DraOffer | None) -> DeviceChoice:
         if offer is not None and (missing := offer.lacks(spec)):
             raise UserError(f"devices: dra, but {missing}; install it, or set devices: extended")
         return DeviceChoice("dra", "given (devices: dra)" + ("" if offer else "; not checked against a cluster"))
-    if spec.backend not in CLUSTER_BACKENDS or not spec.gpus:
-        return DeviceChoice("extended", "no GPUs asked for on Kubernetes")
-    if spec.accelerator_resource != "nvidia.com/gpu":
-        return DeviceChoice("extended", f"{spec.accelerator_resource} has no DRA driver fsdpkit asks for")
-    if spec.queue:
-        return DeviceChoice("extended", "Kueue counts the queue's quota in nvidia.com/gpu; it counts DRA devices "
-                                        "only when configured to (deviceClassMappings)")
+    if decided := _decided_without_cluster(spec):
+        return decided
     if offer is None:
         return DeviceChoice("extended", NOT_READ)
     if missing := offer.lacks(spec):

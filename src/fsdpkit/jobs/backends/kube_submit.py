@@ -38,8 +38,6 @@ KUEUE_ANSWER_S = 15.0  # how long a submit on a queue waits for Kueue's verdict 
 
 
 class KubeSubmitter(KubeAPI):
-    _kueue_version = kueue.VERSIONS[0]   # the Kueue API the cluster serves, and the job's ClusterQueue:
-    _cluster_queue = "unread"            # found by require_queue
     def render(self, job: ResolvedJob) -> Rendered:
         return Rendered(manifests=manifests.render(job), pod_security=job.spec.security)
 
@@ -71,7 +69,7 @@ class KubeSubmitter(KubeAPI):
         # Everything that could refuse the new job before the old one is deleted for --replace.
         self.require_operator(objs[-1]["kind"], spec.namespace)
         self.require_release(objs[-1]["kind"])
-        self.require_queue(spec)
+        queue = self.require_queue(spec)
         if self.get_job(spec.name, spec.namespace) is not None:
             if not replace:
                 raise Conflict(f"job {spec.name!r} already exists in namespace {spec.namespace}; pick another name, "
@@ -81,16 +79,17 @@ class KubeSubmitter(KubeAPI):
         created, reused = self.apply(spec, objs, token)
         result: dict[str, Any] = {"name": spec.name, "namespace": spec.namespace, "dry_run": False,
                                   "created": created, "reused": reused}
-        if spec.queue:
-            result["admission"] = self.admitted(spec, objs, created).to_dict()
+        if queue is not None:
+            result["admission"] = self.admitted(spec, objs, created, queue).to_dict()
         return result
 
-    def admitted(self, spec: JobSpec, objs: list[dict[str, Any]], created: list[str]) -> kueue.Admission:
+    def admitted(self, spec: JobSpec, objs: list[dict[str, Any]], created: list[str],
+                 queue: tuple[str, str]) -> kueue.Admission:
         """Kueue's verdict on the job just created, from its Workload's QuotaReserved condition: a
         job over what its ClusterQueue could ever have is taken back (what this submit created
         deleted) and refused in one line naming the quota; one waiting for quota in use is said and
         kept; silence within KUEUE_ANSWER_S is said too."""
-        kind, version = objs[-1]["kind"], self._kueue_version
+        kind, (version, cluster_queue) = objs[-1]["kind"], queue
         group = kueue.GROUP
 
         def look() -> kueue.Admission:
@@ -106,7 +105,7 @@ class KubeSubmitter(KubeAPI):
                 raise
             log.info(f"note: Kueue's verdict not read ({api_message(e)})")
             return kueue.Admission("unanswered", api_message(e))
-        where = f"queue {spec.queue} (ClusterQueue {self._cluster_queue})"
+        where = f"queue {spec.queue} (ClusterQueue {cluster_queue})"
         if answer.state == "never":
             self._rollback([o for o in objs if f"{o['kind']}/{o['metadata']['name']}" in created], spec.namespace,
                            log.debug)
@@ -124,9 +123,7 @@ class KubeSubmitter(KubeAPI):
     def placed(self, job: ResolvedJob) -> ResolvedJob:
         """The job with its devices chosen against this cluster: DRA where it serves
         resource.k8s.io/v1 with the drivers' DeviceClasses (devices auto or dra), said in one line."""
-        spec = job.spec
-        decided = devices.choose(spec, None).why != devices.NOT_READ   # no GPUs, a queue, ...
-        if spec.devices == "extended" or (spec.devices == "auto" and decided):
+        if not devices.asks_cluster(job.spec):
             return job
         offer = self.dra_offer()
         placed = job.on_cluster(offer)
@@ -209,24 +206,22 @@ class KubeSubmitter(KubeAPI):
                                f"job needs {trainer.NEEDS}; upgrade it: fsdpkit cluster addons install --only "
                                "trainer, or submit with --set backend=pytorchjob")
 
-    def require_queue(self, spec: JobSpec) -> None:
+    def require_queue(self, spec: JobSpec) -> tuple[str, str] | None:
         """The spec's Kueue LocalQueue exists in the job's namespace: on a queue that does not, the job
         is created and then waits for ever, never admitted (only its Workload says why). A user who
-        may not read LocalQueues is told the queue went unchecked."""
+        may not read LocalQueues is told the queue went unchecked. Returns (the Kueue API version
+        served, the queue's ClusterQueue or "unread"); None without a queue."""
         if not spec.queue:
-            return
-        version = next((v for v in kueue.VERSIONS
-                        if "localqueues" in (api_resources(self._custom(), kueue.GROUP, v, self.host,
-                                                           "finding Kueue's API") or ())), None)
+            return None
+        version = kueue.served_version(self._custom(), self.host)
         if version is None:
             raise ClusterError(f"queue: {spec.queue}: this cluster has no Kueue (no {kueue.GROUP} API); install "
                                "Kueue, or drop queue", code="not_found")
-        self._kueue_version, self._cluster_queue = version, "unread"
         try:
             with api_errors(f"reading Kueue LocalQueue {spec.queue}", self.host, keep=is_forbidden):
                 local = self._custom().get_namespaced_custom_object(kueue.GROUP, version, spec.namespace,
                                                                     "localqueues", spec.queue)
-            self._cluster_queue = str((local.get("spec") or {}).get("clusterQueue") or "unnamed")
+            return version, str((local.get("spec") or {}).get("clusterQueue") or "unnamed")
         except Exception as e:
             if is_not_found(e):
                 raise ClusterError(f"queue: no Kueue LocalQueue {spec.queue!r} in namespace {spec.namespace}; pick "
@@ -234,6 +229,7 @@ class KubeSubmitter(KubeAPI):
             if not is_forbidden(e):
                 raise
             log.warning(f"queue {spec.queue!r} not checked: {api_message(e)}")
+            return version, "unread"
 
     def _create(self, namespace: str, obj: dict[str, Any], **kw: Any) -> None:
         """One create, with strict field validation."""
