@@ -84,6 +84,15 @@ def _find_all(text, pattern):
 K8S_CEL = {"find": _find, "findAll": _find_all}
 
 
+@cache
+def _cel_program(rule):
+    """A rule compiled once (cel-python's parser is slow; the same rules recur on every object)."""
+    import celpy
+
+    env = celpy.Environment()
+    return env.program(env.compile(rule), functions=K8S_CEL)
+
+
 def cel_errors(schema, value, path="", unevaluated=None):
     """The CRD's x-kubernetes-validations rules (CEL) that `value` breaks, as the API server
     evaluates them on create: each rule where its node is present, with `self` that node (transition
@@ -95,15 +104,13 @@ def cel_errors(schema, value, path="", unevaluated=None):
     for v in schema.get("x-kubernetes-validations") or []:
         if "oldSelf" in v["rule"]:
             continue
-        env = celpy.Environment()
         try:
-            program = env.program(env.compile(v["rule"]), functions=K8S_CEL)
-            ok = program.evaluate({"self": celpy.json_to_cel(value)})
+            ok = _cel_program(v["rule"]).evaluate({"self": celpy.json_to_cel(value)})
         except Exception as e:   # an unsupported function: reported, not passed
             if unevaluated is not None:
                 unevaluated.append(f"{path or '.'}: {v['rule']} ({type(e).__name__})")
             continue
-        if ok is not True and not (isinstance(ok, celpy.celtypes.BoolType) and bool(ok)):
+        if not (isinstance(ok, bool | celpy.celtypes.BoolType) and ok):   # false, or not a truth value
             errors.append(f"{path or '.'}: {v.get('message') or v['rule']}")
     if isinstance(value, dict):
         props = schema.get("properties") or {}
