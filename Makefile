@@ -7,7 +7,7 @@ TEST_WORKERS ?= 2
 RUN_ARGS ?=
 BIN := $(VENV)/bin
 
-.PHONY: run test lint mutation venv venv-run clean
+.PHONY: run test test-torch lint pytest mutation venv venv-run clean
 
 # The stamps depend on pyproject.toml so a changed dependency list reinstalls. Recipe lines are
 # silent (@): a newcomer sees pip's own output, not the Makefile's comments.
@@ -44,16 +44,19 @@ venv: $(VENV)/.installed
 run: venv-run
 	@$(BIN)/fsdpkit train $(RUN_ARGS)
 
-test: venv
-	$(BIN)/ruff check .
-	$(BIN)/lint-imports
-	$(BIN)/mypy
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+test: lint pytest
 
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 	$(BIN)/mypy
+
+pytest: venv
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+
+# The tests that depend on torch (marked by tests/torch_pass.py): what CI runs again on the newest torch.
+test-torch: venv
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m torch $(PYTEST_ARGS)
 
 # How many one-token changes to the modules that derive a job's numbers the tests catch, per module,
 # into benchmarks/RESULTS.md (benchmarks/mutation.py; an hour or more on two cores, so not in `make test`).

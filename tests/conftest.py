@@ -21,6 +21,8 @@ import pytest
 from fsdpkit.cli.main import main as cli_main
 from fsdpkit.envelope import show_diagnostics
 
+import torch_cli
+import torch_pass
 from slurm_cluster import SlurmCluster, why_not
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,6 +52,16 @@ def require(module: str) -> types.ModuleType:
 if _workers := int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")):
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _workers)))
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by markers
+def pytest_collection_modifyitems(items):
+    """Mark the tests that depend on torch (tests/torch_pass.py): CI's newest-torch pass runs those."""
+    torch_pass.mark(items)
+
+
+def pytest_sessionfinish(session):
+    torch_cli.ZYGOTE_PROCESS.close()
+
+
 # Small, fast settings shared by the training tests (tiny preset, short sequences).
 FAST = ["--seq_len", "64", "--validation_freq", "0", "--validation_batches", "2", "--progress", "off"]
 
@@ -57,9 +69,20 @@ FAST = ["--seq_len", "64", "--validation_freq", "0", "--validation_batches", "2"
 def run_cli(*args: str, timeout: float = 300, env: dict | None = None, cwd: Path | None = None,
             stdin: str = "") -> subprocess.CompletedProcess:
     """The CLI in a process of its own; `stdin` is what a user types (nothing: a closed stdin)."""
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    return subprocess.run([sys.executable, "-m", "fsdpkit", *args], capture_output=True, text=True,
-                          timeout=timeout, env=full_env, cwd=cwd or ROOT, input=stdin)
+    return fsdpkit_process(list(args), {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}, cwd or ROOT, stdin,
+                           timeout)
+
+
+def fsdpkit_process(argv: list[str], env: dict[str, str], cwd: Path, stdin: str = "",
+                    timeout: float = 300) -> subprocess.CompletedProcess:
+    """`python -m fsdpkit ARGV` with exactly this environment. A command that imports torch is forked
+    from a process that imported it once (tests/torch_cli.py), where its environment allows."""
+    if argv and argv[0] in torch_pass.TORCH_VERBS:
+        done = torch_cli.ZYGOTE_PROCESS.run(argv, env, Path(cwd), stdin, timeout)
+        if done is not None:
+            return done
+    return subprocess.run([sys.executable, "-m", "fsdpkit", *argv], capture_output=True, text=True, timeout=timeout,
+                          env=env, cwd=cwd, input=stdin)
 
 
 def cli_here(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

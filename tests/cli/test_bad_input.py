@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FAST, ROOT, KubeMock, run_cli
+from conftest import FAST, ROOT, KubeMock, fsdpkit_process, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -332,8 +332,7 @@ def _run(argv: list[str], inputs: Path, cwd: Path, env: dict[str, str]) -> subpr
                   "AWS_EC2_METADATA_DISABLED": "true", "AWS_MAX_ATTEMPTS": "1", "KUBECONFIG": str(cwd / "none"),
                   **env})
     args = [a.replace("{in}", str(inputs)) for a in argv]
-    return subprocess.run([sys.executable, "-m", "fsdpkit", *args], capture_output=True, text=True, cwd=cwd,
-                          env=clean, timeout=180)
+    return fsdpkit_process(args, clean, cwd, timeout=180)
 
 
 def _check(r: subprocess.CompletedProcess, code: int, says: str, before: dict, after: dict) -> None:

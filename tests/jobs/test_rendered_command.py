@@ -34,7 +34,9 @@ def _can_namespace() -> str | None:
     return None if r.returncode == 0 else "this machine cannot make a mount namespace (unshare --mount)"
 
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(_can_namespace() is not None, reason=str(_can_namespace()))]
+# torch: the pods' rendered command trains (tests/torch_pass.py cannot read a command the renderer makes).
+pytestmark = [pytest.mark.slow, pytest.mark.torch,
+              pytest.mark.skipif(_can_namespace() is not None, reason=str(_can_namespace()))]
 
 
 def spec_for(tmp_path, nodes, backend="pytorchjob", **train):

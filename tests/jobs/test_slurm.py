@@ -50,6 +50,7 @@ def state(slurm, name):
 
 
 @pytest.mark.slow
+@pytest.mark.torch  # the batch script trains (its command is rendered, out of tests/torch_pass.py's reading)
 def test_slurm_two_node_job_trains_and_is_followed_to_its_end(slurm, tmp_path):
     spec = write_spec(tmp_path, "slurm-e2e", max_steps=20)
     r = slurm_cli(slurm, "job", "submit", str(spec), "--json")
@@ -73,6 +74,7 @@ def test_slurm_two_node_job_trains_and_is_followed_to_its_end(slurm, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.torch  # as above
 def test_slurm_cancel_stops_with_a_checkpoint_and_the_next_submit_resumes(slurm, tmp_path):
     spec = write_spec(tmp_path, "slurm-resume", max_steps=100000, checkpoint_freq=20)
     assert slurm_cli(slurm, "job", "submit", str(spec)).returncode == 0

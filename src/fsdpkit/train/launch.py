@@ -17,7 +17,7 @@ from fsdpkit.envelope import emit_error, emit_json, show_diagnostics
 from fsdpkit.errors import UserError
 from fsdpkit.train import config
 from fsdpkit.train.config import TrainConfig, parse_args
-from fsdpkit.train.runtime import dist, run_lock
+from fsdpkit.train.runtime import run_lock
 from fsdpkit.train.runtime.supervisor import (
     EXIT_STOPPED,
     Supervisor,
@@ -27,6 +27,7 @@ from fsdpkit.train.runtime.supervisor import (
     report_stopped,
     supervised,
     torchrun_args,
+    under_torchrun,
 )
 
 if TYPE_CHECKING:  # the trainer (torch) is imported when a run starts, so that --help stays fast
@@ -58,15 +59,17 @@ def launch(cfg: TrainConfig, argv: list[str], accepted: Callable[[], None] = lam
         -> tuple[int, TrainResult | None]:
     """Train; returns (exit code, TrainResult or None). With --nproc N this process supervises
     N workers under torchrun (fsdpkit.train.runtime.supervisor) and returns their outcome."""
-    # Imported here so that `--help` and bad-input errors stay fast.
+    # Imported here, as torch is, so that `--help` and bad-input errors stay fast (no torch until a
+    # run starts).
+    from fsdpkit.train.runtime.dist import resolve_device_type
     from fsdpkit.train.trainer import preflight, train
 
-    if cfg.parallel.nproc > 1 and not dist.under_torchrun():
+    if cfg.parallel.nproc > 1 and not under_torchrun():
         # This process outlives every restart of the workers: it holds the checkpoint directory.
         run_dir, lock = preflight(cfg)
         accepted()
         env = {**os.environ, run_lock.HELD_ENV: "1", NPROC_ENV: str(cfg.parallel.nproc)}
-        if dist.resolve_device_type(cfg.parallel.device) == "cpu" and "OMP_NUM_THREADS" not in env:
+        if resolve_device_type(cfg.parallel.device) == "cpu" and "OMP_NUM_THREADS" not in env:
             # torchrun would pin every process to one thread; share the cores out instead.
             env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // cfg.parallel.nproc))
         sys.stdout.flush()
@@ -117,7 +120,7 @@ def _accepted(cfg: TrainConfig, rank0: bool, held: list[str]) -> Callable[[], No
     def accepted() -> None:
         if rank0:
             show_diagnostics(_to_stdout)
-            if not (cfg.parallel.nproc > 1 and not dist.under_torchrun()):
+            if not (cfg.parallel.nproc > 1 and not under_torchrun()):
                 for line in held:
                     _to_stdout(line)
     return accepted
@@ -129,7 +132,7 @@ def main(argv: list[str] | None = None, prog: str = "fsdpkit train") -> int:
     # (also under torchrun, where the flag travels to the workers with the others).
     as_json = "--json" in argv
     rank0 = int(os.environ.get("RANK", "0")) == 0
-    if dist.under_torchrun():
+    if under_torchrun():
         die_with_parent()  # a worker never outlives torchrun's agent
         if NPROC_ENV in os.environ:
             argv += ["--nproc", os.environ[NPROC_ENV]]
@@ -152,14 +155,14 @@ def main(argv: list[str] | None = None, prog: str = "fsdpkit train") -> int:
                       hint="run it again with --resume-from-checkpoint auto to continue" if stopped else None)
         return code
     except UserError as e:
-        if not (dist.under_torchrun() and hand_over_error(e)) and rank0:
+        if not (under_torchrun() and hand_over_error(e)) and rank0:
             emit_error(e, as_json)
         return e.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
     except Exception as e:
-        if not (dist.under_torchrun() and _lost_a_peer(e)):
+        if not (under_torchrun() and _lost_a_peer(e)):
             raise
         # A consequence, not the cause: the rank that failed first says why (the agent reports it).
         # The traceback goes to the launcher's log, where its report of the failure also goes.

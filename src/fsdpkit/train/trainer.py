@@ -55,7 +55,7 @@ from fsdpkit.train.observe.trainjob_status import TrainJobStatusSink
 from fsdpkit.train.optim import build_optimizer, clipped_step, lr_at, set_lr
 from fsdpkit.train.parallel import network
 from fsdpkit.train.parallel.shard import autocast, build_model, compute_dtype, describe_mesh, expert_grads
-from fsdpkit.train.runtime import dist, run_lock
+from fsdpkit.train.runtime import dist, run_lock, supervisor
 from fsdpkit.train.runtime.faults import maybe_fail
 from fsdpkit.train.runtime.host_memory import keep_freed_memory
 from fsdpkit.train.sections import check_context_group, check_expert_group
@@ -122,7 +122,7 @@ def _check_inputs(cfg: TrainConfig) -> None:
                 preference=pipe.preference).check_not_empty()
     if cfg.checkpoint.init_from_hf:
         check_weights(Path(cfg.checkpoint.init_from_hf))
-    if not dist.under_torchrun():
+    if not supervisor.under_torchrun():
         dist.check_nproc(cfg.parallel.nproc, cfg.parallel.device)
         check_context_group(cfg.parallel.context_parallel, cfg.parallel.nproc)
         check_expert_group(cfg.parallel.expert_parallel, cfg.parallel.nproc)

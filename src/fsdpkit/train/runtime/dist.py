@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from fsdpkit.errors import UserError
+from fsdpkit.train.runtime.supervisor import under_torchrun
 from fsdpkit.train.sections import check_context_group, check_expert_group
 
 
@@ -74,10 +75,6 @@ def check_nproc(nproc: int, device: str) -> None:
     if nproc > have:
         what = "GPUs" if kind == "cuda" else "CPU cores"
         raise UserError(f"nproc: {nproc} is more than the {have} {what} on this machine; use 1..{have}")
-
-
-def under_torchrun() -> bool:
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
 def setup(device: str = "auto", context_parallel: int = 1, expert_parallel: int = 1) -> Runtime:

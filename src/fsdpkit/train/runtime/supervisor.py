@@ -50,6 +50,11 @@ def launcher_log(run_dir: str | None) -> Path:
     return Path(tempfile.gettempdir()) / f"fsdpkit-launcher-{os.getpid()}.log"
 
 
+def under_torchrun() -> bool:
+    """Whether this process is one of torchrun's workers (torch's elastic agent sets these)."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
 def supervised() -> bool:
     return bool(os.environ.get(SUPERVISED))
 
