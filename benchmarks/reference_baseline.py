@@ -61,10 +61,11 @@ def train_steps(cfg: TrainConfig, rt: Runtime, dtype: torch.dtype, steps: int) -
     return _train(cfg, rt, build(cfg, rt, dtype), contextlib.nullcontext, steps)
 
 
-def train_steps_compiled(cfg: TrainConfig, rt: Runtime, weights: str, steps: int) -> list[float]:
-    """The compiled peer: `weights` "fp32" (under bf16 autocast) or "bf16"."""
+def train_steps_compiled(cfg: TrainConfig, rt: Runtime, weights: str, steps: int, compile: bool = True) -> list[float]:
+    """The compiled peer: `weights` "fp32" (under bf16 autocast) or "bf16". `compile=False` runs the
+    same model eagerly (the smoke's peer: every path of the row but torch.compile's cold start)."""
     model = hf_model(cfg).to(rt.device, torch.bfloat16 if weights == "bf16" else torch.float32)
-    compiled = torch.compile(model)
+    compiled = torch.compile(model) if compile else model
 
     def region() -> contextlib.AbstractContextManager:
         if weights == "bf16":

@@ -32,9 +32,10 @@ def test_data_and_checkpoint_benchmark_smoke(tmp_path):
 
 
 def test_train_throughput_benchmark_smoke(tmp_path):
-    """Both trainers run under torchrun with FSDP on two ranks, fsdpkit also alone beside the compiled
-    transformers peer; the JSON holds tokens/s, MFU and peak memory for each, and the fsdpkit /
-    baseline and fsdpkit / peer ratios."""
+    """Both trainers run under torchrun with FSDP on two ranks, fsdpkit also alone beside the
+    transformers peer (eager here: its cold torch.compile is the benchmark's own cost, measured in
+    its rows, not the smoke's); the JSON holds tokens/s, MFU and peak memory for each, and the
+    fsdpkit / baseline and fsdpkit / peer ratios."""
     out = tmp_path / "throughput.json"
     r = subprocess.run([sys.executable, "-m", "benchmarks.train_throughput", "--smoke", "--out", str(out)],
                        cwd=ROOT, capture_output=True, text=True, timeout=600)
@@ -49,9 +50,9 @@ def test_train_throughput_benchmark_smoke(tmp_path):
     [ratio] = result["ratios"]
     assert ratio["world"] == 2 and ratio["speedup"] > 0 and ratio["memory_ratio"] > 0
     assert "fsdpkit / baseline" in r.stdout
-    # The compiled transformers peer (fp32 weights under autocast) beside fsdpkit's one process.
+    # The transformers peer (fp32 weights under autocast) beside fsdpkit's one process.
     [peer] = result["peer_ratios"]
-    assert peer["peer"] == "transformers+compile fp32 weights+autocast" and peer["speedup"] > 0
+    assert peer["peer"] == "transformers eager fp32 weights+autocast" and peer["speedup"] > 0
 
 
 def test_optimizer_step_benchmark_smoke(tmp_path):

@@ -15,10 +15,10 @@ import time
 from pathlib import Path
 
 import pytest
-from cluster_world import cluster_world, line_argv
+from cluster_world import SCHEMAS, cluster_world, line_argv
 from doc_commands import command_lines
 
-from conftest import ROOT, require, run_cli
+from conftest import ROOT, require, run_cli, unavailable
 from finetune_fixtures import chat_records, local_task, tiny_qwen
 
 pytestmark = pytest.mark.slow
@@ -47,6 +47,11 @@ EXPECT = {
 }
 
 
+# Lines that install operators: the world's kubectl and helm (tests/fake_tools.py) create their CRDs
+# from ../shared/schemas, as the upstream manifests they stand for would (no network here).
+INSTALLS = re.compile(r"^fsdpkit cluster addons install\b")
+
+
 def test_every_skill_line_is_covered():
     assert len(LINES) >= 70 and {s for s, _ in LINES} == {p.parent.name for p in SKILLS}
 
@@ -60,8 +65,18 @@ def world(tmp_path_factory):
         yield w
 
 
+def world_for(skill: str, request):
+    """The world, where it can give what the skill's lines need: a skill that installs operators is
+    unavailable without their CRDs (skipped with the reason; failed under CI=true)."""
+    if not SCHEMAS.is_dir() and any(INSTALLS.match(line) for s, line in LINES if s == skill):
+        unavailable(f"{skill} installs operators whose CRDs are in {SCHEMAS}, absent here (a clone outside the "
+                    "project's workspace)")
+    return request.getfixturevalue("world")
+
+
 @pytest.mark.parametrize("skill", sorted({s for s, _ in LINES}))
-def test_skill_commands_run_as_written(skill, world):
+def test_skill_commands_run_as_written(skill, request):
+    world = world_for(skill, request)
     env = world.env
     folder = world.root.parent / skill
     folder.mkdir(exist_ok=True)
