@@ -20,18 +20,19 @@ STEPS = ["--max_steps", "6", "--logging_freq", "1", "--warmup_steps", "2", "--te
 
 
 def test_make_run_default_job_learns(tmp_path):
-    """`make run` (the README's first command) on the embedded default, its first 100 of 300 steps
-    (the README's own way to shorten it, RUN_ARGS): loss falls clearly. The whole run's time and
-    losses are the README's measured figures; 300 steps is the default config's (test_config)."""
+    """`make run` (the README's first command) on the embedded default, shortened to 50 of its 300
+    steps as the README shows (`RUN_ARGS="--max-steps 50"`): loss falls clearly (by a quarter on
+    the pinned torch: 3.98 -> 2.95, validation 2.82). The whole run's time and losses are the
+    README's measured figures; 300 steps is the default config's (test_config)."""
     run_dir = tmp_path / "default"
     # The virtual environment this suite runs in (CI also runs it in one with the newest torch).
-    env = {**os.environ, "RUN_ARGS": f"--run_dir {run_dir} --progress off --max-steps 100",
+    env = {**os.environ, "RUN_ARGS": f"--run_dir {run_dir} --progress off --max-steps 50",
            "VENV": str(Path(os.sys.executable).parents[1])}
     r = subprocess.run(["make", "run"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    assert "Batch 100 Loss:" in r.stdout and "samples/sec" in r.stdout and "MFU:" in r.stdout
+    assert "Batch 50 Loss:" in r.stdout and "samples/sec" in r.stdout and "MFU:" in r.stdout
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["steps"] == 100
+    assert summary["steps"] == 50
     assert summary["final_loss"] < 0.8 * summary["first_loss"], summary
     assert summary["final_val_loss"] < 0.8 * summary["first_loss"], summary
 
