@@ -8,7 +8,10 @@ lands in the newest pass when it:
 - starts the training program: a command line (a call's arguments, a list, a parameter) whose verb
   runs it (`fsdpkit train|export|eval|data|tokenizer|selftest`, `run_cli("train", ...)`), `torchrun`,
   `python -m fsdpkit.train` or `-m benchmarks.NAME`, a text naming such a command
-  ("fsdpkit train ...", "make run"), or a script under tests/ that imports torch.
+  ("fsdpkit train ...", "make run"), a script under tests/ that imports torch, or `job submit` of
+  a spec on the local backend (its ranks train on this machine).
+A command the product renders and the test then runs (a Slurm batch script, a pod's command) is
+out of this reading's sight: such a test says `@pytest.mark.torch` itself.
 An import at a module's top level marks all its tests; one inside a function, like a command, marks
 the tests that reach that function: the test itself, its fixtures, its parameters, and the functions
 and constants of the test's module and helpers that those name (followed transitively). The reading

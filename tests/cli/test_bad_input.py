@@ -433,3 +433,13 @@ def test_the_table_is_wide():
     assert len(CASES) + len(UNREACHABLE_AWS) >= 40
     assert {argv[0] for argv, _, _ in CASES.values()} >= {"train", "data", "tokenizer", "ckpt", "export", "job",
                                                            "cluster", "infra", "storage"}
+
+
+def test_a_refused_training_option_is_said_before_torch_is_imported():
+    """`fsdpkit train` with a value out of range answers from the config alone: torch (2 s and more
+    to import) loads only once a run starts."""
+    code = ("import sys; from fsdpkit.cli.main import main; code = main(['train', '--lr', '-1']); "
+            "print(code, 'torch' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert r.stdout.split() == ["2", "False"], r.stdout + r.stderr
+    assert r.stderr == "error: lr: -1.0 is out of range; it must be >= 0.0\n"
