@@ -1,19 +1,14 @@
 """Fine-tuning fixtures: chat templates as the model families write them, a small tokenizer with
 their special tokens, conversations, a tiny Qwen 2.5 directory as the hub ships one, and a local
-lm-evaluation-harness task."""
+lm-evaluation-harness task; no torch (fsdpkit's model from such a directory: tests/our_model.py)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-import torch
 from tokenizers import Tokenizer as RustTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
-
-from fsdpkit.train.model.hf import load_hf_into
-from fsdpkit.train.model.hf_config import model_config_from_hf
-from fsdpkit.train.model.transformer import Transformer
 
 # Qwen 2.5's template in short (a default system turn), a Qwen 3-like one whose last answer alone
 # carries an empty thinking block, and a Llama 3-like one that reads the tokenizer's bos_token.
@@ -95,14 +90,3 @@ def local_task(folder: Path, questions: list[tuple[str, list[str], int]], name: 
     data.write_text("".join(json.dumps({"question": q, "choices": c, "answer": a}) + "\n" for q, c, a in questions))
     (folder / f"{name}.yaml").write_text(TASK.format(name=name, data=data))
     return folder
-
-
-def load_ours(hf_dir):
-    """fsdpkit's model with a Hugging Face directory's weights, for evaluation."""
-    cfg = model_config_from_hf(hf_dir)
-    with torch.device("meta"):
-        model = Transformer(cfg, rope_len=256)
-    model.to_empty(device="cpu")
-    model.init_weights()
-    load_hf_into(model, hf_dir, cfg)
-    return model.eval()

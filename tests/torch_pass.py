@@ -10,8 +10,9 @@ lands in the newest pass when it:
   `python -m fsdpkit.train` or `-m benchmarks.NAME`, a text naming such a command
   ("fsdpkit train ...", "make run"), a script under tests/ that imports torch, or `job submit` of
   a spec on the local backend (its ranks train on this machine).
-A command the product renders and the test then runs (a Slurm batch script, a pod's command) is
-out of this reading's sight: such a test says `@pytest.mark.torch` itself.
+A command the product renders and the test then runs (a Slurm batch script, a pod's command), a
+document's line, or a fixture asked for by name at run time (`request.getfixturevalue`) is out of
+this reading's sight: such a test, or its parameter, says `pytest.mark.torch` itself.
 An import at a module's top level marks all its tests; one inside a function, like a command, marks
 the tests that reach that function: the test itself, its fixtures, its parameters, and the functions
 and constants of the test's module and helpers that those name (followed transitively). The reading
@@ -42,6 +43,8 @@ TORCH_PACKAGES = frozenset({"torch", "torchao", "torchvision", "transformers", "
 TORCH_VERBS = frozenset({"train", "export", "eval", "data", "tokenizer", "selftest"})
 TORCH_PROGRAMS = frozenset({"torchrun", "fsdpkit-torchrun"})
 TORCH_MODULES = ("fsdpkit.train", "torch.", "benchmarks.")   # as `python -m NAME`
+# Imports by name at run time: conftest's require(), importlib's, pytest's.
+DYNAMIC_IMPORTS = frozenset({"require", "import_module", "importorskip"})
 # Texts that name a training command (a document's line, a shell script's).
 TORCH_PHRASES = (*(f"fsdpkit {v} " for v in sorted(TORCH_VERBS)), "make run", "-m fsdpkit.train", "backend: local")
 
@@ -136,13 +139,14 @@ def file_loads_torch(path: Path) -> bool:
     return any(module_loads_torch(n) for node in _load_time_nodes(_parsed(path)) for n in _imported(node, ""))
 
 
-def _names_training(value: object) -> bool:
+def names_training(value: object) -> bool:
     """A text naming a training command, or a script under tests/ that imports torch."""
     if not isinstance(value, str):
         return False
     if any(p in value + " " for p in TORCH_PHRASES):
         return True
-    return value.endswith(".py") and any(file_loads_torch(p) for p in _scripts(Path(value).name))
+    name = Path(value).name
+    return name.endswith(".py") and not set(name) & set("*?[") and any(file_loads_torch(p) for p in _scripts(name))
 
 
 @functools.cache
@@ -186,9 +190,12 @@ def _node_facts(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> set[str]:
     if _imports_torch(node):
         return {TORCH}
     if isinstance(node, ast.Constant):
-        return {TORCH} if _names_training(node.value) else set()
+        return {TORCH} if names_training(node.value) else set()
     if isinstance(node, ast.Call):
         name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+        first = _constant(node.args[0]) if node.args else None
+        if name in DYNAMIC_IMPORTS and isinstance(first, str) and module_loads_torch(first):
+            return {TORCH}
         return _argv_facts([_constant(a) for a in node.args], cli_call="cli" in name.lower())
     if isinstance(node, (ast.List, ast.Tuple)):
         return _argv_facts([_constant(e) for e in node.elts],
@@ -311,8 +318,8 @@ def _function_facts(func: object) -> set[str]:
 def _param_facts(value: object) -> set[str]:
     if isinstance(value, (list, tuple)):
         facts = _argv_facts(list(value), cli_call=True)
-        return facts | ({TORCH} if any(_names_training(v) for v in value) else set())
-    return {TORCH} if _names_training(value) or (isinstance(value, str) and value in TORCH_VERBS) else set()
+        return facts | ({TORCH} if any(names_training(v) for v in value) else set())
+    return {TORCH} if names_training(value) or (isinstance(value, str) and value in TORCH_VERBS) else set()
 
 
 def needs_torch(item: pytest.Item) -> bool:

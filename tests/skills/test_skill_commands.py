@@ -20,6 +20,7 @@ from doc_commands import command_lines
 
 from conftest import ROOT, require, run_cli, unavailable
 from finetune_fixtures import chat_records, local_task, tiny_qwen
+from torch_pass import names_training
 
 pytestmark = pytest.mark.slow
 require("kmock")
@@ -74,7 +75,32 @@ def world_for(skill: str, request):
     return request.getfixturevalue("world")
 
 
-@pytest.mark.parametrize("skill", sorted({s for s, _ in LINES}))
+@pytest.fixture
+def fine_tune_project():
+    """What a fine-tuning user's folder holds before an agent starts: a model downloaded from the hub
+    (tiny, of Qwen2.5's form), chat records, preference pairs and an evaluation task of their own.
+    Asked for by the fine-tune walk alone (transformers loads here)."""
+    def make(folder: Path) -> None:
+        tiny_qwen(folder / "models" / "Qwen2.5-0.5B-Instruct", require("transformers"))
+        (folder / "data").mkdir()
+        (folder / "data" / "chat.jsonl").write_text("".join(json.dumps(r) + "\n" for r in chat_records()))
+        prefs = [{"prompt": [{"role": "user", "content": f"What is {i} plus 1?"}],
+                  "chosen": [{"role": "assistant", "content": f"{i + 1}."}],
+                  "rejected": [{"role": "assistant", "content": "zebra."}]} for i in range(100)]
+        (folder / "data" / "prefs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in prefs))
+        local_task(folder / "tasks", [(f"What is {i} plus 1?", [f"{i + 1}.", "zebra."], 0) for i in range(20)],
+                   "my_task")
+    return make
+
+
+def walk(skill: str):
+    """A skill's walk; one whose lines train (`fsdpkit train ...`) runs on the newest torch too: the
+    lines, not the skill's name, say so (tests/torch_pass.py)."""
+    trains = any(names_training(line) for s, line in LINES if s == skill)
+    return pytest.param(skill, id=skill, marks=[pytest.mark.torch] if trains else [])
+
+
+@pytest.mark.parametrize("skill", [walk(s) for s in sorted({s for s, _ in LINES})])
 def test_skill_commands_run_as_written(skill, request):
     world = world_for(skill, request)
     env = world.env
@@ -93,16 +119,7 @@ def test_skill_commands_run_as_written(skill, request):
     if skill == "fsdpkit-checkpoints":  # the job's folder on the volume, as the helper pod sees it
         (world.volume / "my-job").mkdir(parents=True, exist_ok=True)
     if skill == "fsdpkit-fine-tune" and not (folder / "models").exists():
-        # A model downloaded from the hub (tiny, of Qwen2.5's form), chat records and a task of their own.
-        tiny_qwen(folder / "models" / "Qwen2.5-0.5B-Instruct", require("transformers"))
-        (folder / "data").mkdir()
-        (folder / "data" / "chat.jsonl").write_text("".join(json.dumps(r) + "\n" for r in chat_records()))
-        prefs = [{"prompt": [{"role": "user", "content": f"What is {i} plus 1?"}],
-                  "chosen": [{"role": "assistant", "content": f"{i + 1}."}],
-                  "rejected": [{"role": "assistant", "content": "zebra."}]} for i in range(100)]
-        (folder / "data" / "prefs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in prefs))
-        local_task(folder / "tasks", [(f"What is {i} plus 1?", [f"{i + 1}.", "zebra."], 0) for i in range(20)],
-                   "my_task")
+        request.getfixturevalue("fine_tune_project")(folder)
     # fsdpkit's build infrastructure, as `fsdpkit infra create` leaves it (the infra skill takes it down).
     assert run_cli("infra", "create", env=env, timeout=120).returncode == 0
     if not (folder / ".git").exists():  # a project under git (--tag-strategy git-sha)

@@ -26,7 +26,8 @@ from fsdpkit.train.parallel.shard import build_model
 from fsdpkit.train.runtime.dist import Runtime
 
 from conftest import read_metrics, require, run_cli
-from finetune_fixtures import load_ours, make_tokenizer, tiny_qwen
+from finetune_fixtures import make_tokenizer, tiny_qwen
+from our_model import load_ours
 
 # Three pairs as token ids (prompt, chosen, rejected) and the reference's log-probability of each answer.
 PAIRS = [([5, 6, 7], [8, 9, 30], [10, 31]), ([11, 12], [13, 40], [14, 15, 16, 41]), ([17, 18, 19, 20], [21], [22])]

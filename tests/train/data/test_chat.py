@@ -19,7 +19,8 @@ from fsdpkit.train.model.config import ModelConfig
 from fsdpkit.train.model.transformer import Transformer
 
 from conftest import require
-from finetune_fixtures import CONVERSATIONS, LLAMA3, QWEN3, QWEN25, load_ours, make_tokenizer
+from finetune_fixtures import CONVERSATIONS, LLAMA3, QWEN3, QWEN25, make_tokenizer
+from our_model import load_ours
 
 
 def write_chat(path, records) -> str:
