@@ -92,9 +92,11 @@ class _Zygote:
         return self.proc
 
     def fits(self, env: dict[str, str]) -> bool:
-        """Whether a command's environment agrees with the forking process's on what was read at its start."""
-        keys = {k for k in {*env, *self.env} if k.startswith(READ_AT_START) and k not in SET_PER_COMMAND}
-        return all(env.get(k) == self.env.get(k, os.environ.get(k)) for k in keys)
+        """Whether a command's environment agrees with the forking process's (or, before it starts,
+        this process's) on what was read at its start."""
+        started = self.env if self.proc is not None and self.proc.poll() is None else dict(os.environ)
+        keys = {k for k in {*env, *started} if k.startswith(READ_AT_START) and k not in SET_PER_COMMAND}
+        return all(env.get(k) == started.get(k) for k in keys)
 
     def run(self, argv: list[str], env: dict[str, str], cwd: Path, stdin: str,
             timeout: float) -> subprocess.CompletedProcess | None:
@@ -103,11 +105,7 @@ class _Zygote:
         if not self.lock.acquire(blocking=False):
             return None
         try:
-            if self.proc is None:
-                self.env = dict(os.environ)
-            if not self.fits(env):
-                return None
-            return self._run(argv, env, cwd, stdin, timeout)
+            return self._run(argv, env, cwd, stdin, timeout) if self.fits(env) else None
         finally:
             self.lock.release()
 
