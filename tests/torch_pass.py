@@ -226,7 +226,6 @@ class _Module:
     """A test module or helper: its top-level functions and constants, and the helpers it imports."""
 
     def __init__(self, path: Path):
-        self.path = path
         tree = _parsed(path)
         self.defs: dict[str, ast.AST] = {}
         self.helpers: dict[str, str] = {}   # local name -> helper module name
@@ -265,54 +264,71 @@ def _body(node: ast.AST) -> Iterable[ast.AST]:
     yield from ast.walk(node)
 
 
-def _definition_facts(path: Path, name: str, seen: set[tuple[Path, str]]) -> set[str]:
-    """What the top-level definition `name` of the module at `path` shows, with what it names."""
-    if (path, name) in seen:
-        return set()
-    seen.add((path, name))
+Definition = tuple[Path, str]   # a module's file and a top-level name in it
+
+
+@functools.cache
+def _definition(definition: Definition) -> tuple[frozenset[str], tuple[Definition, ...]]:
+    """What a top-level definition shows by itself, and the definitions it names (read once)."""
+    path, name = definition
     module = _module(path)
     if name in module.from_helpers:
         helper, original = module.from_helpers[name]
-        return _definition_facts(TESTS / f"{helper}.py", original, seen)
+        return frozenset(), ((TESTS / f"{helper}.py", original),)
     node = module.defs.get(name)
-    return set() if node is None else _nodes_facts(path, list(_body(node)), _parents(node), seen)
+    return (frozenset(), ()) if node is None else _scan(path, list(_body(node)), _parents(node))
 
 
-def _nodes_facts(path: Path, nodes: list[ast.AST], parents: dict[ast.AST, ast.AST],
-                 seen: set[tuple[Path, str]]) -> set[str]:
+def _scan(path: Path, nodes: list[ast.AST],
+          parents: dict[ast.AST, ast.AST]) -> tuple[frozenset[str], tuple[Definition, ...]]:
     module = _module(path)
     facts: set[str] = set()
+    named: dict[Definition, None] = {}
     for n in nodes:
         facts |= _node_facts(n, parents)
         if isinstance(n, ast.Name):
-            facts |= _definition_facts(path, n.id, seen)
+            named[(path, n.id)] = None
         elif isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id in module.helpers:
-            facts |= _definition_facts(TESTS / f"{module.helpers[n.value.id]}.py", n.attr, seen)
-        if TORCH in facts:
-            break
-    return facts
+            named[(TESTS / f"{module.helpers[n.value.id]}.py", n.attr)] = None
+    return frozenset(facts), tuple(named)
 
 
-def _function_facts(func: object) -> set[str]:
+@functools.cache
+def _reached_facts(start: tuple[Definition, ...]) -> frozenset[str]:
+    """What the definitions `start` show, with all they name, transitively."""
+    facts: set[str] = set()
+    seen, todo = set(start), list(start)
+    while todo and TORCH not in facts:
+        direct, named = _definition(todo.pop())
+        facts |= direct
+        for d in named:
+            if d not in seen:
+                seen.add(d)
+                todo.append(d)
+    return frozenset(facts)
+
+
+def _function_facts(func: object) -> frozenset[str]:
     """What a test or fixture function defined under tests/ shows (nothing for one defined elsewhere)."""
     func = inspect.unwrap(func)  # type: ignore[arg-type]
     try:
         path = Path(inspect.getsourcefile(func) or "").resolve()  # type: ignore[arg-type]
     except TypeError:
-        return set()
+        return frozenset()
     if TESTS not in path.parents:
-        return set()
+        return frozenset()
     if file_loads_torch(path):
-        return {TORCH}
+        return frozenset({TORCH})
     name = getattr(func, "__name__", "")
     if getattr(func, "__qualname__", name) == name and name in _module(path).defs:
-        return _definition_facts(path, name, set())
+        return _reached_facts(((path, name),))
     # A method (a test class's) or a nested function: its own source.
     try:
         definition = ast.parse(textwrap.dedent(inspect.getsource(func))).body[0]  # type: ignore[arg-type]
     except (OSError, TypeError, SyntaxError):
-        return {TORCH}
-    return _nodes_facts(path, list(_body(definition)), _parents(definition), set())
+        return frozenset({TORCH})
+    direct, named = _scan(path, list(_body(definition)), _parents(definition))
+    return direct | _reached_facts(named)
 
 
 def _param_facts(value: object) -> set[str]:
