@@ -9,6 +9,7 @@ import io
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import types
@@ -98,6 +99,16 @@ def cli_here(*args: str, env: dict[str, str] | None = None) -> subprocess.Comple
         except SystemExit as e:  # argparse's usage errors and --help
             code = e.code if isinstance(e.code, int) else int(e.code is not None)
     return subprocess.CompletedProcess(["fsdpkit", *args], code, out.getvalue(), err.getvalue())
+
+
+def copy_of_the_suite(root: Path) -> Path:
+    """The suite and its pytest settings copied into `root` (the package's source linked in, so
+    nothing beside it: no ../shared): for tests of how the suite itself behaves in another tree."""
+    root.mkdir(parents=True, exist_ok=True)
+    shutil.copy(ROOT / "pyproject.toml", root)
+    (root / "src").symlink_to(ROOT / "src")
+    shutil.copytree(ROOT / "tests", root / "tests", ignore=shutil.ignore_patterns("__pycache__"))
+    return root
 
 
 def read_metrics(run_dir: Path, kind: str = "train") -> list[dict]:

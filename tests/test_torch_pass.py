@@ -5,7 +5,6 @@ does neither is not."""
 from __future__ import annotations
 
 import ast
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -15,7 +14,7 @@ import pytest
 from fsdpkit.cli.main import VERBS
 
 import torch_pass
-from conftest import ROOT
+from conftest import ROOT, copy_of_the_suite
 
 # A module whose top-level import loads torch: every test in it.
 TOP_LEVEL = """
@@ -143,13 +142,9 @@ def collected(folder, marker: str, root=ROOT) -> set[str]:
 
 @pytest.fixture
 def probe(tmp_path):
-    """Test modules written as a newcomer would, with no marker, in a copy of the suite's frame (its
-    pytest settings, conftest.py and helpers, the package's source beside it): (the copy, the folder)."""
-    shutil.copy(ROOT / "pyproject.toml", tmp_path)
-    (tmp_path / "src").symlink_to(ROOT / "src")
-    (tmp_path / "tests").mkdir()
-    for helper in (ROOT / "tests").glob("*.py"):
-        shutil.copy(helper, tmp_path / "tests")
+    """Test modules written as a newcomer would, with no marker, in a copy of the suite (its pytest
+    settings, conftest.py and helpers apply): (the copy, the folder)."""
+    copy_of_the_suite(tmp_path)
     folder = tmp_path / "tests" / "probe"
     folder.mkdir()
     (folder / "test_probe_top.py").write_text(textwrap.dedent(TOP_LEVEL))

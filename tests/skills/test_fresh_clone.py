@@ -5,26 +5,20 @@ make; under CI=true, where ../shared must be present, the same skip is a failure
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import copy_of_the_suite
 
 INSTALLING = ("fsdpkit-provision-cluster", "fsdpkit-validate-nccl-efa")
 
 
 @pytest.fixture(scope="module")
 def clone(tmp_path_factory):
-    """The suite and its settings copied into a folder with no ../shared beside it (the package's
-    source linked in)."""
-    root = tmp_path_factory.mktemp("clone") / "fsdpkit"
-    root.mkdir()
-    shutil.copy(ROOT / "pyproject.toml", root)
-    (root / "src").symlink_to(ROOT / "src")
-    shutil.copytree(ROOT / "tests", root / "tests", ignore=shutil.ignore_patterns("__pycache__"))
+    """The suite copied into a folder with no ../shared beside it."""
+    root = copy_of_the_suite(tmp_path_factory.mktemp("clone") / "fsdpkit")
     assert not (root.parent / "shared").exists()
     return root
 
