@@ -48,13 +48,14 @@ SECTIONS = ("compare", "curve", "ablation", "gpu")
 
 def case(section: str, impl: str, preset: str, seq: int, batch: int, world: int, dtype: str,
          flags: tuple[str, ...] = (), label: str = "", steps: int = 8, warmup: int = 2, fsdp: bool = False,
-         weights: str = "") -> dict:
+         weights: str = "", compile: bool = True) -> dict:
     """One measurement. fsdpkit with one process runs unsharded, as `fsdpkit train` does; `fsdp`
     runs it under torchrun as one FSDP2 rank instead, the way the baseline always runs. The
-    compiled transformers peer (impl "transformers") has `weights` "fp32" (autocast) or "bf16"."""
+    transformers peer (impl "transformers") has `weights` "fp32" (autocast) or "bf16", and runs
+    under torch.compile unless `compile` is off."""
     return {"section": section, "impl": impl, "preset": preset, "seq": seq, "batch": batch, "world": world,
             "dtype": dtype, "flags": list(flags), "label": label or impl, "steps": steps, "warmup": warmup,
-            "fsdp": fsdp, "weights": weights, "compile": True}
+            "fsdp": fsdp, "weights": weights, "compile": compile}
 
 
 def peer(section: str, preset: str, seq: int, batch: int, weights: str, steps: int = 8, warmup: int = 2,
@@ -62,8 +63,8 @@ def peer(section: str, preset: str, seq: int, batch: int, weights: str, steps: i
     """The transformers peer; `compiled=False` (the smoke's) runs it eagerly, without compile's cold start."""
     label = {"fp32": "fp32 weights+autocast", "bf16": "bf16 weights"}[weights]
     label = f"transformers+compile {label}" if compiled else f"transformers eager {label}"
-    return {**case(section, "transformers", preset, seq, batch, 1, "bf16", flags, label, steps, warmup,
-                   weights=weights), "compile": compiled}
+    return case(section, "transformers", preset, seq, batch, 1, "bf16", flags, label, steps, warmup,
+                weights=weights, compile=compiled)
 
 
 # A benchmark measures training, not the hub: local text and the bytes tokenizer, the model's
@@ -270,7 +271,7 @@ def worker(c: dict, out: Path, device: str) -> None:
             dist.teardown()
     elif c["impl"] == "transformers":
         times = reference_baseline.train_steps_compiled(cfg, rt, c["weights"], c["steps"] + c["warmup"],
-                                                        c.get("compile", True))
+                                                        c["compile"])
     else:
         train(cfg)
         times = [r["step_time_s"] for r in load_run(out / "run").train] if rank == 0 else []
