@@ -51,12 +51,17 @@ lint: venv
 	$(BIN)/lint-imports
 	$(BIN)/mypy
 
+# The suite starts some thousands of interpreters: each reads the compiled modules (and pytest's
+# rewritten tests) the first wrote, where an environment that says not to write them would have each
+# compile its own again.
+PYTEST := env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+
 pytest: venv
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(PYTEST) $(PYTEST_ARGS)
 
 # The tests that depend on torch (marked by tests/torch_pass.py): what CI runs again on the newest torch.
 test-torch: venv
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m torch $(PYTEST_ARGS)
+	$(PYTEST) -m torch $(PYTEST_ARGS)
 
 # How many one-token changes to the modules that derive a job's numbers the tests catch, per module,
 # into benchmarks/RESULTS.md (benchmarks/mutation.py; an hour or more on two cores, so not in `make test`).
