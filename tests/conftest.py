@@ -22,7 +22,7 @@ import pytest
 from fsdpkit.cli.main import main as cli_main
 from fsdpkit.envelope import show_diagnostics
 
-import torch_cli
+import forked_cli
 import torch_pass
 from slurm_cluster import SlurmCluster, why_not
 
@@ -60,7 +60,7 @@ def pytest_collection_modifyitems(items):
 
 
 def pytest_sessionfinish(session):
-    torch_cli.ZYGOTE_PROCESS.close()
+    forked_cli.close()
 
 
 # Small, fast settings shared by the training tests (tiny preset, short sequences).
@@ -76,12 +76,10 @@ def run_cli(*args: str, timeout: float = 300, env: dict | None = None, cwd: Path
 
 def fsdpkit_process(argv: list[str], env: dict[str, str], cwd: Path, stdin: str = "",
                     timeout: float = 300) -> subprocess.CompletedProcess:
-    """`python -m fsdpkit ARGV` with exactly this environment. A command that imports torch is forked
-    from a process that imported it once (tests/torch_cli.py), where its environment allows."""
-    if argv and argv[0] in torch_pass.TORCH_VERBS:
-        done = torch_cli.ZYGOTE_PROCESS.run(argv, env, Path(cwd), stdin, timeout)
-        if done is not None:
-            return done
+    """`python -m fsdpkit ARGV` with exactly this environment, forked from a process that imported
+    what the command needs once (tests/forked_cli.py), where its environment allows."""
+    if argv and (done := forked_cli.run(argv, env, Path(cwd), stdin, timeout)) is not None:
+        return done
     return subprocess.run([sys.executable, "-m", "fsdpkit", *argv], capture_output=True, text=True, timeout=timeout,
                           env=env, cwd=cwd, input=stdin)
 

@@ -1,12 +1,14 @@
-"""`fsdpkit` commands that import torch (train, export, eval, ...), each in a process of its own forked
-from one that imported torch and the training program once.
+"""`fsdpkit` commands, each in a process of its own forked from one that imported what the command
+needs once: torch and the training program for the verbs that train (train, export, eval, ...), the
+CLI with its Kubernetes and AWS clients and no torch for the others.
 
-A command in a new interpreter spends about 2.4 s of CPU importing torch and the trainer before it
-reads its first option; the suite runs some hundreds of them. Here each command is still a real
-process with its own exit code, standard streams, working folder and environment, started from
-an interpreter whose only history is those imports (no tensor made, no thread of its own started:
-forked as PyTorch's DataLoader forks its workers). What a command starts (torchrun's agent, the
-ranks) starts as ever, from `sys.executable`. A test asserting how a command *starts* (what it
+A command in a new interpreter spends about 2.4 s of CPU importing torch and the trainer, or 0.5 s
+importing the CLI and its clients, before it reads its first option; the suite runs some hundreds
+of each. Here each command is still a real process with its own exit code, standard streams,
+working folder and environment, started from an interpreter whose only history is those imports
+(no tensor made, no client configured, no thread of its own started: forked as PyTorch's
+DataLoader forks its workers). What a command starts (torchrun's agent, the ranks, kubectl) starts
+as ever, from `sys.executable` or its own program. A test asserting how a command *starts* (what it
 imports, its command line, a signal to the process) uses subprocess itself.
 """
 
@@ -20,20 +22,23 @@ import tempfile
 import threading
 from pathlib import Path
 
-# The forking process: imports once, then per request (a JSON line: argv, env, cwd, and the files for
-# the standard streams) forks a child that runs the command as `python -m fsdpkit` would, and
-# answers the child's pid, then its exit code.
+import torch_pass
+
+# The forking process: imports once (IMPORTS, named per kind of command below), then per request (a
+# JSON line: argv, env, cwd, and the files for the standard streams) forks a child that runs the
+# command as `python -m fsdpkit` would, and answers the child's pid, then its exit code.
 ZYGOTE = r"""
 import atexit, json, os, sys, traceback
-import torch
-import fsdpkit.cli.main, fsdpkit.train.launch, fsdpkit.train.trainer
+import fsdpkit.cli.main
+for name in IMPORTS:
+    __import__(name)
 
 def run(req):
     os.chdir(req["cwd"])
     os.environ.clear()
     os.environ.update(req["env"])
-    if "OMP_NUM_THREADS" in req["env"]:   # OpenMP read the forking process's value when torch loaded
-        torch.set_num_threads(int(req["env"]["OMP_NUM_THREADS"]))
+    if "OMP_NUM_THREADS" in req["env"] and "torch" in sys.modules:   # OpenMP read it when torch loaded
+        sys.modules["torch"].set_num_threads(int(req["env"]["OMP_NUM_THREADS"]))
     for fd, path, mode in ((0, req["stdin"], os.O_RDONLY), (1, req["stdout"], os.O_WRONLY),
                            (2, req["stderr"], os.O_WRONLY)):
         os.dup2(os.open(path, mode), fd)
@@ -77,9 +82,11 @@ SET_PER_COMMAND = frozenset({"PYTHONUNBUFFERED", "OMP_NUM_THREADS"})
 
 
 class _Zygote:
-    """One forking process per test process (an xdist worker), started on first use."""
+    """One forking process per test process (an xdist worker) and kind of command, started on first
+    use, that imported `imports`."""
 
-    def __init__(self) -> None:
+    def __init__(self, imports: list[str]) -> None:
+        self.imports = imports
         self.lock = threading.Lock()
         self.proc: subprocess.Popen | None = None
         self.env: dict[str, str] = {}
@@ -87,7 +94,8 @@ class _Zygote:
     def _started(self) -> subprocess.Popen:
         if self.proc is None or self.proc.poll() is not None:
             self.env = dict(os.environ)
-            self.proc = subprocess.Popen([sys.executable, "-u", "-c", ZYGOTE], stdin=subprocess.PIPE,
+            code = f"IMPORTS = {self.imports!r}\n{ZYGOTE}"
+            self.proc = subprocess.Popen([sys.executable, "-u", "-c", code], stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=self.env)
         return self.proc
 
@@ -122,7 +130,7 @@ class _Zygote:
             proc.stdin.flush()
             line = proc.stdout.readline()
             if not line:
-                raise RuntimeError("the forking process for torch commands (tests/torch_cli.py) is gone")
+                raise RuntimeError(f"the forking process of {self.imports} (tests/forked_cli.py) is gone")
             pid = int(line)
             answer: list[str] = []
             reader = threading.Thread(target=lambda: answer.append(proc.stdout.readline()), daemon=True)
@@ -144,4 +152,21 @@ class _Zygote:
             self.proc.wait(30)
 
 
-ZYGOTE_PROCESS = _Zygote()
+# The training verbs' (tests/torch_pass.py: TORCH_VERBS), and every other verb's: those import no torch,
+# and a test may hold them to that. A `job submit` of a local job imports torch after the fork, as a
+# command of its own would.
+TORCH = _Zygote(["torch", "fsdpkit.train.launch", "fsdpkit.train.trainer"])
+CLIENTS = _Zygote(["fsdpkit.cli.job", "fsdpkit.cli.cluster", "fsdpkit.cli.storage", "fsdpkit.cli.ray",
+                   "fsdpkit.cli.deploy", "fsdpkit.cli.image", "fsdpkit.cli.infra", "fsdpkit.cli.ckpt",
+                   "fsdpkit.cli.plan", "fsdpkit.cli.report", "kubernetes.client", "boto3"])
+
+
+def run(argv: list[str], env: dict[str, str], cwd: Path, stdin: str,
+        timeout: float) -> subprocess.CompletedProcess | None:
+    """The command forked from its kind's process, or None where that cannot be (see _Zygote.run)."""
+    return (TORCH if argv and argv[0] in torch_pass.TORCH_VERBS else CLIENTS).run(argv, env, cwd, stdin, timeout)
+
+
+def close() -> None:
+    for zygote in (TORCH, CLIENTS):
+        zygote.close()
