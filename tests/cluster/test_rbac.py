@@ -18,7 +18,7 @@ from fsdpkit.jobs.backends import get_backend
 from fsdpkit.jobs.backends.kube_api import KINDS, SUPPORT
 from fsdpkit.jobs.resolved import load_job
 
-from conftest import KubeMock, require
+from conftest import require
 from job_specs import TOKEN, write_spec
 from manifest_schemas import validate_builtin
 
@@ -152,20 +152,16 @@ def test_every_verb_works_with_the_role_and_fails_naming_each_permission_it_lack
         assert code == 0, (verb, err)
         now = None if verb in CHANGES else state
 
-    # One permission taken away at a time, each on an API server of its own (kmock matches every
-    # request against all it has seen: one server for all of them would take minutes). A permission
-    # for an object this job does not make (a DRA claim template, a TrainJob's own runtime) is needed
-    # by no verb here: taking it away is not tried.
+    # One permission taken away at a time, each from a user of its own on the same API server (every
+    # verb starts from the state it needs: set_state). A permission for an object this job does not
+    # make (a DRA claim template, a TrainJob's own runtime) is needed by no verb here: taking it away
+    # is not tried.
     made = {o["kind"] for o in get_backend(backend).render(load_job(spec, [])).objects()}
     unmade = {plural for kind, (_, _, plural) in SUPPORT.items() if kind not in made}
     used = set()
-    for i, (group, resource, allowed) in enumerate(permissions):
+    for group, resource, allowed in permissions:
         if resource in unmade:
             continue
-        kube.close()
-        (tmp_path / str(i)).mkdir()
-        kube = KubeMock(tmp_path / str(i))
-        kube.route("get /api/v1/namespaces/default/pods/llama-tiny-rank0/log", b"Batch 1 Loss: 3.1\n")
         less = [{**rule, "verbs": [v for v in rule["verbs"] if not (rule["apiGroups"] == [group] and
                                                                   rule["resources"] == [resource] and v == allowed)]}
                 for rule in rules]
@@ -195,7 +191,6 @@ def test_every_verb_works_with_the_role_and_fails_naming_each_permission_it_lack
                 if verb == "job status" and taken == rbac.Permission("get", "", "pods/log", optional=True).of("", ""):
                     used.add(taken)   # optional: status answers and names what it could not read
                     assert 'cannot get resource "pods/log"' in err and "network not read" in err
-    kube.close()
     # Every permission of the Role is used by some verb (the sampling exec by `job watch`'s default),
     # but those for what a job with DRA claims makes (tests/jobs/test_jobs_kube.py uses them).
     # The job is on no Kueue queue: Kueue's verdict is not read (tests/jobs/test_jobs_kube.py reads it).
