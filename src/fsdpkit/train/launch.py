@@ -61,6 +61,7 @@ def launch(cfg: TrainConfig, argv: list[str], accepted: Callable[[], None] = lam
     N workers under torchrun (fsdpkit.train.runtime.supervisor) and returns their outcome."""
     # Imported here, as torch is, so that `--help` and bad-input errors stay fast (no torch until a
     # run starts).
+    from fsdpkit.train.runtime import agent
     from fsdpkit.train.runtime.dist import resolve_device_type
     from fsdpkit.train.trainer import preflight, train
 
@@ -75,7 +76,7 @@ def launch(cfg: TrainConfig, argv: list[str], accepted: Callable[[], None] = lam
         sys.stdout.flush()
         sys.stderr.flush()
         try:
-            return Supervisor(agent_args(cfg, argv, str(run_dir)), env).run(), None
+            return Supervisor(agent_args(cfg, argv, str(run_dir)), env, start=agent.main).run(), None
         finally:
             lock.release()
     result = train(cfg, accepted)

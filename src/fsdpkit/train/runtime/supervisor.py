@@ -1,7 +1,8 @@
 """torchrun under a supervisor that owns the job's signals, its exit code and its lifetime.
 
     supervisor   `fsdpkit train --nproc N` locally, `fsdpkit-torchrun ...` on a cluster node
-      agent      python -m fsdpkit.train.runtime.agent: torch's elastic agent (torchrun's own code), own session
+      agent      fsdpkit.train.runtime.agent: torch's elastic agent (torchrun's own code), own session;
+                 forked from `fsdpkit train`, which imported torch already, else `python -m` it
         workers  python -m fsdpkit.train, one per device
 
 Why not torchrun alone: on SIGTERM torchrun gives its workers 30 s before SIGKILL (far less than an
@@ -25,7 +26,10 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 from fsdpkit.errors import UserError
@@ -122,13 +126,64 @@ def torchrun_args(nproc: int, max_restarts: int, nnodes: str = "1",
     return [f"--nnodes={nnodes}", f"--nproc-per-node={nproc}", *where, f"--max-restarts={max_restarts}"]
 
 
-class Supervisor:
-    """Runs the agent (torchrun's arguments, then the worker's module and flags) and answers signals."""
+class _ForkedAgent:
+    """The agent as a fork of this process, for a launcher that already imported torch: the child
+    starts with torch loaded (about 1.5 s of CPU a run less than a new interpreter's import), then
+    runs exactly what `python -m fsdpkit.train.runtime.agent ARGS` would. Popen's pid, poll and
+    wait, for the Supervisor."""
 
-    def __init__(self, torchrun_args: list[str], env: dict[str, str] | None = None):
+    def __init__(self, start: Callable[[list[str]], int], args: list[str], env: dict[str, str]):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.returncode: int | None = None
+        self.pid = os.fork()
+        if self.pid == 0:
+            code = 1
+            try:
+                os.setsid()   # as start_new_session
+                die_with_parent()
+                for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
+                    signal.signal(s, signal.SIG_DFL)   # the supervisor's handlers are not the agent's
+                os.environ.clear()
+                os.environ.update(env)
+                code = start(args)
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else 1
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float) -> int:
+        end = time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            if time.monotonic() >= end:
+                raise subprocess.TimeoutExpired("fsdpkit.train.runtime.agent", timeout)
+            time.sleep(0.02)
+        return code
+
+
+class Supervisor:
+    """Runs the agent (torchrun's arguments, then the worker's module and flags) and answers signals.
+    With `start` (the agent's main, given by a launcher that imported torch) and no Python thread but
+    this one (a fork copies only the caller's, and a lock another held would stay held), the agent is
+    a fork of this process, as PyTorch's DataLoader forks its workers; otherwise a new interpreter."""
+
+    def __init__(self, torchrun_args: list[str], env: dict[str, str] | None = None,
+                 start: Callable[[list[str]], int] | None = None):
         self.args = torchrun_args
         self.env = dict(os.environ if env is None else env)
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.start = start
+        self.proc: subprocess.Popen[bytes] | _ForkedAgent | None = None
         self.stopping = False
         self.told: set[int] = set()   # workers already sent SIGTERM
 
@@ -169,8 +224,11 @@ class Supervisor:
         signal.signal(signal.SIGQUIT, self._on_kill)
         try:
             # Its own session: a terminal's Ctrl-C reaches the supervisor only, which decides.
-            self.proc = subprocess.Popen([sys.executable, "-m", "fsdpkit.train.runtime.agent", *self.args], env=env,
-                                         start_new_session=True, preexec_fn=die_with_parent)
+            if self.start is not None and threading.active_count() == 1:
+                self.proc = _ForkedAgent(self.start, self.args, env)
+            else:
+                self.proc = subprocess.Popen([sys.executable, "-m", "fsdpkit.train.runtime.agent", *self.args],
+                                             env=env, start_new_session=True, preexec_fn=die_with_parent)
             while (code := self._wait()) is None:
                 if self.stopping:  # the stop came during rendezvous or a restart: tell new workers too
                     self._tell_workers()
