@@ -57,31 +57,45 @@ def assert_same_steps(got: list, want: list) -> None:
         assert (loss, norm) == pytest.approx((loss0, norm0), rel=1e-5) and load == load0
 
 
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """A shape's two runs on 2 ranks, at EP=1 and at EP=2 (checkpointing every 3 steps), made once
+    per shape: (their folder, what the EP=2 run printed). The EP=2 run's step-3 checkpoint is also
+    the one the four-rank test resumes."""
+    made: dict[str, tuple[Path, str]] = {}
+
+    def runs(shape: str) -> tuple[Path, str]:
+        if shape not in made:
+            root = tmp_path_factory.mktemp(shape)
+            train(2, flags(shape, root / "ep1"))
+            made[shape] = root, train(2, flags(shape, root / "ep2", "--expert-parallel", "2", "--checkpoint-dir",
+                                               str(root / "ck"), "--checkpoint-every", "3"))
+        return made[shape]
+    return runs
+
+
 @pytest.mark.parametrize("shape", sorted(SHAPES))
-def test_two_ranks_at_ep2_train_as_ep1_does_and_its_checkpoint_resumes_at_ep1(shape, tmp_path):
-    train(2, flags(shape, tmp_path / "ep1"))
-    out = train(2, flags(shape, tmp_path / "ep2", "--expert-parallel", "2", "--checkpoint-dir", str(tmp_path / "ck"),
-                         "--checkpoint-every", "3"))
+def test_two_ranks_at_ep2_train_as_ep1_does_and_its_checkpoint_resumes_at_ep1(shape, pair, tmp_path):
+    root, out = pair(shape)
     experts = int(SHAPES[shape][3])
     assert (f"fsdpkit: expert parallel 2: each rank holds {experts // 2} of the {experts} experts of every layer, "
             "tokens travel to theirs by all-to-all; 1 copy(ies) of each expert") in out
-    reference = steps(tmp_path / "ep1")
-    assert_same_steps(steps(tmp_path / "ep2"), reference)
+    reference = steps(root / "ep1")
+    assert_same_steps(steps(root / "ep2"), reference)
     if shape != "mixtral":
         return   # resuming reads the same DTensors for every family: Mixtral shows it
     (tmp_path / "half").mkdir()
-    shutil.copytree(tmp_path / "ck" / "step-00000003", tmp_path / "half" / "step-00000003")
+    shutil.copytree(root / "ck" / "step-00000003", tmp_path / "half" / "step-00000003")
     train(2, flags(shape, tmp_path / "rest", "--checkpoint-dir", str(tmp_path / "half"), "--resume", "auto"))
     assert_same_steps(steps(tmp_path / "rest"), reference[3:])
 
 
-def test_an_ep2_checkpoint_resumes_on_four_ranks_at_ep4_and_at_ep2_as_at_ep1(tmp_path):
-    train(2, flags("mixtral", tmp_path / "ep2", "--expert-parallel", "2", "--checkpoint-dir", str(tmp_path / "ck"),
-                   "--checkpoint-every", "3", "--max-steps", "3"))
+def test_an_ep2_checkpoint_resumes_on_four_ranks_at_ep4_and_at_ep2_as_at_ep1(pair, tmp_path):
+    root, _ = pair("mixtral")
     runs = {}
     for degree in (1, 2, 4):
         ck = tmp_path / f"ck-{degree}"
-        shutil.copytree(tmp_path / "ck" / "step-00000003", ck / "step-00000003")
+        shutil.copytree(root / "ck" / "step-00000003", ck / "step-00000003")
         train(4, flags("mixtral", tmp_path / f"at{degree}", "--expert-parallel", str(degree), "--checkpoint-dir",
                        str(ck), "--resume", "auto", "--max-steps", "5"))
         runs[degree] = steps(tmp_path / f"at{degree}")
