@@ -64,8 +64,13 @@ class Kueue:
     def __init__(self, kube, verdict, plural=PLURAL, kind="PyTorchJob"):
         import threading
 
+        from kubernetes import client
+
         self.kube, self.verdict, self.plural, self.kind = kube, verdict, plural, kind
         self.stop, self.made = threading.Event(), []
+        # What the garbage collector would have deleted since an earlier Kueue's last look (a job
+        # deleted after it closed): gone before any job of this one's is made.
+        self._collect(client.CustomObjectsApi(kube.api()))
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
@@ -75,12 +80,7 @@ class Kueue:
         api = client.CustomObjectsApi(self.kube.api())
         seen = set()
         while not self.stop.wait(0.1):
-            jobs = api.list_namespaced_custom_object(GROUP, VERSION, "default", self.plural)["items"]
-            names = {j["metadata"]["name"] for j in jobs}
-            for w in api.list_namespaced_custom_object("kueue.x-k8s.io", "v1beta2", "default", "workloads")["items"]:
-                if not {o["name"] for o in w["metadata"].get("ownerReferences") or []} & names:
-                    api.delete_namespaced_custom_object("kueue.x-k8s.io", "v1beta2", "default", "workloads",
-                                                        w["metadata"]["name"])
+            jobs = self._collect(api)
             for job in jobs:
                 meta = job["metadata"]
                 key = (meta["name"], meta.get("resourceVersion"))
@@ -106,6 +106,21 @@ class Kueue:
                     "status": {"conditions": conditions}})
                 self.made.append(name)
 
+    def _collect(self, api) -> list[dict]:
+        """The garbage collector's part: each Workload whose job is gone is deleted. The jobs, listed."""
+        jobs = api.list_namespaced_custom_object(GROUP, VERSION, "default", self.plural)["items"]
+        names = {j["metadata"]["name"] for j in jobs}
+        for w in api.list_namespaced_custom_object("kueue.x-k8s.io", "v1beta2", "default", "workloads")["items"]:
+            if not {o["name"] for o in w["metadata"].get("ownerReferences") or []} & names:
+                api.delete_namespaced_custom_object("kueue.x-k8s.io", "v1beta2", "default", "workloads",
+                                                    w["metadata"]["name"])
+        return jobs
+
     def close(self):
+        """Stop playing Kueue; what the garbage collector has left to delete (a job deleted since the
+        last look) is deleted now, as it would be before a next job of the same name is submitted."""
+        from kubernetes import client
+
         self.stop.set()
         self.thread.join(5)
+        self._collect(client.CustomObjectsApi(self.kube.api()))
