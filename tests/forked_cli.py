@@ -22,6 +22,8 @@ import tempfile
 import threading
 from pathlib import Path
 
+from fsdpkit.cli.main import VERBS
+
 import torch_pass
 
 # The forking process: imports once (IMPORTS, named per kind of command below), then per request (a
@@ -156,9 +158,8 @@ class _Zygote:
 # and a test may hold them to that. A `job submit` of a local job imports torch after the fork, as a
 # command of its own would.
 TORCH = _Zygote(["torch", "fsdpkit.train.launch", "fsdpkit.train.trainer"])
-CLIENTS = _Zygote(["fsdpkit.cli.job", "fsdpkit.cli.cluster", "fsdpkit.cli.storage", "fsdpkit.cli.ray",
-                   "fsdpkit.cli.deploy", "fsdpkit.cli.image", "fsdpkit.cli.infra", "fsdpkit.cli.ckpt",
-                   "fsdpkit.cli.plan", "fsdpkit.cli.report", "kubernetes.client", "boto3"])
+CLIENTS = _Zygote([*(module.partition(":")[0] for verb, (module, _) in VERBS.items()
+                     if verb not in torch_pass.TORCH_VERBS), "kubernetes.client", "boto3"])
 
 
 def run(argv: list[str], env: dict[str, str], cwd: Path, stdin: str,

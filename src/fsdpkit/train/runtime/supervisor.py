@@ -147,8 +147,8 @@ class _ForkedAgent:
                 os.environ.clear()
                 os.environ.update(env)
                 code = start(args)
-            except SystemExit as e:
-                code = e.code if isinstance(e.code, int) else 1
+            except SystemExit as e:   # as the interpreter ends on it: no code is 0
+                code = 0 if e.code is None else e.code if isinstance(e.code, int) else 1
             except BaseException:
                 traceback.print_exc()
             finally:
