@@ -13,6 +13,7 @@ import re
 import shlex
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -55,6 +56,20 @@ class World:
     env: dict[str, str]
     kube: KubeMock
     volume: Path        # what `/ckpt/` holds, as a helper pod mounting the job's claim sees it
+    acted: int = 0      # the requests the operators' thread has acted on (`settle`)
+    failure: BaseException | None = None   # what stopped that thread, raised by `settle`
+
+    def settle(self, timeout: float = 30) -> None:
+        """Wait until the operators and the kubelet have acted on every request the API server has
+        seen: a user's next command comes after the cluster reacted to the last one (a RayCluster's
+        head pod is up, a job that ran is finished), as at a person's pace, not in the same
+        millisecond as a command that returned in 40 ms."""
+        wanted, deadline = self.kube.request_count(), time.monotonic() + timeout
+        while self.acted < wanted and self.failure is None:
+            assert time.monotonic() < deadline, f"the operators' thread acted on {self.acted} of {wanted} requests"
+            time.sleep(0.02)
+        if self.failure is not None:
+            raise AssertionError("the operators' thread (tests/cluster_world.py) stopped") from self.failure
 
     def installs(self) -> list[str]:
         """The upstream install commands run so far (kubectl and helm lines), in order."""
@@ -177,10 +192,17 @@ def _kubelet(world: World, stop: threading.Event) -> None:
 
     kube = world.kube
     core, custom = client.CoreV1Api(kube.api()), client.CustomObjectsApi(kube.api())
+    try:
+        _operate(world, kube, core, custom, stop)
+    except BaseException as e:   # raised in the test by World.settle, not lost with the thread
+        world.failure = e
+
+
+def _operate(world: World, kube: KubeMock, core, custom, stop: threading.Event) -> None:
     seen = 0
-    while not stop.wait(0.1):
-        requests = kube.requests()
-        for method, path, body in requests[seen:]:
+    while not stop.wait(0.05):
+        requests = kube.requests(seen)
+        for method, path, body in requests:
             if method != "POST" or not isinstance(body, dict) or "dryRun=" in path:
                 continue
             plural = path.split("?")[0].rsplit("/", 1)[-1]
@@ -219,7 +241,8 @@ def _kubelet(world: World, stop: threading.Event) -> None:
                 out = run_cli(*argv, env=world.env).stdout
                 kube.route(f"get /api/v1/namespaces/default/pods/{name}/log", out.encode())
                 core.patch_namespaced_pod_status(name, "default", {"status": {"phase": "Succeeded"}})
-        seen = len(requests)
+        seen += len(requests)
+        world.acted = seen
 
 
 def _pods(kube: KubeMock, core, name: str, job: dict) -> None:

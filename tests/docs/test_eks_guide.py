@@ -42,6 +42,7 @@ def walk(world: World, lines: list[str]) -> list[tuple[str, subprocess.Completed
     (world.volume / "llama3-8b" / "checkpoints").mkdir(parents=True)   # the job's, on its claim
     ran = []
     for line in lines:
+        world.settle()
         # `cluster check --fix` asks before each remedy: the reader following the guide says yes.
         r = run_cli(*line_argv(line), cwd=folder, env=world.env, timeout=600, stdin="y\n" * 10)
         ran.append((line, r))

@@ -127,6 +127,7 @@ def test_skill_commands_run_as_written(skill, request):
             subprocess.run(["git", *git], cwd=folder, check=True, capture_output=True)
     for _, line in [x for x in LINES if x[0] == skill]:
         argv = line_argv(line)
+        world.settle()
         t0 = time.monotonic()
         r = run_cli(*argv, cwd=folder, env=env, timeout=600)
         print(f"{time.monotonic() - t0:6.1f}s exit {r.returncode}  {line}")
