@@ -182,10 +182,12 @@ _STEPS = {"--max-steps", "--max_steps", "--checkpoint-freq", "--checkpoint_freq"
 
 
 def _shortened(argv: list[str]) -> list[str]:
-    """A documented training line at a hundredth of its steps, without a progress bar."""
+    """A documented training line at a hundredth of its steps, on sequences of 128 tokens where the
+    line names no length of its own (nor a config that may), without a progress bar."""
     out = [str(max(1, int(v) // 100)) if flag in _STEPS else v for flag, v in itertools.pairwise(["", *argv])]
-    named = any(a.split("=")[0] in ("--max-steps", "--max_steps") for a in argv)
-    return [*out, *([] if named else ["--max_steps", "1"]), "--progress", "off"]
+    named = {a.split("=")[0].replace("_", "-") for a in argv}
+    short = [] if named & {"--seq-len", "--config"} else ["--seq-len", "128"]
+    return [*out, *([] if "--max-steps" in named else ["--max_steps", "1"]), *short, "--progress", "off"]
 
 
 @pytest.mark.slow
@@ -193,7 +195,8 @@ def _shortened(argv: list[str]) -> list[str]:
 def test_documented_command_runs_as_written(doc, line, workspaces):
     """What is checked is that the command as written finds its files, parses and runs, and that a
     documented resume has steps left to train. Training runs are a hundred times shorter: each step
-    count a line gives is divided by 100 (at least 1), a line that gives none stops after one step."""
+    count a line gives is divided by 100 (at least 1), a line that gives none stops after one step;
+    their sequences are 128 tokens where the line leaves the length to its preset."""
     root, env = workspaces(doc)
     tokens = shell_argv(line.split(" > ")[0])
     argv = _shortened(tokens[1:]) if tokens[1] == "train" else tokens[1:]

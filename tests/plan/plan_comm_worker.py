@@ -1,21 +1,30 @@
-"""Run by test_plan.py under torchrun: a real fsdpkit training run with every c10d collective it
-issues recorded (op, output and input bytes) through a TorchDispatchMode, each optimizer step marked
-among them as ("optimizer.step", 0, 0), written as JSON by rank 0 to OUT.json and by every other
-rank r to OUT.json.r (expert parallel's all-to-alls differ by rank).
-Usage: torchrun --nproc-per-node 2 tests/plan/plan_comm_worker.py OUT.json [trainer flags]"""
+"""Run by test_plan.py under torchrun: real fsdpkit training runs, one after another in the same two
+ranks (one launch for every case: the ranks' start-up is most of a small run's cost), with every c10d
+collective each issues recorded (op, output and input bytes) through a TorchDispatchMode, each
+optimizer step marked among them as ("optimizer.step", 0, 0). A case's calls are written as JSON by
+rank 0 to OUT_DIR/ID.json and by every other rank r to OUT_DIR/ID.json.r (expert parallel's
+all-to-alls differ by rank).
+
+Each case's process group is made here, on torchrun's store under a prefix of its own (a group made
+again under the same keys would read the former group's addresses); the trainer finds it made and
+tears it down at the end of its run, as it does its own.
+Usage: torchrun --nproc-per-node 2 tests/plan/plan_comm_worker.py CASES.json OUT_DIR
+CASES.json: [{"id": ..., "flags": [trainer flags]}, ...]"""
 
 from __future__ import annotations
 
 import json
 import os
 import sys
+from pathlib import Path
 
 import torch
+import torch.distributed as c10d
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from fsdpkit.train.config import parse_args
-from fsdpkit.train.runtime.dist import leave
+from fsdpkit.train.runtime import dist
 from fsdpkit.train.trainer import train
 
 
@@ -39,12 +48,17 @@ class Collectives(TorchDispatchMode):
 
 
 if __name__ == "__main__":
-    cfg = parse_args(sys.argv[2:])
-    mode = Collectives()
-    register_optimizer_step_post_hook(lambda *_: mode.calls.append(("optimizer.step", 0, 0)))
-    with mode:
-        train(cfg)
-    rank = int(os.environ.get("RANK", "0"))
-    with open(sys.argv[1] + (f".{rank}" if rank else ""), "w") as f:
-        json.dump(mode.calls, f)
-    leave(0)  # as fsdpkit's own workers end: no interpreter finalization racing gloo's threads
+    cases, out_dir = json.loads(Path(sys.argv[1]).read_text()), Path(sys.argv[2])
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    modes: list[Collectives] = []
+    register_optimizer_step_post_hook(lambda *_: modes[-1].calls.append(("optimizer.step", 0, 0)))
+    for case in cases:
+        cfg = parse_args(case["flags"])
+        c10d.init_process_group("gloo", store=c10d.PrefixStore(f"case-{case['id']}/", dist._attempt_store(rank, world)),
+                                rank=rank, world_size=world)
+        modes.append(Collectives())
+        with modes[-1]:
+            train(cfg)
+        assert not c10d.is_initialized(), "the trainer left its process group"
+        (out_dir / (f"{case['id']}.json" + (f".{rank}" if rank else ""))).write_text(json.dumps(modes[-1].calls))
+    dist.leave(0)  # as fsdpkit's own workers end: no interpreter finalization racing gloo's threads

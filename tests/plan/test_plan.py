@@ -189,21 +189,54 @@ def test_planned_peak_is_within_15_percent_of_the_measured_tensor_peak_at_a_larg
     assert 0.85 <= planned / measured <= 1.15, f"planned {planned / MIB:.1f} MiB, measured {measured / MIB:.1f} MiB"
 
 
-def recorded_collectives(tmp_path: Path, flags: list[str]) -> list[list]:
-    """Each of the 2 ranks' collectives in the second step of a 2-step run: those after the first
-    optimizer step up to the second (start-up, logging and the final validation fall outside)."""
-    out, steps = tmp_path / "calls.json", 2
+COMM_CASES = {
+    "debug-fp32": ["--preset", "debug", "--seq_len", "64", "--train_batch_size", "2"],
+    "tiny-bf16-accum-noreshard": [
+        "--preset", "tiny", "--seq_len", "64", "--train_batch_size", "2", "--mixed_precision", "bf16",
+        "--grad_accum_steps", "2", "--reshard_after_forward", "false", "--n_kv_heads", "2", "--vocab_size", "301"],
+    "debug-lora": [*LORA, "--seq_len", "64", "--train_batch_size", "2", "--lora_targets", "q_proj,v_proj,down_proj"],
+    "debug-qlora-bf16": [*LORA, "--seq_len", "64", "--train_batch_size", "2", "--base_dtype", "nf4",
+                         "--mixed_precision", "bf16"],
+    # Context parallel: K/V all-to-all'd with their own heads; then expanded to the query heads
+    # first (1 K/V head over 2 ranks), recomputed under checkpointing, over 2 micro-steps in bf16.
+    # Expert parallel: the experts out of FSDP's units, tokens to them and back; the same
+    # recomputed, accumulated and in bf16.
+    "debug-cp2": ["--preset", "debug", "--seq_len", "64", "--train_batch_size", "2", "--context_parallel", "2"],
+    "debug-cp2-expanded-ac-accum-bf16": [
+        "--preset", "debug", "--seq_len", "64", "--train_batch_size", "2", "--context_parallel", "2", "--n_kv_heads",
+        "1", "--activation_checkpointing", "full", "--grad_accum_steps", "2", "--mixed_precision", "bf16"],
+    "mixtral-ep2": ["--preset", "debug", "--family", "mixtral", "--n_experts", "4", "--seq_len", "64",
+                    "--train_batch_size", "2", "--expert_parallel", "2"],
+    "mixtral-ep2-ac-accum-bf16": [
+        "--preset", "debug", "--family", "mixtral", "--n_experts", "4", "--seq_len", "64", "--train_batch_size", "2",
+        "--expert_parallel", "2", "--activation_checkpointing", "full", "--grad_accum_steps", "2",
+        "--mixed_precision", "bf16"],
+}
+
+
+@pytest.fixture(scope="module")
+def collectives(tmp_path_factory, debug_hf) -> dict[str, list[list]]:
+    """Each case's collectives on each of the 2 ranks in the second step of a 2-step run: those
+    after the first optimizer step up to the second (start-up, logging and the final validation fall
+    outside). Every case runs in one launch of 2 ranks (tests/plan/plan_comm_worker.py)."""
+    root, steps = tmp_path_factory.mktemp("comm"), 2
+    cases = [{"id": case, "flags": [*with_base(flags, debug_hf), "--max_steps", str(steps), "--validation_freq", "0",
+                                    "--validation_batches", "1", "--tensorboard", "0", "--progress", "off",
+                                    "--run_dir", str(root / case)]}
+             for case, flags in COMM_CASES.items()]
+    (root / "cases.json").write_text(json.dumps(cases))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           str(ROOT / "tests" / "plan" / "plan_comm_worker.py"), str(out), *flags, "--max_steps", str(steps),
-           "--validation_freq", "0", "--validation_batches", "1", "--tensorboard", "0", "--progress", "off",
-           "--run_dir", str(tmp_path / f"run{steps}")]
+           str(ROOT / "tests" / "plan" / "plan_comm_worker.py"), str(root / "cases.json"), str(root)]
     r = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, cwd=ROOT,
-                       timeout=300)
+                       timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    ranks = [json.loads(Path(f"{out}.{rank}" if rank else out).read_text()) for rank in range(2)]
-    steps_at = [[i for i, c in enumerate(calls) if c[0] == "optimizer.step"] for calls in ranks]
-    assert all(len(at) == 2 for at in steps_at), steps_at
-    return [calls[at[0] + 1:at[1]] for calls, at in zip(ranks, steps_at, strict=True)]
+    recorded = {}
+    for case in COMM_CASES:
+        ranks = [json.loads((root / (f"{case}.json" + (f".{rank}" if rank else ""))).read_text()) for rank in range(2)]
+        steps_at = [[i for i, c in enumerate(calls) if c[0] == "optimizer.step"] for calls in ranks]
+        assert all(len(at) == steps for at in steps_at), (case, steps_at)
+        recorded[case] = [calls[at[0] + 1:at[1]] for calls, at in zip(ranks, steps_at, strict=True)]
+    return recorded
 
 
 def _sums(calls: list) -> dict[str, int]:
@@ -215,31 +248,12 @@ def _sums(calls: list) -> dict[str, int]:
             "all_to_alls": len(exchanges), "all_to_all_bytes": sum(c[1] for c in exchanges)}
 
 
-@pytest.mark.parametrize("flags", [
-    ["--preset", "debug", "--seq_len", "64", "--train_batch_size", "2"],
-    ["--preset", "tiny", "--seq_len", "64", "--train_batch_size", "2", "--mixed_precision", "bf16",
-     "--grad_accum_steps", "2", "--reshard_after_forward", "false", "--n_kv_heads", "2", "--vocab_size", "301"],
-    [*LORA, "--seq_len", "64", "--train_batch_size", "2", "--lora_targets", "q_proj,v_proj,down_proj"],
-    [*LORA, "--seq_len", "64", "--train_batch_size", "2", "--base_dtype", "nf4", "--mixed_precision", "bf16"],
-    # Context parallel: K/V all-to-all'd with their own heads; then expanded to the query heads
-    # first (1 K/V head over 2 ranks), recomputed under checkpointing, over 2 micro-steps in bf16.
-    # Expert parallel: the experts out of FSDP's units, tokens to them and back; the same
-    # recomputed, accumulated and in bf16.
-    ["--preset", "debug", "--seq_len", "64", "--train_batch_size", "2", "--context_parallel", "2"],
-    ["--preset", "debug", "--seq_len", "64", "--train_batch_size", "2", "--context_parallel", "2", "--n_kv_heads", "1",
-     "--activation_checkpointing", "full", "--grad_accum_steps", "2", "--mixed_precision", "bf16"],
-    ["--preset", "debug", "--family", "mixtral", "--n_experts", "4", "--seq_len", "64", "--train_batch_size", "2",
-     "--expert_parallel", "2"],
-    ["--preset", "debug", "--family", "mixtral", "--n_experts", "4", "--seq_len", "64", "--train_batch_size", "2",
-     "--expert_parallel", "2", "--activation_checkpointing", "full", "--grad_accum_steps", "2",
-     "--mixed_precision", "bf16"],
-], ids=["debug-fp32", "tiny-bf16-accum-noreshard", "debug-lora", "debug-qlora-bf16", "debug-cp2",
-        "debug-cp2-expanded-ac-accum-bf16", "mixtral-ep2", "mixtral-ep2-ac-accum-bf16"])
-def test_communication_bytes_equal_the_collectives_of_a_real_step(tmp_path, flags, debug_hf):
-    flags = with_base(flags, debug_hf)
+@pytest.mark.parametrize("case", COMM_CASES)
+def test_communication_bytes_equal_the_collectives_of_a_real_step(case, collectives, debug_hf):
+    flags = with_base(COMM_CASES[case], debug_hf)
     # One step's collectives, the mean of the 2 ranks' (the rows a rank's experts receive differ by
     # rank; their sum is every rank's tokens).
-    ranks = [_sums(calls) for calls in recorded_collectives(tmp_path, flags)]
+    ranks = [_sums(calls) for calls in collectives[case]]
     summed = {k: sum(r[k] for r in ranks) for k in ranks[0]}
     assert all(v % 2 == 0 for v in summed.values())
     step = {k: v // 2 for k, v in summed.items()}
