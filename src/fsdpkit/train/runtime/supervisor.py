@@ -235,9 +235,9 @@ class Supervisor:
         finally:
             for s, h in handlers.items():
                 signal.signal(s, h)
-        stopped = stop_file.exists()
-        stop_file.unlink(missing_ok=True)
-        stop_file.parent.rmdir()
+            stopped = stop_file.exists()
+            stop_file.unlink(missing_ok=True)
+            stop_file.parent.rmdir()   # on every way out: nothing of a run is left in /tmp
         if code == 0 and stopped:
             return EXIT_STOPPED
         return code if code >= 0 else 128 - code
