@@ -29,26 +29,35 @@ MASKS = {"documents": ["--document-masking", "1"],
          "documents+window": ["--document-masking", "1", "--sliding-window", "1024"], "causal": []}
 
 
-def step_on(ranks: int, groups: int, out: Path, mask: str) -> tuple[dict, list[int]]:
-    """context_worker.py's step over the same 2 sequences on `ranks` ranks in `groups`
-    context-parallel groups (each group its share of the sequences): the loss and gradients, and
-    each rank's activations."""
-    out.mkdir(parents=True)
-    args = [str(WORKER), str(out), "2", *SHAPE, *MASKS[mask], "--context-parallel", str(ranks // groups)]
-    cmd = [sys.executable, *(["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"]
-                             if ranks > 1 else []), *args]
-    r = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, cwd=ROOT,
-                       timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    kept = [json.loads((out / f"activations-rank{i}.json").read_text()) for i in range(ranks)]
-    return torch.load(out / "step.pt"), kept
+# The launches (ranks, context-parallel groups) and the masks each steps in turn: the steps of the
+# tests below, and their one-rank references, in four launches rather than eight.
+LAUNCHES = {(1, 1): ("documents", "documents+window", "causal"), (2, 1): ("documents", "causal"),
+            (4, 2): ("documents",), (4, 1): ("documents+window", "causal")}
 
 
 @pytest.fixture(scope="module")
-def one_rank(tmp_path_factory) -> dict:
-    """Each mask's step on one rank: the reference."""
-    root = tmp_path_factory.mktemp("one")
-    return {mask: step_on(1, 1, root / mask, mask) for mask in MASKS}
+def step_on(tmp_path_factory):
+    """step_on(ranks, groups, mask): context_worker.py's step over the same 2 sequences on `ranks`
+    ranks in `groups` context-parallel groups (each group its share of the sequences): the loss and
+    gradients, and each rank's activations. Each launch of LAUNCHES runs once, when first asked for."""
+    done: dict[tuple[int, int], Path] = {}
+
+    def get(ranks: int, groups: int, mask: str) -> tuple[dict, list[int]]:
+        if (ranks, groups) not in done:
+            out = tmp_path_factory.mktemp(f"cp-{ranks}-{groups}")
+            (out / "masks.json").write_text(json.dumps({m: MASKS[m] for m in LAUNCHES[ranks, groups]}))
+            args = [str(WORKER), str(out), "2", str(out / "masks.json"), *SHAPE, "--context-parallel",
+                    str(ranks // groups)]
+            cmd = [sys.executable, *(["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"]
+                                     if ranks > 1 else []), *args]
+            r = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+                               cwd=ROOT, timeout=600)
+            assert r.returncode == 0, r.stderr[-3000:]
+            done[ranks, groups] = out
+        out = done[ranks, groups] / mask
+        kept = [json.loads((out / f"activations-rank{i}.json").read_text()) for i in range(ranks)]
+        return torch.load(out / "step.pt"), kept
+    return get
 
 
 def assert_same_step(step: dict, reference: dict) -> None:
@@ -63,19 +72,19 @@ def assert_same_step(step: dict, reference: dict) -> None:
 @pytest.mark.parametrize(("ranks", "groups", "mask"), [(2, 1, "documents"), (4, 2, "documents"),
                                                        (4, 1, "documents+window")],
                          ids=["cp2-documents", "dp2-cp2-documents", "cp4-documents-window"])
-def test_a_step_over_n_ranks_has_one_rank_s_loss_and_gradients(one_rank, tmp_path, ranks, groups, mask):
+def test_a_step_over_n_ranks_has_one_rank_s_loss_and_gradients(step_on, ranks, groups, mask):
     """2 query heads a rank over 1 K/V head at 2 ranks; at 4, K/V expanded to the query heads first.
     Two groups of two: each its own sequence, FSDP's gradient mean over all four ranks."""
-    step, _ = step_on(ranks, groups, tmp_path / "cp", mask)
-    assert_same_step(step, one_rank[mask][0])
+    step, _ = step_on(ranks, groups, mask)
+    assert_same_step(step, step_on(1, 1, mask)[0])
 
 
-def test_activations_per_rank_fall_to_one_nth(one_rank, tmp_path):
+def test_activations_per_rank_fall_to_one_nth(step_on):
     """Plain causal attention, as on a GPU, where masks are FlexAttention's block masks (the CPU's
     dense T x T mask is whole on every rank: its stand-in, not part of the split)."""
-    _, [whole] = one_rank["causal"]
+    _, [whole] = step_on(1, 1, "causal")
     for ranks in (2, 4):
-        _, kept = step_on(ranks, 1, tmp_path / f"cp{ranks}", "causal")
+        _, kept = step_on(ranks, 1, "causal")
         for per_rank in kept:
             assert whole / ranks <= per_rank <= 1.1 * whole / ranks, (ranks, per_rank / whole)
 
