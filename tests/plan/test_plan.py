@@ -15,7 +15,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -33,19 +32,6 @@ from conftest import ROOT, cli_here, require
 
 pytestmark = pytest.mark.slow
 MIB = 2**20
-
-
-def measured_tensor_peak(tmp_path: Path, flags: list[str], world: int = 1) -> int:
-    """Peak bytes of live tensors in a real 2-step run (the highest rank), from torch.profiler."""
-    cmd = [sys.executable, *(["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}"]
-                             if world > 1 else []),
-           str(ROOT / "tests" / "plan" / "plan_memory_worker.py"), str(tmp_path), *flags, "--max_steps", "2",
-           "--validation_freq", "0", "--validation_batches", "1", "--tensorboard", "0", "--progress", "off",
-           "--prefetch", "0", "--run_dir", str(tmp_path / "run")]
-    r = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, cwd=ROOT,
-                       timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return max(json.loads(p.read_text())["peak_bytes"] for p in tmp_path.glob("rank*.json"))
 
 
 def planned_peak(world: int, flags: list[str]) -> int:
@@ -74,20 +60,65 @@ def with_base(flags: list[str], base: str) -> list[str]:
 LORA = ["--init_from_hf", "{hf}", "--lora", "1", "--lora_rank", "16"]
 
 
-@pytest.mark.parametrize(("world", "flags"), [
-    (1, ["--preset", "debug", "--seq_len", "256", "--train_batch_size", "8", "--activation_checkpointing", "full"]),
-    (2, ["--preset", "debug", "--seq_len", "512", "--train_batch_size", "4"]),
-    (2, ["--preset", "debug", "--seq_len", "256", "--train_batch_size", "8", "--mixed_precision", "bf16",
-         "--activation_checkpointing", "full"]),
-    (2, [*LORA, "--seq_len", "512", "--train_batch_size", "4"]),
-    (2, [*LORA, "--base_dtype", "nf4", "--seq_len", "512", "--train_batch_size", "4"]),
-    (2, ["--preset", "debug", "--seq_len", "2048", "--train_batch_size", "2", "--context_parallel", "2"]),
-    (2, ["--preset", "debug", "--family", "mixtral", "--n_experts", "4", "--seq_len", "512", "--train_batch_size", "4",
-         "--expert_parallel", "2"]),
-], ids=["1proc-ac", "2ranks", "2ranks-bf16-ac", "2ranks-lora", "2ranks-qlora", "2ranks-cp2", "2ranks-mixtral-ep2"])
-def test_memory_estimate_is_within_15_percent_of_a_real_run(tmp_path, world, flags, debug_hf):
-    flags = with_base(flags, debug_hf)
-    measured, planned = measured_tensor_peak(tmp_path, flags, world), planned_peak(world, flags)
+# (world, flags) of each run whose tensor peak is measured against the plan.
+MEMORY_CASES = {
+    "1proc-ac": (1, ["--preset", "debug", "--seq_len", "256", "--train_batch_size", "8",
+                     "--activation_checkpointing", "full"]),
+    "2ranks": (2, ["--preset", "debug", "--seq_len", "512", "--train_batch_size", "4"]),
+    "2ranks-bf16-ac": (2, ["--preset", "debug", "--seq_len", "256", "--train_batch_size", "8", "--mixed_precision",
+                           "bf16", "--activation_checkpointing", "full"]),
+    "2ranks-lora": (2, [*LORA, "--seq_len", "512", "--train_batch_size", "4"]),
+    "2ranks-qlora": (2, [*LORA, "--base_dtype", "nf4", "--seq_len", "512", "--train_batch_size", "4"]),
+    "2ranks-cp2": (2, ["--preset", "debug", "--seq_len", "2048", "--train_batch_size", "2", "--context_parallel", "2"]),
+    "2ranks-mixtral-ep2": (2, ["--preset", "debug", "--family", "mixtral", "--n_experts", "4", "--seq_len", "512",
+                               "--train_batch_size", "4", "--expert_parallel", "2"]),
+}
+# A vocabulary large enough that the loss and the validation pass weigh in the peak (a byte-level one
+# hides both). One process: its tensor peak is the same from run to run; with gloo ranks at this
+# vocabulary, buffers of asynchronous collectives are freed at moments that vary by some 15%.
+LARGE_VOCAB = ["--preset", "debug", "--vocab_size", "8192", "--seq_len", "256"]
+LARGE_VOCAB_CASES = {
+    "fp32": ["--train_batch_size", "2", "--activation_checkpointing", "none"],
+    "fp32-ac": ["--train_batch_size", "2", "--activation_checkpointing", "full"],
+    "bf16": ["--train_batch_size", "2", "--activation_checkpointing", "none", "--mixed_precision", "bf16"],
+    # A small micro-batch with checkpointing and a larger validation batch: where validation, had it
+    # been modelled as one forward of the whole validation batch, would make the headline peak.
+    "bf16-ac-batch1-val16": ["--train_batch_size", "1", "--val_batch_size", "16", "--activation_checkpointing",
+                             "full", "--mixed_precision", "bf16"],
+}
+
+
+@pytest.fixture(scope="module")
+def tensor_peaks(tmp_path_factory, debug_hf) -> dict[str, int]:
+    """Each case's peak bytes of live tensors in a real 2-step run (the highest rank's), from
+    torch.profiler: the cases of one world size in one launch (tests/plan/plan_memory_worker.py).
+    Keyed by MEMORY_CASES' ids and by `vocab-` and LARGE_VOCAB_CASES' ids."""
+    root = tmp_path_factory.mktemp("memory")
+    runs = {case: (world, with_base(flags, debug_hf)) for case, (world, flags) in MEMORY_CASES.items()}
+    runs |= {f"vocab-{case}": (1, [*LARGE_VOCAB, *flags]) for case, flags in LARGE_VOCAB_CASES.items()}
+    peaks = {}
+    for world in (1, 2):
+        cases = [{"id": case, "flags": [*flags, "--max_steps", "2", "--validation_freq", "0", "--validation_batches",
+                                        "1", "--tensorboard", "0", "--progress", "off", "--prefetch", "0",
+                                        "--run_dir", str(root / case)]}
+                 for case, (w, flags) in runs.items() if w == world]
+        (root / f"cases{world}.json").write_text(json.dumps(cases))
+        cmd = [sys.executable, *(["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}"]
+                                 if world > 1 else []),
+               str(ROOT / "tests" / "plan" / "plan_memory_worker.py"), str(root / f"cases{world}.json"), str(root)]
+        r = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, cwd=ROOT,
+                           timeout=600)
+        assert r.returncode == 0, r.stderr[-3000:]
+        for case in cases:
+            peaks[case["id"]] = max(json.loads((root / f"{case['id']}.rank{rank}.json").read_text())["peak_bytes"]
+                                    for rank in range(world))
+    return peaks
+
+
+@pytest.mark.parametrize("case", MEMORY_CASES)
+def test_memory_estimate_is_within_15_percent_of_a_real_run(case, tensor_peaks, debug_hf):
+    world, flags = MEMORY_CASES[case]
+    measured, planned = tensor_peaks[case], planned_peak(world, with_base(flags, debug_hf))
     assert 0.85 <= planned / measured <= 1.15, f"planned {planned / MIB:.1f} MiB, measured {measured / MIB:.1f} MiB"
 
 
@@ -169,23 +200,10 @@ def test_a_block_s_planned_activations_are_what_autograd_saves_byte_for_byte(lor
     assert sum(saved.values()) == block_activations(dataclasses.replace(workload(cfg, 1, "cpu"), lora=lora))
 
 
-# A vocabulary large enough that the loss and the validation pass weigh in the peak (a byte-level one
-# hides both). One process: its tensor peak is the same from run to run; with gloo ranks at this
-# vocabulary, buffers of asynchronous collectives are freed at moments that vary by some 15%.
-LARGE_VOCAB = ["--preset", "debug", "--vocab_size", "8192", "--seq_len", "256"]
-
-
-@pytest.mark.parametrize("flags", [
-    ["--train_batch_size", "2", "--activation_checkpointing", "none"],
-    ["--train_batch_size", "2", "--activation_checkpointing", "full"],
-    ["--train_batch_size", "2", "--activation_checkpointing", "none", "--mixed_precision", "bf16"],
-    # A small micro-batch with checkpointing and a larger validation batch: where validation, had it
-    # been modelled as one forward of the whole validation batch, would make the headline peak.
-    ["--train_batch_size", "1", "--val_batch_size", "16", "--activation_checkpointing", "full",
-     "--mixed_precision", "bf16"],
-], ids=["fp32", "fp32-ac", "bf16", "bf16-ac-batch1-val16"])
-def test_planned_peak_is_within_15_percent_of_the_measured_tensor_peak_at_a_large_vocabulary(tmp_path, flags):
-    measured, planned = measured_tensor_peak(tmp_path, [*LARGE_VOCAB, *flags]), planned_peak(1, [*LARGE_VOCAB, *flags])
+@pytest.mark.parametrize("case", LARGE_VOCAB_CASES)
+def test_planned_peak_is_within_15_percent_of_the_measured_tensor_peak_at_a_large_vocabulary(case, tensor_peaks):
+    flags = [*LARGE_VOCAB, *LARGE_VOCAB_CASES[case]]
+    measured, planned = tensor_peaks[f"vocab-{case}"], planned_peak(1, flags)
     assert 0.85 <= planned / measured <= 1.15, f"planned {planned / MIB:.1f} MiB, measured {measured / MIB:.1f} MiB"
 
 
