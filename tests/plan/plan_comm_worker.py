@@ -1,22 +1,13 @@
 """Run by test_plan.py under torchrun: real fsdpkit training runs, one after another in the same two
-ranks (one launch for every case: the ranks' start-up is most of a small run's cost), with every c10d
-collective each issues recorded (op, output and input bytes) through a TorchDispatchMode, each
-optimizer step marked among them as ("optimizer.step", 0, 0). A case's calls are written as JSON by
-rank 0 to OUT_DIR/ID.json and by every other rank r to OUT_DIR/ID.json.r (expert parallel's
-all-to-alls differ by rank).
-
-Each case's process group is made here, on torchrun's store under a prefix of its own (a group made
-again under the same keys would read the former group's addresses); the trainer finds it made and
-tears it down at the end of its run, as it does its own.
-Usage: torchrun --nproc-per-node 2 tests/plan/plan_comm_worker.py CASES.json OUT_DIR
-CASES.json: [{"id": ..., "flags": [trainer flags]}, ...]"""
+ranks (tests/plan/plan_cases.py), with every c10d collective each issues recorded (op, output and
+input bytes) through a TorchDispatchMode, each optimizer step marked among them as
+("optimizer.step", 0, 0). A case's calls are written as JSON by rank 0 to OUT_DIR/ID.json and by
+every other rank r to OUT_DIR/ID.json.r (expert parallel's all-to-alls differ by rank).
+Usage: torchrun --nproc-per-node 2 tests/plan/plan_comm_worker.py CASES.json OUT_DIR"""
 
 from __future__ import annotations
 
 import json
-import os
-import sys
-from pathlib import Path
 
 import torch
 import torch.distributed as c10d
@@ -26,6 +17,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from fsdpkit.train.config import parse_args
 from fsdpkit.train.runtime import dist
 from fsdpkit.train.trainer import train
+
+from plan_cases import join_group, launch_args
 
 
 class Collectives(TorchDispatchMode):
@@ -48,14 +41,12 @@ class Collectives(TorchDispatchMode):
 
 
 if __name__ == "__main__":
-    cases, out_dir = json.loads(Path(sys.argv[1]).read_text()), Path(sys.argv[2])
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    cases, out_dir, rank = launch_args()
     modes: list[Collectives] = []
     register_optimizer_step_post_hook(lambda *_: modes[-1].calls.append(("optimizer.step", 0, 0)))
     for case in cases:
         cfg = parse_args(case["flags"])
-        c10d.init_process_group("gloo", store=c10d.PrefixStore(f"case-{case['id']}/", dist._attempt_store(rank, world)),
-                                rank=rank, world_size=world)
+        join_group(case["id"])
         modes.append(Collectives())
         with modes[-1]:
             train(cfg)

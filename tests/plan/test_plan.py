@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -60,6 +61,21 @@ def with_base(flags: list[str], base: str) -> list[str]:
 LORA = ["--init_from_hf", "{hf}", "--lora", "1", "--lora_rank", "16"]
 
 
+def launch(worker: str, root: Path, world: int, cases: dict[str, list[str]]) -> None:
+    """Each case a real 2-step run, all of them in one launch of `world` processes of
+    tests/plan/`worker` (tests/plan/plan_cases.py), their results under `root`."""
+    (root / f"cases{world}.json").write_text(json.dumps([
+        {"id": case, "flags": [*flags, "--max_steps", "2", "--validation_freq", "0", "--validation_batches", "1",
+                               "--tensorboard", "0", "--progress", "off", "--run_dir", str(root / case)]}
+        for case, flags in cases.items()]))
+    cmd = [sys.executable, *(["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}"]
+                             if world > 1 else []),
+           str(ROOT / "tests" / "plan" / worker), str(root / f"cases{world}.json"), str(root)]
+    r = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, cwd=ROOT,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+
+
 # (world, flags) of each run whose tensor peak is measured against the plan.
 MEMORY_CASES = {
     "1proc-ac": (1, ["--preset", "debug", "--seq_len", "256", "--train_batch_size", "8",
@@ -98,20 +114,11 @@ def tensor_peaks(tmp_path_factory, debug_hf) -> dict[str, int]:
     runs |= {f"vocab-{case}": (1, [*LARGE_VOCAB, *flags]) for case, flags in LARGE_VOCAB_CASES.items()}
     peaks = {}
     for world in (1, 2):
-        cases = [{"id": case, "flags": [*flags, "--max_steps", "2", "--validation_freq", "0", "--validation_batches",
-                                        "1", "--tensorboard", "0", "--progress", "off", "--prefetch", "0",
-                                        "--run_dir", str(root / case)]}
-                 for case, (w, flags) in runs.items() if w == world]
-        (root / f"cases{world}.json").write_text(json.dumps(cases))
-        cmd = [sys.executable, *(["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}"]
-                                 if world > 1 else []),
-               str(ROOT / "tests" / "plan" / "plan_memory_worker.py"), str(root / f"cases{world}.json"), str(root)]
-        r = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, cwd=ROOT,
-                           timeout=600)
-        assert r.returncode == 0, r.stderr[-3000:]
+        cases = {case: [*flags, "--prefetch", "0"] for case, (w, flags) in runs.items() if w == world}
+        launch("plan_memory_worker.py", root, world, cases)
         for case in cases:
-            peaks[case["id"]] = max(json.loads((root / f"{case['id']}.rank{rank}.json").read_text())["peak_bytes"]
-                                    for rank in range(world))
+            peaks[case] = max(json.loads((root / f"{case}.rank{rank}.json").read_text())["peak_bytes"]
+                              for rank in range(world))
     return peaks
 
 
@@ -237,22 +244,13 @@ def collectives(tmp_path_factory, debug_hf) -> dict[str, list[list]]:
     """Each case's collectives on each of the 2 ranks in the second step of a 2-step run: those
     after the first optimizer step up to the second (start-up, logging and the final validation fall
     outside). Every case runs in one launch of 2 ranks (tests/plan/plan_comm_worker.py)."""
-    root, steps = tmp_path_factory.mktemp("comm"), 2
-    cases = [{"id": case, "flags": [*with_base(flags, debug_hf), "--max_steps", str(steps), "--validation_freq", "0",
-                                    "--validation_batches", "1", "--tensorboard", "0", "--progress", "off",
-                                    "--run_dir", str(root / case)]}
-             for case, flags in COMM_CASES.items()]
-    (root / "cases.json").write_text(json.dumps(cases))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           str(ROOT / "tests" / "plan" / "plan_comm_worker.py"), str(root / "cases.json"), str(root)]
-    r = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, cwd=ROOT,
-                       timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
+    root = tmp_path_factory.mktemp("comm")
+    launch("plan_comm_worker.py", root, 2, {case: with_base(flags, debug_hf) for case, flags in COMM_CASES.items()})
     recorded = {}
     for case in COMM_CASES:
         ranks = [json.loads((root / (f"{case}.json" + (f".{rank}" if rank else ""))).read_text()) for rank in range(2)]
         steps_at = [[i for i, c in enumerate(calls) if c[0] == "optimizer.step"] for calls in ranks]
-        assert all(len(at) == steps for at in steps_at), (case, steps_at)
+        assert all(len(at) == 2 for at in steps_at), (case, steps_at)
         recorded[case] = [calls[at[0] + 1:at[1]] for calls, at in zip(ranks, steps_at, strict=True)]
     return recorded
 
