@@ -377,7 +377,7 @@ def _open_run(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path, state: TrainSta
         # Every rank measures at once, as they will compute, and the best counts: one figure for the
         # run (a rank measured while another was still loading reads low).
         peak = dist.all_reduce_max(peak, rt)
-    # Only rank 0's diagnostics are shown, so only rank 0 spends the 0.3 s measuring fp32 for this one.
+    # Only rank 0's diagnostics are shown, so only rank 0 spends the 0.1 s measuring fp32 for this one.
     bf16_on_cpu = rt.is_main and peak_source == "measured-gemm" and dtype == torch.bfloat16
     if bf16_on_cpu and peak is not None and (ratio := cpu_bf16_gemm_ratio(peak)) < 1:
         log.warning(f"on this CPU bf16 matrix products run at {ratio:.2f}x the fp32 rate (measured); "

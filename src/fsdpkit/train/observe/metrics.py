@@ -34,9 +34,11 @@ def _gemm_rate(a: torch.Tensor, b: torch.Tensor, seconds: float) -> float:
     return cast("float", 2 * a.shape[0] ** 3 * iters / (time.perf_counter() - start))
 
 
-def measure_cpu_peak_flops(dtype: torch.dtype = torch.float32, seconds: float = 0.3, runs: int = 5) -> float:
+def measure_cpu_peak_flops(dtype: torch.dtype = torch.float32, seconds: float = 0.1, runs: int = 5) -> float:
     """This process's matmul FLOP/s on the CPU with its current thread count (the MFU denominator):
-    the best of several short runs, since other work on the machine slows some runs, not the best."""
+    the best of several short runs, since other work on the machine slows some runs, not the best.
+    Runs of 20 ms (some eight 512^3 products on one core) read the rate as runs of 60 ms do, and
+    every CPU run, each of its ranks, pays this before its first step."""
     n = 512
     a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
     for _ in range(3):
@@ -44,7 +46,7 @@ def measure_cpu_peak_flops(dtype: torch.dtype = torch.float32, seconds: float = 
     return max(_gemm_rate(a, b, seconds / runs) for _ in range(runs))
 
 
-def cpu_bf16_gemm_ratio(bf16_rate: float, seconds: float = 0.3) -> float:
+def cpu_bf16_gemm_ratio(bf16_rate: float, seconds: float = 0.1) -> float:
     """A bf16 matmul rate measured on this CPU over its fp32 one. Having AVX512-BF16 is no promise:
     some VMs hide the units that make bf16 fast (benchmarks/RESULTS.md has both kinds)."""
     return bf16_rate / measure_cpu_peak_flops(torch.float32, seconds)
