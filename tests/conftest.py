@@ -24,6 +24,7 @@ from fsdpkit.envelope import show_diagnostics
 
 import forked_cli
 import torch_pass
+import worker_order
 from slurm_cluster import SlurmCluster, why_not
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,13 +51,20 @@ def require(module: str) -> types.ModuleType:
 # `make test` runs two pytest-xdist workers. Each worker's training processes get the worker's share
 # of the cores, as torchrun gives each rank its share: two OpenMP pools spinning on the same cores
 # slow each other down many times over.
+# Inductor's compile pool too: by default each compiling process starts one worker a core, each a
+# new interpreter importing torch (3.5 s of CPU a compiled run here), to compile on cores the other
+# worker is using.
 if _workers := int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")):
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _workers)))
+    _share = str(max(1, (os.cpu_count() or 1) // _workers))
+    os.environ.setdefault("OMP_NUM_THREADS", _share)
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", _share)
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by markers
 def pytest_collection_modifyitems(items):
-    """Mark the tests that depend on torch (tests/torch_pass.py): CI's newest-torch pass runs those."""
+    """Mark the tests that depend on torch (tests/torch_pass.py): CI's newest-torch pass runs those.
+    Then the longest files first, the order the workers take them in (tests/worker_order.py)."""
     torch_pass.mark(items)
+    worker_order.order(items)
 
 
 def pytest_sessionfinish(session):
