@@ -53,8 +53,10 @@ lint: venv
 
 # The suite starts some thousands of interpreters: each reads the compiled modules (and pytest's
 # rewritten tests) the first wrote, where an environment that says not to write them would have each
-# compile its own again.
-PYTEST := env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+# compile its own again. The workers take the files longest first, in the order the suite collects
+# them (tests/worker_order.py), not xdist's by number of tests.
+PYTEST := env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile \
+	--no-loadscope-reorder
 
 pytest: venv
 	$(PYTEST) $(PYTEST_ARGS)

@@ -97,6 +97,8 @@ def test_make_test_adds_the_suites_packages_on_top_of_the_training_install(tmp_p
     assert pips[:3] == [f"{venv}/bin/pip install -q --upgrade pip", f'tools/install-torch {venv}/bin/pip "torch>=2.6"',
                         f"{venv}/bin/pip install -q -e ."]
     assert pips[3] == f'{venv}/bin/pip install -q -e ".[test]"'
-    # Every interpreter the suite starts reads what an earlier one compiled (PYTHONDONTWRITEBYTECODE unset).
-    assert lines[-1] == f"env -u PYTHONDONTWRITEBYTECODE {venv}/bin/python -m pytest -q -n 2 --dist loadfile "
+    # Every interpreter the suite starts reads what an earlier one compiled (PYTHONDONTWRITEBYTECODE unset);
+    # the workers take the files in the suite's order, longest first (tests/schedule.py), not xdist's.
+    assert lines[-1] == (f"env -u PYTHONDONTWRITEBYTECODE {venv}/bin/python -m pytest -q -n 2 --dist loadfile "
+                         "--no-loadscope-reorder ")
     assert not [line for line in lines if line.lstrip().startswith("#")]
