@@ -98,7 +98,7 @@ def test_make_test_adds_the_suites_packages_on_top_of_the_training_install(tmp_p
                         f"{venv}/bin/pip install -q -e ."]
     assert pips[3] == f'{venv}/bin/pip install -q -e ".[test]"'
     # Every interpreter the suite starts reads what an earlier one compiled (PYTHONDONTWRITEBYTECODE unset);
-    # the workers take the files in the suite's order, longest first (tests/schedule.py), not xdist's.
+    # the workers take the files in the suite's order, longest first (tests/worker_order.py), not xdist's.
     assert lines[-1] == (f"env -u PYTHONDONTWRITEBYTECODE {venv}/bin/python -m pytest -q -n 2 --dist loadfile "
                          "--no-loadscope-reorder ")
     assert not [line for line in lines if line.lstrip().startswith("#")]
