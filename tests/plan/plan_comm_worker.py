@@ -1,9 +1,9 @@
 """Run by test_plan.py under torchrun: real fsdpkit training runs, one after another in the same two
-ranks (tests/plan/plan_cases.py), with every c10d collective each issues recorded (op, output and
+ranks (tests/launch_cases.py), with every c10d collective each issues recorded (op, output and
 input bytes) through a TorchDispatchMode, each optimizer step marked among them as
 ("optimizer.step", 0, 0). A case's calls are written as JSON by rank 0 to OUT_DIR/ID.json and by
 every other rank r to OUT_DIR/ID.json.r (expert parallel's all-to-alls differ by rank).
-Usage: torchrun --nproc-per-node 2 tests/plan/plan_comm_worker.py CASES.json OUT_DIR"""
+Usage (from tests/): torchrun --nproc-per-node 2 -m plan.plan_comm_worker CASES.json OUT_DIR"""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from fsdpkit.train.config import parse_args
 from fsdpkit.train.runtime import dist
 from fsdpkit.train.trainer import train
 
-from plan_cases import join_group, launch_args
+from launch_cases import join_group, launch_args
 
 
 class Collectives(TorchDispatchMode):

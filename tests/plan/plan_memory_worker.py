@@ -1,10 +1,10 @@
 """Run by test_plan.py (alone or under torchrun): real fsdpkit training runs under torch.profiler
-with memory profiling, one after another in the same process(es) (tests/plan/plan_cases.py), and
+with memory profiling, one after another in the same process(es) (tests/launch_cases.py), and
 each run's peak of the bytes its tensors held, from the profiler's allocation and free events in
 the order they happened. Each run starts with nothing of an earlier one alive (its objects
 collected first), so every event the profiler records is the run's own. Each rank writes
 OUT_DIR/ID.rank<N>.json per case.
-Usage: [torchrun --nproc-per-node 2] tests/plan/plan_memory_worker.py CASES.json OUT_DIR"""
+Usage (from tests/): [torchrun --nproc-per-node 2 | python] -m plan.plan_memory_worker CASES.json OUT_DIR"""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from fsdpkit.train.config import parse_args
 from fsdpkit.train.runtime import dist
 from fsdpkit.train.trainer import train
 
-from plan_cases import join_group, launch_args
+from launch_cases import join_group, launch_args
 
 
 def tensor_peak(prof: profile) -> int:

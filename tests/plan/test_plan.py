@@ -12,9 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -29,6 +26,7 @@ from fsdpkit.train.model.lora import add_adapters
 from fsdpkit.train.model.presets import PRESETS
 from fsdpkit.train.model.transformer import Transformer
 
+import launch_cases
 from conftest import ROOT, cli_here, require
 
 pytestmark = pytest.mark.slow
@@ -63,17 +61,11 @@ LORA = ["--init_from_hf", "{hf}", "--lora", "1", "--lora_rank", "16"]
 
 def launch(worker: str, root: Path, world: int, cases: dict[str, list[str]]) -> None:
     """Each case a real 2-step run, all of them in one launch of `world` processes of
-    tests/plan/`worker` (tests/plan/plan_cases.py), their results under `root`."""
-    (root / f"cases{world}.json").write_text(json.dumps([
+    tests/plan/`worker` (tests/launch_cases.py), their results under `root`."""
+    launch_cases.launch(f"plan.{worker}", [
         {"id": case, "flags": [*flags, "--max_steps", "2", "--validation_freq", "0", "--validation_batches", "1",
                                "--tensorboard", "0", "--progress", "off", "--run_dir", str(root / case)]}
-        for case, flags in cases.items()]))
-    cmd = [sys.executable, *(["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}"]
-                             if world > 1 else []),
-           str(ROOT / "tests" / "plan" / worker), str(root / f"cases{world}.json"), str(root)]
-    r = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, cwd=ROOT,
-                       timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
+        for case, flags in cases.items()], root, world)
 
 
 # (world, flags) of each run whose tensor peak is measured against the plan.
@@ -115,7 +107,7 @@ def tensor_peaks(tmp_path_factory, debug_hf) -> dict[str, int]:
     peaks = {}
     for world in (1, 2):
         cases = {case: [*flags, "--prefetch", "0"] for case, (w, flags) in runs.items() if w == world}
-        launch("plan_memory_worker.py", root, world, cases)
+        launch("plan_memory_worker", root, world, cases)
         for case in cases:
             peaks[case] = max(json.loads((root / f"{case}.rank{rank}.json").read_text())["peak_bytes"]
                               for rank in range(world))
@@ -245,7 +237,7 @@ def collectives(tmp_path_factory, debug_hf) -> dict[str, list[list]]:
     after the first optimizer step up to the second (start-up, logging and the final validation fall
     outside). Every case runs in one launch of 2 ranks (tests/plan/plan_comm_worker.py)."""
     root = tmp_path_factory.mktemp("comm")
-    launch("plan_comm_worker.py", root, 2, {case: with_base(flags, debug_hf) for case, flags in COMM_CASES.items()})
+    launch("plan_comm_worker", root, 2, {case: with_base(flags, debug_hf) for case, flags in COMM_CASES.items()})
     recorded = {}
     for case in COMM_CASES:
         ranks = [json.loads((root / (f"{case}.json" + (f".{rank}" if rank else ""))).read_text()) for rank in range(2)]

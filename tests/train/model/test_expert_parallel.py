@@ -8,15 +8,13 @@ their gradients added up), each continuing as EP=1 does from the same checkpoint
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, read_metrics, run_cli
+from conftest import read_metrics, run_cli
+from launch_cases import launch
 
 pytestmark = pytest.mark.slow
 
@@ -32,15 +30,9 @@ def flags(shape: str, run_dir: Path, *extra: str) -> list[str]:
             "--run-dir", str(run_dir), *extra]
 
 
-def train(ranks: int, args: list[str]) -> str:
-    """A run on `ranks` ranks: through `fsdpkit train --nproc` on 2; on 4, under torchrun itself
-    (this machine has 2 cores, which `--nproc` counts)."""
-    if ranks == 2:
-        r = run_cli("train", "--nproc", "2", *args)
-    else:
-        r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4", "-m",
-                            "fsdpkit.train", *args], env={**os.environ, "OMP_NUM_THREADS": "1"},
-                           capture_output=True, text=True, cwd=ROOT, timeout=600)
+def train(args: list[str]) -> str:
+    """A run on 2 ranks, through `fsdpkit train --nproc 2`."""
+    r = run_cli("train", "--nproc", "2", *args)
     assert r.returncode == 0, r.stderr[-3000:]
     return r.stdout
 
@@ -67,8 +59,8 @@ def pair(tmp_path_factory):
     def runs(shape: str) -> tuple[Path, str]:
         if shape not in made:
             root = tmp_path_factory.mktemp(shape)
-            train(2, flags(shape, root / "ep1"))
-            made[shape] = root, train(2, flags(shape, root / "ep2", "--expert-parallel", "2", "--checkpoint-dir",
+            train(flags(shape, root / "ep1"))
+            made[shape] = root, train(flags(shape, root / "ep2", "--expert-parallel", "2", "--checkpoint-dir",
                                                str(root / "ck"), "--checkpoint-every", "3"))
         return made[shape]
     return runs
@@ -86,19 +78,23 @@ def test_two_ranks_at_ep2_train_as_ep1_does_and_its_checkpoint_resumes_at_ep1(sh
         return   # resuming reads the same DTensors for every family: Mixtral shows it
     (tmp_path / "half").mkdir()
     shutil.copytree(root / "ck" / "step-00000003", tmp_path / "half" / "step-00000003")
-    train(2, flags(shape, tmp_path / "rest", "--checkpoint-dir", str(tmp_path / "half"), "--resume", "auto"))
+    train(flags(shape, tmp_path / "rest", "--checkpoint-dir", str(tmp_path / "half"), "--resume", "auto"))
     assert_same_steps(steps(tmp_path / "rest"), reference[3:])
 
 
 def test_an_ep2_checkpoint_resumes_on_four_ranks_at_ep4_and_at_ep2_as_at_ep1(pair, tmp_path):
+    """The three resumes in one launch of four ranks (tests/launch_cases.py), each from its own copy
+    of the step-3 checkpoint."""
     root, _ = pair("mixtral")
-    runs = {}
+    cases = []
     for degree in (1, 2, 4):
         ck = tmp_path / f"ck-{degree}"
         shutil.copytree(root / "ck" / "step-00000003", ck / "step-00000003")
-        train(4, flags("mixtral", tmp_path / f"at{degree}", "--expert-parallel", str(degree), "--checkpoint-dir",
-                       str(ck), "--resume", "auto", "--max-steps", "5"))
-        runs[degree] = steps(tmp_path / f"at{degree}")
+        cases.append({"id": f"ep{degree}", "flags": flags("mixtral", tmp_path / f"at{degree}", "--expert-parallel",
+                                                          str(degree), "--checkpoint-dir", str(ck), "--resume",
+                                                          "auto", "--max-steps", "5")})
+    launch("launch_cases", cases, tmp_path, 4)
+    runs = {degree: steps(tmp_path / f"at{degree}") for degree in (1, 2, 4)}
     assert len(runs[1]) == 2
     assert_same_steps(runs[4], runs[1])
     assert_same_steps(runs[2], runs[1])
