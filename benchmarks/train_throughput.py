@@ -280,14 +280,16 @@ def worker(c: dict, out: Path, device: str) -> None:
 
 
 # --- the run -----------------------------------------------------------------------------------------
-def measured_peak(device: str, dtype: str) -> tuple[float | None, str]:
+def measured_peak(device: str, dtype: str, seconds: float = 1.0) -> tuple[float | None, str]:
+    """The MFU denominator: a GPU's datasheet peak; a CPU's best of three GEMM runs of `seconds` each
+    (the smoke's are short: its MFU is shown to be computed, not measured to a percent)."""
     from fsdpkit.train.observe.metrics import gpu_peak_flops, measure_cpu_peak_flops
 
     torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
     if device == "cuda":
         return gpu_peak_flops(torch.device("cuda"), torch_dtype), "datasheet"
     torch.set_num_threads(os.cpu_count() or 1)
-    return max(measure_cpu_peak_flops(torch_dtype, seconds=1.0) for _ in range(3)), "measured GEMM, all cores"
+    return max(measure_cpu_peak_flops(torch_dtype, seconds=seconds) for _ in range(3)), "measured GEMM, all cores"
 
 
 def add_mfu(row: dict, peak: float | None) -> None:
@@ -406,17 +408,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         return dry_run(args, device)
     dtype = args.dtype
+    seconds = 0.1 if args.smoke else 1.0
     if dtype == "auto" and device == "cpu":
         # bf16 only where this CPU multiplies it faster than fp32 (an AVX512-BF16 flag is no promise):
         # both trainers then run at the precision that is fast here, and its rate is the MFU peak.
-        rates = {d: measured_peak(device, d) for d in ("bf16", "fp32")}
+        rates = {d: measured_peak(device, d, seconds) for d in ("bf16", "fp32")}
         dtype = "bf16" if rates["bf16"][0] > rates["fp32"][0] else "fp32"
         print(f"precision: {dtype} (bf16 matmuls at {rates['bf16'][0] / rates['fp32'][0]:.2f}x the fp32 rate "
               "on this CPU)", flush=True)
         peak, peak_source = rates[dtype]
     else:
         dtype = "bf16" if dtype == "auto" else dtype
-        peak, peak_source = measured_peak(device, dtype)
+        peak, peak_source = measured_peak(device, dtype, seconds)
     rows, failed = [], []
     cases = selected(parser, args, plan(args.smoke, device, dtype, set(args.only.split(","))))
     # Rounds interleave the compared cases, so a slow spell of a shared machine hits all of them.
