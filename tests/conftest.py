@@ -58,6 +58,9 @@ if _workers := int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")):
     _share = str(max(1, (os.cpu_count() or 1) // _workers))
     os.environ.setdefault("OMP_NUM_THREADS", _share)
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", _share)
+# The suite runs as on a machine with no cluster: the developer's own kubeconfig (its clusters, its
+# context's namespace, which every render now takes) reaches no test; a test that needs one gives its own.
+os.environ["KUBECONFIG"] = "/nonexistent/fsdpkit-tests/kubeconfig"
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by markers
 def pytest_collection_modifyitems(items):
@@ -313,13 +316,18 @@ class KubeMock:
         self.unserved = self.unserved - {resource}
         self.handler.resources[resource] = info
 
-    def user(self, name: str, rules: list[dict], namespace: str = "default") -> dict[str, str]:
+    def user(self, name: str, rules: list[dict], namespace: str = "default",
+             context_namespace: str | None = None) -> dict[str, str]:
         """A user bound to a Role with these rules in `namespace` and nothing cluster-wide, as a
-        shared cluster gives a team: the environment whose kubeconfig is that user's."""
+        shared cluster gives a team: the environment whose kubeconfig is that user's (its context
+        naming `context_namespace`, as `kubectl config set-context --current --namespace` does)."""
         token = f"token-{len(self.users)}-" + "".join(c if c.isalnum() else "-" for c in name)
         self.users = {**self.users, token: (name, rules, namespace)}
         path = self.kubeconfig.parent / f"kubeconfig-{token}"
-        path.write_text(self.kubeconfig.read_text().replace("not-a-real-token", token))
+        text = self.kubeconfig.read_text().replace("not-a-real-token", token)
+        if context_namespace:
+            text = text.replace("user: tester}", f"user: tester, namespace: {context_namespace}}}")
+        path.write_text(text)
         return {"KUBECONFIG": str(path)}
 
     async def _authorize(self, raw_request):

@@ -239,9 +239,9 @@ def test_each_ray_verb_says_which_call_the_cluster_refused_or_could_not_answer(k
                                                f"http://127.0.0.1:{port} (MaxRetryError); check the kubeconfig context "
                                                "and your network or VPN\n")
     r = cli_here("ray", "delete", "gone", "--yes", env=kube.env)
-    assert (r.returncode, r.stderr) == (2, "error: RayCluster 'gone' not found in default\n")
+    assert (r.returncode, r.stderr) == (2, "error: RayCluster 'gone' not found in namespace default\n")
     r = cli_here("ray", "submit", str(write(tmp_path, name="gone")), "--", "python", "x.py", env=kube.env)
-    assert (r.returncode, r.stderr) == (2, "error: RayCluster 'gone' not found in default; start it with "
+    assert (r.returncode, r.stderr) == (2, "error: RayCluster 'gone' not found in namespace default; start it with "
                                            "`fsdpkit ray create`\n")
     kube.forget("ray.io/v1/rayclusters")
     r = cli_here("ray", "create", str(path), env=kube.env)

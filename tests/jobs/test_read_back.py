@@ -115,3 +115,23 @@ def test_ray_renders_read_back_as_kubectl_reads_them(tmp_path, capsys):
                 meant = json.loads(cli(capsys, *full[:cut + len(extra)], "--json", *full[cut + len(extra):]))
                 pods += read_back(text, [meant["data"]["manifest"]])
     assert pods == len(CLUSTER) * 2 * 2   # a head and a worker group per RayCluster
+
+
+def test_every_cluster_example_passes_a_server_dry_run_on_a_cluster_without_kueue(kube, tmp_path, capsys,
+                                                                                  monkeypatch):
+    """As shipped, on a cluster that runs no Kueue (its API not served): the API server's dry run of
+    every object and pod each example makes accepts them (trainjob-p5 once named a LocalQueue, which
+    such a cluster refuses)."""
+    for plural in ("localqueues", "workloads", "clusterqueues"):
+        kube.forget(f"kueue.x-k8s.io/v1beta2/{plural}")
+    monkeypatch.setenv("KUBECONFIG", kube.env["KUBECONFIG"])
+    for name in sorted(CLUSTER):
+        spec = example(tmp_path, capsys, name)
+        before = len(kube.dry_runs)
+        argv = ["ray", "create", str(spec)] if name == "ray-p5" else ["job", "submit", str(spec)]
+        code = main([*argv, "--dry-run=server"])
+        err = capsys.readouterr().err
+        assert code == 0, (name, err)
+        assert len(kube.dry_runs) > before, name   # the API server was asked
+    # Nothing stored, and nothing asked of a Kueue that is not there.
+    assert not [p for m, p, _ in kube.requests() if m in ("POST", "PUT", "PATCH", "DELETE") or "kueue" in p]

@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 from typing import Any, cast
 
-from fsdpkit.cli.output import Parser, confirmed, dispatch, emit_json
+from fsdpkit.cli.output import Parser, add_namespace, confirmed, dispatch, emit_json
 from fsdpkit.effects import Effect, declare
 from fsdpkit.errors import UserError
 from fsdpkit.train.checkpoint.catalog import describe, prunable, read_meta, scan
@@ -156,7 +156,7 @@ def _storage_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("directory", help="a directory here, or with --pvc a path inside that volume")
     p.add_argument("--pvc", help="run in a short-lived pod that mounts this PersistentVolumeClaim")
     p.add_argument("--image", help="with --pvc: an image with fsdpkit installed (your training image)")
-    p.add_argument("-n", "--namespace", default="default")
+    add_namespace(p, "with --pvc: the claim's", when="pvc")
     p.add_argument("--context")
     p.add_argument("--kubeconfig")
     p.add_argument("--json", action="store_true", help="machine-readable output")

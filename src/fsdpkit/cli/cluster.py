@@ -10,7 +10,7 @@ from typing import Any
 
 from fsdpkit import yamlfile
 from fsdpkit.aws.session import pick_region
-from fsdpkit.cli.output import Parser, confirmed, dispatch, emit_json, progress
+from fsdpkit.cli.output import Parser, add_namespace, confirmed, dispatch, emit_json, progress
 from fsdpkit.effects import Effect, declare
 from fsdpkit.envelope import duration
 from fsdpkit.errors import UserError
@@ -383,7 +383,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "only when named), kuberay, mpi (the MPI operator, for `cluster validate nccl`; only when named), "
                    "kueue (teams' quotas, `cluster team`; only when named)")
     p.add_argument("--etcd", action="store_true", help="also one etcd member + Service for etcd rendezvous")
-    p.add_argument("-n", "--namespace", default="default", help="namespace of etcd")
+    add_namespace(p, "with --etcd: etcd's", when="etcd")
     p.add_argument("--dry-run", action="store_true", help="print the manifests and commands, apply nothing")
     _kube_flags(p)
     p.add_argument("--json", action="store_true")
@@ -439,7 +439,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nodes", type=int, default=2, help="nccl: nodes to test across")
     p.add_argument("--instance-type", help="nccl: the instance type of those nodes (p5.48xlarge, ...)")
     p.add_argument("--image", help="gpu: a CUDA base image; nccl: an image with nccl-tests, aws-ofi-nccl, MPI")
-    p.add_argument("-n", "--namespace", default="default")
+    add_namespace(p, "the validation workloads'")
     p.add_argument("--poll", type=duration, default=5.0, help=argparse.SUPPRESS)
     p.add_argument("--dry-run", action="store_true", help="nccl: print the MPIJob it would run; no cluster needed")
     _kube_flags(p)

@@ -8,7 +8,17 @@ import sys
 from pathlib import Path
 from typing import Any, cast
 
-from fsdpkit.cli.output import Parser, delete_asked, dispatch, emit_json, finding_message, print_findings, write_new
+from fsdpkit.cli.output import (
+    Parser,
+    add_namespace,
+    delete_asked,
+    dispatch,
+    emit_json,
+    finding_message,
+    print_findings,
+    write_new,
+)
+from fsdpkit.cluster.kubeconfig import context_namespace
 from fsdpkit.effects import Effect, declare
 from fsdpkit.envelope import duration
 from fsdpkit.errors import UserError
@@ -30,7 +40,12 @@ _SHORTCUTS = ("name", "image", "backend", "namespace", "nodes", "instance_type")
 def _job(args: argparse.Namespace) -> ResolvedJob:
     overrides = parse_overrides(args.set or [])
     overrides += [(k, getattr(args, k)) for k in _SHORTCUTS if getattr(args, k, None) is not None]
-    return load_job(args.spec, overrides, pin_image=True)
+    return load_job(args.spec, overrides, pin_image=True, namespace=lambda: _context_namespace(args))
+
+
+def _context_namespace(args: argparse.Namespace) -> str | None:
+    """The kubeconfig context's namespace: a cluster job's where neither its spec nor -n names one."""
+    return context_namespace(getattr(args, "context", None), getattr(args, "kubeconfig", None))
 
 
 def _backend(args: argparse.Namespace, spec: JobSpec | None = None) -> Backend:
@@ -41,7 +56,8 @@ def _backend(args: argparse.Namespace, spec: JobSpec | None = None) -> Backend:
 
 
 def _target(args: argparse.Namespace, spec: JobSpec | None = None) -> Target:
-    """Where the verb acts: --context and --kubeconfig, in the spec's namespace or --namespace."""
+    """Where the verb acts: --context and --kubeconfig, in the spec's namespace or -n's (resolved:
+    the kubeconfig context's where -n is not given)."""
     namespace = spec.namespace if spec is not None else getattr(args, "namespace", None) or "default"
     return Target(getattr(args, "context", None), getattr(args, "kubeconfig", None), namespace)
 
@@ -149,10 +165,12 @@ def cmd_submit(args: argparse.Namespace) -> int:
             return 0
         made = result.get("objects") or [str(result.get("command") or result.get("script") or result)]
         checked = " (the API server accepted each)" if result.get("accepted") else ""
-        print(f"dry run: would create {', '.join(made)}{checked}; -o yaml prints them")
+        where = f" in namespace {spec.namespace}" if spec.backend in CLUSTER_BACKENDS else ""
+        print(f"dry run: would create {', '.join(made)}{where}{checked}; -o yaml prints them")
         return 0
     made = result.get("created") or [result.get("script") or result.get("dir")]
-    print(f"submitted {spec.name} ({spec.backend}): {', '.join(map(str, made))}")
+    where = f", namespace {spec.namespace}" if spec.backend in CLUSTER_BACKENDS else ""
+    print(f"submitted {spec.name} ({spec.backend}{where}): {', '.join(map(str, made))}")
     for r in result.get("reused") or []:
         print(f"  reusing {r} (holds this job's earlier checkpoints)")
     if result.get("hint"):
@@ -367,12 +385,14 @@ def build_parser() -> argparse.ArgumentParser:
                        "explained); omit to start from the defaults")
         p.add_spec_overrides()
         for k in _SHORTCUTS:
-            p.add_argument(f"--{k.replace('_', '-')}", dest=k, help=f"override {k}")
+            short = ["-n"] if k == "namespace" else []   # as every other verb that takes a namespace
+            p.add_argument(*short, f"--{k.replace('_', '-')}", dest=k, help=f"override {k}" + (
+                " (default: the spec's, else the kubeconfig context's, else default)" if short else ""))
 
     def name_args(p: argparse.ArgumentParser) -> None:
         p.add_argument("job", metavar="NAME")
         p.add_argument("--backend", choices=BACKENDS, help="default: a local job of that name, else the cluster")
-        p.add_argument("-n", "--namespace", help="Kubernetes namespace (default: default)")
+        add_namespace(p)
 
     p = sub.add_parser("init", help="write a starter job spec: every field with a one-line comment")
     p.add_argument("--backend", choices=BACKENDS, default="local", help="where it runs")
@@ -451,7 +471,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("list", help="jobs made by fsdpkit")
     p.add_argument("--backend", choices=BACKENDS)
-    p.add_argument("-n", "--namespace")
+    add_namespace(p, "the jobs'")
     common(p)
     p.set_defaults(func=cmd_list)
     declare(p, Effect.REMOTE)

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 from fsdpkit.aws.sigv4 import amp_region, sigv4_auth
-from fsdpkit.cli.output import Parser, dispatch, emit_json, finding_message, print_findings
+from fsdpkit.cli.output import Parser, add_namespace, dispatch, emit_json, finding_message, print_findings
 from fsdpkit.effects import Effect, declare
 from fsdpkit.envelope import duration
 from fsdpkit.errors import UserError
@@ -88,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("job", metavar="NAME", help="the job (its pods are NAME-...)")
     parser.add_argument("--prometheus", metavar="URL", help="Prometheus or AMP workspace URL (default: "
                         "$FSDPKIT_PROMETHEUS_URL)")
-    parser.add_argument("-n", "--namespace", default="default", help="the job's namespace")
+    add_namespace(parser)
     parser.add_argument("--since", type=duration, help="a window ending now (90m, 6h, 2d) instead of the job's "
                         "lifetime, which is read from the cluster")
     parser.add_argument("--step", type=int, help="seconds between points (default: about 250 points)")

@@ -10,11 +10,29 @@ from typing import Any, cast
 
 from fsdpkit.aws import session as aws_session
 from fsdpkit.cluster import client as cluster_client
+from fsdpkit.cluster import kubeconfig
 from fsdpkit.envelope import Parser, emit_error, emit_json, show_diagnostics
 from fsdpkit.errors import Conflict, UserError
 
-__all__ = ["Parser", "confirmed", "delete_asked", "dispatch", "emit_error", "emit_json", "finding_message",
-           "print_findings", "progress", "write_new"]
+__all__ = ["Parser", "add_namespace", "confirmed", "delete_asked", "dispatch", "emit_error", "emit_json",
+           "finding_message", "print_findings", "progress", "write_new"]
+
+
+def add_namespace(p: argparse.ArgumentParser, what: str = "the job's", when: str | None = None) -> None:
+    """`-n/--namespace`, resolved as kubectl resolves it before the verb runs (dispatch): the flag,
+    else the kubeconfig context's namespace, else default. `when`: the option without which the verb
+    touches no cluster (`ckpt list --pvc`), so no kubeconfig is read."""
+    p.add_argument("-n", "--namespace", help=f"{what} Kubernetes namespace (default: the kubeconfig context's, "
+                   "else default)")
+    p.set_defaults(resolve_namespace=when or True)
+
+
+def resolve_namespace(args: argparse.Namespace) -> None:
+    """args.namespace as the verb acts in it (add_namespace), so its output says the one it used."""
+    when = getattr(args, "resolve_namespace", False)
+    if when is True or (isinstance(when, str) and getattr(args, when, None)):
+        args.namespace = kubeconfig.namespace(args.namespace, getattr(args, "context", None),
+                                              getattr(args, "kubeconfig", None))
 
 
 def progress(args: argparse.Namespace) -> Callable[[str], None]:
@@ -100,6 +118,7 @@ def dispatch(parser: argparse.ArgumentParser, argv: list[str]) -> int:
     args = None
     try:
         args = parser.parse_args(argv)
+        resolve_namespace(args)
         return cast("int", args.func(args))
     except UserError as e:
         return emit_error(e, getattr(args, "json", "--json" in argv))

@@ -8,7 +8,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from fsdpkit import yamlfile
-from fsdpkit.cli.output import Parser, delete_asked, dispatch, emit_json
+from fsdpkit.cli.output import Parser, add_namespace, delete_asked, dispatch, emit_json
 from fsdpkit.effects import Effect, declare
 from fsdpkit.envelope import duration
 from fsdpkit.errors import NotFound, UserError
@@ -27,6 +27,7 @@ def _client(args: argparse.Namespace) -> tuple[RayClient, Any]:
 
 
 def _job(args: argparse.Namespace) -> ResolvedJob:
+    from fsdpkit.cluster.kubeconfig import context_namespace
     from fsdpkit.image.dockerfile import has_ofi_nccl
     from fsdpkit.jobs.resolved import load_job
     from fsdpkit.jobs.spec import parse_overrides
@@ -38,7 +39,10 @@ def _job(args: argparse.Namespace) -> ResolvedJob:
     if args.cluster_name:
         overrides.append(("name", args.cluster_name))
     backend = dict(overrides).get("backend", load_mapping(args.spec, "job spec", "fields").get("backend"))
-    job = load_job(args.spec, [*overrides, ("backend", "hyperpod" if backend == "hyperpod" else "pytorchjob")])
+    if args.namespace:
+        overrides.append(("namespace", args.namespace))
+    job = load_job(args.spec, [*overrides, ("backend", "hyperpod" if backend == "hyperpod" else "pytorchjob")],
+                   namespace=lambda: context_namespace(args.context, args.kubeconfig))
     spec = job.spec
     if spec.nodes.max > 1 and spec.efa and has_ofi_nccl(spec.image) is False:
         print(f"warning: {spec.image} has no aws-ofi-nccl, so NCCL between the {spec.nodes} nodes runs on TCP "
@@ -154,6 +158,8 @@ def build_parser() -> argparse.ArgumentParser:
     def spec_args(p: Parser) -> None:
         p.add_argument("spec", help="job spec YAML (image, nodes, instance_type, storage, ...)")
         p.add_argument("--name", dest="cluster_name", help="the RayCluster's name (default: the spec's name)")
+        p.add_argument("-n", "--namespace", help="the RayCluster's namespace (default: the spec's, else the "
+                       "kubeconfig context's, else default)")
         p.add_spec_overrides()
 
     p = sub.add_parser("create", help="create the RayCluster, or reuse it if it exists with the same spec")
@@ -172,7 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
                               "(asks first)")):
         p = sub.add_parser(verb, help=text)
         p.add_argument("name")
-        p.add_argument("-n", "--namespace", default="default")
+        add_namespace(p, "the RayCluster's")
         if verb == "delete":
             p.add_argument("--dry-run", action="store_true", help="print what would be deleted")
             p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
@@ -189,7 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     declare(p, Effect.REMOTE | Effect.CREATES | Effect.LONG)
     p = sub.add_parser("exec", help="run a command on the head pod: fsdpkit ray exec NAME -- CMD")
     p.add_argument("name")
-    p.add_argument("-n", "--namespace", default="default")
+    add_namespace(p, "the RayCluster's")
     common(p)
     p.set_defaults(func=cmd_exec)
     declare(p, Effect.REMOTE | Effect.CREATES | Effect.LONG)   # any command, on the cluster

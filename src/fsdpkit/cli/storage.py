@@ -8,7 +8,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from fsdpkit import yamlfile
-from fsdpkit.cli.output import Parser, confirmed, dispatch, emit_json, progress
+from fsdpkit.cli.output import Parser, add_namespace, confirmed, dispatch, emit_json, progress
 from fsdpkit.effects import Effect, declare
 from fsdpkit.envelope import duration
 from fsdpkit.errors import UserError
@@ -173,7 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--region", help="default: your AWS session's (AWS_REGION, profile)")
             p.add_argument("--profile")
         if kube:
-            p.add_argument("-n", "--namespace", default="default", help="namespace of the claim")
+            add_namespace(p, "the claim's")
             p.add_argument("--context", help="kubeconfig context")
             p.add_argument("--kubeconfig", help="kubeconfig file")
         p.add_argument("--json", action="store_true")

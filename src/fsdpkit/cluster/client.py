@@ -11,6 +11,7 @@ from typing import Any, cast
 from fsdpkit.aws import session as aws_session
 from fsdpkit.aws.eks import api_client
 from fsdpkit.cluster.admission import refusal
+from fsdpkit.cluster.kubeconfig import in_cluster, kubeconfig_path
 from fsdpkit.errors import UserError
 from fsdpkit.readers import reading
 
@@ -42,9 +43,8 @@ def connect(context: str | None = None, kubeconfig: str | None = None, eks_clust
             raise UserError("--eks-cluster needs --region (for example --region us-west-2)")
         aws = aws_session.connect(region)  # credentials checked here, in one line, before any cluster call
         return api_client(eks_cluster, region, aws.session, aws.endpoint_url)
-    path = kubeconfig or os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
-    first = path.split(os.pathsep)[0]
-    if not os.path.exists(first) and "KUBERNETES_SERVICE_HOST" in os.environ and not context:
+    first = kubeconfig_path(kubeconfig)
+    if in_cluster(kubeconfig, context):
         k8s.config.load_incluster_config()
         return k8s.client.ApiClient()
     if not os.path.exists(first):

@@ -159,7 +159,7 @@ class RayClient:
     def state(self, name: str, namespace: str) -> str:
         obj = self.get(name, namespace)
         if obj is None:
-            raise NotFound(f"RayCluster {name!r} not found in {namespace}")
+            raise NotFound(f"RayCluster {name!r} not found in namespace {namespace}")
         return (obj.get("status") or {}).get("state") or "pending"
 
     def wait_ready(self, name: str, namespace: str, timeout: float, poll: float) -> str:
@@ -187,7 +187,7 @@ class RayClient:
         """Delete the RayJobs `submit` made on the cluster, then the RayCluster; KIND/NAME of each
         (what would be deleted, with `dry_run`)."""
         if self.get(name, namespace) is None:
-            raise NotFound(f"RayCluster {name!r} not found in {namespace}")
+            raise NotFound(f"RayCluster {name!r} not found in namespace {namespace}")
         targets = [("rayjobs", j) for j in self.made_by_submit(name, namespace)] + [("rayclusters", name)]
         for plural, obj in targets if not dry_run else ():
             with api_errors(f"deleting {plural}/{obj}", self.host):
@@ -196,7 +196,7 @@ class RayClient:
 
     def submit(self, spec: JobSpec, entrypoint: str, job_name: str, entrypoint_gpus: float) -> dict[str, Any]:
         if self.get(spec.name, spec.namespace) is None:
-            raise NotFound(f"RayCluster {spec.name!r} not found in {spec.namespace}; "
+            raise NotFound(f"RayCluster {spec.name!r} not found in namespace {spec.namespace}; "
                            "start it with `fsdpkit ray create`")
         if self.get(job_name, spec.namespace, "rayjobs") is not None:
             raise Conflict(f"RayJob {job_name!r} already exists in {spec.namespace}; pick another --job-name")

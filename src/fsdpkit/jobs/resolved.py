@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -195,12 +195,13 @@ def with_budget(spec: JobSpec, tokens: int) -> tuple[JobSpec, str | None]:
 
 # -- the one pass -------------------------------------------------------------------------------------------
 def load_job(path: str | Path | None, overrides: Sequence[tuple[str, object]] = (),
-             pin_image: bool = False) -> ResolvedJob:
+             pin_image: bool = False, namespace: Callable[[], str | None] | None = None) -> ResolvedJob:
     """A spec file (or the defaults) with overrides, validated and resolved. With `pin_image`, an
     image this machine pushed (`fsdpkit image push`) runs as the digest it was pushed as, unless the
-    image was given as an override."""
+    image was given as an override. `namespace`: a cluster job's namespace where the spec names
+    none (load_spec)."""
     with said_once_accepted():
-        spec = load_spec(path, overrides)
+        spec = load_spec(path, overrides, namespace)
         if pin_image and not any(key == "image" for key, _ in overrides) and (digest := pins.pinned(spec.image)):
             spec = spec.model_copy(update={"image": digest})
         return resolve(spec)

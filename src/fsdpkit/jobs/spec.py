@@ -182,7 +182,8 @@ class JobSpec(Settings):
     name: Str = option("", "the job's name (lowercase letters, digits and '-')")
     backend: BackendName = option("local", "where it runs", what="a backend")
     image: Str | None = option(None, "the container image")
-    namespace: Str = option("default", "Kubernetes namespace")
+    namespace: Str = option("default", "Kubernetes namespace (where the spec names none: the kubeconfig "
+                             "context's, as kubectl takes it, else default)")
     train: dict[str, Any] = option(default_factory=dict, help="the trainer's options (`fsdpkit train --help`)")
     command: list[Str] | None = option(None, "another program to run instead of the trainer")
     nodes: Nodes = option(NodeRange(1, 1), "N, or MIN:MAX for an elastic job")
@@ -351,11 +352,17 @@ def parse_overrides(pairs: list[str]) -> list[tuple[str, Any]]:
     return out
 
 
-def load_spec(path: str | Path | None, overrides: Sequence[tuple[str, Any]] = ()) -> JobSpec:
-    """Read a spec file (or start from the defaults), apply overrides, validate."""
+def load_spec(path: str | Path | None, overrides: Sequence[tuple[str, Any]] = (),
+              namespace: Callable[[], str | None] | None = None) -> JobSpec:
+    """Read a spec file (or start from the defaults), apply overrides, validate. `namespace` gives
+    the namespace of a cluster job whose file and overrides name none (kubectl's: the kubeconfig
+    context's); it is not asked for a local or Slurm job."""
     doc = load_mapping(path, "job spec", "fields (name, image, nodes, ...)") if path is not None else {}
     for key, value in overrides:
         _set_dotted(doc, key, value)
+    if namespace is not None and "namespace" not in doc and doc.get("backend") in CLUSTER_BACKENDS \
+            and (found := namespace()):
+        doc["namespace"] = found
     return load_spec_dict(doc)
 
 
