@@ -8,6 +8,7 @@ import os
 import sys
 from typing import Any
 
+from fsdpkit import kube_names as names
 from fsdpkit import yamlfile
 from fsdpkit.aws.session import pick_region
 from fsdpkit.cli.output import Parser, add_namespace, confirmed, dispatch, emit_json, progress
@@ -46,6 +47,15 @@ def cmd_rbac(args: argparse.Namespace) -> int:
     from fsdpkit.cluster.rbac import role_manifests
     from fsdpkit.jobs.backends.kube_api import KINDS
 
+    names.check("--namespace", args.namespace, "label")
+    names.check("--name", args.name, "subdomain")
+    if args.service_account is not None:
+        if args.service_account.count(":") > 1:
+            raise UserError(f"--service-account: {args.service_account!r} is not NAME or NAMESPACE:NAME")
+        sa_namespace, colon, sa = args.service_account.rpartition(":")
+        if colon:
+            names.check("--service-account's namespace", sa_namespace, "label")
+        names.check("--service-account", sa, "subdomain")
     backends = args.backend or ["trainjob", "pytorchjob", "hyperpod"]
     kinds = [(k.group, k.plural) for k in KINDS.values() if k.backend in backends]
     objs = role_manifests(args.namespace, args.name, kinds, args.user, args.service_account, args.group)

@@ -19,6 +19,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import model_validator
 
+from fsdpkit import kube_names as names
 from fsdpkit import yamlfile
 from fsdpkit.errors import UserError
 from fsdpkit.hardware.instances import Instance, lookup
@@ -407,6 +408,11 @@ def _validate_identity(spec: JobSpec) -> None:
     if len(spec.name) > _NAME_MAX or not _NAME.match(spec.name):
         raise UserError(f"name: {spec.name!r} is not a valid job name: use at most {_NAME_MAX} lowercase letters, "
                         "digits and '-', starting with a letter and ending with a letter or digit (RFC 1123)")
+    if spec.backend in CLUSTER_BACKENDS:   # names the API server checks, checked before anything is rendered
+        names.check("namespace", spec.namespace, "label")
+        for field in ("queue", "priority_class"):   # an object's name, and a label's value on the pods
+            if (value := getattr(spec, field)) is not None:
+                names.check(field, value, "subdomain", "label value")
     hp = spec.hyperpod
     if spec.backend == "hyperpod" and hp.operator == "kubeflow" and hp.auto_resume and \
             not (spec.namespace == "kubeflow" or spec.namespace.startswith("hyperpod")):
