@@ -22,8 +22,10 @@ from fsdpkit.cluster.kubeconfig import context_namespace
 from fsdpkit.effects import Effect, declare
 from fsdpkit.envelope import duration
 from fsdpkit.errors import UserError
+from fsdpkit.extras import missing_extra
 from fsdpkit.home import jobs_home
 from fsdpkit.jobs.backends import Backend, Target, Watchable, get_backend, wait
+from fsdpkit.jobs.backends.base import Listing
 from fsdpkit.jobs.capacity import capacity as check_capacity
 from fsdpkit.jobs.hub import check_hub_access
 from fsdpkit.jobs.resolved import ResolvedJob, load_job
@@ -230,6 +232,25 @@ def _network_text(v: dict[str, Any]) -> str:
     return cast("str", v["transport"] + (f" ({extra})" if extra else ""))
 
 
+def _jobs_of(name: str, args: argparse.Namespace) -> Listing | None:
+    """One backend's jobs for `job list`; None, with a note, where it has none to ask (no kubeconfig,
+    or an install without the cluster extra). Its failure is raised: the answer where the backend
+    was asked for (--backend), else kept while the other backends' jobs are shown."""
+    from fsdpkit.cluster.client import ClusterError
+
+    try:
+        return get_backend(name, _target(args)).jobs()
+    except ModuleNotFoundError as e:   # a training-only install: its local jobs are still listed
+        if args.backend or (err := missing_extra(e, "cluster jobs")) is None:
+            raise
+        log.info(f"note: cluster jobs not listed: {err}")
+    except ClusterError as e:
+        if args.backend or e.code != "no_credentials":
+            raise
+        log.info(f"note: cluster jobs not listed: {e}")
+    return None
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     """Every job that could be read; what could not be read is named, and a cluster that could not
     be read at all (down, or every job kind refused) is exit 3, with the jobs read elsewhere still
@@ -243,14 +264,11 @@ def cmd_list(args: argparse.Namespace) -> int:
     failed: ClusterError | None = None
     for name in backends:
         try:
-            listing = get_backend(name, _target(args)).jobs()
+            listing = _jobs_of(name, args)
         except ClusterError as e:
-            if args.backend:  # asked for the cluster explicitly: its failure is the answer
-                raise
-            if e.code == "no_credentials":
-                log.info(f"note: cluster jobs not listed: {e}")
-                continue
             failed = e
+            continue
+        if listing is None:
             continue
         rows += listing.jobs
         unread.update(listing.unread)

@@ -9,6 +9,8 @@ import sys
 from typing import cast
 
 from fsdpkit import __version__
+from fsdpkit.envelope import emit_error
+from fsdpkit.extras import missing_extra
 
 # verb -> (module with main(argv), help). Modules load lazily so `fsdpkit --help` stays fast.
 VERBS = {
@@ -63,10 +65,15 @@ BROKEN_PIPE = 141
 
 def main(argv: list[str] | None = None) -> int:
     """The command; a reader that goes away (`--json | head`) ends it quietly, without a traceback."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
         code = _run(argv)
         sys.stdout.flush()   # inside: output still buffered would otherwise fail at exit, loudly
         return code
+    except ModuleNotFoundError as e:   # reached wherever the verb imports it, at its start or deep inside
+        if (err := missing_extra(e, " ".join(["fsdpkit", *argv[:1]]))) is None:
+            raise
+        return emit_error(err, "--json" in argv)
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return BROKEN_PIPE
