@@ -12,10 +12,15 @@ import pytest
 
 from fsdpkit import yamlfile
 from fsdpkit.aws.karpenter import NodePoolPlan, render
+from fsdpkit.cluster import pod_rules
+from fsdpkit.cluster.kueue import node_quota
 from fsdpkit.errors import UserError
-from fsdpkit.hardware.instances import INSTANCES
+from fsdpkit.hardware.instances import INSTANCES, lookup
+from fsdpkit.jobs.backends import get_backend
+from fsdpkit.jobs.resolved import load_job
 
 from conftest import cli_here, require
+from job_specs import write_spec
 from manifest_schemas import cel_errors, crd_schema, eksctl_validator, kubectl_reads, validate_object
 
 CR = "cr-0123456789abcdef0"
@@ -49,11 +54,13 @@ def test_a_p5_pool_on_a_capacity_block_carries_the_accelerated_ami_every_efa_and
         {"tags": {"karpenter.sh/discovery": "llm"}}]
     assert spec["capacityReservationSelectorTerms"] == [{"id": CR}]
     assert spec["placementGroupSelector"] == {"name": "llm-gpu"}
-    # 32 network cards: the primary interface on card 0, an EFA-only interface on each of the other 31.
+    # 32 network cards, an EFA on each, as EC2's User Guide lays them out ("Maximize network bandwidth
+    # on Amazon EC2 instances with multiple network cards": the primary ENA interface at card 0, device
+    # 0; an EFA-only interface at card 0, device 1; an EFA-only interface at device 0 of every other
+    # card; its example requests 32 EFA devices and one ENA device).
     interfaces = spec["networkInterfaces"]
-    assert interfaces[0] == {"networkCardIndex": 0, "deviceIndex": 0, "interfaceType": "interface"}
-    assert [(i["networkCardIndex"], i["interfaceType"]) for i in interfaces[1:]] == [
-        (card, "efa-only") for card in range(1, 32)]
+    assert [(i["networkCardIndex"], i["deviceIndex"], i["interfaceType"]) for i in interfaces] == [
+        (0, 0, "interface"), (0, 1, "efa-only"), *((card, 0, "efa-only") for card in range(1, 32))]
     assert spec["blockDeviceMappings"][0]["ebs"]["volumeSize"] == "500Gi"
     template = pool["spec"]["template"]
     assert template["spec"]["requirements"] == [
@@ -67,6 +74,25 @@ def test_a_p5_pool_on_a_capacity_block_carries_the_accelerated_ami_every_efa_and
     assert pool["spec"]["disruption"] == {"consolidationPolicy": "WhenEmpty", "consolidateAfter": "10m",
                                           "budgets": [{"nodes": "0", "reasons": ["Drifted"]}]}
     assert pool["spec"]["limits"] == {"nvidia.com/gpu": "32"}
+
+
+def test_a_node_has_the_efa_devices_its_label_its_team_s_quota_and_a_job_s_pods_count(tmp_path):
+    """For every instance type with several network cards: the EFA devices its EC2NodeClass gives a
+    node (one per card) are what the NodePool's label says, what a team's Kueue quota counts per
+    node and what a job's pods ask for; a pod asking for one more than the node has never fits."""
+    several = [n for n in GPU_TYPES if INSTANCES[n].efa > 1]
+    assert "p5.48xlarge" in several
+    for name in several:
+        node_class, pool = render(NodePoolPlan("llm", "us-west-2", name, 2))
+        devices = sum(i["interfaceType"] == "efa-only" for i in node_class["spec"]["networkInterfaces"])
+        label = int(pool["spec"]["template"]["metadata"]["labels"]["fsdpkit.dev/efa-interfaces"])
+        quota = node_quota(lookup(name))["vpc.amazonaws.com/efa"]
+        job = load_job(write_spec(tmp_path, instance_type=name, devices="extended"))
+        pods = {int(c["resources"]["requests"]["vpc.amazonaws.com/efa"])
+                for _, t in pod_rules.templates(get_backend("pytorchjob").render(job).objects()[-1])
+                for c in t["spec"]["containers"]}
+        assert (devices, label, quota, pods) == (INSTANCES[name].efa,) * 3 + ({INSTANCES[name].efa},), name
+    assert INSTANCES["p5.48xlarge"].efa == 32
 
 
 def test_single_card_and_trainium_pools():
@@ -156,10 +182,26 @@ def test_nodepool_asks_first_applies_once_and_its_dry_run_sends_nothing(kube):
     assert posts[0][1]["spec"]["capacityReservationSelectorTerms"] == [{"tags": {"team": "llm"}}]
     again = cli_here(*NODEPOOL, "--yes", env=kube.env)
     assert again.returncode == 0
-    assert again.stdout.splitlines() == [
-        "EC2NodeClass/gpu-p5-48xlarge: exists (left as it is: delete it to apply another)",
-        "NodePool/gpu-p5-48xlarge: exists (left as it is: delete it to apply another)"]
+    assert again.stdout.splitlines() == ["EC2NodeClass/gpu-p5-48xlarge: unchanged",
+                                         "NodePool/gpu-p5-48xlarge: unchanged"]
     assert len([m for m, _, _ in kube.requests() if m == "POST"]) == 2
+    assert not [m for m, _, _ in kube.requests() if m == "PATCH"]
+    # Asked again with 4 nodes: the pool's GPU limit becomes 32 (it once stayed at 16, "exists"); its
+    # node class, the same, is left alone.
+    more = [*NODEPOOL[:NODEPOOL.index("--nodes") + 1], "4", *NODEPOOL[NODEPOOL.index("--nodes") + 2:]]
+    r = cli_here(*more, "--yes", env=kube.env)
+    assert r.returncode == 0 and r.stdout.splitlines() == ["EC2NodeClass/gpu-p5-48xlarge: unchanged",
+                                                           "NodePool/gpu-p5-48xlarge: updated"], r.stderr
+    assert [p.split("?")[0] for m, p, _ in kube.requests() if m == "PATCH"] == [
+        "/apis/karpenter.sh/v1/nodepools/gpu-p5-48xlarge"]
+    from kubernetes import client
+
+    stored = client.CustomObjectsApi(kube.api()).get_cluster_custom_object("karpenter.sh", "v1", "nodepools",
+                                                                           "gpu-p5-48xlarge")
+    assert stored["spec"]["limits"] == {"nvidia.com/gpu": "32"}
+    asked = NodePoolPlan("llm", "us-west-2", "p5.48xlarge", 4, capacity_type="reserved",
+                         capacity_reservation_tag="team=llm")
+    assert stored["spec"]["template"] == render(asked)[1]["spec"]["template"]
 
 
 def test_nodepool_on_a_cluster_without_karpenter_is_one_line_and_creates_nothing(kube):

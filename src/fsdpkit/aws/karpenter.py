@@ -8,8 +8,12 @@ What a training node needs, and each part's reason:
 - the EKS-optimized accelerated AMI: AL2023's NVIDIA (or Neuron) variant for the cluster's
   Kubernetes version, by its public SSM parameter, so drivers, the container toolkit and the EFA
   software come with the image;
-- every network card's EFA: card 0 keeps the primary interface (EFA rides on it where the pods ask
-  for `vpc.amazonaws.com/efa`), each other card an EFA-only interface;
+- an EFA on every network card, as EC2 lays them out for instances with several cards (EC2 User
+  Guide, "Maximize network bandwidth on Amazon EC2 instances with multiple network cards"): card 0
+  the primary ENA interface at device index 0 and an EFA-only interface beside it at device index 1
+  (an EFA-only interface cannot be the primary), each other card an EFA-only interface at device
+  index 0; so a p5.48xlarge node has 32 EFA devices, the count its label, the team's quota and
+  every job's pods ask for;
 - one availability zone (EFA traffic does not cross zones; a reservation lives in one) and, where
   given, a cluster placement group;
 - disruption that never takes a node a training pod runs on: consolidation only of empty nodes,
@@ -100,11 +104,12 @@ def ami_parameter(inst: Instance, k8s_version: str) -> str:
 
 
 def network_interfaces(inst: Instance) -> list[dict[str, Any]]:
-    """Card 0's primary interface, and an EFA-only interface on every other card (p5: 31 of them;
-    the primary carries the first EFA). One card (g5, g6): nothing to say beyond the default."""
+    """Card 0's primary interface and an EFA-only interface beside it, and an EFA-only interface on
+    every other card: one EFA per card (p5: 32). One card (g5, g6): nothing to say beyond the default."""
     if inst.efa <= 1:
         return []
-    return [{"networkCardIndex": 0, "deviceIndex": 0, "interfaceType": "interface"}] + \
+    return [{"networkCardIndex": 0, "deviceIndex": 0, "interfaceType": "interface"},
+            {"networkCardIndex": 0, "deviceIndex": 1, "interfaceType": "efa-only"}] + \
         [{"networkCardIndex": card, "deviceIndex": 0, "interfaceType": "efa-only"} for card in range(1, inst.efa)]
 
 

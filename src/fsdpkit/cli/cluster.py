@@ -87,9 +87,9 @@ def cmd_team(args: argparse.Namespace) -> int:
                               "governance)")
 
 
-def _apply(args: argparse.Namespace, objs: list[dict[str, Any]], installs: str) -> int:
+def _apply(args: argparse.Namespace, objs: list[dict[str, Any]], installs: str, update: bool = False) -> int:
     """Create each object that is not there yet (their APIs served first, else one line naming
-    `installs`), each said; an existing one is left as it is."""
+    `installs`), each said; an existing one is left as it is, or with `update` made ours."""
     from fsdpkit.cluster.apply import describe, ensure, require_api
     from fsdpkit.cluster.client import connect
 
@@ -98,7 +98,7 @@ def _apply(args: argparse.Namespace, objs: list[dict[str, Any]], installs: str) 
     say = progress(args)
     done = []
     for obj in objs:
-        action = ensure(api, obj)
+        action = ensure(api, obj, update)
         say(f"{describe(obj)}: {action}" + (" (left as it is: delete it to apply another)" if action == "exists"
                                             else ""))
         done.append({"object": describe(obj), "action": action})
@@ -217,11 +217,15 @@ def cmd_nodepool(args: argparse.Namespace) -> int:
         print(yamlfile.dump_all(objs), end="")
         return 0
     names = ", ".join(f"{o['kind']}/{o['metadata']['name']}" for o in objs)
-    if not confirmed(args, names, f"create {names}? Karpenter then launches up to {plan.nodes} {plan.instance_type} "
-                                  "(billed while they run) when GPU pods are pending", verb="create"):
+    if not confirmed(args, names, f"create {names} (or update them where they differ)? Karpenter then launches up "
+                                  f"to {plan.nodes} {plan.instance_type} (billed while they run) when GPU pods are "
+                                  "pending", verb="create"):
         return 1
+    # Asked again with another size (or after fsdpkit's layout changed): the pool becomes this one, never
+    # "exists" with the old limit.
     return _apply(args, objs, "Karpenter is not installed: make the cluster with `fsdpkit cluster config "
-                              "--provisioner karpenter` and `fsdpkit cluster create`, or install Karpenter")
+                              "--provisioner karpenter` and `fsdpkit cluster create`, or install Karpenter",
+                  update=True)
 
 
 def _write(path: str, text: str) -> None:

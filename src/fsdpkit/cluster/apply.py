@@ -4,6 +4,7 @@ install twice changes nothing, and fsdpkit never overwrites what an administrato
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from fsdpkit.cluster.client import ClusterError, api_errors, api_resources, is_not_found
@@ -86,13 +87,32 @@ def _found(what: str, call: Any) -> bool:
             return False
 
 
-def ensure(api_client: Any, obj: dict[str, Any]) -> str:
-    """"created" or "exists"."""
-    if _found(f"reading {describe(obj)}", lambda: _call(api_client, obj, "read", _preload_content=False)):
-        return "exists"
+def ensure(api_client: Any, obj: dict[str, Any], update: bool = False) -> str:
+    """"created" or "exists"; with `update`, an existing object whose spec is not ours is patched
+    to it ("updated"; "unchanged" where every field we give already holds, the server's defaults
+    beside them)."""
+    found: list[Any] = []
+    if _found(f"reading {describe(obj)}",
+              lambda: found.append(_call(api_client, obj, "read", _preload_content=False))):
+        if not update:
+            return "exists"
+        if _holds(json.loads(found[0].data or b"{}").get("spec"), obj.get("spec")):
+            return "unchanged"
+        with api_errors(f"updating {describe(obj)}"):   # a merge patch: each list we give replaces theirs
+            _call(api_client, obj, "patch", {"spec": obj["spec"]})
+        return "updated"
     with api_errors(f"creating {describe(obj)}"):
         _call(api_client, obj, "create", obj, field_validation="Strict")
     return "created"
+
+
+def _holds(theirs: Any, ours: Any) -> bool:
+    """Whether every field of `ours` has its value in `theirs` (which may hold more: defaults)."""
+    if isinstance(ours, dict):
+        return isinstance(theirs, dict) and all(_holds(theirs.get(k), v) for k, v in ours.items())
+    if isinstance(ours, list):
+        return isinstance(theirs, list) and len(theirs) == len(ours) and all(map(_holds, theirs, ours))
+    return bool(theirs == ours)
 
 
 def remove(api_client: Any, obj: dict[str, Any]) -> str:
