@@ -103,21 +103,79 @@ def forbidden(name: str, message: str) -> dict:
             "details": {"name": name, "kind": "pods"}, "code": 403}
 
 
+def invalid(name: str, field_path: str, value: str, detail: str) -> dict:
+    """The 422 a pod that fails validation gets (apierrors.NewInvalid with one field error)."""
+    message = f'Pod "{name}" is invalid: {field_path}: Invalid value: "{value}": {detail}'
+    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message,
+            "reason": "Invalid", "details": {"name": name, "kind": "Pod"}, "code": 422}
+
+
+def _quantity(value) -> float:
+    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "m": 1e-3}
+    text = str(value)
+    for unit, scale in units.items():
+        if text.endswith(unit):
+            return float(text[: -len(unit)]) * scale
+    return float(text)
+
+
 @dataclass
 class PodAdmission:
-    """The cluster's PriorityClasses (besides the built-in two) and each namespace's Pod Security
-    enforce label."""
+    """The cluster's PriorityClasses (besides the built-in two), each namespace's Pod Security
+    enforce label, its ResourceQuotas ({name: {resource: hard}}, what they count used: {name:
+    {resource: used}}) and its LimitRange's default container limits ({resource: limit})."""
 
     priority_classes: set[str] = field(default_factory=set)
     enforce: dict[str, str] = field(default_factory=dict)
+    quotas: dict[str, dict[str, dict[str, str]]] = field(default_factory=dict)
+    used: dict[str, dict[str, dict[str, str]]] = field(default_factory=dict)
+    default_limits: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def refuse(self, namespace: str, pod: dict) -> dict | None:
-        """The 403 Status the API server answers this Pod create with, or None to admit it."""
+        """The Status the API server answers this Pod create with, or None to admit it: mutating
+        admission first (Priority, LimitRanger's defaults), then validation, then the validating
+        plugins (Pod Security, ResourceQuota)."""
         name = (pod.get("metadata") or {}).get("name", "")
         wanted = (pod.get("spec") or {}).get("priorityClassName")
         if wanted and wanted not in self.priority_classes | BUILTIN_PRIORITY_CLASSES:
             return forbidden(name, f"no PriorityClass with name {wanted} was found")
+        # LimitRanger sets its default limit where a container gives none; validation then refuses
+        # a request above that limit (pkg/apis/core/validation: ValidateResourceRequirements).
+        for i, c in enumerate(_containers(pod)):
+            res = c.get("resources") or {}
+            for resource, limit in self.default_limits.get(namespace, {}).items():
+                request = (res.get("requests") or {}).get(resource)
+                if resource not in (res.get("limits") or {}) and request is not None and \
+                        _quantity(request) > _quantity(limit):
+                    return invalid(name, f"spec.containers[{i}].resources.requests", str(request),
+                                   f"must be less than or equal to {resource} limit of {limit}")
         level = self.enforce.get(namespace, "privileged")
         if violations := pod_security_violations(pod, level):
             return forbidden(name, f'violates PodSecurity "{level}:latest": {", ".join(violations)}')
+        return self._quota(namespace, name, pod)
+
+    def _quota(self, namespace: str, name: str, pod: dict) -> dict | None:
+        """plugin/pkg/admission/resourcequota: a quota on limits.X refuses a pod that gives none
+        ("must specify"); one the pod would take past its hard limit, "exceeded quota"."""
+        for quota, hard in self.quotas.get(namespace, {}).items():
+            used = self.used.get(namespace, {}).get(quota, {})
+            missing = [r for r in hard if r.startswith("limits.") and any(
+                r.removeprefix("limits.") not in ((c.get("resources") or {}).get("limits") or {})
+                for c in _containers(pod))]
+            if missing:
+                names = ",".join(c.get("name", "") for c in _containers(pod))
+                return forbidden(name, f"failed quota: {quota}: must specify " + "; ".join(
+                    f"{r} for: {names}" for r in sorted(missing)))
+            over = []
+            for resource, limit in hard.items():
+                field_name, _, what = resource.partition(".") if "." in resource else ("requests", ".", resource)
+                asked = sum(_quantity(((c.get("resources") or {}).get(field_name) or {}).get(what, 0))
+                            for c in _containers(pod))
+                if asked and asked + _quantity(used.get(resource, 0)) > _quantity(limit):
+                    over.append((resource, asked, used.get(resource, "0"), limit))
+            if over:
+                requested = ",".join(f"{r}={int(a)}" for r, a, _, _ in over)
+                return forbidden(name, f"exceeded quota: {quota}, requested: {requested}, used: "
+                                       + ",".join(f"{r}={u}" for r, _, u, _ in over) + ", limited: "
+                                       + ",".join(f"{r}={h}" for r, _, _, h in over))
         return None

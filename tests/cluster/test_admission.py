@@ -32,12 +32,23 @@ REFUSALS = [
      "refused by ResourceQuota admission: exceeded quota: team-a, requested: requests.nvidia.com/gpu=8, used: "
      "requests.nvidia.com/gpu=8, limited: requests.nvidia.com/gpu=8; lower the spec's resources or nodes, or ask for "
      "more quota (`kubectl describe quota`)"),
-    ('pods "j-master-0" is forbidden: failed quota: team-a: must specify limits.cpu for: pytorch', 403,
-     "refused by ResourceQuota admission: failed quota: team-a: must specify limits.cpu for: pytorch; lower the "
-     "spec's resources or nodes, or ask for more quota (`kubectl describe quota`)"),
+    # A quota on limits the pods leave out: the fix is the limit, not less of anything.
+    ('pods "j-master-0" is forbidden: failed quota: team-a: must specify limits.cpu for: pytorch; limits.memory '
+     "for: pytorch", 403,
+     "refused by ResourceQuota admission: failed quota: team-a: must specify limits.cpu for: pytorch; limits.memory "
+     "for: pytorch; set the spec's memory: (the pods' memory request and limit); ask the cluster's admin for a "
+     "LimitRange default CPU limit in the namespace, or to drop the quota on limits.cpu (fsdpkit sets no CPU limit: "
+     "it would throttle training)"),
     ('pods "j-master-0" is forbidden: maximum memory usage per Container is 512Gi, but limit is 1Ti', 403,
      "refused by LimitRange admission: maximum memory usage per Container is 512Gi, but limit is 1Ti; fit the "
      "spec's cpu and memory to the namespace's LimitRange (`kubectl describe limitrange`)"),
+    # LimitRanger's default limit below the pod's request: validation's 422, named as the LimitRange's.
+    ('Pod "j-master-0" is invalid: spec.containers[0].resources.requests: Invalid value: "96": must be less than '
+     "or equal to cpu limit of 4", 422,
+     'refused by LimitRange admission (its default limit): resources.requests: Invalid value: "96": must be less '
+     "than or equal to cpu limit of 4; the namespace's LimitRange gives containers without a cpu limit a default "
+     "one below this request: set the spec's cpu (requests and limits) within it, or ask for a larger default "
+     "(`kubectl describe limitrange`)"),
     ('admission webhook "validate.kyverno.svc-fail" denied the request: resource Pod/default/j-master-0 was blocked '
      "due to the following policies require-team-label", 400,
      'refused by the admission webhook "validate.kyverno.svc-fail": resource Pod/default/j-master-0 was blocked due '
@@ -48,7 +59,7 @@ REFUSALS = [
 
 @pytest.mark.parametrize(("message", "status", "line"), REFUSALS, ids=["psa-restricted", "psa-baseline", "priority",
                                                                        "quota", "quota-unset", "limitrange",
-                                                                       "webhook"])
+                                                                       "limitrange-default", "webhook"])
 def test_an_admission_refusal_is_one_line_naming_the_admission_and_its_rule(message, status, line):
     assert refusal(message).line() == line
     k8s = require("kubernetes")

@@ -574,6 +574,81 @@ def test_a_server_dry_run_sends_the_operator_s_pods_through_admission_and_stores
     assert client.CoreV1Api(kube.api()).list_namespaced_pod("default").items == []
 
 
+# Each admission a pod meets, set up as the cluster's admin would, and the words of its refusal.
+REFUSING = {
+    "priority": (lambda a: a.priority_classes.clear(), {"priority_class": "high"},
+                 "refused by the Priority admission plugin: priorityClassName high: no such PriorityClass"),
+    "pod-security": (lambda a: a.enforce.update(default="restricted"), {},
+                     'refused by Pod Security admission (the namespace enforces "restricted:latest"): '),
+    "quota-limits": (lambda a: a.quotas.update(default={"team": {"limits.cpu": "1000"}}), {},
+                     "refused by ResourceQuota admission: failed quota: team: must specify limits.cpu for: pytorch; "
+                     "ask the cluster's admin for a LimitRange default CPU limit"),
+    "limit-range": (lambda a: a.default_limits.update(default={"cpu": "4"}), {"cpu": "96"},
+                    'refused by LimitRange admission (its default limit): resources.requests: Invalid value: "96": '
+                    "must be less than or equal to cpu limit of 4; the namespace's LimitRange gives containers "
+                    "without a cpu limit a default one below this request"),
+}
+
+
+@pytest.mark.parametrize("admission", list(REFUSING))
+def test_a_real_submit_sends_the_pods_through_admission_first_and_creates_nothing_it_refuses(kube, tmp_path,
+                                                                                             admission):
+    """A real submit, not only --dry-run=server: each pod the operator will make meets the cluster's
+    admission (dryRun=All) before the job exists. Refused, it is one line naming the admission and
+    its rule, exit 3, with nothing created (the operator would otherwise be left unable to make the
+    pods, saying so only in events on a job said to be submitted)."""
+    setup, fields, says = REFUSING[admission]
+    kube.pod_admission = PodAdmission()
+    setup(kube.pod_admission)
+    spec = write_spec(tmp_path, **fields)
+    r = job_cli(kube, "submit", str(spec))
+    assert r.returncode == 3 and r.stdout == "", r.stdout
+    [line] = r.stderr.splitlines()
+    assert line.startswith("error: server dry run of Pod/llama-tiny-master-0 (a pod of PyTorchJob llama-tiny: "
+                           f"Master): {says}"), line
+    assert writes(kube) == [] and kube.get_job("llama-tiny") is None
+    kube.pod_admission = PodAdmission(priority_classes={"high"})   # admitted: the same submit creates the job
+    r = job_cli(kube, "submit", str(spec))
+    assert r.returncode == 0, r.stderr
+    assert kube.get_job("llama-tiny") is not None
+
+
+def quota(kube, hard, used):
+    """A ResourceQuota as the quota controller keeps it: its hard limits, and in its status what the
+    namespace's pods use."""
+    kube.create("/api/v1/namespaces/default/resourcequotas", {
+        "apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "gpus", "namespace": "default"},
+        "spec": {"hard": hard}, "status": {"hard": hard, "used": used}})
+    kube.pod_admission = PodAdmission(quotas={"default": {"gpus": hard}}, used={"default": {"gpus": used}})
+
+
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run=server"]], ids=["submit", "dry-run-server"])
+def test_a_job_over_its_quota_in_total_is_refused_before_anything_is_created(kube, tmp_path, dry_run):
+    """4 pods of 8 GPUs against a quota of 16: each pod alone passes the quota's admission (8 of 16),
+    so a dry run of one pod of each kind once said yes; the job's pods in all are held to it first."""
+    quota(kube, {"requests.nvidia.com/gpu": "16"}, {"requests.nvidia.com/gpu": "0"})
+    spec = write_spec(tmp_path, nodes=4)
+    r = job_cli(kube, "submit", str(spec), *dry_run)
+    assert (r.returncode, r.stdout) == (3, "")
+    assert r.stderr.splitlines() == [
+        "error: ResourceQuota gpus: the job's 4 pods ask for requests.nvidia.com/gpu 32 in all, over its hard limit "
+        "of 16: it can never run in this namespace; ask for less (nodes, gpus_per_node) or for the quota to be "
+        "raised; nothing was created"]
+    # Two nodes fit the quota, but not beside what other pods use now.
+    spec = write_spec(tmp_path, nodes=2)
+    from kubernetes import client
+
+    client.CoreV1Api(kube.api()).patch_namespaced_resource_quota_status(
+        "gpus", "default", {"status": {"used": {"requests.nvidia.com/gpu": "8"}}})
+    r = job_cli(kube, "submit", str(spec), *dry_run)
+    assert r.returncode == 3 and r.stderr.splitlines() == [
+        "error: ResourceQuota gpus: the job's 2 pods ask for requests.nvidia.com/gpu 16 in all, and 8 of 16 is left "
+        "(8 in use); ask for less (nodes, gpus_per_node) or for the quota to be raised; nothing was created"]
+    # Nothing of the job sent, not even as a dry run: only the quota controller's own writes.
+    assert [w for w in writes(kube) if "/resourcequotas" not in w[1]] == [], writes(kube)
+    assert kube.dry_runs == [] and kube.get_job("llama-tiny") is None
+
+
 LOCALQUEUES = "/apis/kueue.x-k8s.io/v1beta2/namespaces/default/localqueues"
 
 

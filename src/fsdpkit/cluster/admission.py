@@ -9,7 +9,9 @@ the spec, not in the user's permissions. The patterns are those plugins' own mes
 - Priority (plugin/pkg/admission/priority): `no PriorityClass with name high was found`;
 - ResourceQuota: `exceeded quota: team-a, requested: ..., used: ..., limited: ...`, and
   `failed quota: team-a: must specify limits.memory` when a quota counts what the pod leaves out;
-- LimitRanger: `maximum memory usage per Container is 64Gi, but limit is 1Ti`;
+- LimitRanger: `maximum memory usage per Container is 64Gi, but limit is 1Ti`, and the 422 of a
+  request above the default limit LimitRanger gave a container that set none: `...resources.requests:
+  Invalid value: "96": must be less than or equal to cpu limit of 4`;
 - a validating or mutating webhook (Kyverno, Gatekeeper, Kueue's own):
   `admission webhook "NAME" denied the request: ...`."""
 
@@ -44,15 +46,38 @@ def _priority(m: re.Match[str]) -> Refusal:
                    "names a Kueue WorkloadPriorityClass")
 
 
+def _limits_fix(rule: str) -> str:
+    """A quota that counts limits the pods leave out: memory's is the spec's to give; a CPU limit
+    fsdpkit never sets (it would throttle the data loader and NCCL's threads)."""
+    fixes = []
+    if "limits.memory" in rule:
+        fixes.append("set the spec's memory: (the pods' memory request and limit)")
+    if "limits.cpu" in rule:
+        fixes.append("ask the cluster's admin for a LimitRange default CPU limit in the namespace, or to drop the "
+                     "quota on limits.cpu (fsdpkit sets no CPU limit: it would throttle training)")
+    return "; ".join(fixes) or "give the limits it names"
+
+
 _PATTERNS: list[tuple[re.Pattern[str], Callable[[re.Match[str]], Refusal]]] = [
     (re.compile(r'violates PodSecurity "(?P<level>[^"]+)": (?P<rule>.+)'), _pod_security),
     (re.compile(r"no PriorityClass with name (?P<name>\S+) was found"), _priority),
+    # A quota on limits.cpu or limits.memory refuses a pod that gives none: the fix is to give them.
+    (re.compile(r"(?P<rule>failed quota: .+must specify .+)"),
+     lambda m: Refusal("ResourceQuota admission", m["rule"], _limits_fix(m["rule"]))),
     (re.compile(r"(?P<rule>(?:exceeded|failed) quota: .+)"),
      lambda m: Refusal("ResourceQuota admission", m["rule"],
                        "lower the spec's resources or nodes, or ask for more quota (`kubectl describe quota`)")),
     (re.compile(r"(?P<rule>(?:maximum|minimum) \S+ usage per (?:Container|Pod) is .+)"),
      lambda m: Refusal("LimitRange admission", m["rule"],
                        "fit the spec's cpu and memory to the namespace's LimitRange (`kubectl describe limitrange`)")),
+    # LimitRanger gave a container without a limit the namespace's default one, which its request is
+    # above: validation answers 422 about the request (ValidateResourceRequirements).
+    (re.compile(r'(?P<rule>resources\.requests: Invalid value: "[^"]*": must be less than or equal to (?P<what>\S+) '
+                r"limit(?: of \S+)?)"),
+     lambda m: Refusal("LimitRange admission (its default limit)", m["rule"],
+                       f"the namespace's LimitRange gives containers without a {m['what']} limit a default one below "
+                       f"this request: set the spec's {m['what']} (requests and limits) within it, or ask for a larger "
+                       "default (`kubectl describe limitrange`)")),
     (re.compile(r'admission webhook "(?P<name>[^"]+)" denied the request: (?P<rule>.+)'),
      lambda m: Refusal(f'the admission webhook "{m["name"]}"', m["rule"],
                        "change what the webhook names, or ask the cluster's admin about its policy")),

@@ -50,18 +50,21 @@ def _p(verbs: str, resource: str, group: str = "", optional: bool = False) -> li
 # with it; a job without them needs neither permission.
 _DEVICES = "resourceclaimtemplates", "resource.k8s.io"
 _RUNTIME = "trainingruntimes", trainer.GROUP
+_QUOTAS = _p("list", "resourcequotas", optional=True)
 VERB_NEEDS: dict[str, list[Permission]] = {
     # On a Kueue queue, its verdict is read from the job's Workload (said as unread without it).
+    # Every submit first sends each pod the operator will make as a Pod with dryRun=All (admission
+    # speaks to pods), and holds the job's pods in all to the namespace's ResourceQuotas (unread: said).
     "job submit": [*_p("get,create", JOB), *_p("get,create,delete", "secrets"),
                    *_p("get,create,delete", "persistentvolumeclaims"), *_p("get,create,delete", *_DEVICES),
-                   *_p("get,create,delete", *_RUNTIME), *_p("list", "workloads", kueue.GROUP, optional=True)],
+                   *_p("get,create,delete", *_RUNTIME), *_p("create", "pods"), *_QUOTAS,
+                   *_p("list", "workloads", kueue.GROUP, optional=True)],
     "job submit --replace": [*_p("get,create,delete", JOB), *_p("get,list,create,delete", "secrets"),
                              *_p("get,create,delete", "persistentvolumeclaims"), *_p("get,create,delete", *_DEVICES),
-                             *_p("get,create,delete", *_RUNTIME)],
-    # A server dry run also sends each pod the operator will make, as a Pod with dryRun=All.
+                             *_p("get,create,delete", *_RUNTIME), *_p("create", "pods"), *_QUOTAS],
     "job submit --dry-run=server": [*_p("get,create", JOB), *_p("get,create", "secrets"),
                                     *_p("get,create", "persistentvolumeclaims"), *_p("get,create", *_DEVICES),
-                                    *_p("get,create", *_RUNTIME), *_p("create", "pods")],
+                                    *_p("get,create", *_RUNTIME), *_p("create", "pods"), *_QUOTAS],
     "job status": [*_p("get", JOB), *_p("list", "pods"), *_p("get", "pods/log", optional=True)],
     "job wait": _p("get", JOB),
     # A Failed job within its resubmission budget is made again: delete, then create.
@@ -78,7 +81,7 @@ VERB_NEEDS: dict[str, list[Permission]] = {
                                     *_p("delete", *_RUNTIME)],
     "deploy": [*_p("get,create", JOB), *_p("get,create,delete", "secrets"),
                *_p("get,create,delete", "persistentvolumeclaims"), *_p("get,create,delete", *_DEVICES),
-               *_p("get,create,delete", *_RUNTIME)],
+               *_p("get,create,delete", *_RUNTIME), *_p("create", "pods"), *_QUOTAS],
 }
 
 

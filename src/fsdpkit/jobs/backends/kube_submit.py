@@ -11,7 +11,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from fsdpkit.cluster import kueue, trainer
+from fsdpkit.cluster import kueue, quota, trainer
 from fsdpkit.cluster.client import (
     ClusterError,
     api_errors,
@@ -70,10 +70,15 @@ class KubeSubmitter(KubeAPI):
         self.require_operator(objs[-1]["kind"], spec.namespace)
         self.require_release(objs[-1]["kind"])
         queue = self.require_queue(spec)
-        if self.get_job(spec.name, spec.namespace) is not None:
-            if not replace:
-                raise Conflict(f"job {spec.name!r} already exists in namespace {spec.namespace}; pick another name, "
-                                "or pass --replace to delete it and submit again (checkpoints on its storage are kept)")
+        exists = self.get_job(spec.name, spec.namespace) is not None
+        if exists and not replace:
+            raise Conflict(f"job {spec.name!r} already exists in namespace {spec.namespace}; pick another name, "
+                            "or pass --replace to delete it and submit again (checkpoints on its storage are kept)")
+        # The pods' admission before anything exists: a refused pod would otherwise surface only as the
+        # operator's FailedCreate events on a job said to be submitted.
+        self.require_quota(spec, objs, replacing=exists)
+        dry_run_pods(self._core(), objs[-1], self.host, objs)
+        if exists:
             self._cancel(spec.name, spec.namespace)
             self._wait_gone(spec.name, spec.namespace)
         created, reused = self.apply(spec, objs, token)
@@ -165,6 +170,7 @@ class KubeSubmitter(KubeAPI):
         if not replace and self.get_job(spec.name, spec.namespace) is not None:
             raise Conflict(f"job {spec.name!r} already exists in namespace {spec.namespace}; pick another name, or "
                            "pass --replace to delete it and submit again (checkpoints on its storage are kept)")
+        self.require_quota(spec, objs, replacing=replace and self.get_job(spec.name, spec.namespace) is not None)
         accepted, existing = [], []
         for obj in objs:
             kind, name = obj["kind"], obj["metadata"]["name"]
@@ -175,6 +181,26 @@ class KubeSubmitter(KubeAPI):
                 self._create(spec.namespace, obj, dry_run="All")
             accepted.append(f"{kind}/{name}")
         return accepted + dry_run_pods(self._core(), objs[-1], self.host, objs), existing
+
+    def require_quota(self, spec: JobSpec, objs: list[dict[str, Any]], replacing: bool) -> None:
+        """The job's pods in all against each ResourceQuota of the namespace (cluster.quota): over
+        one is refused in one line naming it, before anything is made. Replacing a job whose pods
+        still count as used, only the hard limits are held. A user who may not read quotas is told
+        the pods are held to them one at a time."""
+        try:
+            with api_errors(f"reading the ResourceQuotas of namespace {spec.namespace}", self.host, keep=is_forbidden):
+                found = self._core().list_namespaced_resource_quota(
+                    spec.namespace, _preload_content=False).json().get("items") or []
+        except Exception as e:
+            if not is_forbidden(e):
+                raise
+            log.info(f"note: the namespace's ResourceQuotas not read ({api_message(e)}); each pod is still held "
+                     "to them, one at a time")
+            return
+        pods = quota.replicas(objs[-1])
+        if over := quota.excesses(found, pods, against_hard_only=replacing):
+            raise ClusterError(f"{over[0].line(sum(n for n, _ in pods))}; ask for less (nodes, gpus_per_node) or for "
+                               "the quota to be raised; nothing was created", code="refused")
 
     def require_release(self, kind: str) -> None:
         """A TrainJob needs Trainer's controller at MIN_VERSION or newer: an older one is refused in
