@@ -225,7 +225,7 @@ class KubeMock:
                  "storage.k8s.io/v1/storageclasses", "storage.k8s.io/v1/csidrivers", "ray.io/v1/rayclusters",
                  "ray.io/v1/rayjobs", "kubeflow.org/v2beta1/mpijobs", "v1/persistentvolumes", "v1/services",
                  "kueue.x-k8s.io/v1beta2/localqueues", "kueue.x-k8s.io/v1beta2/workloads",
-                 "kueue.x-k8s.io/v1beta2/clusterqueues", "v1/resourcequotas")
+                 "kueue.x-k8s.io/v1beta2/clusterqueues", "v1/resourcequotas", "v1/events")
 
     def __init__(self, tmp_path):
         import asyncio

@@ -197,7 +197,8 @@ def test_every_verb_works_with_the_role_and_fails_naming_each_permission_it_lack
     exec_ = {rbac.Permission(v, "", "pods/exec") for v in ("get", "create")}
     verdict = {rbac.Permission("list", "kueue.x-k8s.io", "workloads")}
     # Without reading quotas, a submit still holds each pod to them (its dry run): said, not failed.
-    quotas = {rbac.Permission("list", "", "resourcequotas")}
+    # Nor, on a job that runs, do status and wait need its events (they say why a job waits).
+    quotas = {rbac.Permission("list", "", "resourcequotas"), rbac.Permission("list", "", "events")}
     assert {rbac.Permission(v, g, r) for g, r, v in permissions if r not in unmade} - used == exec_ | verdict | quotas
 
 

@@ -379,9 +379,15 @@ def cmd_watch(args: argparse.Namespace) -> int:
 def cmd_wait(args: argparse.Namespace) -> int:
     st = wait(_backend(args), args.job, timeout=args.timeout, poll=args.poll,
               on_change=None if args.json else _print_status)
-    code = 0 if st.state == "Succeeded" else 124 if not st.finished else 1
+    blocked = st.details.get("blocked")
+    code = 0 if st.state == "Succeeded" else 1 if st.finished or blocked else 124
+    if blocked and not args.json:
+        print(f"error: job {args.job} will not start: {blocked}", file=sys.stderr)
     if args.json:
         timed_out = f"job {args.job} still {st.state} after {args.timeout:g} s" if code == 124 else ""
+        if blocked:
+            return emit_json(st.to_dict(), 1, f"job {args.job} will not start: {blocked}", "failed",
+                             hint="fix what it names in the spec and submit it again (job submit --replace)")
         return emit_json(st.to_dict(), code, timed_out or _ended(st.to_dict()), "timeout" if code == 124 else "failed",
                          hint=_why(args.job) if code == 1 else None)
     return code

@@ -51,6 +51,7 @@ def _p(verbs: str, resource: str, group: str = "", optional: bool = False) -> li
 _DEVICES = "resourceclaimtemplates", "resource.k8s.io"
 _RUNTIME = "trainingruntimes", trainer.GROUP
 _QUOTAS = _p("list", "resourcequotas", optional=True)
+_EVENTS = _p("list", "events", optional=True)
 VERB_NEEDS: dict[str, list[Permission]] = {
     # On a Kueue queue, its verdict is read from the job's Workload (said as unread without it).
     # Every submit first sends each pod the operator will make as a Pod with dryRun=All (admission
@@ -65,8 +66,9 @@ VERB_NEEDS: dict[str, list[Permission]] = {
     "job submit --dry-run=server": [*_p("get,create", JOB), *_p("get,create", "secrets"),
                                     *_p("get,create", "persistentvolumeclaims"), *_p("get,create", *_DEVICES),
                                     *_p("get,create", *_RUNTIME), *_p("create", "pods"), *_QUOTAS],
-    "job status": [*_p("get", JOB), *_p("list", "pods"), *_p("get", "pods/log", optional=True)],
-    "job wait": _p("get", JOB),
+    # A job with no running pods says why from its events (unread: said).
+    "job status": [*_p("get", JOB), *_p("list", "pods"), *_p("get", "pods/log", optional=True), *_EVENTS],
+    "job wait": [*_p("get", JOB), *_EVENTS],
     # A Failed job within its resubmission budget is made again: delete, then create.
     "job wait (resubmit)": _p("get,create,delete", JOB),
     "job logs": [*_p("get", JOB), *_p("list", "pods"), *_p("get", "pods/log")],

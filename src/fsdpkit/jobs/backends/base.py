@@ -105,8 +105,9 @@ def wait(backend: Backend, name: str, timeout: float | None = None, poll: float 
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
-        st = poll_until(lambda: backend.status(name), lambda s: s.finished, left, poll, on_change,
-                        key=lambda s: (s.state, s.attempt))
+        # A job whose pods cannot be created will not start as it is: that ends the wait too.
+        st = poll_until(lambda: backend.status(name), lambda s: s.finished or bool(s.details.get("blocked")), left,
+                        poll, on_change, key=lambda s: (s.state, s.attempt, s.message))
         if not (st.state == "Failed" and resubmit and backend.resubmit(name)):
             return st
 

@@ -20,7 +20,7 @@ from fsdpkit.cluster.client import (
     labels_match,
 )
 from fsdpkit.errors import NotFound, TimedOut, UserError
-from fsdpkit.jobs import manifests
+from fsdpkit.jobs import events, manifests
 from fsdpkit.jobs.backends.base import Listing
 from fsdpkit.jobs.backends.kube_api import KINDS, KubeAPI, log
 from fsdpkit.jobs.health import log_progress, network_verdict, pod_findings, pod_summary, step_time
@@ -29,6 +29,8 @@ from fsdpkit.jobs.status import JobStatus, state_from_conditions, trainer_progre
 from fsdpkit.jobs.utilisation import WatchHistory, asks_for_efa, efa_flat, parse_sample, sample_script, stragglers
 from fsdpkit.polling import wait_saying
 
+# States in which a job has no running pods yet: the events say why.
+WAITING = ("Pending", "Created", "Unknown")
 # The trainer reports its network before the first step: this much of rank 0's log holds it.
 NETWORK_HEAD = 256 * 1024
 
@@ -77,8 +79,31 @@ class KubeObserver(KubeAPI):
         )
 
     def status(self, name: str) -> JobStatus:
+        """The job's state; while it has no running pods, with why from the events (jobs.events):
+        the newest reason in `message` and `details["event"]`, and `details["blocked"]` where the
+        operator cannot create its pods (a job that will never start as it is)."""
         kind, obj = self._require_job(name, self.namespace)
-        return self._status_of(kind, obj)
+        st = self._status_of(kind, obj)
+        if st.state in WAITING:
+            self._why_waiting(st, kind, name)
+        return st
+
+    def _why_waiting(self, st: JobStatus, kind: str, name: str) -> None:
+        try:
+            with api_errors(f"reading the events of {name}", self.host, keep=is_forbidden):
+                found = json.loads(self._core().list_namespaced_event(
+                    self.namespace, _preload_content=False).data or b"{}").get("items") or []
+        except Exception as e:
+            if not is_forbidden(e):
+                raise
+            st.details["gaps"] = {**st.details.get("gaps", {}), "events": api_message(e)}
+            return
+        if (why := events.why_waiting(found, name, kind)) is None:
+            return
+        st.details["event"] = why.to_dict()
+        st.message = why.line()
+        if why.cannot_create:
+            st.details["blocked"] = why.line()
 
     def jobs(self) -> Listing:
         """fsdpkit's jobs of every kind the server serves. A kind this user may not list is named in
@@ -167,8 +192,10 @@ class KubeObserver(KubeAPI):
         namespace = self.namespace
         kind, obj = self._require_job(name, namespace)
         st, k = self._status_of(kind, obj), KINDS[kind]
+        if st.state in WAITING:
+            self._why_waiting(st, kind, name)
         pods = self._raw_pods(name, namespace, kind)
-        gaps: dict[str, str] = {}
+        gaps: dict[str, str] = st.details.get("gaps", {})
         kubelet: dict[str, str] = {}
         network = None
         rank0 = self._rank0(pods, kind)
