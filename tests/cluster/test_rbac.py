@@ -140,6 +140,11 @@ def test_every_verb_works_with_the_role_and_fails_naming_each_permission_it_lack
     permissions = [(g, r, v) for rule in rules for g in rule["apiGroups"] for r in rule["resources"]
                    for v in rule["verbs"]]
     assert (k.group, k.plural, "create") in permissions and not any(r == "nodes" for _, r, _ in permissions)
+    # A TrainJob's own runtime is granted with TrainJobs only; every backend's submit reads its queue,
+    # the namespace's quotas and, in status and wait, the job's events.
+    assert any(r == "trainingruntimes" for _, r, _ in permissions) == (backend == "trainjob")
+    assert {("kueue.x-k8s.io", "localqueues", "get"), ("", "resourcequotas", "list"), ("", "events", "list"),
+            ("", "pods", "create")} <= set(permissions)
 
     kube.route("get /api/v1/namespaces/default/pods/llama-tiny-rank0/log", b"Batch 1 Loss: 3.1\n")
     # The whole Role: every verb works.
@@ -198,7 +203,8 @@ def test_every_verb_works_with_the_role_and_fails_naming_each_permission_it_lack
     verdict = {rbac.Permission("list", "kueue.x-k8s.io", "workloads")}
     # Without reading quotas, a submit still holds each pod to them (its dry run): said, not failed.
     # Nor, on a job that runs, do status and wait need its events (they say why a job waits).
-    quotas = {rbac.Permission("list", "", "resourcequotas"), rbac.Permission("list", "", "events")}
+    quotas = {rbac.Permission("list", "", "resourcequotas"), rbac.Permission("list", "", "events"),
+              rbac.Permission("get", "kueue.x-k8s.io", "localqueues")}   # (no queue here: none read)
     assert {rbac.Permission(v, g, r) for g, r, v in permissions if r not in unmade} - used == exec_ | verdict | quotas
 
 

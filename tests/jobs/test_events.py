@@ -66,8 +66,8 @@ def test_a_pending_job_says_why_and_wait_ends_on_one_that_cannot_start(kube, tmp
     r = job_cli(kube, "wait", "llama-tiny", "--poll", "0.1", "--timeout", "2")
     if blocks:   # it will not start as it is: wait ends now, with the reason
         assert r.returncode == 1, r.stderr
-        assert r.stderr.strip().splitlines()[-1] == f"error: job llama-tiny will not start: {who}: {reason} (3 times): " \
-                                                    f"{message}"
+        said = f"error: job llama-tiny will not start: {who}: {reason} (3 times): {message}"
+        assert r.stderr.strip().splitlines()[-1] == said
     else:        # the scheduler or Kueue may yet place it: wait goes on, saying why
         assert r.returncode == 124 and reason in r.stdout, (r.returncode, r.stdout, r.stderr)
 

@@ -684,10 +684,15 @@ def test_a_named_queue_must_exist_and_orders_the_job_by_kueue_s_priority_label(k
     pods = [r["template"]["spec"] for r in job["spec"]["pytorchReplicaSpecs"].values()]
     assert [p.get("priorityClassName") for p in pods] == [None, None]
     assert "schedulingPolicy" not in job["spec"]["runPolicy"]
-    # A namespace user bound to the Role `fsdpkit cluster rbac` renders, which does not grant LocalQueues.
+    # A namespace user bound to the Role `fsdpkit cluster rbac` renders: it grants reading LocalQueues,
+    # so the queue is checked; a Role without that read is told the queue went unchecked.
     assert job_cli(kube, "delete", "llama-tiny", "--yes").returncode == 0
-    user = kube.user("team-a-ci", role_rules([("kubeflow.org", "pytorchjobs")]))
-    r = job_cli(kube, "submit", str(spec), env=user)
+    rules = role_rules([("kubeflow.org", "pytorchjobs")])
+    r = job_cli(kube, "submit", str(spec), env=kube.user("team-a-ci", rules))
+    assert r.returncode == 0 and "not checked" not in r.stderr, r.stderr
+    assert job_cli(kube, "delete", "llama-tiny", "--yes").returncode == 0
+    without = [rule for rule in rules if rule["resources"] != ["localqueues"]]
+    r = job_cli(kube, "submit", str(spec), env=kube.user("team-a-ci", without))
     assert r.returncode == 0, r.stderr
     assert ("warning: queue 'team-a' not checked: localqueues.kueue.x-k8s.io \"team-a\" is forbidden: User "
             '"team-a-ci" cannot get resource "localqueues" in API group "kueue.x-k8s.io" in the namespace '

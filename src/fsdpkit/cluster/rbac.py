@@ -52,20 +52,22 @@ _DEVICES = "resourceclaimtemplates", "resource.k8s.io"
 _RUNTIME = "trainingruntimes", trainer.GROUP
 _QUOTAS = _p("list", "resourcequotas", optional=True)
 _EVENTS = _p("list", "events", optional=True)
+# A job on a queue: its LocalQueue must exist (read before anything is made; unread: said).
+_QUEUE = _p("get", "localqueues", kueue.GROUP, optional=True)
 VERB_NEEDS: dict[str, list[Permission]] = {
     # On a Kueue queue, its verdict is read from the job's Workload (said as unread without it).
     # Every submit first sends each pod the operator will make as a Pod with dryRun=All (admission
     # speaks to pods), and holds the job's pods in all to the namespace's ResourceQuotas (unread: said).
     "job submit": [*_p("get,create", JOB), *_p("get,create,delete", "secrets"),
                    *_p("get,create,delete", "persistentvolumeclaims"), *_p("get,create,delete", *_DEVICES),
-                   *_p("get,create,delete", *_RUNTIME), *_p("create", "pods"), *_QUOTAS,
+                   *_p("get,create,delete", *_RUNTIME), *_p("create", "pods"), *_QUOTAS, *_QUEUE,
                    *_p("list", "workloads", kueue.GROUP, optional=True)],
     "job submit --replace": [*_p("get,create,delete", JOB), *_p("get,list,create,delete", "secrets"),
                              *_p("get,create,delete", "persistentvolumeclaims"), *_p("get,create,delete", *_DEVICES),
-                             *_p("get,create,delete", *_RUNTIME), *_p("create", "pods"), *_QUOTAS],
+                             *_p("get,create,delete", *_RUNTIME), *_p("create", "pods"), *_QUOTAS, *_QUEUE],
     "job submit --dry-run=server": [*_p("get,create", JOB), *_p("get,create", "secrets"),
                                     *_p("get,create", "persistentvolumeclaims"), *_p("get,create", *_DEVICES),
-                                    *_p("get,create", *_RUNTIME), *_p("create", "pods"), *_QUOTAS],
+                                    *_p("get,create", *_RUNTIME), *_p("create", "pods"), *_QUOTAS, *_QUEUE],
     # A job with no running pods says why from its events (unread: said).
     "job status": [*_p("get", JOB), *_p("list", "pods"), *_p("get", "pods/log", optional=True), *_EVENTS],
     "job wait": [*_p("get", JOB), *_EVENTS],
@@ -83,13 +85,14 @@ VERB_NEEDS: dict[str, list[Permission]] = {
                                     *_p("delete", *_RUNTIME)],
     "deploy": [*_p("get,create", JOB), *_p("get,create,delete", "secrets"),
                *_p("get,create,delete", "persistentvolumeclaims"), *_p("get,create,delete", *_DEVICES),
-               *_p("get,create,delete", *_RUNTIME), *_p("create", "pods"), *_QUOTAS],
+               *_p("get,create,delete", *_RUNTIME), *_p("create", "pods"), *_QUOTAS, *_QUEUE],
 }
 
 
 def needs(verb: str, group: str, plural: str) -> list[Permission]:
-    """What `verb` needs with this backend's job kind."""
-    return [p.of(group, plural) for p in VERB_NEEDS[verb]]
+    """What `verb` needs with this backend's job kind: a TrainJob's own runtime only for TrainJobs."""
+    return [p.of(group, plural) for p in VERB_NEEDS[verb]
+            if p.resource != _RUNTIME[0] or (group, plural) == (trainer.GROUP, "trainjobs")]
 
 
 def role_rules(kinds: Iterable[tuple[str, str]]) -> list[dict[str, Any]]:
