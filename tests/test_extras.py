@@ -82,9 +82,10 @@ def test_every_module_the_source_imports_beyond_the_core_is_in_the_table_under_a
 
 
 # What a training-only install lacks: every installed module outside the core's closure (pytest's
-# own too, which such an install would not have either).
+# own too, which such an install would not have either). The commands run one after another in one
+# such process, each as `fsdpkit ARGV` would (its exit code, its stdout and stderr).
 HIDE = """
-import sys
+import contextlib, io, json, sys
 HIDDEN = set(sys.argv[1].split(","))
 class Hidden:
     def find_spec(self, name, path=None, target=None):
@@ -92,16 +93,29 @@ class Hidden:
             raise ModuleNotFoundError(f"No module named {name!r}", name=name)
 sys.meta_path.insert(0, Hidden())
 from fsdpkit.cli.main import main
-sys.exit(main(sys.argv[2:]))
+results = []
+for argv in json.loads(sys.argv[2]):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(argv)
+        except SystemExit as e:
+            code = e.code
+        except BaseException as e:
+            code, _ = 1, print(f"Traceback: {type(e).__name__}: {e}", file=err)
+    results.append([code, out.getvalue(), err.getvalue()])
+print(json.dumps(results))
 """
 
 
-def training_only(*argv: str, env: dict | None = None) -> subprocess.CompletedProcess:
+def training_only(*commands: list[str], env: dict | None = None) -> list[tuple[int, str, str]]:
     hidden = modules_of({_norm(d.metadata["Name"]) for d in md.distributions()} - CORE - {"fsdpkit"}) \
         - modules_of(CORE)
     assert {"kubernetes", "boto3", "botocore", "prometheus_api_client"} <= hidden
-    return subprocess.run([sys.executable, "-c", HIDE, ",".join(sorted(hidden)), *argv], capture_output=True,
-                          text=True, cwd=ROOT, timeout=120, env=env)
+    r = subprocess.run([sys.executable, "-c", HIDE, ",".join(sorted(hidden)), json.dumps(list(commands))],
+                       capture_output=True, text=True, cwd=ROOT, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return [tuple(x) for x in json.loads(r.stdout.splitlines()[-1])]
 
 
 CLUSTER_VERBS = [
@@ -114,22 +128,30 @@ CLUSTER_VERBS = [
 ]
 
 
+@pytest.fixture(scope="module")
+def answers(tmp_path_factory):
+    """Each cluster verb's (exit code, stdout, stderr) in the training-only install, from one process."""
+    spec = str(write_spec(tmp_path_factory.mktemp("spec")))
+    return dict(zip(map(tuple, CLUSTER_VERBS), training_only(
+        *[[a.replace("{spec}", spec) for a in argv] for argv in CLUSTER_VERBS],
+        env={**os.environ, "MY_HF_TOKEN": TOKEN}), strict=True))
+
+
 @pytest.mark.parametrize("argv", CLUSTER_VERBS, ids=[" ".join(a[:3]) for a in CLUSTER_VERBS])
-def test_in_a_training_only_install_each_cluster_verb_is_one_line_naming_the_cloud_extra(argv, tmp_path):
-    spec = str(write_spec(tmp_path))
-    r = training_only(*[a.replace("{spec}", spec) for a in argv], env={**os.environ, "MY_HF_TOKEN": TOKEN})
+def test_in_a_training_only_install_each_cluster_verb_is_one_line_naming_the_cloud_extra(argv, answers):
+    code, out, err = answers[tuple(argv)]
     # (deploy says which step it is at on stdout: its progress, not an object.)
-    assert r.returncode == 2 and "Traceback" not in r.stdout + r.stderr, r.stdout + r.stderr[-2000:]
-    [line] = r.stderr.splitlines()
+    assert code == 2 and "Traceback" not in out + err, out + err[-2000:]
+    [line] = err.splitlines()
     assert line.startswith("error: ") and "pip install 'fsdpkit[cloud]'" in line, line
 
 
 def test_in_a_training_only_install_what_needs_no_cluster_still_works(tmp_path):
     spec = str(write_spec(tmp_path))
-    r = training_only("job", "render", spec)
-    assert r.returncode == 0 and "kind: PyTorchJob" in r.stdout, r.stderr[-2000:]
-    assert training_only("cluster", "rbac", "-n", "team-a").returncode == 0
+    (render, rbac, listing) = training_only(["job", "render", spec], ["cluster", "rbac", "-n", "team-a"],
+                                            ["job", "list", "--json"])
+    assert render[0] == 0 and "kind: PyTorchJob" in render[1], render[2][-2000:]
+    assert rbac[0] == 0 and "kind: Role" in rbac[1]
     # `job list` lists the local jobs and says why the cluster's are not among them.
-    r = training_only("job", "list", "--json")
-    assert r.returncode == 0 and json.loads(r.stdout)["data"]["jobs"] == [], r.stderr
-    assert "cluster jobs not listed" in r.stderr and "fsdpkit[cloud]" in r.stderr
+    assert listing[0] == 0 and json.loads(listing[1])["data"]["jobs"] == [], listing[2]
+    assert "cluster jobs not listed" in listing[2] and "fsdpkit[cloud]" in listing[2]

@@ -117,8 +117,9 @@ def test_deploy_runs_a_trainjob_where_trainer_v2_runs(kube, tmp_path):
 
 
 def test_another_backend_s_operator_left_without_its_controller_is_a_note(kube, tmp_path):
-    """What an add-on left behind: HyperPod's CRD and a controller that no longer runs fail
-    `cluster check`, but a trainjob deploy passes [check] with a note and runs."""
+    """What an add-on left behind: HyperPod's CRD and a controller that no longer runs, Kueue's CRDs
+    without its controller, fail `cluster check`, but a trainjob deploy on no queue passes [check]
+    with a note for each and runs."""
     from kubernetes import client
 
     healthy_eks(kube, operator=False)
@@ -128,6 +129,8 @@ def test_another_backend_s_operator_left_without_its_controller_is_a_note(kube, 
     kube.create("/apis/apps/v1/namespaces/aws-hyperpod/deployments",
                 deployment("hp-training-operator-hp-training-controller-manager", "aws-hyperpod",
                            {"hp-training-control-plane": "hp-training-controller-manager"}, available=0))
+    # Kueue's CRDs without its controller: a job on no queue does not use it.
+    kube.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd("clusterqueues.kueue.x-k8s.io"))
     r = subprocess.run([sys.executable, "-m", "fsdpkit", "cluster", "check"], cwd=ROOT, capture_output=True,
                        text=True, env={**os.environ, **kube.env}, timeout=120)
     failed = "HyperPod training operator: aws-hyperpod/hp-training-operator-hp-training-controller-manager: " \
@@ -150,6 +153,8 @@ def test_another_backend_s_operator_left_without_its_controller_is_a_note(kube, 
     check = out.split("[storage]")[0]
     assert "FAIL" not in check
     assert f"  note: {failed} (not used by this trainjob job)" in check.splitlines()
+    assert [line for line in check.splitlines() if line.startswith("  note: Kueue: ")
+            and line.endswith("(not used by this trainjob job)")], check
     assert "check passed" in out
 
 

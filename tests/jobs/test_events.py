@@ -1,8 +1,8 @@
 """A Pending job says why (fsdpkit.jobs.events): each source of the reason, written as the component
 that writes it would (kmock stores the Events): the training operator that cannot create a pod, JobSet's
 Job controller that cannot create a TrainJob's, the scheduler that cannot place one, Kueue waiting
-for quota. `job status` shows the newest; `job wait` ends with exit 1 on a job whose pods cannot be
-created, and keeps waiting, saying why, on one the scheduler cannot place yet."""
+for quota. `job status` and `job watch` show the newest; `job wait` ends with exit 1 on a job whose
+pods cannot be created, and keeps waiting, saying why, on one the scheduler cannot place yet."""
 
 from __future__ import annotations
 
@@ -63,6 +63,10 @@ def test_a_pending_job_says_why_and_wait_ends_on_one_that_cannot_start(kube, tmp
     assert st["message"] == f"{who}: {reason} (3 times): {message}"
     r = job_cli(kube, "status", "llama-tiny")
     assert f"llama-tiny (default): Pending: {who}: {reason}" in r.stdout, r.stdout
+    # `job watch --once` says it where it would say "no pods yet"; a job that cannot start is its finding.
+    r = job_cli(kube, "watch", "llama-tiny", "--once", "--no-sample")
+    assert f"llama-tiny: Pending | no pods yet: {who}: {reason} (3 times): " in r.stdout, r.stdout
+    assert r.returncode == (1 if blocks else 0), r.stdout + r.stderr
     r = job_cli(kube, "wait", "llama-tiny", "--poll", "0.1", "--timeout", "2")
     if blocks:   # it will not start as it is: wait ends now, with the reason
         assert r.returncode == 1, r.stderr

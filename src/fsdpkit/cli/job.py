@@ -340,7 +340,8 @@ def _print_snapshot(snap: dict[str, Any]) -> None:
     prog = (f" step {p['step']} loss {p['loss']:.4f} {p['tokens_per_s']} tok/s" if "step" in p else "")
     pods = _pods_text(snap["pods"])
     net = f" | network {_network_text(snap['network'])}" if snap.get("network") else ""
-    print(f"{snap['name']}: {snap['state']}{prog}{net} | {pods or 'no pods yet'}", flush=True)
+    waiting = f"no pods yet: {snap['message']}" if snap.get("event") else "no pods yet"
+    print(f"{snap['name']}: {snap['state']}{prog}{net} | {pods or waiting}", flush=True)
     for n in snap.get("nodes") or []:
         print(_node_text(n), flush=True)
     _print_unreachable(snap.get("unreachable") or [])

@@ -76,7 +76,7 @@ VERB_NEEDS: dict[str, list[Permission]] = {
     "job logs": [*_p("get", JOB), *_p("list", "pods"), *_p("get", "pods/log")],
     # Websocket exec is authorized as get and, since Kubernetes 1.30, as create as well.
     "job watch": [*_p("get", JOB), *_p("list", "pods"), *_p("get", "pods/log"),
-                  *_p("get,create", "pods/exec", optional=True)],
+                  *_p("get,create", "pods/exec", optional=True), *_EVENTS],
     "job list": _p("list", JOB),
     "job delete": [*_p("get,delete", JOB), *_p("list,delete", "secrets"), *_p("delete", *_DEVICES),
                    *_p("delete", *_RUNTIME)],

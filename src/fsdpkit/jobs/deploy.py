@@ -105,6 +105,12 @@ def _preconditions(spec: JobSpec, skip: set[str]) -> str | None:
     return token
 
 
+def _uses(job: ResolvedJob, component: str) -> bool:
+    """Whether the job needs a component `cluster check` looks at: Kueue only for a job on a queue,
+    KubeRay never (`deploy` runs no RayCluster); the rest (devices, operators, storage) as checked."""
+    return {"Kueue": job.spec.queue is not None, "KubeRay operator": False}.get(component, True)
+
+
 def _check(job: ResolvedJob, backend: KubeBackend, kind: str, strict: bool, say: Callable[[str], None]) -> str:
     """The cluster is ready for this job (no failed check of what it uses) and the job fits its GPUs
     (or only a warning). Another backend's operator is not this job's concern: CRDs an add-on left
@@ -113,7 +119,7 @@ def _check(job: ResolvedJob, backend: KubeBackend, kind: str, strict: bool, say:
     mine = KINDS[kind].backend
     failed = []
     for c in report.checks:
-        if c.backend and c.backend != mine:
+        if (c.backend and c.backend != mine) or not _uses(job, c.name):
             if c.status == "fail":
                 say(f"  note: {c.name}: {c.detail} (not used by this {mine} job)")
             continue

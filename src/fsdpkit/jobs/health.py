@@ -33,7 +33,7 @@ _PENDING = [
 
 @dataclass
 class Finding:
-    kind: str        # stall | oom | crashloop | pending | nccl_timeout | tiered_off
+    kind: str        # stall | oom | crashloop | pending | cannot_create | nccl_timeout | tiered_off
     pod: str
     detail: str
     fix: str = ""

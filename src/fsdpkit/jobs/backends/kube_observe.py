@@ -23,7 +23,7 @@ from fsdpkit.errors import NotFound, TimedOut, UserError
 from fsdpkit.jobs import events, manifests
 from fsdpkit.jobs.backends.base import Listing
 from fsdpkit.jobs.backends.kube_api import KINDS, KubeAPI, log
-from fsdpkit.jobs.health import log_progress, network_verdict, pod_findings, pod_summary, step_time
+from fsdpkit.jobs.health import Finding, log_progress, network_verdict, pod_findings, pod_summary, step_time
 from fsdpkit.jobs.manifests import ATTEMPT
 from fsdpkit.jobs.status import JobStatus, state_from_conditions, trainer_progress, trainjob_state
 from fsdpkit.jobs.utilisation import WatchHistory, asks_for_efa, efa_flat, parse_sample, sample_script, stragglers
@@ -405,8 +405,13 @@ class KubeObserver(KubeAPI):
         namespace = self.namespace
         kind, obj = self._require_job(name, namespace)
         st, k = self._status_of(kind, obj), KINDS[kind]
+        if st.state in WAITING:
+            self._why_waiting(st, kind, name)
         pods = self._raw_pods(name, namespace, kind)
         findings = pod_findings(pods)
+        if blocked := st.details.get("blocked"):   # no pod to find it on: the job's own finding
+            findings.append(Finding("cannot_create", "", blocked, "fix what it names in the spec and submit it again "
+                                                                  "(job submit --replace)"))
         progress: dict[str, Any] = {}
         network = None
         log: list[str] = []  # rank 0's last lines, read once for progress, network and step time
@@ -433,9 +438,10 @@ class KubeObserver(KubeAPI):
                 findings += efa_flat(nodes, name)
             if history is not None:
                 history.add(nodes)
-        gaps: dict[str, str] = {}
+        gaps: dict[str, str] = st.details.get("gaps", {})
         unreachable = self._unreachable(self._node_health(pods, gaps), pods, kubelet)
         return {"name": name, "state": st.state, "attempt": st.attempt, "message": st.message,
+                "event": st.details.get("event"), "blocked": st.details.get("blocked"),
                 "pods": [pod_summary(p) for p in pods],
                 "nodes": nodes, "progress": progress, "network": network, "unreachable": unreachable,
                 "gaps": gaps, "findings": [f.to_dict() for f in findings]}
