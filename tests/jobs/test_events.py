@@ -2,7 +2,8 @@
 that writes it would (kmock stores the Events): the training operator that cannot create a pod, JobSet's
 Job controller that cannot create a TrainJob's, the scheduler that cannot place one, Kueue waiting
 for quota. `job status` and `job watch` show the newest; `job wait` ends with exit 1 on a job whose
-pods cannot be created, and keeps waiting, saying why, on one the scheduler cannot place yet."""
+pods cannot be created, and keeps waiting, saying why, on one the scheduler cannot place yet. A job
+being deleted is Deleting, not Pending."""
 
 from __future__ import annotations
 
@@ -90,3 +91,21 @@ def test_an_event_is_about_the_job_only_by_the_names_its_components_give():
     assert not about(ev("Job", "llama-2-node-0"), "llama", "TrainJob")
     assert not about(ev("Workload", "pytorchjob-llama-2-4f2a9"), "llama", "PyTorchJob")
     assert not about(ev("Node", "llama"), "llama", "PyTorchJob")
+
+
+def test_a_job_being_deleted_is_deleting_and_deleting_it_again_says_so(kube, tmp_path):
+    """The API server keeps a deleted object while finalizers hold it (the operator's): its
+    deletionTimestamp is set. It is not Pending."""
+    require("kmock")
+    kube.create("/apis/kubeflow.org/v1/namespaces/default/pytorchjobs", {
+        "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+        "metadata": {"name": "llama-tiny", "namespace": "default",
+                     "labels": {"app.kubernetes.io/managed-by": "fsdpkit"},
+                     "deletionTimestamp": "2026-12-01T10:00:00Z", "finalizers": ["kubeflow.org/pytorchjob"]},
+        "spec": {"pytorchReplicaSpecs": {}}})
+    r = job_cli(kube, "status", "llama-tiny")
+    assert r.stdout.splitlines()[0] == ("llama-tiny (default): Deleting: being deleted since 2026-12-01T10:00:00Z "
+                                        "(waiting on kubeflow.org/pytorchjob)"), r.stdout + r.stderr
+    r = job_cli(kube, "delete", "llama-tiny", "--yes")
+    assert r.returncode == 0, r.stderr
+    assert "warning: job llama-tiny is already being deleted (since 2026-12-01T10:00:00Z)" in r.stderr, r.stderr

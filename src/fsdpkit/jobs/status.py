@@ -13,7 +13,8 @@ TERMINAL = ("Succeeded", "Failed", "Cancelled")
 class JobStatus:
     name: str
     backend: str
-    state: str                      # Pending, Created, Running, Restarting, Succeeded, Failed, Cancelled, Unknown
+    state: str                      # Pending, Created, Running, Restarting, Deleting, Succeeded, Failed, Cancelled,
+    #                                 Unknown
     message: str = ""
     namespace: str | None = None
     attempt: int = 0                # whole-job resubmissions so far

@@ -69,6 +69,9 @@ class KubeObserver(KubeAPI):
         else:
             state, message = state_from_conditions(conditions)
             replicas = status.get("replicaStatuses") or {}
+        if since := meta.get("deletionTimestamp"):   # deleted, its finalizers (the operator's) still at work
+            state, message = "Deleting", f"being deleted since {since}" + (
+                f" (waiting on {', '.join(meta['finalizers'])})" if meta.get("finalizers") else "")
         return JobStatus(
             name=meta.get("name", ""), backend=KINDS[kind].backend, state=state, message=message,
             namespace=meta.get("namespace"), attempt=int((meta.get("annotations") or {}).get(ATTEMPT, 0)),

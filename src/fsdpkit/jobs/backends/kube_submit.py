@@ -394,6 +394,8 @@ class KubeSubmitter(KubeAPI):
     def _cancel(self, name: str, namespace: str, delete_storage: bool = False, dry_run: bool = False) -> list[str]:
         kind, obj = self._require_job(name, namespace)
         device_objects = self._device_objects(obj)
+        if dry_run and (since := (obj.get("metadata") or {}).get("deletionTimestamp")):   # said once: the look first
+            log.warning(f"job {name} is already being deleted (since {since}); what fsdpkit made for it goes too")
         if not dry_run:
             self.require_access("job delete --delete-storage" if delete_storage else "job delete", kind, namespace,
                                 [{"kind": k} for k in ("Secret", "PersistentVolumeClaim")] +
