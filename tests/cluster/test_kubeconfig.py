@@ -2,7 +2,8 @@
 spec's `namespace:`, else the kubeconfig context's, else default. Held against a team's user on a
 shared cluster: a Role in `team-a` only, its kubeconfig context naming `team-a`; every verb that
 talks to the cluster, run without -n, sends every namespaced request to `team-a` (kmock sees the
-paths), and with `-n team-b` (the user's Role there) to `team-b`."""
+paths), and with `-n team-b` (the user's Role there) to `team-b`; what the admin verbs would apply (their
+dry runs) is in that namespace too."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from fsdpkit.cli.reference import subcommands, verb_parser
 from fsdpkit.cluster.kubeconfig import context_namespace, namespace
 from fsdpkit.errors import UserError
 
-from conftest import require
+from conftest import cli_here, require
 from job_specs import TOKEN, write_spec
 
 EVERYTHING = [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}]
@@ -183,3 +184,25 @@ def test_every_command_that_takes_a_namespace_spells_it_dash_n_too():
     assert {"job submit", "job status", "job render", "ray create", "ray submit", "ray exec", "deploy",
             "metrics", "ckpt list"} <= set(taking)
     assert all(v == {"-n", "--namespace"} for v in taking.values()), taking
+
+
+@pytest.mark.parametrize("flag", [None, "team-b"], ids=["context-namespace", "dash-n"])
+def test_the_objects_the_admin_verbs_would_apply_are_in_that_namespace_too(tmp_path, flag):
+    """The verbs whose namespaced objects are a cluster admin's to apply, read from their dry runs (no
+    cluster): the FSx claim, etcd's member and Service, the NCCL test's MPIJob."""
+    env = {"KUBECONFIG": kubeconfig(tmp_path, CONFIG)}
+    n = ["-n", flag] if flag else []
+    ns = flag or "team-a"
+
+    def data(*argv):
+        r = cli_here(*argv, *n, "--dry-run", "--json", env=env)
+        assert r.returncode == 0, r.stdout + r.stderr
+        return json.loads(r.stdout)["data"]
+    claim = data("storage", "fsx", "create", "ckpt", "--region", "us-west-2")["kubernetes"]
+    assert {o["kind"]: o["metadata"].get("namespace") for o in claim} == {"PersistentVolume": None,
+                                                                          "PersistentVolumeClaim": ns}
+    etcd = {s["object"]["metadata"].get("namespace") for s in data("cluster", "addons", "install", "--etcd")["steps"]
+            if s["component"] == "etcd"}
+    assert etcd == {ns}
+    job = data("cluster", "validate", "nccl", "--nodes", "2", "--instance-type", "p5.48xlarge")["manifest"]
+    assert job["kind"] == "MPIJob" and job["metadata"]["namespace"] == ns
