@@ -135,6 +135,7 @@ def test_every_cluster_verb_acts_in_the_kubeconfig_s_namespace_or_in_dash_n_s(ku
         (job_cli, ["list"], 0, "llama-tiny"),
         (job_cli, ["logs", "llama-tiny", "--timeout", "5"], 0, "Batch 1 Loss: 3.1"),
         (job_cli, ["watch", "llama-tiny", "--once", "--no-sample"], 0, ""),
+        (job_cli, ["wait", "llama-tiny", "--timeout", "0.5", "--poll", "0.1"], 124, ""),   # still running
         (metrics_cli, ["llama-tiny", "--prometheus", "http://127.0.0.1:9"], None, ""),
         (ckpt_cli, ["list", "llama/checkpoints", "--pvc", "fsx-claim", "--image", "my/image:1"], 0, "step-00000010"),
         (ray_cli, ["status", "my-ray"], None, f"in namespace {ns}"),
