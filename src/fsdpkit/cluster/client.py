@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, cast
 
@@ -52,10 +53,17 @@ def connect(context: str | None = None, kubeconfig: str | None = None, eks_clust
                            "`aws eks update-kubeconfig --name CLUSTER --region REGION`", code="no_credentials")
     with reading(first, "kubeconfig"):  # a garbled file is one line, as a bad context is
         try:
-            return k8s.config.new_client_from_config(config_file=first, context=context)
+            api = k8s.config.new_client_from_config(config_file=first, context=context)
         except k8s.config.ConfigException as e:
             raise ClusterError(f"kubeconfig {first}: {str(e).splitlines()[0]}"
                                + (" (see `kubectl config get-contexts`)" if context else "")) from None
+    if not api.configuration.verify_ssl:
+        # The kubeconfig says insecure-skip-tls-verify: the user's choice, as kubectl takes it without
+        # a word; urllib3 would otherwise warn on every request of the verb.
+        import urllib3
+
+        warnings.filterwarnings("ignore", category=urllib3.exceptions.InsecureRequestWarning)
+    return api
 
 
 def api_message(e: Any) -> str:
