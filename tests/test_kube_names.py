@@ -56,6 +56,7 @@ def test_cluster_rbac_refuses_a_name_the_api_server_would(argv, says):
     ("priority_class", "High Priority", "priority_class: 'High Priority' is not a valid DNS-1123 subdomain"),
     ("priority_class", "a" * 64, "priority_class: '" + "a" * 64 + "' is 64 characters, over a label value's 63"),
     ("namespace", "Team_A", "namespace: 'Team_A' is not a valid DNS-1123 label"),
+    ("storage.storage_class", "FSx SC", "storage.storage_class: 'FSx SC' is not a valid DNS-1123 subdomain"),
 ])
 def test_a_spec_s_names_are_refused_before_anything_is_rendered(tmp_path, field, value, says):
     spec = str(write_spec(tmp_path))
@@ -65,3 +66,7 @@ def test_a_spec_s_names_are_refused_before_anything_is_rendered(tmp_path, field,
     assert line.startswith(f"error: {says}: use "), line
     ok = cli_here("job", "render", spec, "--set", f"{field}=team-a.high")
     assert ok.returncode == (2 if field == "namespace" else 0), ok.stderr   # a namespace has no dots
+    if field.startswith("storage."):   # an existing claim's name too
+        r = cli_here("job", "render", spec, "--set", "storage.size=", "--set", "storage.claim=My Claim")
+        assert r.returncode == 2 and r.stderr.startswith("error: storage.claim: 'My Claim' is not a valid DNS-1123 "
+                                                         "subdomain: use "), r.stderr

@@ -507,6 +507,10 @@ def _validate_storage(spec: JobSpec) -> None:
                         "(an existing PVC) or storage.size")
     if spec.storage.claim and spec.storage.size:
         raise UserError("storage: give either claim (an existing PVC) or size (a new PVC), not both")
+    if spec.backend in CLUSTER_BACKENDS:   # the names the pods' volumes and a new PVC carry
+        for field in ("claim", "storage_class"):
+            if (value := getattr(spec.storage, field)) is not None:
+                names.check(f"storage.{field}", value, "subdomain")
     if spec.storage.size and not spec.storage.storage_class:
         raise UserError("storage.storage_class: a new PVC needs a storage class (for example fsx-sc or efs-sc)")
     if not spec.storage.mount_path.startswith("/"):
