@@ -5,21 +5,19 @@ from __future__ import annotations
 import argparse
 import sys
 
-from fsdpkit.cli.output import Parser, dispatch, emit_json, progress
+from fsdpkit.cli.output import Parser, add_spec_namespace, context_namespace, dispatch, emit_json, progress
 from fsdpkit.effects import Effect, declare
 from fsdpkit.envelope import duration
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
-    from fsdpkit.cluster.kubeconfig import context_namespace
     from fsdpkit.jobs.backends import Target, get_backend
     from fsdpkit.jobs.deploy import deploy
     from fsdpkit.jobs.resolved import load_job
     from fsdpkit.jobs.spec import parse_overrides
 
     overrides = parse_overrides(args.set or []) + ([("namespace", args.namespace)] if args.namespace else [])
-    job = load_job(args.spec, overrides, pin_image=True,
-                   namespace=lambda: context_namespace(args.context, args.kubeconfig))
+    job = load_job(args.spec, overrides, pin_image=True, namespace=context_namespace(args))
     spec = job.spec
     backend = get_backend(spec.backend, Target(args.context, args.kubeconfig, spec.namespace))
     say = progress(args)
@@ -37,8 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
                "submit -> watch. After a failure, run it again to continue from the failed step.")
     p.add_argument("spec", help="job spec YAML (trainjob, pytorchjob or hyperpod backend)")
     p.add_spec_overrides()
-    p.add_argument("-n", "--namespace", help="the job's namespace (default: the spec's, else the kubeconfig "
-                   "context's, else default)")
+    add_spec_namespace(p, "the job's")
     p.add_argument("--skip", help="comma-separated steps to skip: check,storage,secret,submit,watch")
     p.add_argument("--fresh", action="store_true", help="ignore the progress of an earlier failed deploy")
     p.add_argument("--strict", action="store_true", help="stop at the check step when the capacity planner says "

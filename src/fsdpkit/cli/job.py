@@ -11,6 +11,8 @@ from typing import Any, cast
 from fsdpkit.cli.output import (
     Parser,
     add_namespace,
+    add_spec_namespace,
+    context_namespace,
     delete_asked,
     dispatch,
     emit_json,
@@ -18,7 +20,6 @@ from fsdpkit.cli.output import (
     print_findings,
     write_new,
 )
-from fsdpkit.cluster.kubeconfig import context_namespace
 from fsdpkit.effects import Effect, declare
 from fsdpkit.envelope import duration
 from fsdpkit.errors import UserError
@@ -42,12 +43,7 @@ _SHORTCUTS = ("name", "image", "backend", "namespace", "nodes", "instance_type")
 def _job(args: argparse.Namespace) -> ResolvedJob:
     overrides = parse_overrides(args.set or [])
     overrides += [(k, getattr(args, k)) for k in _SHORTCUTS if getattr(args, k, None) is not None]
-    return load_job(args.spec, overrides, pin_image=True, namespace=lambda: _context_namespace(args))
-
-
-def _context_namespace(args: argparse.Namespace) -> str | None:
-    """The kubeconfig context's namespace: a cluster job's where neither its spec nor -n names one."""
-    return context_namespace(getattr(args, "context", None), getattr(args, "kubeconfig", None))
+    return load_job(args.spec, overrides, pin_image=True, namespace=context_namespace(args))
 
 
 def _backend(args: argparse.Namespace, spec: JobSpec | None = None) -> Backend:
@@ -382,15 +378,15 @@ def cmd_wait(args: argparse.Namespace) -> int:
               on_change=None if args.json else _print_status)
     blocked = st.details.get("blocked")
     code = 0 if st.state == "Succeeded" else 1 if st.finished or blocked else 124
-    if blocked and not args.json:
-        print(f"error: job {args.job} will not start: {blocked}", file=sys.stderr)
+    stuck = f"job {args.job} will not start: {blocked}" if blocked else ""
+    if stuck and not args.json:
+        print(f"error: {stuck}", file=sys.stderr)
     if args.json:
         timed_out = f"job {args.job} still {st.state} after {args.timeout:g} s" if code == 124 else ""
-        if blocked:
-            return emit_json(st.to_dict(), 1, f"job {args.job} will not start: {blocked}", "failed",
-                             hint="fix what it names in the spec and submit it again (job submit --replace)")
-        return emit_json(st.to_dict(), code, timed_out or _ended(st.to_dict()), "timeout" if code == 124 else "failed",
-                         hint=_why(args.job) if code == 1 else None)
+        hint = "fix what it names in the spec and submit it again (job submit --replace)" if blocked else \
+            _why(args.job) if code == 1 else None
+        return emit_json(st.to_dict(), code, stuck or timed_out or _ended(st.to_dict()),
+                         "timeout" if code == 124 else "failed", hint=hint)
     return code
 
 
@@ -410,9 +406,10 @@ def build_parser() -> argparse.ArgumentParser:
                        "explained); omit to start from the defaults")
         p.add_spec_overrides()
         for k in _SHORTCUTS:
-            short = ["-n"] if k == "namespace" else []   # as every other verb that takes a namespace
-            p.add_argument(*short, f"--{k.replace('_', '-')}", dest=k, help=f"override {k}" + (
-                " (default: the spec's, else the kubeconfig context's, else default)" if short else ""))
+            if k == "namespace":   # -n, as on every other verb that takes a namespace
+                add_spec_namespace(p, "override")
+            else:
+                p.add_argument(f"--{k.replace('_', '-')}", dest=k, help=f"override {k}")
 
     def name_args(p: argparse.ArgumentParser) -> None:
         p.add_argument("job", metavar="NAME")

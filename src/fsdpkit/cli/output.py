@@ -14,8 +14,8 @@ from fsdpkit.cluster import kubeconfig
 from fsdpkit.envelope import Parser, emit_error, emit_json, show_diagnostics
 from fsdpkit.errors import Conflict, UserError
 
-__all__ = ["Parser", "add_namespace", "confirmed", "delete_asked", "dispatch", "emit_error", "emit_json",
-           "finding_message", "print_findings", "progress", "write_new"]
+__all__ = ["Parser", "add_namespace", "add_spec_namespace", "confirmed", "context_namespace", "delete_asked",
+           "dispatch", "emit_error", "emit_json", "finding_message", "print_findings", "progress", "write_new"]
 
 
 def add_namespace(p: argparse.ArgumentParser, what: str = "the job's", when: str | None = None) -> None:
@@ -25,6 +25,18 @@ def add_namespace(p: argparse.ArgumentParser, what: str = "the job's", when: str
     p.add_argument("-n", "--namespace", help=f"{what} Kubernetes namespace (default: the kubeconfig context's, "
                    "else default)")
     p.set_defaults(resolve_namespace=when or True)
+
+
+def add_spec_namespace(p: argparse.ArgumentParser, what: str) -> None:
+    """`-n/--namespace` of a verb that reads a spec: an override of the spec's `namespace:`, so not
+    resolved here; where neither names one, the spec's load asks `context_namespace(args)`."""
+    p.add_argument("-n", "--namespace", help=f"{what} namespace (default: the spec's, else the kubeconfig "
+                   "context's, else default)")
+
+
+def context_namespace(args: argparse.Namespace) -> Callable[[], str | None]:
+    """The kubeconfig context's namespace, read only when asked (load_job's `namespace`)."""
+    return lambda: kubeconfig.context_namespace(getattr(args, "context", None), getattr(args, "kubeconfig", None))
 
 
 def resolve_namespace(args: argparse.Namespace) -> None:

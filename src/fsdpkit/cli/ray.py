@@ -8,7 +8,15 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from fsdpkit import yamlfile
-from fsdpkit.cli.output import Parser, add_namespace, delete_asked, dispatch, emit_json
+from fsdpkit.cli.output import (
+    Parser,
+    add_namespace,
+    add_spec_namespace,
+    context_namespace,
+    delete_asked,
+    dispatch,
+    emit_json,
+)
 from fsdpkit.effects import Effect, declare
 from fsdpkit.envelope import duration
 from fsdpkit.errors import NotFound, UserError
@@ -27,7 +35,6 @@ def _client(args: argparse.Namespace) -> tuple[RayClient, Any]:
 
 
 def _job(args: argparse.Namespace) -> ResolvedJob:
-    from fsdpkit.cluster.kubeconfig import context_namespace
     from fsdpkit.image.dockerfile import has_ofi_nccl
     from fsdpkit.jobs.resolved import load_job
     from fsdpkit.jobs.spec import parse_overrides
@@ -42,7 +49,7 @@ def _job(args: argparse.Namespace) -> ResolvedJob:
     if args.namespace:
         overrides.append(("namespace", args.namespace))
     job = load_job(args.spec, [*overrides, ("backend", "hyperpod" if backend == "hyperpod" else "pytorchjob")],
-                   namespace=lambda: context_namespace(args.context, args.kubeconfig))
+                   namespace=context_namespace(args))
     spec = job.spec
     if spec.nodes.max > 1 and spec.efa and has_ofi_nccl(spec.image) is False:
         print(f"warning: {spec.image} has no aws-ofi-nccl, so NCCL between the {spec.nodes} nodes runs on TCP "
@@ -158,8 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     def spec_args(p: Parser) -> None:
         p.add_argument("spec", help="job spec YAML (image, nodes, instance_type, storage, ...)")
         p.add_argument("--name", dest="cluster_name", help="the RayCluster's name (default: the spec's name)")
-        p.add_argument("-n", "--namespace", help="the RayCluster's namespace (default: the spec's, else the "
-                       "kubeconfig context's, else default)")
+        add_spec_namespace(p, "the RayCluster's")
         p.add_spec_overrides()
 
     p = sub.add_parser("create", help="create the RayCluster, or reuse it if it exists with the same spec")

@@ -82,14 +82,17 @@ class KubeObserver(KubeAPI):
         )
 
     def status(self, name: str) -> JobStatus:
-        """The job's state; while it has no running pods, with why from the events (jobs.events):
-        the newest reason in `message` and `details["event"]`, and `details["blocked"]` where the
-        operator cannot create its pods (a job that will never start as it is)."""
+        return self._look(name)[1]
+
+    def _look(self, name: str) -> tuple[str, JobStatus]:
+        """The job's kind and state; while it has no running pods, with why from the events
+        (jobs.events): the newest reason in `message` and `details["event"]`, and `details["blocked"]`
+        where the operator cannot create its pods (a job that will never start as it is)."""
         kind, obj = self._require_job(name, self.namespace)
         st = self._status_of(kind, obj)
         if st.state in WAITING:
             self._why_waiting(st, kind, name)
-        return st
+        return kind, st
 
     def _why_waiting(self, st: JobStatus, kind: str, name: str) -> None:
         try:
@@ -103,10 +106,9 @@ class KubeObserver(KubeAPI):
             return
         if (why := events.why_waiting(found, name, kind)) is None:
             return
-        st.details["event"] = why.to_dict()
-        st.message = why.line()
+        st.details["event"], st.message = why.to_dict(), why.line()
         if why.cannot_create:
-            st.details["blocked"] = why.line()
+            st.details["blocked"] = st.message
 
     def jobs(self) -> Listing:
         """fsdpkit's jobs of every kind the server serves. A kind this user may not list is named in
@@ -193,10 +195,8 @@ class KubeObserver(KubeAPI):
         NCCL chose, and each node that is not ready or does not answer. A node that stopped answering
         is part of the answer, not a failure of it; what could not be read is named in `gaps`."""
         namespace = self.namespace
-        kind, obj = self._require_job(name, namespace)
-        st, k = self._status_of(kind, obj), KINDS[kind]
-        if st.state in WAITING:
-            self._why_waiting(st, kind, name)
+        kind, st = self._look(name)
+        k = KINDS[kind]
         pods = self._raw_pods(name, namespace, kind)
         gaps: dict[str, str] = st.details.get("gaps", {})
         kubelet: dict[str, str] = {}
@@ -406,10 +406,8 @@ class KubeObserver(KubeAPI):
         window and its step time, with stragglers and flat EFA among the findings. A node that is not
         ready or whose kubelet does not answer is named in `unreachable`; the look goes on."""
         namespace = self.namespace
-        kind, obj = self._require_job(name, namespace)
-        st, k = self._status_of(kind, obj), KINDS[kind]
-        if st.state in WAITING:
-            self._why_waiting(st, kind, name)
+        kind, st = self._look(name)
+        k = KINDS[kind]
         pods = self._raw_pods(name, namespace, kind)
         findings = pod_findings(pods)
         if blocked := st.details.get("blocked"):   # no pod to find it on: the job's own finding
