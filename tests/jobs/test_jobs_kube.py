@@ -639,11 +639,11 @@ def test_a_job_over_its_quota_in_total_is_refused_before_anything_is_created(kub
     from kubernetes import client
 
     client.CoreV1Api(kube.api()).patch_namespaced_resource_quota_status(
-        "gpus", "default", {"status": {"used": {"requests.nvidia.com/gpu": "8"}}})
+        "gpus", "default", {"status": {"used": {"requests.nvidia.com/gpu": "12"}}})
     r = job_cli(kube, "submit", str(spec), *dry_run)
     assert r.returncode == 3 and r.stderr.splitlines() == [
-        "error: ResourceQuota gpus: the job's 2 pods ask for requests.nvidia.com/gpu 16 in all, and 8 of 16 is left "
-        "(8 in use); ask for less (nodes, gpus_per_node) or for the quota to be raised; nothing was created"]
+        "error: ResourceQuota gpus: the job's 2 pods ask for requests.nvidia.com/gpu 16 in all, and 4 of 16 is left "
+        "(12 in use); ask for less (nodes, gpus_per_node) or for the quota to be raised; nothing was created"]
     # Nothing of the job sent, not even as a dry run: only the quota controller's own writes.
     assert [w for w in writes(kube) if "/resourcequotas" not in w[1]] == [], writes(kube)
     assert kube.dry_runs == [] and kube.get_job("llama-tiny") is None
