@@ -634,6 +634,11 @@ def test_a_job_over_its_quota_in_total_is_refused_before_anything_is_created(kub
         "error: ResourceQuota gpus: the job's 4 pods ask for requests.nvidia.com/gpu 32 in all, over its hard limit "
         "of 16: it can never run in this namespace; ask for less (nodes, gpus_per_node) or for the quota to be "
         "raised; nothing was created"]
+    # A TrainJob's pods are its numNodes, each its trainer's resources.
+    r = job_cli(kube, "submit", str(write_spec(tmp_path, nodes=4, backend="trainjob")), *dry_run)
+    assert r.returncode == 3 and r.stderr.startswith(
+        "error: ResourceQuota gpus: the job's 4 pods ask for requests.nvidia.com/gpu 32 in all, over its hard limit "
+        "of 16"), r.stderr
     # Two nodes fit the quota, but not beside what other pods use now.
     spec = write_spec(tmp_path, nodes=2)
     from kubernetes import client
