@@ -28,6 +28,18 @@ def argv(line: str) -> list[str]:
     return words[:min(ends)] if ends else words
 
 
+# The sequence length a walk trains at where a documented training line names none of its own (nor
+# a config that may): what the line shows (it finds its files, parses, trains and saves) holds at
+# any length, and a preset's own (up to 2048 tokens) costs a CPU step several times as much.
+WALK_SEQ_LEN = "128"
+
+
+def short_sequences(train_argv: list[str]) -> list[str]:
+    """A `train` line's arguments at WALK_SEQ_LEN tokens where it leaves the length to its preset."""
+    named = {a.split("=")[0].replace("_", "-") for a in train_argv}
+    return train_argv if named & {"--seq-len", "--config"} else [*train_argv, "--seq-len", WALK_SEQ_LEN]
+
+
 def tokens(line: str) -> list[str]:
     """A documented command line as argv, up to a pipe or `&&`, and up to a bare `--` (what follows
     is the entrypoint's own command line)."""

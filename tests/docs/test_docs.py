@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from doc_commands import argv as shell_argv
-from doc_commands import command_lines
+from doc_commands import command_lines, short_sequences
 from doc_commands import tokens as argv_of
 
 from fsdpkit.cli.main import VERBS
@@ -186,8 +186,7 @@ def _shortened(argv: list[str]) -> list[str]:
     line names no length of its own (nor a config that may), without a progress bar."""
     out = [str(max(1, int(v) // 100)) if flag in _STEPS else v for flag, v in itertools.pairwise(["", *argv])]
     named = {a.split("=")[0].replace("_", "-") for a in argv}
-    short = [] if named & {"--seq-len", "--config"} else ["--seq-len", "128"]
-    return [*out, *([] if "--max-steps" in named else ["--max_steps", "1"]), *short, "--progress", "off"]
+    return [*short_sequences([*out, *([] if "--max-steps" in named else ["--max_steps", "1"])]), "--progress", "off"]
 
 
 @pytest.mark.slow

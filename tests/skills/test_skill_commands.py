@@ -4,7 +4,9 @@ scripted as a healthy EKS cluster whose operators and kubelet the test plays; AW
 moto in server mode; `docker` as a stand-in that pushes into moto's ECR. A line that creates cloud
 resources runs with `--dry-run` where it has one (and must still succeed). Each must succeed with
 `ok: true`, unless EXPECT says what the skill documents instead. A skill that names a missing file
-or a flag that fails, fails here."""
+or a flag that fails, fails here. A training line that leaves the sequence length to its preset
+trains at 128 tokens (doc_commands.short_sequences, as the docs' walk does); its steps are as
+written, since later lines name the checkpoints they leave."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from cluster_world import SCHEMAS, cluster_world, line_argv
-from doc_commands import command_lines
+from doc_commands import command_lines, short_sequences
 
 from conftest import ROOT, require, run_cli, unavailable
 from finetune_fixtures import chat_records, local_task, tiny_qwen
@@ -100,6 +102,13 @@ def walk(skill: str):
     return pytest.param(skill, id=skill, marks=[pytest.mark.torch] if trains else [])
 
 
+def walk_argv(line: str) -> list[str]:
+    """A line's arguments as the walk runs them: cloud creation as a dry run (line_argv), training
+    at the walk's sequence length where the line names none (short_sequences)."""
+    argv = line_argv(line)
+    return short_sequences(argv) if argv[0] == "train" else argv
+
+
 @pytest.mark.parametrize("skill", [walk(s) for s in sorted({s for s, _ in LINES})])
 def test_skill_commands_run_as_written(skill, request):
     world = world_for(skill, request)
@@ -126,7 +135,7 @@ def test_skill_commands_run_as_written(skill, request):
         for git in (["init", "-q"], ["add", "-A"], ["-c", "user.email=a@b", "-c", "user.name=a", "commit", "-qm", "x"]):
             subprocess.run(["git", *git], cwd=folder, check=True, capture_output=True)
     for _, line in [x for x in LINES if x[0] == skill]:
-        argv = line_argv(line)
+        argv = walk_argv(line)
         world.settle()
         t0 = time.monotonic()
         r = run_cli(*argv, cwd=folder, env=env, timeout=600)
