@@ -4,6 +4,9 @@ and STS answers its presigned request; DescribeCluster gives the client its endp
 from __future__ import annotations
 
 import base64
+import os
+import subprocess
+import sys
 import urllib.parse
 import urllib.request
 
@@ -59,12 +62,17 @@ def test_token_is_a_presigned_sts_call_bound_to_the_cluster(aws):
     assert "<GetCallerIdentityResult>" in body and "<Arn>" in body
 
 
+def _cluster(aws: str, name: str = "train") -> None:
+    session = boto3.Session(region_name="us-west-2")
+    role = session.client("iam", endpoint_url=aws).create_role(RoleName=f"eks-{name}",
+                                                               AssumeRolePolicyDocument="{}")["Role"]["Arn"]
+    session.client("eks", endpoint_url=aws).create_cluster(
+        name=name, roleArn=role, resourcesVpcConfig={"subnetIds": ["subnet-1"]})
+
+
 def test_client_for_an_eks_cluster_by_name(aws):
     session = boto3.Session(region_name="us-west-2")
-    iam = session.client("iam", endpoint_url=aws)
-    role = iam.create_role(RoleName="eks", AssumeRolePolicyDocument="{}")["Role"]["Arn"]
-    session.client("eks", endpoint_url=aws).create_cluster(
-        name="train", roleArn=role, resourcesVpcConfig={"subnetIds": ["subnet-1"]})
+    _cluster(aws)
     client = api_client("train", "us-west-2", session, endpoint_url=aws)
     cfg = client.configuration
     assert cfg.host.startswith("https://")
@@ -77,3 +85,22 @@ def test_client_for_an_eks_cluster_by_name(aws):
 
     with pytest.raises(UserError, match="no EKS cluster 'nope' in us-west-2"):
         api_client("nope", "us-west-2", session, endpoint_url=aws)
+
+
+# A process that connects to a cluster by name, as `fsdpkit ... --eks-cluster` does: the CA file's path.
+CONNECT = ("import sys; from fsdpkit.aws.eks import api_client; "
+           "a = api_client('train', 'us-west-2', endpoint_url=sys.argv[1]); "
+           "b = api_client('train', 'us-west-2', endpoint_url=sys.argv[1]); "
+           "assert a.configuration.ssl_ca_cert == b.configuration.ssl_ca_cert; print(a.configuration.ssl_ca_cert)")
+
+
+def test_the_cluster_s_ca_file_is_written_once_and_gone_when_the_process_ends(aws, tmp_path):
+    """One file per CA however often a process connects (an MCP server connects per call), removed
+    at the process's end rather than left in the temp folder for good."""
+    _cluster(aws)
+    r = subprocess.run([sys.executable, "-c", CONNECT, aws], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert r.returncode == 0, r.stderr[-2000:]
+    path = r.stdout.strip()
+    assert path.startswith(str(tmp_path)) and not os.path.exists(path)
+    assert list(tmp_path.iterdir()) == []

@@ -4,8 +4,11 @@ DescribeCluster."""
 
 from __future__ import annotations
 
+import atexit
 import base64
+import contextlib
 import datetime as dt
+import os
 import tempfile
 from typing import Any
 
@@ -16,6 +19,30 @@ TOKEN_PREFIX = "k8s-aws-v1."
 CLUSTER_HEADER = "x-k8s-aws-id"
 URL_EXPIRES_S = 60          # what aws-iam-authenticator accepts
 TOKEN_LIFETIME = dt.timedelta(minutes=14)  # the CLI reports 14 minutes: refresh before 15
+
+
+# The CA files this process wrote, by content: the client reads the CA from a file for as long as it
+# connects, so each is written once per process (an MCP server connects many times) and removed when
+# the process ends, as the kubernetes client's own kubeconfig loader does with its files.
+_CA_FILES: dict[bytes, str] = {}
+
+
+def _remove_ca_files() -> None:
+    for path in _CA_FILES.values():
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+    _CA_FILES.clear()
+
+
+def ca_file(pem: bytes) -> str:
+    """A file holding the CA certificate `pem`, for this process's life."""
+    if pem not in _CA_FILES:
+        if not _CA_FILES:
+            atexit.register(_remove_ca_files)
+        with tempfile.NamedTemporaryFile(prefix="fsdpkit-eks-ca-", suffix=".crt", delete=False) as ca:
+            ca.write(pem)
+        _CA_FILES[pem] = ca.name
+    return _CA_FILES[pem]
 
 
 def _boto3() -> Any:
@@ -59,10 +86,7 @@ def api_client(cluster: str, region: str, session: Any = None, endpoint_url: str
                         f"--region {region})") from None
     cfg = client.Configuration()
     cfg.host = info["endpoint"]
-    # The client wants the CA as a file; it must outlive this call, so it is not deleted here.
-    with tempfile.NamedTemporaryFile(prefix="fsdpkit-eks-ca-", suffix=".crt", delete=False) as ca:
-        ca.write(base64.b64decode(info["certificateAuthority"]["data"]))
-    cfg.ssl_ca_cert = ca.name
+    cfg.ssl_ca_cert = ca_file(base64.b64decode(info["certificateAuthority"]["data"]))
     cfg.api_key_prefix = {"authorization": "Bearer"}
 
     def refresh(conf: Any) -> None:  # presigning is local and cheap: a fresh token for every request
