@@ -83,6 +83,35 @@ metric_list:
 """
 
 
+PERPLEXITY_TASK = """task: {name}
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: loglikelihood
+doc_to_text: "{{{{context}}}}"
+doc_to_target: " {{{{target}}}}"
+metric_list:
+  - metric: perplexity
+    aggregation: perplexity
+    higher_is_better: false
+  - metric: acc
+    aggregation: mean
+    higher_is_better: true
+"""
+
+
+def perplexity_task(folder: Path, pairs: list[tuple[str, str]], name: str = "fsdpkit_tiny_ppl") -> Path:
+    """A local last-word task (LAMBADA's kind): its perplexity's standard error is bootstrapped, and
+    the harness prints that it does so."""
+    folder.mkdir(exist_ok=True)
+    data = folder / f"{name}.jsonl"
+    data.write_text("".join(json.dumps({"context": c, "target": t}) + "\n" for c, t in pairs))
+    (folder / f"{name}.yaml").write_text(PERPLEXITY_TASK.format(name=name, data=data))
+    return folder
+
+
 def local_task(folder: Path, questions: list[tuple[str, list[str], int]], name: str = "fsdpkit_tiny_mc") -> Path:
     """A multiple-choice task of lm-evaluation-harness on local data: it runs offline."""
     folder.mkdir(exist_ok=True)

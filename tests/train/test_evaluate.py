@@ -4,6 +4,8 @@ is fsdpkit's own model's choice, and it lands in the run's summary.json and repo
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -13,7 +15,7 @@ from fsdpkit.train.data import HFTokenizer, train_bpe
 from fsdpkit.train.export import load_full_model
 
 from conftest import DOCS, require, run_cli
-from finetune_fixtures import local_task
+from finetune_fixtures import local_task, perplexity_task, tiny_qwen
 
 pytestmark = pytest.mark.slow
 
@@ -54,10 +56,16 @@ def test_eval_scores_an_export_offline_into_the_runs_summary_and_report(tmp_path
                 "--checkpoint-dir", str(tmp_path / "ckpt"))
     assert r.returncode == 0, r.stderr[-3000:]
     assert run_cli("export", str(tmp_path / "ckpt"), str(tmp_path / "hf")).returncode == 0
-    r = run_cli("eval", str(tmp_path / "hf"), "--tasks", "fsdpkit_tiny_mc", "--include-path",
-                str(local_task(tmp_path / "tasks", QUESTIONS)), "--device", "cpu", "--json", timeout=600)
+    tasks = perplexity_task(local_task(tmp_path / "tasks", QUESTIONS), [("document 3:", "w21"), ("document 5:", "w35")])
+    r = run_cli("eval", str(tmp_path / "hf"), "--tasks", "fsdpkit_tiny_mc,fsdpkit_tiny_ppl", "--include-path",
+                str(tasks), "--device", "cpu", "--json", timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
+    # stdout is the envelope alone, though the harness printed that it bootstraps (to stderr).
+    assert "bootstrapping for stddev: perplexity" in r.stderr
+    assert subprocess.run([sys.executable, "-m", "json.tool"], input=r.stdout, text=True,
+                          capture_output=True).returncode == 0, r.stdout[:500]
     data = json.loads(r.stdout)["data"]
+    assert set(data["tasks"]) == {"fsdpkit_tiny_mc", "fsdpkit_tiny_ppl"}
     acc = data["tasks"]["fsdpkit_tiny_mc"]["acc"]
     # The harness's score is what fsdpkit's own model chooses, question by question.
     model = load_full_model(catalog.resolve(str(tmp_path / "ckpt"))).eval()
@@ -66,7 +74,7 @@ def test_eval_scores_an_export_offline_into_the_runs_summary_and_report(tmp_path
     assert data["run_dir"] == str(run)
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == 30 and summary["eval"]["tasks"]["fsdpkit_tiny_mc"]["acc"] == acc
-    assert "fsdpkit_tiny_mc" in json.loads((run / "eval.json").read_text())["results"]
+    assert set(json.loads((run / "eval.json").read_text())["results"]) == {"fsdpkit_tiny_mc", "fsdpkit_tiny_ppl"}
     r = run_cli("report", str(run), "--out", str(tmp_path / "report"))
     assert r.returncode == 0, r.stderr
     page = (tmp_path / "report" / "report.html").read_text()
@@ -85,11 +93,61 @@ def test_eval_scores_an_export_offline_into_the_runs_summary_and_report(tmp_path
         assert says in last and "Retrying" not in r.stderr, r.stderr[-3000:]
 
 
-def test_eval_says_what_is_wrong_in_one_line(tmp_path):
+@pytest.fixture(scope="module")
+def hub_model(tmp_path_factory):
+    """A model directory as the hub has them (Qwen2.5's form, tiny), and local tasks: one scored by
+    perplexity, and one whose data file is damaged (it fails when its turn comes)."""
+    root = tmp_path_factory.mktemp("hub-model")
+    model = tiny_qwen(root / "model", require("transformers"))
+    tasks = perplexity_task(root / "tasks", [(f"document {i}: w{i}", f"w{i + 1}") for i in range(4)])
+    local_task(tasks, QUESTIONS[:2], name="fsdpkit_damaged")
+    (tasks / "fsdpkit_damaged.jsonl").write_text('{"question": "a", "choices": ["b"], "answer": 0}\nnot json\n')
+    return model, tasks
+
+
+def test_eval_makes_its_run_dir_keeps_each_task_as_it_ends_and_prints_only_json(hub_model, tmp_path, monkeypatch):
+    """A run directory not yet made is made (before the scoring); a task that fails after another
+    has finished leaves the finished task's scores on disk, the error in one line saying so; and
+    under --json stdout is the envelope alone, though the harness printed "bootstrapping for
+    stddev: perplexity" meanwhile (to stderr)."""
+    require("lm_eval")
+    model, tasks = hub_model
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    run = tmp_path / "not" / "yet"
+    r = run_cli("eval", str(model), "--tasks", "fsdpkit_tiny_ppl,fsdpkit_damaged", "--include-path", str(tasks),
+                "--device", "cpu", "--run-dir", str(run), "--json", timeout=600)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert "bootstrapping for stddev: perplexity" in r.stderr
+    assert subprocess.run([sys.executable, "-m", "json.tool"], input=r.stdout, text=True,
+                          capture_output=True).returncode == 0, r.stdout[:500]
+    error = json.loads(r.stdout)["error"]["message"]
+    assert error.startswith("eval: the harness stopped on fsdpkit_damaged (") and "JSON parse error" in error
+    assert error.endswith(f"; the scores of fsdpkit_tiny_ppl are recorded in {run}") and "\n" not in error
+    kept = json.loads((run / "eval.json").read_text())
+    assert set(kept["results"]) == set(kept["configs"]) == {"fsdpkit_tiny_ppl"}
+    assert kept["results"]["fsdpkit_tiny_ppl"]["perplexity,none"] > 1
+    assert not list(run.glob(".*.tmp"))
+
+
+def test_eval_says_what_is_wrong_in_one_line(tmp_path, hub_model):
+    """Before the harness loads: a folder that is no model, one whose config is damaged, no task named."""
     (tmp_path / "empty").mkdir()
     r = run_cli("eval", str(tmp_path / "empty"), "--tasks", "x")
     assert r.returncode == 2 and r.stderr.startswith("error: eval: ") and "export a checkpoint first" in r.stderr
     assert len(r.stderr.splitlines()) == 1
+    model, _ = hub_model
+    r = run_cli("eval", str(model), "--tasks", " , ")
+    assert r.returncode == 2 and r.stderr.splitlines() == [
+        "error: eval: --tasks names no task; give one or more, comma-separated (lm-eval ls tasks)"]
+    garbage = tmp_path / "garbage"
+    garbage.mkdir()
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        (garbage / f).write_bytes((model / f).read_bytes())
+    (garbage / "config.json").write_text("{not json")
+    r = run_cli("eval", str(garbage), "--tasks", "fsdpkit_tiny_mc")
+    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1, r.stderr[-3000:]
+    assert r.stderr.startswith(f"error: eval: cannot read {garbage}/config.json: "), r.stderr
 
 
 @pytest.mark.parametrize("flag,value,says", [

@@ -45,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch-size", type=_batch, default=8, help="sequences per forward (default: 8)")
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="where to run")
     parser.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="weights' dtype when scoring")
-    parser.add_argument("--run-dir", help="the run to record the scores in (default: the one the export came from)")
+    parser.add_argument("--run-dir", help="the run to record the scores in, each task's as it finishes (made if "
+                        "missing; default: the one the export came from)")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.set_defaults(func=run)
     declare(parser, Effect.WRITES | Effect.LONG)   # the scores go into the run's summary
