@@ -467,8 +467,10 @@ def _train_step(run: Run, state: TrainState, window: Window) -> torch.Tensor | N
         except StopIteration:
             return None
         if run.sample_log:
-            run.sample_log.write(json.dumps({"step": state.step + 1, "micro": micro, "blocks": batch.indices,
-                                             "attempt": state.attempt}) + "\n")
+            entry = {"step": state.step + 1, "micro": micro, "blocks": batch.indices, "attempt": state.attempt}
+            if batch.records is not None:   # chat: each row's [epoch, conversation, its tokens there]
+                entry["records"] = batch.records
+            run.sample_log.write(json.dumps(entry) + "\n")
         if rt.distributed and accum > 1:
             # Reduce-scatter gradients once per optimizer step, not once per micro-step.
             cast(FSDPModule, model).set_requires_gradient_sync(micro == accum - 1)

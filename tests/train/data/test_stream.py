@@ -13,10 +13,10 @@ import torch
 
 from fsdpkit.errors import UserError
 from fsdpkit.train.data import BatchStream, ByteTokenizer, TokenShards
-from fsdpkit.train.data.chat import Conversation
+from fsdpkit.train.data.chat import Conversation, encode_conversation
 from fsdpkit.train.data.chat_template import CHATML, ChatTemplate
 from fsdpkit.train.data.prepare import prepare
-from fsdpkit.train.data.stream import IGNORE, Prefetcher
+from fsdpkit.train.data.stream import IGNORE, PAD_DOC, Prefetcher
 
 EOS = ByteTokenizer.eos_id
 
@@ -122,10 +122,11 @@ def test_count_blocks_is_one_pass_whatever_the_stream_s_batch_epochs_and_shuffle
     s = text_stream(["ab", "cde", "f"], seq_len=2, batch=8, shuffle_buffer=4, epochs=None)
     assert s.count_blocks() == 3
     assert text_stream(["abcdefg"], seq_len=1).count_blocks() == 4   # 8 tokens: four blocks of two
-    # Chat data counts its rendered conversations' tokens (three of 63 characters: 18 blocks of ten).
+    # Chat data counts its rendered conversations' tokens (three of 63 characters: 18 blocks of ten),
+    # and the last 9 tokens' block of their own.
     convo = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
     chat = BatchStream(Docs([Conversation(convo)] * 3), ByteTokenizer(), 9, 4, chat=ChatTemplate(CHATML, {}, "chatml"))
-    assert chat.count_blocks() == 3 * len(chat.chat.render(convo)) // 10 == 18
+    assert 3 * len(chat.chat.render(convo)) == 18 * 10 + 9 and chat.count_blocks() == 19
 
 
 def test_no_shuffle_keeps_the_order_and_a_shuffle_loses_and_repeats_nothing():
@@ -172,6 +173,63 @@ def test_a_resumed_stream_continues_at_the_global_block_after_those_consumed(ski
     # Groups are counted from the resume point: global blocks skip, skip+1, ... as far as whole
     # groups of the rest reach, each with its global index.
     assert resumed == [(k, order[k]) for k in range(skip, skip + (13 - skip) // 2 * 2)]
+
+
+def test_an_epoch_smaller_than_the_buffer_is_one_permutation_of_its_blocks():
+    """200 blocks under a 512-block buffer: each epoch draws each of its blocks once, in an order of
+    its own (a buffer spanning epochs drew as if with replacement: 171 of 200 in a first epoch)."""
+    docs = [bytes([65 + i % 26, 97 + i // 26]) for i in range(200)]   # two bytes and EOS: a block each
+    s = text_stream(docs, 2, epochs=3, seed=5)
+    assert s.shuffle_buffer == 512
+    epochs = [as_lists(itertools.islice(b, 200)) for b in itertools.repeat(s.shuffled(), 3)]
+    whole = sorted(as_lists(text_stream(docs, 2, epochs=1, shuffle_buffer=0).blocks()))
+    assert len(whole) == 200 and all(sorted(e) == whole for e in epochs)
+    assert len({tuple(map(tuple, e)) for e in epochs}) == 3   # each epoch its own order
+
+
+def conversations(n: int) -> list[Conversation]:
+    """Conversations of different lengths: packed, some straddle two blocks."""
+    return [Conversation([{"role": "user", "content": f"q{i}" + "x" * (i % 7)},
+                          {"role": "assistant", "content": f"a{i}" + "y" * (i % 5)}], where=f"chat.jsonl:{i + 1}")
+            for i in range(n)]
+
+
+def trained_records(streams) -> dict[tuple[int, int], int]:
+    """The tokens of each (epoch, conversation) the batches of `streams` hold, from Batch.records."""
+    seen: dict[tuple[int, int], int] = {}
+    for s in streams:
+        for batch in s:
+            for row in batch.records:
+                for epoch, number, tokens in row:
+                    seen[epoch, number] = seen.get((epoch, number), 0) + tokens
+    return seen
+
+
+@pytest.mark.parametrize("skip", [0, 12], ids=["whole", "resumed-mid-epoch"])
+def test_every_conversation_trains_once_an_epoch_on_two_ranks_and_after_a_resume(skip):
+    """23 conversations, 2 epochs, 2 ranks of 2 rows: every token of every conversation is in exactly
+    one row of one rank's batches each epoch, the epoch's last tokens and the last short group
+    included (padded, no loss). Resumed after 3 steps (12 blocks, as a checkpoint counts them), the
+    ranks' rows are the rest of those."""
+    chat = ChatTemplate(CHATML, {}, "chatml")
+    convs = conversations(23)
+    lengths = {i + 1: len(encode_conversation(chat, ByteTokenizer().encode, c)[0]) for i, c in enumerate(convs)}
+
+    def ranks(skip_blocks: int) -> list[BatchStream]:
+        return [BatchStream(Docs(convs), ByteTokenizer(), 31, 2, rank=r, world_size=2, epochs=2, chat=chat, seed=3,
+                            skip_blocks=skip_blocks) for r in range(2)]
+
+    blocks_per_epoch = -(-sum(lengths.values()) // 32)
+    assert sum(lengths.values()) % 32 and (2 * blocks_per_epoch) % 4   # a padded tail and a short last group
+    assert trained_records(ranks(0)) == {(e, n): t for e in (0, 1) for n, t in lengths.items()}
+    if skip:
+        rows = {k: b.tolist() for r in ranks(0) for k, b in r.rank_blocks()}
+        resumed = {k: b.tolist() for r in ranks(skip) for k, b in r.rank_blocks()}
+        assert resumed == {k: b for k, b in rows.items() if k >= skip} and len(rows) == 4 * -(-len(rows) // 4)
+    # Padding takes no loss, and each epoch's tail and the filled group have some.
+    batches = [b for s in ranks(0) for b in s]
+    assert not any(((b.targets != IGNORE) & (b.docs == PAD_DOC)).any() for b in batches)
+    assert sum(int((b.docs == PAD_DOC).sum()) for b in batches) > 31
 
 
 def test_batches_stack_a_rank_s_rows_and_shift_targets_by_one():

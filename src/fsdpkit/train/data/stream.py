@@ -13,6 +13,12 @@ no loss is taken) and the document ids attention is masked by.
 
 Document sources are tokenised by every rank (cheap for the embedded corpus, and what makes the
 order world-size invariant); token shards are read by random access, each rank only its blocks.
+
+Epochs are exact: the shuffle buffer is emptied at each epoch's end, so no block of one epoch is
+drawn in another (a fine-tuning set smaller than the buffer is one seeded permutation an epoch). A
+chat epoch's last tokens are padded into a block of their own, and a finite chat pass's last group
+of blocks is filled with empty ones (no loss), so every conversation trains once an epoch; a
+chat block's document numbers carry their epoch, and each batch names the records its rows hold.
 """
 
 from __future__ import annotations
@@ -37,6 +43,9 @@ from fsdpkit.train.data.sources import DocumentSource, TokenShards
 from fsdpkit.train.data.tokenizers import Tokenizer
 
 IGNORE = -100  # a target no loss is taken on (cross-entropy's ignore_index)
+PAD_DOC = 0    # a chat block's padding: no conversation, no loss (conversations count from 1)
+EPOCH_SHIFT = 32   # a chat block's document number: epoch << EPOCH_SHIFT | the conversation's number in it
+_EPOCH_END = np.empty(0, dtype=np.int64)   # `blocks(epoch_ends=True)` yields it after each epoch
 
 
 class Batch(NamedTuple):
@@ -44,6 +53,16 @@ class Batch(NamedTuple):
     targets: torch.Tensor  # inputs shifted by one; IGNORE where no loss is taken
     indices: list[int]  # global block index of each row (for auditing data order)
     docs: torch.Tensor | None = None  # (batch, seq_len) document of each input token (chat data)
+    # Chat data: each row's conversations as [epoch, number in the epoch's reading order, tokens of it
+    # in the row], for the sample log (--log-samples)
+    records: list[list[list[int]]] | None = None
+
+
+def row_records(docs: np.ndarray) -> list[list[int]]:
+    """A chat block's conversations (its document-number row, padding left out), see Batch.records."""
+    numbers, counts = np.unique(docs[docs != PAD_DOC], return_counts=True)
+    low = (1 << EPOCH_SHIFT) - 1
+    return [[int(d) >> EPOCH_SHIFT, int(d) & low, int(c)] for d, c in zip(numbers, counts, strict=True)]
 
 
 @dataclass
@@ -65,7 +84,7 @@ class BatchStream:
 
     def _rows(self, doc: Any, number: int) -> np.ndarray:
         """One document as the rows of a block: its tokens and EOS (text), or (chat) three rows:
-        tokens, loss mask, and the document's number."""
+        tokens, loss mask, and the document's number (its epoch's, see EPOCH_SHIFT)."""
         tokenizer = self.tokenizer
         assert tokenizer is not None
         if self.chat is None:
@@ -87,7 +106,7 @@ class BatchStream:
                  if isinstance(p, Preference))
         yield from pack_pairs(pairs, n, tokenizer.eos_id, too_long)
 
-    def _pair_blocks(self, allow_empty: bool) -> Iterator[np.ndarray]:
+    def _pair_blocks(self, allow_empty: bool, epoch_ends: bool) -> Iterator[np.ndarray]:
         """`blocks` of preference data, epoch after epoch; an epoch with no pair is an error, as in `blocks`."""
         epoch = 0
         while self.epochs is None or epoch < self.epochs:
@@ -102,16 +121,27 @@ class BatchStream:
                 raise UserError(f"dataset: {self.source.name} has no preference records"
                                 + (f" in its {split!r} split" if split else ""))
             epoch += 1
+            if epoch_ends:
+                yield _EPOCH_END
 
-    def blocks(self, allow_empty: bool = False) -> Iterator[np.ndarray]:
+    def _pad_block(self, tail: np.ndarray | None = None) -> np.ndarray:
+        """A chat block of `tail`'s tokens (none: an empty block), padded with EOS that takes no loss."""
+        assert self.tokenizer is not None
+        n = self.seq_len + 1
+        tail = np.empty((3, 0), dtype=np.int64) if tail is None else tail
+        pad = np.array([[self.tokenizer.eos_id], [0], [PAD_DOC]], dtype=np.int64).repeat(n - tail.shape[1], axis=1)
+        return np.concatenate([tail, pad], axis=1)
+
+    def blocks(self, allow_empty: bool = False, epoch_ends: bool = False) -> Iterator[np.ndarray]:
         """The global stream of seq_len+1-token blocks of a document source, documents separated by
-        EOS (chat data: (3, seq_len+1) blocks, see `_rows`; preference data: whole pairs a row,
-        see `_pair_rows`). A pass that yields no block is an error naming its cause, unless
-        `allow_empty` (counting)."""
+        EOS (chat data: (3, seq_len+1) blocks, see `_rows`, an epoch's last tokens padded into a
+        block of their own; preference data: whole pairs a row, see `_pair_rows`). A pass that
+        yields no block is an error naming its cause, unless `allow_empty` (counting). With
+        `epoch_ends`, _EPOCH_END follows each epoch's blocks (the shuffle empties its buffer there)."""
         source = self.source
         assert not isinstance(source, TokenShards)  # token shards are read by index
         if self.preference:
-            yield from self._pair_blocks(allow_empty)
+            yield from self._pair_blocks(allow_empty, epoch_ends)
             return
         n = self.seq_len + 1
         epoch = 0
@@ -120,7 +150,7 @@ class BatchStream:
             produced, documents = False, 0
             for doc in source.documents(epoch):
                 documents += 1
-                buf = np.concatenate([buf, self._rows(doc, documents)], axis=-1)
+                buf = np.concatenate([buf, self._rows(doc, epoch << EPOCH_SHIFT | documents)], axis=-1)
                 full = buf.shape[-1] // n
                 if full:
                     if self.chat is None:
@@ -129,6 +159,9 @@ class BatchStream:
                         yield from buf[:, : full * n].reshape(3, full, n).transpose(1, 0, 2)
                     buf = buf[..., full * n :]
                     produced = True
+            if self.chat is not None and buf.shape[-1]:   # the epoch's last conversations train too
+                yield self._pad_block(buf)
+                produced = True
             if not produced:
                 if allow_empty:
                     return
@@ -141,20 +174,28 @@ class BatchStream:
                 raise UserError(f"dataset: {source.name} holds fewer than {n} tokens ({documents} "
                                 f"document(s), {buf.shape[-1]} tokens); lower seq_len")
             epoch += 1
+            if epoch_ends:
+                yield _EPOCH_END
 
     def shuffled(self) -> Iterator[np.ndarray]:
+        """The blocks in a seeded order through a buffer of `shuffle_buffer`, emptied at each
+        epoch's end: an epoch's blocks are never drawn in another."""
         if self.shuffle_buffer <= 0:
             yield from self.blocks()
             return
         rng = np.random.default_rng(self.seed)
         pool: list[np.ndarray] = []
-        for block in self.blocks():
-            if len(pool) < self.shuffle_buffer:
+        for block in self.blocks(epoch_ends=True):
+            if block is _EPOCH_END:
+                rng.shuffle(pool)
+                yield from pool
+                pool = []
+            elif len(pool) < self.shuffle_buffer:
                 pool.append(block)
-                continue
-            i = int(rng.integers(len(pool)))
-            out, pool[i] = pool[i], block
-            yield out
+            else:
+                i = int(rng.integers(len(pool)))
+                out, pool[i] = pool[i], block
+                yield out
         rng.shuffle(pool)
         yield from pool
 
@@ -192,12 +233,14 @@ class BatchStream:
         """This rank's (global index, block): slot `rank` of every group of world x batch blocks.
 
         Only whole groups are handed out, so when a finite pass ends every rank has had the same
-        number of batches (an extra batch on one rank would hang the others in a collective).
+        number of batches (an extra batch on one rank would hang the others in a collective). Text
+        drops a last short group; chat fills it with empty blocks (no loss), so its last
+        conversations train too.
         """
         group_size = self.world_size * self.batch_size
         mine = range(self.rank * self.batch_size, (self.rank + 1) * self.batch_size)
         group: list[Any] = []
-        for k, item in enumerate(self._global()):
+        for k, item in enumerate(self._fill_last_group(self._global(), group_size)):
             if k < self.skip_blocks:
                 continue
             group.append(item)
@@ -207,6 +250,16 @@ class BatchStream:
                     item = group[j]
                     yield base + j, (item() if callable(item) else item)
                 group = []
+
+    def _fill_last_group(self, items: Iterator[Any], group_size: int) -> Iterator[Any]:
+        """`items`, then (chat data) empty blocks up to a whole group."""
+        count = 0
+        for item in items:
+            count += 1
+            yield item
+        if self.chat is not None and not self.preference and count % group_size:
+            for _ in range(group_size - count % group_size):
+                yield self._pad_block()
 
     def __iter__(self) -> Iterator[Batch]:
         rows: list[np.ndarray] = []
@@ -224,7 +277,8 @@ class BatchStream:
                     # the next one is not predicted from this one's last.
                     kept = mask[:, 1:] & (docs[:, 1:] == docs[:, :-1])
                     targets = torch.where(kept, tokens[:, 1:], IGNORE)
-                    yield Batch(tokens[:, :-1].contiguous(), targets, indices, docs[:, :-1].contiguous())
+                    records = None if self.preference else [row_records(row[2]) for row in rows]
+                    yield Batch(tokens[:, :-1].contiguous(), targets, indices, docs[:, :-1].contiguous(), records)
                 rows, indices = [], []
 
 
