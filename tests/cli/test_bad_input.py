@@ -66,6 +66,10 @@ def inputs(tmp_path_factory) -> Path:
     spec(d / "secret-env.yaml", env={"WANDB_API_KEY": "abc123"})
     spec(d / "lr-true-spec.yaml", train={"preset": "tiny", "lr": True})
     spec(d / "bad-train.yaml", train={"preset": "tiny", "n_heads": 3})
+    spec(d / "name-bool.yaml", name=True)
+    spec(d / "interval-400-digits.yaml", backend="hyperpod", storage={"claim": "fsx"},
+         train={"preset": "tiny", "checkpoint_every": "9" * 400})
+    spec(d / "interval-zero-time.yaml", storage={"claim": "fsx"}, train={"preset": "tiny", "checkpoint_every": "0m"})
     spec(d / "bad-instance.yaml", instance_type="p9.huge")
     spec(d / "secret-ref-token.yaml", secrets=[{"env": TOKEN, "secret": "s", "key": "k"}])
     spec(d / "qlora-24-ranks.yaml", nodes=3, train={"preset": "llama3_1_8b", "lora": True, "base_dtype": "nf4",
@@ -158,6 +162,13 @@ CASES = {
     "float8-cpu": (["train", "--float8", "1", "--device", "cpu"], 2, "float8: needs an NVIDIA GPU"),
     "warmup-past-end": (["train", "--max_steps", "10", "--warmup_steps", "50"], 2, "warmup_steps: 50 must be <="),
     "config-missing": (["train", "--config", "{in}/none.yaml"], 2, "file not found"),
+    # A checkpoint interval that never saves, or one no run reaches (a typo), is refused: only 0 means
+    # the last step only.
+    "checkpoint-every-zero-time": (["train", "--checkpoint_every", "0m", "--checkpoint_dir", "ck"], 2,
+                                   "checkpoint_every: a wall time of 0m would never checkpoint; give 0 for the last "
+                                   "step only"),
+    "checkpoint-every-past-a-year": (["train", "--checkpoint_every", "400d", "--checkpoint_dir", "ck"], 2,
+                                     "checkpoint_every: '400d' is out of range: at most 2147483647 steps or 365d"),
     # data
     "dataset-missing": (["train", "--dataset", "{in}/none.jsonl"], 2, "none.jsonl not found"),
     "dataset-no-files": (["train", "--dataset", "{in}/empty-folder"], 2, "no .jsonl/.json/.parquet/.txt files"),
@@ -246,6 +257,12 @@ CASES = {
                           "--set image: the value is not valid YAML: line 1"),
     "spec-instance": (["job", "render", "{in}/bad-instance.yaml"], 2, "p9.huge"),
     "spec-missing": (["job", "render", "{in}/none.yaml"], 2, "file not found"),
+    "spec-name-bool": (["job", "render", "{in}/name-bool.yaml"], 2,
+                       "name: expected a name in quotes or plain letters, got True"),
+    "spec-interval-400-digits": (["job", "render", "{in}/interval-400-digits.yaml"], 2,
+                                 "train.checkpoint_every: '99999999999999999999...' is out of range"),
+    "spec-interval-zero-time": (["job", "render", "{in}/interval-zero-time.yaml"], 2,
+                                "train.checkpoint_every: a wall time of 0m would never checkpoint"),
     "spec-submit-bad-train": (["job", "submit", "{in}/bad-train.yaml"], 2, "train.n_heads: 3 must divide dim"),
     # cluster (Kubernetes)
     "kube-no-kubeconfig": (["cluster", "check", "--kubeconfig", "{in}/none"], 3, "no kubeconfig at"),

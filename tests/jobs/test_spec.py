@@ -48,6 +48,7 @@ RULES = {
     "no name": ({"name": ""}, r"^name: a job name is required"),
     "a name Kubernetes refuses": ({"name": "Llama_Tiny"}, r"^name: 'Llama_Tiny' is not a valid job name"),
     "a name too long": ({"name": "a" * 60}, r"^name: 'a{60}' is not a valid job name: use at most"),
+    "a name YAML reads as true": ({"name": True}, r"^name: expected a name in quotes or plain letters, got True"),
     "kubeflow auto-resume outside its namespaces": (
         {"backend": "hyperpod", "hyperpod.operator": "kubeflow", "namespace": "team-a"},
         r"^namespace: HyperPod resumes a Kubeflow PyTorchJob only in the kubeflow namespace"),

@@ -14,10 +14,10 @@ import re
 import typing
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import model_validator
+from pydantic import BeforeValidator, model_validator
 
 from fsdpkit import kube_names as names
 from fsdpkit import yamlfile
@@ -179,8 +179,17 @@ class SlurmOptions(Settings):
         return f"{first}#{rest}" if registry else spec_image
 
 
+def _name_text(raw: Any) -> Any:
+    """A job name as written: YAML's `true`, `1.5` or `null` are not names (a string field elsewhere
+    takes them as their text)."""
+    if not isinstance(raw, str):
+        raise fail(f"expected a name in quotes or plain letters, got {raw!r}")
+    return raw
+
+
 class JobSpec(Settings):
-    name: Str = option("", "the job's name (lowercase letters, digits and '-')")
+    name: Annotated[str, BeforeValidator(_name_text)] = option(
+        "", "the job's name (lowercase letters, digits and '-')")
     backend: BackendName = option("local", "where it runs", what="a backend")
     image: Str | None = option(None, "the container image")
     namespace: Str = option("default", "Kubernetes namespace (where the spec names none: the kubeconfig "

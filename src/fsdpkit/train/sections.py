@@ -217,7 +217,8 @@ class LogConfig(Settings):
     peak_tflops: Float | None = option(None, "the MFU denominator, TFLOP/s per device (default: the GPU's "
                                        "datasheet figure, or this CPU's matmul rate measured at start-up)", ge=1e-9)
     log_samples: Bool = option(False, "record the global index of every sample each rank trains on "
-                               "(RUN_DIR/samples-rank*.jsonl), to audit data order")
+                               "(RUN_DIR/samples-rank*.jsonl), to audit data order; chat data also names "
+                               "each row's conversations: [epoch, number in the epoch, tokens]")
     tracker: Str | None = option(
         None, "experiment trackers beside TensorBoard: wandb, mlflow, or wandb,mlflow (optional extras: pip install "
         "'fsdpkit[wandb]'); keys come from the environment (WANDB_API_KEY, MLFLOW_TRACKING_URI), a resumed run "
@@ -238,15 +239,27 @@ class LogConfig(Settings):
 
 
 _EVERY = re.compile(r"^(\d+)([smhd])?$")
+# The longest interval that still means one: a step count as torch's int32 step counters hold it, a
+# wall time of a year. Past either, a value is a typo, not a schedule.
+MAX_EVERY_STEPS = 2**31 - 1
+MAX_EVERY_SECONDS = 365 * DURATION_UNITS["d"]
 
 
 def parse_every(raw: str | None) -> tuple[int | None, int | None]:
-    """checkpoint_every as (steps, seconds): "500" is steps, "30m" (or 900s, 2h) wall time."""
-    m = _EVERY.match(str(raw or "0").strip().lower())
+    """checkpoint_every as (steps, seconds): "500" is steps, "30m" (or 900s, 2h) wall time; "0" the
+    last step only."""
+    text = str(raw or "0").strip().lower()
+    m = _EVERY.match(text)
     if not m:
         raise ValueError(f"expected steps (500) or a wall time (30m, 2h, 900s), got {raw!r}")
+    shown = repr(text if len(text) <= 24 else text[:20] + "...")
     n, unit = int(m.group(1)), m.group(2)
-    return (None, n * DURATION_UNITS[unit] or None) if unit else (n or None, None)
+    if unit and n == 0:
+        raise ValueError(f"a wall time of {text} would never checkpoint; give 0 for the last step only, or a time "
+                         "above 0 (30m)")
+    if (n * DURATION_UNITS[unit] if unit else n) > (MAX_EVERY_SECONDS if unit else MAX_EVERY_STEPS):
+        raise ValueError(f"{shown} is out of range: at most {MAX_EVERY_STEPS} steps or 365d")
+    return (None, n * DURATION_UNITS[unit]) if unit else (n or None, None)
 
 
 class CheckpointConfig(Settings):
