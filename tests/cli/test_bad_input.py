@@ -311,6 +311,13 @@ CASES = {
     "resume-garbled-meta": (["train", *FAST, "--resume_from_checkpoint", "{in}/garbled/step-00000001"], 2,
                             "is damaged and cannot be read (fsdpkit.json cannot be read"),
     "ckpt-latest-garbled": (["ckpt", "latest", "{in}/garbled"], 2, "no complete checkpoint"),
+    "ckpt-show-garbled": (["ckpt", "show", "{in}/garbled/step-00000001"], 2,
+                          "ckpt show: {in}/garbled/step-00000001 is damaged and cannot be read ("),
+    # A checkpoint named by its step that is not there is a typo, not a first run: refused (a root
+    # that does not exist yet still starts fresh, test_checkpoint's empty-directory case).
+    "resume-named-step-missing": (["train", *FAST, "--resume_from_checkpoint", "{in}/ckpt/step-00000009"], 2,
+                                  "resume_from_checkpoint: no checkpoint {in}/ckpt/step-00000009; fsdpkit ckpt list "
+                                  "{in}/ckpt shows the ones there"),
     "export-garbled": (["export", "{in}/garbled", "out"], 2, "no complete checkpoint"),
     "export-into-file": (["export", "{in}/ckpt", "{in}/a-file"], 2, "is a file; choose a new directory"),
     "resume-from-file": (["train", *FAST, "--resume_from_checkpoint", "{in}/a-file"], 2,

@@ -115,6 +115,9 @@ def cmd_show(args: argparse.Namespace) -> int:
     info = describe(path)
     if info is None:
         raise UserError(f"not a checkpoint: {path}")
+    if info.get("damaged"):   # nothing here can be trusted, nor resumed
+        raise UserError(f"ckpt show: {path} is damaged and cannot be read ({info['problem']}); "
+                        f"fsdpkit ckpt list {path.parent} shows the whole ones")
     info["meta"] = read_meta(path)[0] or None  # None: missing or unreadable (describe says which)
     info["files"] = sorted(p.name for p in path.iterdir())
     if args.json:

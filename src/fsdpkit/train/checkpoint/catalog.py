@@ -67,6 +67,9 @@ def resolve(spec: str) -> CheckpointInfo | None:
     """A checkpoint directory itself, or the newest complete one inside a checkpoint root (one whose
     metadata cannot be read is skipped there; resume sets it aside and says so)."""
     p = Path(spec)
+    if not p.exists() and NAME.match(p.name):   # one checkpoint named, not a root a first run may start
+        raise UserError(f"resume_from_checkpoint: no checkpoint {p}; fsdpkit ckpt list {p.parent} shows the ones "
+                        "there, or pass the directory to resume from its newest")
     if p.exists() and not p.is_dir():
         raise UserError(f"resume_from_checkpoint: {p} is a file, not a checkpoint; pass a checkpoint directory "
                         "or the checkpoint root that holds them")
