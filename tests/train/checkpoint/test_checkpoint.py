@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import re
 import shutil
@@ -425,7 +426,8 @@ def test_a_damaged_newest_checkpoint_is_set_aside_and_the_older_one_resumed(two_
 def test_a_second_run_on_a_busy_checkpoint_dir_is_refused_and_kill_9_frees_it(tmp_path):
     """Two runs on one checkpoint_dir once trained side by side and collided on the same temporary
     checkpoint. The second is refused in one line naming the first; after `kill -9` of the first's
-    launcher (no clean-up of any kind) a new run starts at once and resumes its newest checkpoint."""
+    launcher (no clean-up of any kind) a new run starts once its processes are gone, and resumes its
+    newest checkpoint."""
     ckpt = tmp_path / "ckpt"
     log = open(tmp_path / "first.log", "w")  # noqa: SIM115 (closed below)
     first = subprocess.Popen([sys.executable, "-m", "fsdpkit", "train", *FAST, "--max_steps", "100000",
@@ -449,13 +451,27 @@ def test_a_second_run_on_a_busy_checkpoint_dir_is_refused_and_kill_9_frees_it(tm
         first.kill()
         log.close()
     deadline = time.monotonic() + 60
-    while processes_naming(tmp_path / "first") and time.monotonic() < deadline:  # its workers follow it
+    # Its agent and workers follow it (parent-death signals); the lock goes with the last of them, which
+    # may first finish a write it is inside of (a SIGKILL waits for the kernel's I/O).
+    while (processes_naming(tmp_path / "first") or _locked(ckpt)) and time.monotonic() < deadline:
         time.sleep(0.5)
+    assert not _locked(ckpt), processes_naming(tmp_path / "first")
     newest = list_checkpoints(ckpt)[-1]
     r = run_cli("train", *FAST, "--max_steps", str(newest.step + 2), "--checkpoint_dir", str(ckpt),
                 "--run_dir", str(tmp_path / "third"), "--resume_from_checkpoint", "auto")
     assert r.returncode == 0, r.stderr[-3000:]
     assert f"resumed from {newest.path} at step {newest.step}" in r.stdout
+
+
+def _locked(ckpt) -> bool:
+    """Whether a process holds the checkpoint directory's run lock (fsdpkit.train.runtime.run_lock)."""
+    with open(ckpt / ".fsdpkit.lock") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(f, fcntl.LOCK_UN)
+        return False
 
 
 def _tmpfs_refused() -> str | None:
