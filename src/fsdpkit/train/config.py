@@ -284,11 +284,23 @@ def build(layers: list[dict[str, Any]], on_nodes: bool = False, ranks: int | Non
     recipe = list(_recipe_for(preset, first).items())
     resumed = _resumed_data(first, {index[k][1] for k, _ in items}, dict(recipe))
     cfg = load(TrainOptions, _nest([("preset", preset), *recipe, *resumed, *items], index), flat=True)
-    cfg = resolve(cfg, {name for _, name in (index[k] for k, _ in items)}, on_nodes, ranks)
+    named = {name for _, name in (index[k] for k, _ in items)}
+    cfg = resolve(cfg, named, on_nodes, ranks)
+    _check_lora_options(cfg, named)
     validate(cfg)
     if "preset" in given:
         _check_preset_fits_weights(cfg)
     return cfg
+
+
+# LoRA's own options: given without --lora they would be read by nothing.
+LORA_OPTIONS = ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets")
+
+
+def _check_lora_options(cfg: TrainConfig, named: Set[str]) -> None:
+    if not cfg.adapters.lora and (given := [o for o in LORA_OPTIONS if o in named]):
+        flag = "--" + given[0].replace("_", "-")
+        raise UserError(f"{given[0]}: a LoRA option, but this run trains the whole model; add --lora 1, or drop {flag}")
 
 
 def _check_preset_fits_weights(cfg: TrainConfig) -> None:

@@ -10,6 +10,8 @@ import subprocess
 import sys
 import threading
 
+import pytest
+
 from fsdpkit.train.runtime.supervisor import Supervisor
 
 OUT = "FSDPKIT_TEST_AGENT_OUT"
@@ -77,3 +79,11 @@ def test_with_another_python_thread_running_the_agent_is_a_new_interpreter(tmp_p
         stop.set()
         other.join()
     assert code == 2 and not out.exists()
+
+
+@pytest.mark.torch   # torch's own parser: the program's path is no constant the marker's reading sees
+def test_fsdpkit_torchrun_s_help_names_it():
+    """torchrun's own parser, under the command's name (its module's name, agent.py, before)."""
+    r = subprocess.run([os.path.join(os.path.dirname(sys.executable), "fsdpkit-torchrun"), "--help"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.startswith("usage: fsdpkit-torchrun [-h] [--nnodes NNODES]"), r.stdout[:300]

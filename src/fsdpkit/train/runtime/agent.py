@@ -53,7 +53,9 @@ def _describe(rank: int, f: ProcessFailure) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = get_args_parser().parse_args(argv)
+    parser = get_args_parser()
+    parser.prog = "fsdpkit-torchrun"   # run as `python -m` this module, argparse would name agent.py
+    args = parser.parse_args(argv)
     worker_args = list(args.training_script_args)
     as_json = "--json" in worker_args
     if os.environ.get(SUPERVISED):
