@@ -162,6 +162,9 @@ CASES = {
     "float8-cpu": (["train", "--float8", "1", "--device", "cpu"], 2, "float8: needs an NVIDIA GPU"),
     "warmup-past-end": (["train", "--max_steps", "10", "--warmup_steps", "50"], 2, "warmup_steps: 50 must be <="),
     "config-missing": (["train", "--config", "{in}/none.yaml"], 2, "file not found"),
+    # Refused before the model is built and anything is written (it stopped a run after its start).
+    "mlflow-without-uri": (["train", "--tracker", "mlflow", "--run_dir", "run"], 2,
+                           "--tracker mlflow: set MLFLOW_TRACKING_URI"),
     # LoRA's options without --lora were read by nothing: the run trained the whole model.
     "lora-rank-without-lora": (["train", "--lora_rank", "8"], 2,
                                "lora_rank: a LoRA option, but this run trains the whole model; add --lora 1, or "

@@ -50,7 +50,7 @@ from fsdpkit.train.observe.metrics import (
     reset_peak_memory,
 )
 from fsdpkit.train.observe.records import attempts, read_rows, surviving
-from fsdpkit.train.observe.trackers import open_trackers
+from fsdpkit.train.observe.trackers import check_trackers, open_trackers
 from fsdpkit.train.observe.trainjob_status import TrainJobStatusSink
 from fsdpkit.train.optim import build_optimizer, clipped_step, lr_at, set_lr
 from fsdpkit.train.parallel import network
@@ -109,7 +109,8 @@ def preflight(cfg: TrainConfig) -> tuple[Path, run_lock.RunLock]:
 
 
 def _check_inputs(cfg: TrainConfig) -> None:
-    """The data, tokenizer, vocabulary, process count and checkpoint to resume, before any work."""
+    """The data, tokenizer, vocabulary, process count, trackers and checkpoint to resume, before any work."""
+    check_trackers(cfg.log.trackers)
     pipe = data_pipeline(cfg.data, cfg.seed, cfg.data.train_split, verbose=False)
     source, tok = pipe.source, pipe.tokenizer
     vocab = cfg.shape.vocab_size

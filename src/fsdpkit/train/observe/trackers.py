@@ -75,10 +75,7 @@ class MlflowTracker:
             from mlflow.tracking import MlflowClient
         except ImportError:
             raise _extra("mlflow") from None
-        uri = os.environ.get("MLFLOW_TRACKING_URI")
-        if not uri:
-            raise UserError("--tracker mlflow: set MLFLOW_TRACKING_URI (an MLflow server, a SageMaker managed MLflow "
-                            "tracking server ARN, or file:DIR)")
+        uri = mlflow_uri()
         if uri.startswith("file:"):
             # MLflow 3 refuses a file store unless opted in; naming one is that choice.
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
@@ -113,6 +110,22 @@ class MlflowTracker:
 
 
 OPEN: dict[str, Callable[..., Sink]] = {"wandb": WandbTracker, "mlflow": MlflowTracker}
+
+
+def mlflow_uri() -> str:
+    """Where MLflow's runs go: MLFLOW_TRACKING_URI, which a run with --tracker mlflow must set."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI")
+    if not uri:
+        raise UserError("--tracker mlflow: set MLFLOW_TRACKING_URI (an MLflow server, a SageMaker managed MLflow "
+                        "tracking server ARN, or file:DIR)")
+    return uri
+
+
+def check_trackers(names: tuple[str, ...]) -> None:
+    """What the trackers asked for need from this environment, before the run starts (a tracker
+    that cannot open would stop the run once its model was built, its config.yaml written)."""
+    if "mlflow" in names:
+        mlflow_uri()
 
 
 def open_trackers(names: tuple[str, ...], run_dir: Path, project: str, config: dict[str, Any],
