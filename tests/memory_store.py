@@ -11,8 +11,10 @@ from __future__ import annotations
 import json
 import re
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
+
+from http_reply import QuietHandler
 
 NAMESPACE = re.compile(r"^/v1/cp/namespaces/([^/]+)$")
 SHARD = re.compile(r"^/v1/cp/checkpoints/([^/]+)/(\d+)/(\d+)$")
@@ -27,7 +29,7 @@ class MemoryStore:
         self.lock = threading.Lock()
         store = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def _route(self, method: str) -> None:
                 url = urlsplit(self.path)
                 query = {k: v[0] for k, v in parse_qs(url.query).items()}
@@ -35,12 +37,7 @@ class MemoryStore:
                 with store.lock:
                     store.requests.append((method, url.path))
                     code, payload, headers = store.handle(method, url.path, query, body, self.headers)
-                self.send_response(code)
-                for k, v in headers.items():
-                    self.send_header(k, v)
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
+                self.reply(code, payload, headers)
 
             def do_GET(self) -> None:
                 self._route("GET")
@@ -50,9 +47,6 @@ class MemoryStore:
 
             def do_DELETE(self) -> None:
                 self._route("DELETE")
-
-            def log_message(self, *args: object) -> None:
-                pass
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         threading.Thread(target=self.server.serve_forever, daemon=True).start()

@@ -7,8 +7,10 @@ from __future__ import annotations
 import hmac
 import re
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
+
+from http_reply import JSON, QuietHandler
 
 from conftest import ROOT
 
@@ -46,7 +48,7 @@ class RecordedPrometheus:
         self.requests: list[tuple[dict, bool]] = []
         outer = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def do_GET(self):
                 ok = secret is None or sigv4_valid("GET", self.path, self.headers, secret, token)
                 params = {k: v[0] for k, v in parse_qs(urlsplit(self.path).query).items()}
@@ -59,14 +61,7 @@ class RecordedPrometheus:
                     name = "gpu_util.json" if "DCGM_FI_DEV_GPU_UTIL" in params["query"] else "fb_used.json"
                     job = re.search(r'pod=~"(.+?)-\.\*"', params["query"]).group(1)
                     body, status = (DATA / name).read_bytes().replace(b"llama-tiny", job.encode()), 200
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args):
-                pass
+                self.reply(status, body, JSON)
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_port}/workspaces/ws-1"

@@ -13,6 +13,7 @@ import time
 import pytest
 import yaml
 from fake_tools import FAKE_DOCKER
+from http_reply import XML, QuietHandler
 
 from conftest import aws_client as client
 from conftest import require, run_cli
@@ -100,7 +101,7 @@ def test_missing_region_and_credentials_are_one_line(moto, tmp_path):
         "AWS_PROFILE / AWS_ACCESS_KEY_ID and AWS_REGION"]
 
 
-class _Denying(http.server.BaseHTTPRequestHandler):
+class _Denying(QuietHandler):
     """An AWS endpoint that answers every call with one error code (what IAM or a throttled API says)."""
 
     code, status, seen = "AccessDenied", 403, []
@@ -109,16 +110,9 @@ class _Denying(http.server.BaseHTTPRequestHandler):
         self.seen.append(self.path)
         body = (f"<ErrorResponse><Error><Type>Sender</Type><Code>{self.code}</Code><Message>User: arn:aws:iam::"
                 f"000000000000:user/dev is not authorized</Message></Error></ErrorResponse>").encode()
-        self.send_response(self.status)
-        self.send_header("Content-Type", "text/xml")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        self.reply(self.status, body, XML)
 
     do_GET = do_POST = _answer
-
-    def log_message(self, *args):
-        pass
 
 
 @pytest.mark.parametrize(("code", "status", "expect"), [

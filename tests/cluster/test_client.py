@@ -8,9 +8,10 @@ import json
 import ssl
 import threading
 import warnings
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 import pytest
+from http_reply import JSON, QuietHandler
 
 from fsdpkit.cluster.client import connect
 
@@ -40,19 +41,12 @@ def self_signed(tmp_path):
 @pytest.fixture
 def tls_server(tmp_path):
     """An HTTPS server answering GET /version as the API server does."""
-    class Version(BaseHTTPRequestHandler):
+    class Version(QuietHandler):
         def do_GET(self):
             body = json.dumps({"major": "1", "minor": "36", "gitVersion": "v1.36.0", "gitCommit": "0" * 40,
                                "gitTreeState": "clean", "buildDate": "2026-11-01T00:00:00Z", "goVersion": "go1.25",
                                "compiler": "gc", "platform": "linux/amd64"}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
+            self.reply(200, body, JSON)
 
     cert, key = self_signed(tmp_path)
     server = ThreadingHTTPServer(("127.0.0.1", 0), Version)

@@ -22,6 +22,7 @@ from typing import ClassVar
 
 import pytest
 import yaml
+from http_reply import XML, QuietHandler
 
 from conftest import aws_client, run_cli
 from kube_objects import trainer_v2
@@ -116,7 +117,7 @@ def test_bad_cluster_config_is_one_line_and_writes_nothing(tmp_path, args, messa
 
 
 # --- cluster create / delete ----------------------------------------------------------------------------
-class _Ec2(http.server.BaseHTTPRequestHandler):
+class _Ec2(QuietHandler):
     """EC2's placement-group calls (and STS's GetCallerIdentity), answered as EC2 does, calls recorded."""
 
     groups: ClassVar[dict] = {}
@@ -158,15 +159,7 @@ class _Ec2(http.server.BaseHTTPRequestHandler):
                                "</Error></Errors></Response>")
 
     def _send(self, status, xml):
-        data = xml.encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "text/xml")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args):
-        pass
+        self.reply(status, xml.encode(), XML)
 
 
 @pytest.fixture
