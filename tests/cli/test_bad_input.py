@@ -326,6 +326,14 @@ CASES = {
                                   "resume_from_checkpoint: no checkpoint {in}/ckpt/step-00000009; fsdpkit ckpt list "
                                   "{in}/ckpt shows the ones there"),
     "export-garbled": (["export", "{in}/garbled", "out"], 2, "no complete checkpoint"),
+    # Named, it is the export's checkpoint and its own words, not resume's.
+    "export-garbled-named": (["export", "{in}/garbled/step-00000001", "out"], 2,
+                             "export: {in}/garbled/step-00000001 is damaged and cannot be read (fsdpkit.json cannot "
+                             "be read (JSONDecodeError)); pass its parent directory to export the newest checkpoint"),
+    # The only checkpoint truncated: the error alone, no "exporting an older checkpoint" before it.
+    "export-truncated-only": (["export", "{in}/truncated", "out"], 2,
+                              "export: every checkpoint in {in}/truncated is damaged (__0_0.distcp is truncated "
+                              "(64 of"),
     "export-into-file": (["export", "{in}/ckpt", "{in}/a-file"], 2, "is a file; choose a new directory"),
     "resume-from-file": (["train", *FAST, "--resume_from_checkpoint", "{in}/a-file"], 2,
                          "is a file, not a checkpoint"),

@@ -16,6 +16,8 @@ from fsdpkit.errors import Conflict, UserError
 from fsdpkit.jobs.backends.slurm import SlurmBackend, SlurmUnreachable, script
 from fsdpkit.jobs.resolved import load_job
 
+from conftest import unavailable
+
 
 @pytest.fixture
 def slurm_env(slurm, monkeypatch):
@@ -105,6 +107,29 @@ def test_a_controller_nobody_answers_is_named_by_status_list_and_logs(slurm_env,
         assert str(e.value) == (
             "scontrol could not reach the Slurm controller (slurm_load_jobs error: Unable to contact slurm controller "
             "(connect failure)); check that slurmctld runs and that this is a login node of the cluster (SLURM_CONF)")
+
+
+def test_a_machine_with_slurm_s_commands_and_no_configuration_says_where_to_run_not_scontrol_s_fatal(
+        tmp_path, monkeypatch):
+    """Slurm's commands installed, no slurm.conf (not a login node): status, list and cancel say so
+    with what to do, as an unreachable controller (exit 3); a SLURM_CONF naming no file is said
+    at once, where Slurm's commands would retry reading it for a minute."""
+    if shutil.which("scontrol") is None:
+        unavailable("scontrol is not installed here: apt-get install slurm-wlm")
+    if Path("/etc/slurm/slurm.conf").exists():
+        pytest.skip("this machine has a Slurm configuration (/etc/slurm/slurm.conf)")
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+    for call in (lambda b: b.status("x"), lambda b: b.jobs(), lambda b: b.cancel("x")):
+        with pytest.raises(SlurmUnreachable) as e:
+            call(SlurmBackend())
+        assert str(e.value) == (
+            "scontrol found no Slurm configuration on this machine (scontrol: fatal: Could not establish a "
+            "configuration source); run this on a login node of the cluster, or set SLURM_CONF to its slurm.conf")
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "gone" / "slurm.conf"))
+    with pytest.raises(SlurmUnreachable) as e:   # ours, before scontrol's minute of retries
+        SlurmBackend().status("x")
+    assert str(e.value) == (f"SLURM_CONF is {tmp_path / 'gone' / 'slurm.conf'}, which is not a file here; point it "
+                            "at the cluster's slurm.conf, or unset it on a login node")
 
 
 def test_a_job_the_controller_let_go_is_read_from_accounting(slurm_accounting, tmp_path, monkeypatch):

@@ -302,6 +302,40 @@ def test_qwen3_moe_model_type_alone_means_its_published_experts_and_q_k_norms():
     assert (m.n_experts, m.experts_per_token, m.qk_norm) == (128, 2, False)
 
 
+# A family given with other shape options: Qwen3-MoE's q/k norms with its experts given (they were
+# applied only where the expert count was not), Qwen 3's on a Llama preset, Qwen 2's biases, and none
+# on a Qwen 3 preset turned Llama.
+FAMILY_CASES = {
+    "qwen3_moe with experts": (["--model_type=qwen3_moe", "--n-experts", "4", "--num_experts_per_tok", "2"],
+                               (False, True, 4)),
+    "qwen3 on llama": (["--preset", "tiny", "--family", "qwen3"], (False, True, 0)),
+    "qwen2 on llama": (["--preset", "tiny", "--family", "qwen2"], (True, False, 0)),
+    "llama on qwen3": (["--preset", "qwen3_0_6b", "--family", "llama"], (False, False, 0)),
+    "mixtral with experts": (["--family", "mixtral", "--n-experts", "4"], (False, False, 4)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(FAMILY_CASES))
+def test_a_family_s_attention_holds_whatever_else_is_given_and_its_export_config_reads_back_as_the_shape(case):
+    from fsdpkit.train.model.hf_config import hf_config_dict, shape_of_config
+
+    flags, (qkv_bias, qk_norm, experts) = FAMILY_CASES[case]
+    m = parse_args(flags).shape
+    assert (m.qkv_bias, m.qk_norm, m.n_experts) == (qkv_bias, qk_norm, experts)
+    assert shape_of_config(hf_config_dict(m)) == m
+
+
+def test_an_export_whose_class_cannot_hold_the_trained_attention_is_refused_in_one_line():
+    from fsdpkit.train.model.hf_config import hf_config_dict
+
+    m = parse_args(["--model_type=qwen3_moe", "--n-experts", "4", "--qk-norm", "0"]).shape
+    with pytest.raises(UserError) as e:
+        hf_config_dict(m)
+    assert str(e.value) == ("export: the model was trained with qkv_bias 0, qk_norm 0, which a Qwen3MoeForCausalLM "
+                            "cannot hold (its class has qkv_bias 0, qk_norm 1); train it with the family's own "
+                            "attention (leave --qkv-bias and --qk-norm unset)")
+
+
 def test_export_refuses_a_mixtral_family_model_without_experts():
     from fsdpkit.train.model.config import ModelConfig
     from fsdpkit.train.model.hf_config import hf_config_dict

@@ -41,7 +41,13 @@ from fsdpkit.settings import (
     section_of,
 )
 from fsdpkit.train.checkpoint import catalog
-from fsdpkit.train.model.config import LoraShape, ModelConfig, check_context_layout, check_expert_layout
+from fsdpkit.train.model.config import (
+    LoraShape,
+    ModelConfig,
+    check_context_layout,
+    check_expert_layout,
+    family_attention,
+)
 from fsdpkit.train.model.hf_config import model_config_from_hf
 from fsdpkit.train.model.presets import get_preset, get_recipe, match_preset
 from fsdpkit.train.sections import (
@@ -158,17 +164,20 @@ def _shape(cfg: TrainOptions, on_nodes: bool = False) -> ModelConfig:
     if changes.get("sliding_window") == 0:
         changes["sliding_window"] = None
     family = changes.get("family")
+    if family is not None:
+        # The family's class fixes its attention (Qwen 3's q/k norms, Qwen 2's biases) whatever else
+        # is given: an export names that class, and the weights must be the ones it holds.
+        changes = {**family_attention(family), **changes}
     if family in _MOE_FAMILY_SHAPE and "n_experts" not in changes and not base.is_moe:
         changes = {**_MOE_FAMILY_SHAPE[family], **changes}
     return dataclasses.replace(base, **changes)
 
 
 # What `--family` (the reference's `--model_type`) of a mixture of experts builds on a dense shape
-# where the experts are not given: Mixtral's 8 experts, top-2; Qwen3-MoE's 128, top-8, with per-head
-# q/k norms. Options given win.
+# where the experts are not given: Mixtral's 8 experts, top-2; Qwen3-MoE's 128, top-8. Options given win.
 _MOE_FAMILY_SHAPE: dict[str, dict[str, Any]] = {
     "mixtral": {"n_experts": 8, "experts_per_token": 2},
-    "qwen3_moe": {"n_experts": 128, "experts_per_token": 8, "qk_norm": True},
+    "qwen3_moe": {"n_experts": 128, "experts_per_token": 8},
 }
 
 

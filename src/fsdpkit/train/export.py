@@ -28,11 +28,11 @@ log = logging.getLogger(__name__)
 def find_checkpoint(src: Path) -> tuple[catalog.CheckpointInfo, list[dict[str, str]]]:
     """A checkpoint, the newest whole one in a checkpoint directory, or the one of a run directory;
     and the newer ones passed over as damaged (each said: the export is then not of the run's end)."""
-    root, found = src, catalog.resolve(str(src))
+    root, found = src, catalog.resolve(str(src), "export", "export")
     if found is None and (src / "config.yaml").is_file():
         run_config = yamlfile.load_mapping(src / "config.yaml", "export", "a run's configuration")
         if ckpt_dir := (run_config.get("checkpoint") or {}).get("checkpoint_dir"):
-            root, found = Path(ckpt_dir), catalog.resolve(ckpt_dir)
+            root, found = Path(ckpt_dir), catalog.resolve(ckpt_dir, "export", "export")
     if found is None:
         raise UserError(f"export: no complete checkpoint at {src}")
     if found.path == root:   # named directly: it loads or fails
@@ -41,9 +41,10 @@ def find_checkpoint(src: Path) -> tuple[catalog.CheckpointInfo, list[dict[str, s
     for info in reversed(catalog.list_checkpoints(root, damaged=True)):
         problem = info.problem or checkpointer.verify(info.path)
         if problem is None:
+            for s in skipped:   # said once an older one is found: with none, the error alone says it
+                log.warning(f"export: {s['checkpoint']} is damaged ({s['problem']}); exporting an older checkpoint")
             return info, skipped
         skipped.append({"checkpoint": str(info.path), "problem": problem})
-        log.warning(f"export: {info.path} is damaged ({problem}); exporting an older checkpoint")
     raise UserError(f"export: every checkpoint in {root} is damaged ({skipped[0]['problem']} in the newest)")
 
 
@@ -62,12 +63,14 @@ def adapters_of(info: catalog.CheckpointInfo) -> LoraShape | None:
 
 
 def base_of(info: catalog.CheckpointInfo) -> Path:
-    """The Hugging Face directory a LoRA run adapted, which must still be where the run read it."""
+    """The Hugging Face directory a LoRA run adapted, which must still be where the run read it;
+    absolute, as a PEFT adapter names it (a relative path would mean another folder wherever the
+    adapter is loaded from)."""
     base = ((info.meta.get("config") or {}).get("checkpoint") or {}).get("init_from_hf")
     if not base or not Path(base).is_dir():
         raise UserError(f"export: {info.path} holds LoRA adapters only; their base model "
                         f"{base or '(not recorded)'} is not a directory here; run export where the base is")
-    return Path(base)
+    return Path(base).resolve()
 
 
 def load_full_model(info: catalog.CheckpointInfo) -> Transformer:
@@ -152,7 +155,7 @@ def export_hf(src: Path, out: Path, dtype: str = "fp32", to: str = "hf") -> dict
                           tok_files)
     else:
         files = save_hf(merge_adapters(state, lora) if lora is not None else state, model.cfg, out, torch_dtype,
-                        ids, tok_files)
+                        ids, tok_files, info.meta.get("hf_config"))
     return {"checkpoint": str(info.path), "step": info.step, "out": str(out), "files": [str(f) for f in files],
             "format": to, "lora": lora is not None,
             "tokenizer": tokenizer, "tokenizer_files": sorted(f for f in tok_files if f != PROVENANCE), **ids,

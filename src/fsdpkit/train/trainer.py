@@ -35,6 +35,7 @@ from fsdpkit.train.model import nf4
 from fsdpkit.train.model.config import LoraShape, check_nf4_layout, count_params
 from fsdpkit.train.model.flops import flops_per_token
 from fsdpkit.train.model.hf import check_weights, load_hf_into
+from fsdpkit.train.model.hf_config import read_config
 from fsdpkit.train.model.transformer import Transformer
 from fsdpkit.train.objective import DPO, NextToken, Objective
 from fsdpkit.train.observe.log_lines import DONE, NOTHING_TO_DO, STOPPED, node_line, on_node
@@ -560,6 +561,8 @@ def _save(run: Run, state: TrainState, durable: bool = True) -> None:
     cfg = run.cfg
     meta = {"samples": state.samples, "model": model_shape_of(cfg), "preset": cfg.preset,
             "loss": run.result.losses[-1][1] if run.result.losses else None, "config": cfg.record(run.run_dir)}
+    if cfg.checkpoint.init_from_hf:   # its export writes this config.json again, with what training changed
+        meta["hf_config"] = read_config(Path(cfg.checkpoint.init_from_hf))
     assert run.checkpointer is not None  # saving is asked only of a run with a checkpoint directory
     path = run.checkpointer.save(state.step, state.model, state.optimizer, meta, durable)
     run.saved_at, run.saved_clock = state.step, time.monotonic()

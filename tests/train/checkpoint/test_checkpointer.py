@@ -195,6 +195,11 @@ def test_a_checkpoint_recorded_before_a_shape_field_existed_has_its_default(tmp_
     older = {k: v for k, v in SHAPE.items() if k not in ("qkv_bias", "qk_norm")}
     record.write_text(json.dumps({"step": 1, "model": older}))
     check_shape(resolve(str(tmp_path)), SHAPE)
+    # The padding row (a config's pad_token_id) is no shape: a checkpoint of before it was read, or
+    # of another padding token, resumes, that row frozen from then on.
+    check_shape(resolve(str(tmp_path)), {**SHAPE, "pad_token_id": 5})
+    record.write_text(json.dumps({"step": 1, "model": {**SHAPE, "pad_token_id": 0}}))
+    check_shape(resolve(str(tmp_path)), {**SHAPE, "pad_token_id": 5})
 
 
 def test_prune_keeps_every_checkpoint_at_zero_and_only_rank_0_deletes(tmp_path):

@@ -14,13 +14,19 @@ from conftest import FAST, require, run_cli
 transformers = require("transformers")
 from safetensors.torch import load_file  # noqa: E402
 
+from fsdpkit.train import trainer  # noqa: E402
 from fsdpkit.train.checkpoint import catalog  # noqa: E402
+from fsdpkit.train.config import parse_args  # noqa: E402
 from fsdpkit.train.export import load_full_model  # noqa: E402
+from fsdpkit.train.runtime.dist import Runtime  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
+# A padding token as transformers' configs name one (its embedding row takes no gradient): not 0, and
+# neither of the byte tokenizer's bos/eos (256, 257).
+PAD = 5
 COMMON = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=8,
-              num_key_value_heads=2, max_position_embeddings=256)
+              num_key_value_heads=2, max_position_embeddings=256, pad_token_id=PAD)
 FAMILIES = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", dict(
         rope_theta=500000.0, tie_word_embeddings=True,
@@ -67,6 +73,35 @@ def train_from(hf_dir, tmp_path, name: str, nproc: str, *flags: str) -> catalog.
     return catalog.resolve(str(ckpt))
 
 
+@pytest.mark.parametrize("family", ["llama", "qwen3_moe"])
+def test_the_padding_row_takes_no_gradient_and_the_gradient_norm_is_transformers(family, tmp_path):
+    """The model as the trainer builds it from a config naming pad_token_id, and transformers' from
+    the same files, on one batch holding the padding token: the padding row's gradient is zero
+    (under a tied head, the head's share of it alone: llama here) as transformers' and the gradient
+    norms agree (taken whole, the row dominated it)."""
+    hf_dir = tmp_path / "hf"
+    make_hf_checkpoint(family, hf_dir)
+    cfg = parse_args(["--init-from-hf", str(hf_dir), "--seq-len", "40", "--tokenizer", "bytes"])
+    ours = trainer._starting_model(cfg, Runtime(0, 1, 0, 1, torch.device("cpu")), None)
+    theirs = getattr(transformers, FAMILIES[family][1]).from_pretrained(hf_dir, attn_implementation="eager")
+    tokens = torch.randint(0, 258, (2, 41), generator=torch.Generator().manual_seed(3))
+    tokens[1, 25:] = PAD   # a padded tail, and padding among the inputs of the other row
+    tokens[0, ::7] = PAD
+    x, y = tokens[:, :-1], tokens[:, 1:]
+    ours.loss(x, y)[0].backward()
+    logits = theirs(x).logits
+    torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten()).backward()
+    rows = [m.model.embed_tokens.weight.grad[PAD] for m in (ours, theirs)]
+    torch.testing.assert_close(rows[0], rows[1], rtol=0, atol=1e-6)
+    if family == "qwen3_moe":   # untied: the embedding alone, whose padding row takes nothing
+        assert torch.equal(rows[0], torch.zeros_like(rows[0]))
+    else:
+        assert rows[0].abs().sum() > 0
+    norms = [torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in m.parameters() if p.grad is not None]))
+             for m in (ours, theirs)]
+    torch.testing.assert_close(norms[0], norms[1], rtol=1e-5, atol=0)
+
+
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_import_export_round_trip_and_transformers_parity(family, tmp_path, cli):
     hf_dir = tmp_path / "hf"
@@ -91,6 +126,12 @@ def test_import_export_round_trip_and_transformers_parity(family, tmp_path, cli)
     assert set(exported) == set(original)
     for key, value in original.items():
         assert torch.equal(exported[key], value), key
+    # config.json as imported, field for field (pad_token_id, Qwen3-MoE's dense intermediate_size,
+    # transformers' own spellings), but for what the run changed: its tokenizer's ids.
+    source = json.loads((hf_dir / "config.json").read_text())
+    ids = {k: v for k, v in json.loads(r.stdout)["data"].items() if k in ("bos_token_id", "eos_token_id")}
+    assert ids == {"bos_token_id": 256, "eos_token_id": 257}
+    assert json.loads((tmp_path / "out-same" / "config.json").read_text()) == {**source, **ids}
     # The export's config.json is the family's: transformers builds the same model from it.
     with torch.no_grad():
         torch.testing.assert_close(model_cls.from_pretrained(tmp_path / "out-same", attn_implementation="eager")
@@ -102,6 +143,7 @@ def test_import_export_round_trip_and_transformers_parity(family, tmp_path, cli)
     info = train_from(hf_dir, tmp_path, "trained", nproc, "--max_steps", "3", "--lr", "0.01", *LAYOUT.get(family, ()))
     out = tmp_path / "out-trained"
     assert cli("export", str(tmp_path / "trained-ckpt"), str(out)).returncode == 0
+    assert json.loads((out / "config.json").read_text()) == {**source, **ids}
     ours = load_full_model(info).eval()
     theirs = model_cls.from_pretrained(out, attn_implementation="eager").eval()
     assert not torch.equal(ours.model.layers[0].self_attn.q_proj.weight, original[
@@ -153,6 +195,8 @@ REFUSED = {
     "heads_zero": ({"num_attention_heads": 0}, "config.json's num_attention_heads is 0; expected an integer >= 1"),
     "layers_float": ({"num_hidden_layers": 2.5}, "config.json's num_hidden_layers is 2.5; expected an integer >= 1"),
     "vocab_missing": ({"vocab_size": None}, "config.json has no vocab_size"),
+    "pad_past_vocab": ({"pad_token_id": 300}, "config.json's pad_token_id is 300; expected a token id below its "
+                                              "vocab_size (300)"),
     "eps_bool": ({"rms_norm_eps": True}, "config.json's rms_norm_eps is True; expected a number >= 0"),
     "rope_factor_text": ({"rope_scaling": {"rope_type": "linear", "factor": "4x"}},
                          "config.json's rope_scaling's factor is '4x'; expected a number >= 1"),

@@ -8,6 +8,7 @@ every step first, so the trainer writes its checkpoint."""
 from __future__ import annotations
 
 import itertools
+import os
 import re
 import shlex
 import shutil
@@ -28,6 +29,8 @@ from fsdpkit.jobs.status import JobStatus
 # What sbatch says when no controller answers (Slurm's own messages): the cluster, not the input.
 _UNREACHABLE = re.compile(r"Unable to contact slurm controller|Socket timed out|Connection refused|"
                           r"Zero Bytes were transmitted", re.I)
+# A machine with Slurm's commands but no slurm.conf, SLURM_CONF or configless DNS record to find one.
+_NO_CONFIG = re.compile(r"Could not establish a configuration source|Unable to process configuration file", re.I)
 
 
 # sacct on a cluster with AccountingStorageType=accounting_storage/none.
@@ -57,9 +60,24 @@ def _last_line(out: subprocess.CompletedProcess[str]) -> str:
     return said[-1] if said else f"exit {out.returncode}"
 
 
-def _unreachable(tool: str, why: str) -> SlurmUnreachable:
-    return SlurmUnreachable(f"{tool} could not reach the Slurm controller ({why}); check that slurmctld runs and "
-                            "that this is a login node of the cluster (SLURM_CONF)")
+def _unreachable(tool: str, why: str) -> SlurmUnreachable | None:
+    """What a failed Slurm command's last line says of the controller: none to reach from here (no
+    configuration: this is not a login node), one that does not answer, or None (another refusal)."""
+    if _NO_CONFIG.search(why):
+        return SlurmUnreachable(f"{tool} found no Slurm configuration on this machine ({why}); run this on a login "
+                                "node of the cluster, or set SLURM_CONF to its slurm.conf")
+    if _UNREACHABLE.search(why):
+        return SlurmUnreachable(f"{tool} could not reach the Slurm controller ({why}); check that slurmctld runs "
+                                "and that this is a login node of the cluster (SLURM_CONF)")
+    return None
+
+
+def _check_conf() -> None:
+    """SLURM_CONF naming no file: Slurm's commands would retry reading it for a minute before failing."""
+    conf = os.environ.get("SLURM_CONF")
+    if conf and not Path(conf).is_file():
+        raise SlurmUnreachable(f"SLURM_CONF is {conf}, which is not a file here; point it at the cluster's "
+                               "slurm.conf, or unset it on a login node")
 
 
 def _shell_word(arg: str) -> str:
@@ -143,6 +161,7 @@ class SlurmBackend:
         if shutil.which("sbatch") is None:
             return {"name": spec.name, "dry_run": False, "script": str(path), "submitted": False,
                     "hint": f"sbatch is not on PATH here; copy {path} to the cluster and run: sbatch {path.name}"}
+        _check_conf()
         out = subprocess.run(["sbatch", "--parsable", str(path)], capture_output=True, text=True)
         if out.returncode != 0:
             # Nothing was submitted: the script this submit wrote goes again (an earlier one is put back).
@@ -151,9 +170,7 @@ class SlurmBackend:
             else:
                 path.write_text(earlier)
             why = _last_line(out)
-            if _UNREACHABLE.search(why):
-                raise _unreachable("sbatch", why)
-            raise UserError(f"sbatch refused {path.name}: {why}")
+            raise _unreachable("sbatch", why) or UserError(f"sbatch refused {path.name}: {why}")
         job_id = out.stdout.strip().split(";")[0]
         return {"name": spec.name, "dry_run": False, "script": str(path), "submitted": True, "job_id": job_id}
 
@@ -161,6 +178,7 @@ class SlurmBackend:
     def _need(tool: str) -> None:
         if shutil.which(tool) is None:
             raise UserError(f"{tool} is not on PATH: run this on a Slurm login node")
+        _check_conf()
 
     def _jobs(self) -> list[dict[str, str]]:
         """Every job the controller holds (running, pending, and finished within MinJobAge), oldest first."""
@@ -168,9 +186,7 @@ class SlurmBackend:
         out = subprocess.run(["scontrol", "show", "job", "-o"], capture_output=True, text=True)
         if out.returncode != 0 and "Invalid job id" not in out.stderr:
             why = _last_line(out)
-            if _UNREACHABLE.search(why):
-                raise _unreachable("scontrol", why)
-            raise UserError(f"scontrol show job failed: {why}")
+            raise _unreachable("scontrol", why) or UserError(f"scontrol show job failed: {why}")
         jobs = [dict(_FIELD.findall(line)) for line in out.stdout.splitlines() if line.startswith("JobId=")]
         return sorted(jobs, key=lambda j: int(j.get("JobId", "0")))
 

@@ -63,30 +63,31 @@ def list_checkpoints(directory: Path, damaged: bool = False) -> list[CheckpointI
     return sorted(out, key=lambda c: c.step)
 
 
-def resolve(spec: str) -> CheckpointInfo | None:
+def resolve(spec: str, what: str = "resume_from_checkpoint", verb: str = "resume from") -> CheckpointInfo | None:
     """A checkpoint directory itself, or the newest complete one inside a checkpoint root (one whose
-    metadata cannot be read is skipped there; resume sets it aside and says so)."""
+    metadata cannot be read is skipped there; resume sets it aside and says so). `what` and `verb`
+    name the command in its errors (export: "export", "export")."""
     p = Path(spec)
     if not p.exists() and NAME.match(p.name):   # one checkpoint named, not a root a first run may start
-        raise UserError(f"resume_from_checkpoint: no checkpoint {p}; fsdpkit ckpt list {p.parent} shows the ones "
-                        "there, or pass the directory to resume from its newest")
+        raise UserError(f"{what}: no checkpoint {p}; fsdpkit ckpt list {p.parent} shows the ones "
+                        f"there, or pass the directory to {verb} its newest")
     if p.exists() and not p.is_dir():
-        raise UserError(f"resume_from_checkpoint: {p} is a file, not a checkpoint; pass a checkpoint directory "
+        raise UserError(f"{what}: {p} is a file, not a checkpoint; pass a checkpoint directory "
                         "or the checkpoint root that holds them")
     if (p / META).is_file() and (m := NAME.match(p.name)):
         info = _info(p, int(m.group(1)))
         if info.problem:
-            raise UserError(f"resume_from_checkpoint: {p} is damaged and cannot be read ({info.problem}); "
-                            "pass its parent directory to resume from the newest checkpoint that is whole")
+            raise UserError(f"{what}: {p} is damaged and cannot be read ({info.problem}); "
+                            f"pass its parent directory to {verb} the newest checkpoint that is whole")
         return info
     if p.is_dir() and (TMP_NAME.match(p.name) or NAME.match(p.name) or (p / ".metadata").is_file()):
-        raise UserError(f"resume_from_checkpoint: {p} is not a complete fsdpkit checkpoint (a save that did "
-                        "not finish?); pass its parent directory to resume from the newest complete one")
+        raise UserError(f"{what}: {p} is not a complete fsdpkit checkpoint (a save that did "
+                        f"not finish?); pass its parent directory to {verb} the newest complete one")
     found = list_checkpoints(p)
     if not found and p.is_dir():
         reference = sorted(c.name for c in p.iterdir() if REFERENCE_NAME.match(c.name))
         if reference:
-            raise UserError(f"resume_from_checkpoint: {p} holds only checkpoints of the reference example "
+            raise UserError(f"{what}: {p} holds only checkpoints of the reference example "
                             f"({reference[-1]}); fsdpkit cannot resume those: use another --checkpoint-dir, "
                             "or start from exported weights with --init-from-hf")
     return found[-1] if found else None

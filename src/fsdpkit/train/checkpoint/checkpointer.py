@@ -357,6 +357,9 @@ def check_shape(info: CheckpointInfo, model_shape: dict[str, Any]) -> None:
     theirs = {**_SHAPE_DEFAULTS, **(info.meta.get("model") or {})}
     if theirs.get("lora"):
         theirs["lora"] = {**_LORA_DEFAULTS, **theirs["lora"]}
+    # Which embedding row is frozen does not change what the tensors are: a checkpoint of before it
+    # was recorded resumes, its padding row frozen from then on.
+    theirs["pad_token_id"] = model_shape.get("pad_token_id")
     if theirs == model_shape:
         return
     where = f"resume_from_checkpoint: {info.path}"

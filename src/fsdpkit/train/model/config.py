@@ -70,6 +70,9 @@ class ModelConfig:
     head_dim: int | None = None  # Qwen 3: heads wider than dim / n_heads; None: dim / n_heads
     qkv_bias: bool = False  # Qwen 2 / 2.5: biases on the query, key and value projections
     qk_norm: bool = False   # Qwen 3: RMSNorm over each head of queries and keys, before RoPE
+    # The padding token's embedding row, as transformers builds it (padding_idx): it takes no gradient.
+    # Read from a Hugging Face config.json; None: every row trains.
+    pad_token_id: int | None = None
 
     @property
     def head_size(self) -> int:
@@ -79,6 +82,16 @@ class ModelConfig:
     @property
     def is_moe(self) -> bool:
         return self.n_experts > 0
+
+
+# What each family's Hugging Face class fixes of its attention (qkv_bias, qk_norm): Qwen 2's biased
+# query/key/value projections, Qwen 3's per-head q/k norms; the other families have neither.
+FAMILY_ATTENTION = {"qwen2": (True, False), "qwen3": (False, True), "qwen3_moe": (False, True)}
+
+
+def family_attention(family: str) -> dict[str, bool]:
+    qkv_bias, qk_norm = FAMILY_ATTENTION.get(family, (False, False))
+    return {"qkv_bias": qkv_bias, "qk_norm": qk_norm}
 
 
 def count_params(cfg: ModelConfig, active: bool = False) -> int:

@@ -26,7 +26,7 @@ from fsdpkit.errors import UserError
 from fsdpkit.readers import reading
 from fsdpkit.train.model import nf4
 from fsdpkit.train.model.config import ModelConfig
-from fsdpkit.train.model.hf_config import hf_config_dict
+from fsdpkit.train.model.hf_config import exported_config
 from fsdpkit.train.model.lora import is_adapter
 
 # --- weights on disk (the hub's safetensors layout) ------------------------------------------------
@@ -113,9 +113,11 @@ def staged_dir(out_dir: Path) -> Iterator[Path]:
 
 
 def save_hf(state: dict[str, torch.Tensor], cfg: ModelConfig, out_dir: Path, dtype: torch.dtype,
-            config_extra: dict[str, Any] | None = None, files_extra: dict[str, bytes] | None = None) -> list[Path]:
-    """Write config.json (plus `config_extra`: token ids), safetensors (sharded with an index past
-    SHARD_BYTES) and `files_extra` (the tokenizer's files), through `staged_dir`."""
+            config_extra: dict[str, Any] | None = None, files_extra: dict[str, bytes] | None = None,
+            source: dict[str, Any] | None = None) -> list[Path]:
+    """Write config.json (the imported `source` with what training changed, plus `config_extra`:
+    token ids), safetensors (sharded with an index past SHARD_BYTES) and `files_extra` (the
+    tokenizer's files), through `staged_dir`."""
     tensors: dict[str, torch.Tensor] = {}
     for name, t in state.items():
         if cfg.tie_embeddings and name == "lm_head.weight":
@@ -141,8 +143,10 @@ def save_hf(state: dict[str, torch.Tensor], cfg: ModelConfig, out_dir: Path, dty
             total = sum(t.numel() * t.element_size() for t in tensors.values())
             index = {"metadata": {"total_size": total}, "weight_map": weight_map}
             (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
-        config = hf_config_dict(cfg)
-        config["torch_dtype"] = {torch.bfloat16: "bfloat16", torch.float32: "float32"}[dtype]
+        config = exported_config(cfg, source)
+        # transformers 5 writes `dtype`, earlier releases `torch_dtype`: the imported config's spelling.
+        config["dtype" if "dtype" in config else "torch_dtype"] = {torch.bfloat16: "bfloat16",
+                                                                   torch.float32: "float32"}[dtype]
         config.update(config_extra or {})
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         for name, data in (files_extra or {}).items():

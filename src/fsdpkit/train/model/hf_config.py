@@ -9,7 +9,7 @@ from typing import Any
 
 from fsdpkit.errors import UserError
 from fsdpkit.readers import reading
-from fsdpkit.train.model.config import ModelConfig, RopeScaling
+from fsdpkit.train.model.config import ModelConfig, RopeScaling, family_attention
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "mixtral": "MixtralForCausalLM",
                  "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
@@ -26,6 +26,12 @@ def hf_config_dict(cfg: ModelConfig) -> dict[str, Any]:
         raise UserError(f"export: the model is of the {cfg.family} family but has no experts (n_experts 0): a "
                         f"{ARCHITECTURES[cfg.family]} needs them; train with --n-experts, or as --model_type llama")
     family = cfg.family if cfg.family in MOE or not cfg.is_moe else "mixtral"
+    fixed = family_attention(family)
+    if (cfg.qkv_bias, cfg.qk_norm) != (fixed["qkv_bias"], fixed["qk_norm"]):
+        has = ", ".join(f"{k} {int(getattr(cfg, k))}" for k in fixed)
+        raise UserError(f"export: the model was trained with {has}, which a {ARCHITECTURES[family]} cannot hold "
+                        f"(its class has {', '.join(f'{k} {int(v)}' for k, v in fixed.items())}); train it with "
+                        "the family's own attention (leave --qkv-bias and --qk-norm unset)")
     out: dict[str, Any] = {
         "architectures": [ARCHITECTURES[family]],
         "model_type": family,
@@ -44,6 +50,8 @@ def hf_config_dict(cfg: ModelConfig) -> dict[str, Any]:
         "initializer_range": cfg.init_std,
         "attention_dropout": 0.0,
     }
+    if cfg.pad_token_id is not None:
+        out["pad_token_id"] = cfg.pad_token_id
     if family != "qwen2":  # Qwen 2's biases are fixed by its class (query, key, value: always)
         out["attention_bias"] = False
     if cfg.rope_scaling is not None:
@@ -64,6 +72,19 @@ def hf_config_dict(cfg: ModelConfig) -> dict[str, Any]:
         out.update(moe_intermediate_size=cfg.ffn_dim, num_experts=cfg.n_experts,
                    num_experts_per_tok=cfg.experts_per_token, norm_topk_prob=True, decoder_sparse_step=1,
                    mlp_only_layers=[], router_aux_loss_coef=cfg.router_aux_loss_coef)
+    return out
+
+
+def exported_config(cfg: ModelConfig, source: dict[str, Any] | None) -> dict[str, Any]:
+    """config.json of an export: the one the run was imported from (`source`), with what training
+    changed (the fields whose rendering of `cfg` differs from that of the imported shape) and
+    nothing else; the family's own rendering where the run did not start from a Hugging Face model."""
+    ours = hf_config_dict(cfg)
+    if source is None:
+        return ours
+    imported = hf_config_dict(shape_of_config(source))
+    out = {k: v for k, v in source.items() if k not in imported.keys() - ours.keys()}
+    out.update({k: v for k, v in ours.items() if k not in imported or imported[k] != v})
     return out
 
 
@@ -119,8 +140,8 @@ def _number(c: dict[str, Any], key: str, kind: type[int] | type[float], default:
     return kind(value)
 
 
-def model_config_from_hf(path: Path) -> ModelConfig:
-    """Our ModelConfig from a Hugging Face config.json (Llama, Mistral, Mixtral, Qwen 2 / 2.5, Qwen 3, Qwen3-MoE)."""
+def read_config(path: Path) -> dict[str, Any]:
+    """A Hugging Face model directory's config.json, as a mapping."""
     cfg_file = path / "config.json"
     if not cfg_file.is_file():
         raise UserError(f"init_from_hf: no config.json in {path}")
@@ -128,6 +149,16 @@ def model_config_from_hf(path: Path) -> ModelConfig:
         c = json.loads(cfg_file.read_text())
     if not isinstance(c, dict):
         raise UserError(f"init_from_hf: {cfg_file} holds no mapping; point at a Hugging Face model directory")
+    return c
+
+
+def model_config_from_hf(path: Path) -> ModelConfig:
+    """Our ModelConfig from a Hugging Face config.json (Llama, Mistral, Mixtral, Qwen 2 / 2.5, Qwen 3, Qwen3-MoE)."""
+    return shape_of_config(read_config(path))
+
+
+def shape_of_config(c: dict[str, Any]) -> ModelConfig:
+    """Our ModelConfig from a config.json's mapping."""
     family = c.get("model_type")
     if family not in ARCHITECTURES:
         raise UserError(f"init_from_hf: model_type {family!r} is not one of {', '.join(ARCHITECTURES)}")
@@ -151,8 +182,13 @@ def model_config_from_hf(path: Path) -> ModelConfig:
     elif family == "qwen3_moe":   # the hub's configs say num_experts; transformers 5 writes num_local_experts
         n_experts = _number(c, "num_experts" if "num_experts" in c else "num_local_experts", int)
     window = _number(c, "sliding_window", int, None) if family in ("mistral", "mixtral") else None
+    vocab = _number(c, "vocab_size", int)
+    pad = _number(c, "pad_token_id", int, None, low=-vocab)   # negative: from the end, as nn.Embedding has it
+    if pad is not None and pad >= vocab:
+        raise UserError(f"init_from_hf: config.json's pad_token_id is {pad}; expected a token id below its "
+                        f"vocab_size ({vocab})")
     return ModelConfig(
-        vocab_size=_number(c, "vocab_size", int), dim=hidden, n_layers=_number(c, "num_hidden_layers", int),
+        vocab_size=vocab, dim=hidden, n_layers=_number(c, "num_hidden_layers", int),
         n_heads=heads, n_kv_heads=_number(c, "num_key_value_heads", int, heads),
         ffn_dim=_number(c, "moe_intermediate_size" if family == "qwen3_moe" else "intermediate_size", int),
         max_seq_len=_number(c, "max_position_embeddings", int, 4096),
@@ -163,5 +199,5 @@ def model_config_from_hf(path: Path) -> ModelConfig:
                                      low=0),
         init_std=_number(c, "initializer_range", float, 0.02, low=0), family=family,
         head_dim=head_dim if head_dim not in (None, hidden // heads) else None,
-        qkv_bias=family == "qwen2", qk_norm=family in ("qwen3", "qwen3_moe"),
+        **family_attention(family), pad_token_id=pad,
     )

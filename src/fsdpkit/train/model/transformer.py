@@ -251,7 +251,9 @@ class Model(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.dim)
+        # padding_idx: that row's gradient is zero, as in transformers (it would otherwise take the
+        # gradient of every padded position and dominate clipping).
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.dim, padding_idx=cfg.pad_token_id)
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
 
