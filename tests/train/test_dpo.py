@@ -3,6 +3,7 @@ log-probabilities; the packed preference rows the trainer reads."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 from importlib import resources
@@ -13,12 +14,15 @@ import torch
 
 from fsdpkit.errors import UserError
 from fsdpkit.train import trainer
+from fsdpkit.train.checkpoint import catalog
 from fsdpkit.train.config import parse_args
 from fsdpkit.train.data import BatchStream, HFTokenizer, LocalFiles
 from fsdpkit.train.data.chat_template import ChatTemplate, template_of
+from fsdpkit.train.data.pipeline import data_pipeline
 from fsdpkit.train.data.preference import Pair, Preference, encode_pair, pack_pairs, preference_of
 from fsdpkit.train.data.stream import IGNORE
 from fsdpkit.train.dpo import METRICS, Answers, answers, means, preference_loss
+from fsdpkit.train.export import load_full_model
 from fsdpkit.train.model.hf import load_hf_into
 from fsdpkit.train.model.lora import adapters_disabled
 from fsdpkit.train.objective import DPO
@@ -225,6 +229,86 @@ def test_a_two_rank_dpo_run_raises_reward_accuracy_and_resumes_exactly(tmp_path)
     assert rows_of(tmp_path / "half") == rows[5:]
 
 
+def block_pair(block: np.ndarray) -> tuple[tuple[int, ...], ...]:
+    """(prompt, chosen, rejected) of a block holding one pair (pack_pairs' layout)."""
+    tokens, answer, seqs = block
+    prompt, chosen = tokens[(seqs == 1) & (answer == 0)], tokens[(seqs == 1) & (answer == 1)]
+    return tuple(prompt.tolist()), tuple(chosen.tolist()), tuple(tokens[(seqs == 2) & (answer == 1)].tolist())
+
+
+@pytest.mark.slow
+def test_a_dpo_run_follows_trl_s_dpo_trainer_step_for_step_on_the_same_pairs_in_the_same_order(tmp_path):
+    """20 steps of fsdpkit's DPO and of TRL's DPOTrainer from the same model, over the same pairs in
+    the order fsdpkit's stream drew them (four a step, one a row), with the same optimizer, schedule,
+    clipping and beta: each step's loss within 1e-4 and the final weights equal to float tolerance."""
+    transformers, trl = require("transformers"), require("trl")
+    from datasets import Dataset
+
+    torch.manual_seed(0)
+    folder = tiny_qwen(tmp_path / "m", transformers)
+    records = [{"prompt": f"{a}+{b}=", "chosen": f"{a + b}", "rejected": f"{(a + b + 1 + a % 3) % 19}"}
+               for a in range(10) for b in range(10)]
+    (tmp_path / "data" / "train").mkdir(parents=True)
+    (tmp_path / "data" / "train" / "p.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    tok = HFTokenizer(str(folder))
+    by_tokens = {}
+    for r in records:
+        pair = encode_pair(preference_of(r), tok.encode, None, tok.eos_id)
+        by_tokens[tuple(tuple(t.tolist()) for t in (pair.prompt, pair.chosen, pair.rejected))] = (r, pair.tokens)
+    sizes = [n for _, n in by_tokens.values()]
+    row = max(sizes)
+    assert len(by_tokens) == len(records) and 2 * min(sizes) > row   # a row holds one pair, never two
+    steps, batch = 20, 4
+    flags = ["--objective", "dpo", "--data-format", "preference", "--dataset", str(tmp_path / "data"),
+             "--init-from-hf", str(folder), "--tokenizer", str(folder), "--seq-len", str(row - 1),
+             "--train-batch-size", str(batch), "--max-steps", str(steps), "--lr", "1e-3", "--warmup-steps", "0",
+             "--lr-decay-style", "constant", "--weight-decay", "0", "--beta2", "0.999", "--grad-clip", "1.0",
+             "--dpo-beta", "0.1", "--dpo-loss", "sigmoid"]
+    run, ckpt = tmp_path / "run", tmp_path / "ck"
+    r = run_cli("train", *flags, "--nproc", "1", "--logging-freq", "1", "--validation-freq", "0", "--tensorboard",
+                "0", "--progress", "off", "--run-dir", str(run), "--checkpoint-dir", str(ckpt))
+    assert r.returncode == 0, r.stderr[-3000:]
+    ours = [m["loss"] for m in read_metrics(run)]
+    assert len(ours) == steps
+
+    # The order the run drew its pairs in: its stream, built from its configuration as the trainer builds it.
+    cfg = parse_args(flags)
+    pipe = data_pipeline(cfg.data, cfg.seed, cfg.data.train_split, verbose=False)
+    stream = BatchStream(pipe.source, pipe.tokenizer, cfg.data.seq_len, batch, 0, 1, cfg.seed, epochs=cfg.data.epochs,
+                         chat=pipe.chat, preference=pipe.preference)
+    order = [by_tokens[block_pair(block)][0] for _, block in itertools.islice(stream.rank_blocks(), steps * batch)]
+    assert len({json.dumps(o) for o in order}) == steps * batch and order != records[:steps * batch]  # shuffled
+
+    losses: list[float] = []
+
+    class Recorded(trl.DPOTrainer):
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            out = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+            losses.append(float((out[0] if return_outputs else out).detach()))
+            return out
+
+    args = trl.DPOConfig(
+        output_dir=str(tmp_path / "trl"), report_to="none", use_cpu=True, beta=0.1, loss_type=["sigmoid"],
+        learning_rate=1e-3, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, adam_beta1=0.9,
+        adam_beta2=0.999, adam_epsilon=1e-8, max_grad_norm=1.0, optim="adamw_torch_fused",
+        per_device_train_batch_size=batch, max_steps=steps, train_sampling_strategy="sequential", save_strategy="no",
+        logging_steps=1, disable_tqdm=True, bf16=False)  # TRL defaults to bf16 autocast, fsdpkit on a CPU is fp32
+    theirs = Recorded(model=transformers.AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32),
+                      args=args, processing_class=transformers.AutoTokenizer.from_pretrained(str(folder)),
+                      train_dataset=Dataset.from_list(order))
+    theirs.train()
+    assert len(losses) == steps
+    assert max(abs(a - b) for a, b in zip(ours, losses, strict=True)) < 1e-4, list(zip(ours, losses, strict=True))
+    # Each step's gradient norm before clipping, as the Trainer logs it.
+    norms = [(m["grad_norm"], h["grad_norm"]) for m, h in zip(read_metrics(run), [
+        h for h in theirs.state.log_history if "loss" in h], strict=True)]
+    assert all(a == pytest.approx(b, rel=1e-5) for a, b in norms), norms
+    assert ours[-1] < ours[0] - 0.03, ours   # it learned: the steps compared are not all ln 2
+    trained = load_full_model(catalog.resolve(str(ckpt))).state_dict()
+    for name, value in theirs.model.state_dict().items():
+        torch.testing.assert_close(trained[name], value, rtol=1e-4, atol=1e-5, msg=name)
+
+
 def test_lora_dpo_s_reference_is_the_base_with_adapters_off_and_full_dpo_s_a_frozen_copy_of_the_start(tmp_path):
     """No second model under LoRA (the reference holds no parameter of its own); without LoRA a
     frozen copy with exactly the starting weights, whatever the policy has become."""
@@ -378,3 +462,4 @@ def test_metrics_are_their_sums_over_the_pairs_counted():
         "rewards/chosen": 0.25, "rewards/rejected": -0.5, "rewards/accuracies": 0.75, "rewards/margins": 1.0,
         "logps/chosen": -1.25, "logps/rejected": -1.5}
     assert means(torch.zeros(7)) == dict.fromkeys(METRICS, 0.0)   # no pair: zeros, not a division by zero
+
