@@ -326,6 +326,9 @@ CASES = {
                                   "resume_from_checkpoint: no checkpoint {in}/ckpt/step-00000009; fsdpkit ckpt list "
                                   "{in}/ckpt shows the ones there"),
     "export-garbled": (["export", "{in}/garbled", "out"], 2, "no complete checkpoint"),
+    "preview-no-records": (["data", "preview", "--records", "0"], 2, "records: 0 is out of range; preview 1..100"),
+    "preview-no-pairs": (["data", "preview", "--dataset", "{in}/small.jsonl", "--data-format", "preference"], 2,
+                         "data preview: {in}/small.jsonl gave no usable record; check --dataset, --data-format"),
     # Named, it is the export's checkpoint and its own words, not resume's.
     "export-garbled-named": (["export", "{in}/garbled/step-00000001", "out"], 2,
                              "export: {in}/garbled/step-00000001 is damaged and cannot be read (fsdpkit.json cannot "

@@ -88,8 +88,43 @@ def cmd_train_tokenizer(args: argparse.Namespace) -> int:
     return 0
 
 
+# `data preview`'s options that are the trainer's own, passed to its configuration as given.
+PREVIEW_DATA = ("dataset", "data_format", "tokenizer", "chat_template", "text_field", "dataset_config_name")
+
+
+def cmd_preview(args: argparse.Namespace) -> int:
+    from fsdpkit.train.config import parse_args
+    from fsdpkit.train.data.pipeline import data_pipeline
+    from fsdpkit.train.data.preview import CLOSE, OPEN, as_json, marked, preview
+
+    if not 1 <= args.records <= 100:
+        raise UserError(f"records: {args.records} is out of range; preview 1..100 records")
+    flags = ["--config", args.config] if args.config else []
+    for name in PREVIEW_DATA:
+        if getattr(args, name) is not None:
+            flags += [f"--{name.replace('_', '-')}", getattr(args, name)]
+    if args.data_format == "preference":   # the one objective that reads it, so the configuration accepts it
+        flags += ["--objective", "dpo"]
+    d = parse_args(flags).data
+    split = args.split or d.train_split
+    pipe = data_pipeline(d, 0, split, verbose=False)
+    records = preview(pipe, args.records)
+    tok = pipe.tokenizer
+    assert tok is not None   # preview refuses token shards
+    if args.json:
+        return emit_json({"dataset": d.dataset, "split": split, "data_format": d.data_format, "tokenizer": tok.name,
+                          "records": as_json(records, tok)})
+    print(f"{d.dataset} ({d.data_format}, split {split}, tokenizer {tok.name}): the tokens that train are between "
+          f"{OPEN} and {CLOSE}")
+    for r in records:
+        for seq in r.sequences:
+            print(f"\n{r.where}: {seq.name}, {len(seq.ids)} tokens, {sum(seq.trained)} trained")
+            print("".join(f"  {line}\n" for line in marked(seq, tok).split("\n")), end="")
+    return 0
+
+
 def build_parser(prog: str = "fsdpkit data") -> argparse.ArgumentParser:
-    parser = Parser(prog=prog, description="Prepare training data offline.")
+    parser = Parser(prog=prog, description="Prepare training data offline, and see what a record trains on.")
     sub = parser.add_subparsers(dest="action", required=True)
     if prog.endswith("data"):
         p = sub.add_parser("prepare", help="tokenise a dataset into memory-mapped token shards")
@@ -98,6 +133,21 @@ def build_parser(prog: str = "fsdpkit data") -> argparse.ArgumentParser:
         p.add_argument("--out", required=True, help="new directory for the shards")
         p.set_defaults(func=cmd_prepare)
         declare(p, Effect.REMOTE | Effect.WRITES | Effect.LONG)   # a hub dataset is downloaded
+        p = sub.add_parser("preview", help="the first records as training reads them, each token marked trained or not")
+        p.add_argument("--config", help="a run's YAML (as `fsdpkit train --config`): its data settings")
+        p.add_training_option("--dataset", default=None, help="as fsdpkit train's (default: the config's, or embedded)")
+        p.add_training_option("--data-format", choices=["text", "chat", "preference"], default=None,
+                              help="text, chat or preference (default: the config's, or text)")
+        p.add_training_option("--tokenizer", default=None, help="as fsdpkit train's (default: the config's)")
+        p.add_training_option("--chat-template", default=None, help="'chatml' or a Jinja file (default: the "
+                              "tokenizer's own template, else chatml)")
+        p.add_training_option("--text-field", default=None, help="field or column holding the text")
+        p.add_training_option("--dataset-config-name", default=None, help="hub dataset configuration")
+        p.add_argument("--split", default=None, help="the split to read (default: the training split)")
+        p.add_argument("--records", type=int, default=1, help="how many records to show, from the first (1..100)")
+        p.add_argument("--json", action="store_true", help="machine-readable output: each token's id, text and mask")
+        p.set_defaults(func=cmd_preview)
+        declare(p, Effect.REMOTE)   # a hub dataset or tokenizer is read
     else:
         p = sub.add_parser("train", help="train a byte-level BPE tokenizer on local text")
         _source_args(p)

@@ -24,7 +24,7 @@ from fsdpkit.train.data import HFTokenizer
 from fsdpkit.train.data.chat import Conversation, encode_conversation
 from fsdpkit.train.data.chat_template import template_of
 
-from conftest import require
+from conftest import cli_here, require
 
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city today.",
@@ -120,6 +120,38 @@ def test_on_a_marked_template_the_mask_is_transformers_assistant_mask(tmp_path, 
     assert ids == list(theirs["input_ids"])
     assert mask == [bool(m) for m in theirs["assistant_masks"]]
     assert sum(mask) > 0 and not all(mask)
+
+
+@pytest.mark.parametrize("name", ["qwen2_5", "llama3"])
+def test_data_preview_marks_the_tokens_transformers_assistant_mask_marks_on_a_marked_template(tmp_path, name):
+    """`fsdpkit data preview --json` of a conversation file, as a user runs it: its trained tokens
+    are transformers' assistant mask, token for token, and the human view brackets exactly the
+    assistant's answers."""
+    transformers = require("transformers")
+    own, marked = templates(name)
+    conv = MODELS[name]
+    folder = byte_tokenizer(tmp_path / "tok", marked, sorted(set(SPECIAL.findall(own + marked))), ENDS[name])
+    tools = TOOLS if conv is WITH_TOOLS else None
+    data = tmp_path / "chat.jsonl"
+    data.write_text(json.dumps({"messages": conv, **({"tools": tools} if tools else {})}) + "\n")
+    flags = ["data", "preview", "--dataset", str(data), "--data-format", "chat", "--tokenizer", str(folder)]
+    r = cli_here(*flags, "--json")
+    assert r.returncode == 0, r.stderr
+    [record] = json.loads(r.stdout)["data"]["records"]
+    [seq] = record["sequences"]
+    theirs = transformers.AutoTokenizer.from_pretrained(str(folder)).apply_chat_template(
+        conv, tools=tools, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+    assert seq["ids"] == list(theirs["input_ids"]) and record["where"] == f"{data}:1"
+    assert seq["mask"] == [bool(m) for m in theirs["assistant_masks"]]
+    assert seq["trained"] == sum(seq["mask"]) > 0 and not all(seq["mask"])
+    human = cli_here(*flags)
+    assert human.returncode == 0, human.stderr
+    header, view = human.stdout.split("\n", 1)
+    assert header.endswith("the tokens that train are between [[ and ]]")
+    bracketed = re.findall(r"\[\[(.*?)\]\]", view, re.S)
+    answers = [m["content"] for m in conv if m["role"] == "assistant" and m["content"]]
+    assert len(bracketed) == len([m for m in conv if m["role"] == "assistant"])
+    assert all(any(a in b for b in bracketed) for a in answers), bracketed
 
 
 def text_of(tok: HFTokenizer, ids: list[int], mask: list[bool]) -> list[str]:

@@ -27,7 +27,9 @@ class Tokenizer(Protocol):
 
     def encode(self, text: str | bytes) -> np.ndarray: ...
 
-    def decode(self, ids: list[int] | np.ndarray) -> str: ...
+    def decode(self, ids: list[int] | np.ndarray, special: bool = False) -> str:
+        """The ids' text; `special`: with the special tokens written out, not left out."""
+        ...
 
 
 class ByteTokenizer:
@@ -46,8 +48,15 @@ class ByteTokenizer:
         raw = text.encode("utf-8") if isinstance(text, str) else text
         return np.frombuffer(raw, dtype=np.uint8).astype(np.uint16)
 
-    def decode(self, ids: list[int] | np.ndarray) -> str:
-        return bytes(int(i) for i in ids if int(i) < 256).decode("utf-8", errors="replace")
+    def decode(self, ids: list[int] | np.ndarray, special: bool = False) -> str:
+        out, raw = [], bytearray()
+        for i in map(int, ids):
+            if i < 256:
+                raw.append(i)
+            elif special:   # the bytes so far decoded together, then the token's name
+                out += [raw.decode("utf-8", errors="replace"), "<bos>" if i == self.bos_id else "<eos>"]
+                raw.clear()
+        return "".join([*out, raw.decode("utf-8", errors="replace")])
 
 
 # End-of-document tokens of the common model families, tried in order when the tokenizer's
@@ -120,8 +129,8 @@ class HFTokenizer:
             text = text.decode("utf-8", errors="replace")
         return np.asarray(self.tok.encode(text, add_special_tokens=False).ids, dtype=self.dtype)
 
-    def decode(self, ids: list[int] | np.ndarray) -> str:
-        return self.tok.decode([int(i) for i in ids])
+    def decode(self, ids: list[int] | np.ndarray, special: bool = False) -> str:
+        return self.tok.decode([int(i) for i in ids], skip_special_tokens=not special)
 
 
 def _hub_tokenizer_config(spec: str, online: bool) -> dict[str, Any]:
