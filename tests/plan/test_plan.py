@@ -433,6 +433,14 @@ def test_validation_defaults_stay_within_two_percent_of_training_for_every_prese
     cfg = build([{"preset": "llama3_1_8b", "validation_batches": 16, "val_batch_size": 16, "max_steps": 1000}])
     # Passes at steps 500 and 1000 (the last is also the end), 16 x 16 sequences each, a third of a step.
     assert cfg.log.validation_batches == 16 and cfg.validation_share() == pytest.approx(2 * 16 * 16 / (3 * 1000))
+    # validate_at_start: a pass before step 1 too (10 + 1 at every 100 steps); the default size shrinks
+    # to keep within the share.
+    at_start = {"preset": "llama3_1_8b", "val_batch_size": 16, "max_steps": 1000, "validation_freq": 100,
+                "validate_at_start": True}
+    cfg = build([{**at_start, "validation_batches": 16}])
+    assert cfg.validation_share() == pytest.approx(11 * 16 * 16 / (3 * 1000))
+    assert (build([{**at_start, "train_batch_size": 8}]).log.validation_batches,
+            build([{**at_start, "train_batch_size": 8, "validate_at_start": False}]).log.validation_batches) == (2, 3)
 
 
 def test_a_multi_node_gpu_job_without_storage_warns_and_strict_refuses(kube, tmp_path):

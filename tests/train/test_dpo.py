@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import shutil
 from importlib import resources
 
@@ -207,7 +208,8 @@ def rows_of(run) -> list[dict]:
 @pytest.mark.slow
 def test_a_two_rank_dpo_run_raises_reward_accuracy_and_resumes_exactly(tmp_path):
     data = preference_data(tmp_path / "data")
-    whole = run_cli(*dpo_flags(data, tmp_path / "whole", tmp_path / "ck-whole", "--checkpoint-every", "25"))
+    whole = run_cli(*dpo_flags(data, tmp_path / "whole", tmp_path / "ck-whole", "--checkpoint-every", "25",
+                               "--validate-at-start", "1"))
     assert whole.returncode == 0, whole.stderr[-3000:]
     rows = rows_of(tmp_path / "whole")
     accuracy = [r["rewards/accuracies"] for r in rows]
@@ -217,6 +219,11 @@ def test_a_two_rank_dpo_run_raises_reward_accuracy_and_resumes_exactly(tmp_path)
     # Validation at the last step: the DPO loss and TRL's metrics over the held-out pairs.
     val = read_metrics(tmp_path / "whole", "val")[-1]
     assert val["step"] == 50 and {f"val_{name}" for name in METRICS} <= set(val)
+    # --validate-at-start: the held-out pairs before the first step, where the policy is its reference (ln 2).
+    start = read_metrics(tmp_path / "whole", "val")[0]
+    assert start["step"] == 0 and start["val_loss"] == pytest.approx(math.log(2), abs=1e-6), start
+    summary = json.loads((tmp_path / "whole" / "summary.json").read_text())
+    assert (summary["start_val_loss"], summary["final_val_loss"]) == (start["val_loss"], val["val_loss"])
     assert val["val_rewards/accuracies"] > 0.8 and val["val_loss"] < rows[0]["loss"]
     last = read_metrics(tmp_path / "whole")[-1]
     assert (f"Batch 50 Loss: {last['loss']:.5f}, " in whole.stdout and f", rewards: accuracy "
@@ -227,6 +234,7 @@ def test_a_two_rank_dpo_run_raises_reward_accuracy_and_resumes_exactly(tmp_path)
     assert rest.returncode == 0, rest.stderr[-3000:]
     assert "resumed from" in rest.stdout
     assert rows_of(tmp_path / "half") == rows[5:]
+    assert [r["step"] for r in read_metrics(tmp_path / "half", "val")] == [50]   # the start is not measured again
 
 
 def block_pair(block: np.ndarray) -> tuple[tuple[int, ...], ...]:

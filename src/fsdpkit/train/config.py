@@ -120,7 +120,8 @@ class TrainConfig(TrainOptions):
     def validation_share(self, steps: int | None = None) -> float:
         """Validation's FLOPs as a share of training's, over `steps` (default: max_steps)."""
         return _validation_share(steps or self.optim.max_steps, self.log.validation_freq, self.log.validation_batches,
-                                 self.data.val_batch_size, self.data.train_batch_size, self.data.grad_accum_steps)
+                                 self.data.val_batch_size, self.data.train_batch_size, self.data.grad_accum_steps,
+                                 self.log.validate_at_start)
 
     def record(self, run_dir: Path) -> dict[str, Any]:
         """Every value the run uses, the model's shape and run directory included (a checkpoint's
@@ -144,10 +145,12 @@ class TrainConfig(TrainOptions):
         return {**given, DERIVED_KEY: derived}
 
 
-def _validation_share(steps: int, freq: int, batches: int, val_batch: int, train_batch: int, accum: int) -> float:
-    """Validation's FLOPs as a share of training's: a pass every `freq` steps and once at the end,
-    where a forward is a third of a training step's work per token (2 of 6 FLOPs per parameter)."""
-    passes = steps // freq + (1 if steps % freq else 0) if freq else 1
+def _validation_share(steps: int, freq: int, batches: int, val_batch: int, train_batch: int, accum: int,
+                      at_start: bool) -> float:
+    """Validation's FLOPs as a share of training's: a pass every `freq` steps, once at the end and
+    (`at_start`) once before the first step, where a forward is a third of a training step's work
+    per token (2 of 6 FLOPs per parameter)."""
+    passes = (steps // freq + (1 if steps % freq else 0) if freq else 1) + at_start
     return passes * batches * val_batch / (3 * steps * train_batch * accum)
 
 
@@ -416,7 +419,7 @@ def resolve(cfg: TrainOptions, given: Set[str] = frozenset(), on_nodes: bool = F
     batches = lg.validation_batches
     if batches is None:
         per_batch = _validation_share(steps, lg.validation_freq, 1, data.val_batch_size, data.train_batch_size,
-                                      data.grad_accum_steps)
+                                      data.grad_accum_steps, lg.validate_at_start)
         batches = max(1, min(8, math.floor(VALIDATION_SHARE / per_batch + 1e-9)))
     out = TrainConfig(
         **{k: getattr(cfg, k) for k in ("preset", "run_dir", "seed")},

@@ -206,6 +206,8 @@ class ParallelConfig(Settings):
 class LogConfig(Settings):
     logging_freq: Int = option(10, "steps between metric lines", ge=1)
     validation_freq: Int = option(100, "steps between validation passes (0: only at the end)", ge=0)
+    validate_at_start: Bool = option(False, "a validation pass before the first step too (step 0 in metrics.jsonl, "
+                                     "start_val_loss in summary.json): the model's score before training")
     validation_batches: Int | None = option(
         None, f"batches per rank per validation pass (default: as many as keep validation within "
         f"{VALIDATION_SHARE:.0%} of training compute, 1 to 8)", ge=1)

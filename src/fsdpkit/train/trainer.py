@@ -273,6 +273,9 @@ def _run(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path) -> TrainResult:
         run = _open_run(cfg, rt, run_dir, state, stack, tier)
         window = Window.on(rt.device)
         state.model.train()
+        if cfg.log.validate_at_start and state.step == 0:   # a resumed run has its start's on record
+            _validation(run, state.model, 0)
+            window.restart_clock()
         for step in range(state.step, cfg.optim.max_steps):
             lr = lr_at(step, cfg.optim)
             set_lr(state.optimizer, lr)
@@ -446,8 +449,12 @@ def _open_sinks(run: Run, state: TrainState, stack: contextlib.ExitStack) -> Non
     run.say(f"fsdpkit: MFU denominator {peak_txt}; mesh {describe_mesh(state.model)}; activation "
             f"checkpointing {cfg.parallel.activation_checkpointing}; compile {cfg.parallel.compile}")
     if (lora := cfg.lora_shape) is not None:
+        # PEFT's print_trainable_parameters line: the adapters (whole, not this rank's shard) of the whole model.
+        trainable = sum(p.numel() for p in state.model.parameters() if p.requires_grad)
+        total = count_params(mcfg) + trainable
         run.say(f"fsdpkit: LoRA rank {lora.rank}, alpha {lora.alpha:g} on {','.join(lora.targets)}; "
-                f"{_base_line(state.model)}")
+                f"{_base_line(state.model)}; trainable params: {trainable:,} || all params: {total:,} || "
+                f"trainable%: {100 * trainable / total:.4f}")
 
 
 def _base_line(model: torch.nn.Module) -> str:
@@ -493,6 +500,16 @@ def _train_step(run: Run, state: TrainState, window: Window) -> torch.Tensor | N
     return grad_norm
 
 
+def _validation(run: Run, model: Transformer, n: int) -> None:
+    """A validation pass after step `n` (0: before the first), its row in the metrics."""
+    val = run.validate(model)
+    if val is not None:
+        run.result.val_losses.append((n, val))
+        if run.writer:
+            extra = {f"val_{name}": value for name, value in run.validate.metrics.items()}
+            run.writer.record("val", {"step": n, "val_loss": val, **extra}, f"Batch {n} Validation loss: {val:.5f}")
+
+
 def _after_step(run: Run, state: TrainState, window: Window, lr: float, grad_norm: torch.Tensor) -> bool:
     """Logging, validation and checkpointing due after this step; True when the run stops here (SIGTERM)."""
     cfg, n = run.cfg, state.step
@@ -500,12 +517,7 @@ def _after_step(run: Run, state: TrainState, window: Window, lr: float, grad_nor
     if n % lg.logging_freq == 0 or last:
         _log_window(run, window, lr, grad_norm, n, state.model)
     if (lg.validation_freq and n % lg.validation_freq == 0) or last:
-        val = run.validate(state.model)
-        if val is not None:
-            run.result.val_losses.append((n, val))
-            if run.writer:
-                extra = {f"val_{name}": value for name, value in run.validate.metrics.items()}
-                run.writer.record("val", {"step": n, "val_loss": val, **extra}, f"Batch {n} Validation loss: {val:.5f}")
+        _validation(run, state.model, n)
         window.restart_clock()
     every = ck.every_seconds
     time_due = every is not None and time.monotonic() - run.saved_clock >= every
@@ -588,6 +600,7 @@ def _finish(run: Run, state: TrainState) -> None:
         "final_loss": train_rows[-1]["loss"] if train_rows else None,
         "first_loss": train_rows[0]["loss"] if train_rows else None,
         "final_val_loss": val_rows[-1]["val_loss"] if val_rows else None,
+        "start_val_loss": next((r["val_loss"] for r in val_rows if r["step"] == 0), None),
         "attempts": attempts(rows),
         "world_size": run.rt.world_size,
         "bad_records": run.bad_records(),

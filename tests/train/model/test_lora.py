@@ -105,6 +105,14 @@ def test_a_two_rank_lora_run_saves_only_adapters_resumes_exactly_and_exports_for
     a, b = (load_full_model(catalog.resolve(str(tmp_path / d))).state_dict() for d in ("ck-whole", "ck-half"))
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert sha(qwen_dir / "model.safetensors") == base_bytes
+    # The run says how much of the model trains, in PEFT's words and figures for the same adapters.
+    config = peft.LoraConfig(r=4, lora_alpha=info.meta["model"]["lora"]["alpha"], target_modules=list(
+        info.meta["model"]["lora"]["targets"]))
+    trainable, total = peft.get_peft_model(transformers.Qwen2ForCausalLM.from_pretrained(qwen_dir),
+                                           config).get_nb_trainable_parameters()
+    assert trainable < total // 10
+    assert (f"trainable params: {trainable:,} || all params: {total:,} || trainable%: {100 * trainable / total:.4f}"
+            in whole.stdout), whole.stdout
 
     out = tmp_path / "adapter"
     r = run_cli("export", str(tmp_path / "ck-whole"), str(out), "--to", "peft", "--json")
