@@ -52,6 +52,8 @@ def inputs(tmp_path_factory) -> Path:
     (d / "no-documents").mkdir()
     (d / "no-documents" / "a.jsonl").write_text("\n\n")
     (d / "small.jsonl").write_text(json.dumps({"text": "a few words"}) + "\n")
+    (d / "same-answers.jsonl").write_text("".join(json.dumps({"prompt": p, "chosen": a, "rejected": a}) + "\n"
+                                                  for p, a in (("2+2=", "4"), ("Hi", ""))))
     (d / "broken.jsonl").write_text(json.dumps({"text": "fine " * 50}) + "\nnot json\n")
     (d / "hf-bias").mkdir()
     (d / "hf-bias" / "config.json").write_text(json.dumps({
@@ -326,6 +328,11 @@ CASES = {
                                   "resume_from_checkpoint: no checkpoint {in}/ckpt/step-00000009; fsdpkit ckpt list "
                                   "{in}/ckpt shows the ones there"),
     "export-garbled": (["export", "{in}/garbled", "out"], 2, "no complete checkpoint"),
+    # Pairs that teach DPO nothing (the same answer twice, two empty answers): nothing to train on.
+    "dpo-same-answers": (["train", *FAST, "--objective", "dpo", "--data-format", "preference", "--dataset",
+                          "{in}/same-answers.jsonl", "--run-dir", "run"], 2,
+                         "dataset: {in}/same-answers.jsonl has no preference records in its 'train' split (2 bad "
+                         "records skipped, 2 of them pairs whose chosen and rejected answers are the same)"),
     "preview-no-records": (["data", "preview", "--records", "0"], 2, "records: 0 is out of range; preview 1..100"),
     "preview-no-pairs": (["data", "preview", "--dataset", "{in}/small.jsonl", "--data-format", "preference"], 2,
                          "data preview: {in}/small.jsonl gave no usable record; check --dataset, --data-format"),

@@ -17,7 +17,7 @@ from fsdpkit.errors import UserError
 from fsdpkit.train import trainer
 from fsdpkit.train.checkpoint import catalog
 from fsdpkit.train.config import parse_args
-from fsdpkit.train.data import BatchStream, HFTokenizer, LocalFiles
+from fsdpkit.train.data import BatchStream, HFTokenizer, LocalFiles, get_tokenizer
 from fsdpkit.train.data.chat_template import ChatTemplate, template_of
 from fsdpkit.train.data.pipeline import data_pipeline
 from fsdpkit.train.data.preference import Pair, Preference, encode_pair, pack_pairs, preference_of
@@ -164,6 +164,24 @@ def test_preference_records_in_trl_s_forms_and_bad_ones_are_none():
                    {"prompt": [user], "chosen": "A", "rejected": [bad]},
                    {"prompt": [user], "chosen": [good], "rejected": [bad], "tools": "f"}, "text"):
         assert preference_of(record) is None, record
+
+
+def test_pairs_whose_answers_are_the_same_are_left_out_named_and_counted(tmp_path, diagnostics):
+    """A pair whose chosen and rejected answers are one answer (both empty included) has DPO's loss
+    ln 2 and no gradient whatever the model: left out with a warning naming it, as a bad record."""
+    data = tmp_path / "data" / "train"
+    data.mkdir(parents=True)
+    same = [{"prompt": "a", "chosen": "x", "rejected": "x"}, {"prompt": "b", "chosen": "", "rejected": ""}]
+    good = [{"prompt": f"q{i}", "chosen": "yes", "rejected": "no"} for i in range(3)]
+    (data / "p.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [same[0], *good, same[1]]))
+    source = LocalFiles(str(tmp_path / "data"), "train", 0, data_format="preference", verbose=True)
+    stream = BatchStream(source, get_tokenizer("bytes"), 15, 1, shuffle_buffer=0, epochs=1, preference=True)
+    prompts = [bytes(b[0][b[2] == 1][b[1][b[2] == 1] == 0].tolist()).decode() for b in stream.blocks()]
+    assert prompts == ["q0", "q1", "q2"]
+    assert (source.bad_records, source.same_answers) == (2, 2)
+    assert diagnostics == [f"warning: dataset: skipped {n} bad record(s); latest {data / 'p.jsonl'}:{line}: its "
+                           "chosen and rejected answers are the same, which DPO cannot learn from (it learns their "
+                           "difference)" for n, line in ((1, 1), (2, 5))]
 
 
 def test_a_pair_longer_than_a_row_is_refused_naming_the_record(tmp_path):

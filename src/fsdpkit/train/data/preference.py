@@ -31,6 +31,8 @@ from fsdpkit.train.data.chat_template import ChatTemplate, Messages
 PREFERENCE_RECORD = ("no `prompt` with `chosen` and `rejected` (text, or messages), and no `chosen` and `rejected` "
                      "conversations sharing their first messages")
 PAD_SEQUENCE = 0
+# A pair whose answers are one answer: DPO's loss is ln 2 whatever the model, its gradient zero.
+SAME_ANSWERS = "its chosen and rejected answers are the same, which DPO cannot learn from (it learns their difference)"
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,11 @@ class Preference:
 def _messages(value: object) -> Messages | None:
     """A list of messages as chat records hold them (the chat reader's own rules), None if not one."""
     return value if isinstance(value, list) and value and all(is_message(m) for m in value) else None
+
+
+def teaches(p: Preference) -> bool:
+    """The pair's answers differ (two empty answers are the same answer)."""
+    return p.chosen != p.rejected
 
 
 def preference_of(record: object, where: str = "a record") -> Preference | None:

@@ -24,7 +24,7 @@ import numpy as np
 from fsdpkit.errors import NotFound, UserError
 from fsdpkit.readers import reading
 from fsdpkit.train.data.chat import Conversation, conversation_of
-from fsdpkit.train.data.preference import PREFERENCE_RECORD, Preference, preference_of
+from fsdpkit.train.data.preference import PREFERENCE_RECORD, SAME_ANSWERS, Preference, preference_of, teaches
 from fsdpkit.train.token_meta import TOKENS_FORMAT
 
 log = logging.getLogger(__name__)
@@ -54,7 +54,8 @@ def record_of(record: object, where: str, data_format: str, text_field: str) -> 
     if data_format == "chat":
         return conversation_of(record, where)
     if data_format == "preference":
-        return preference_of(record, where)
+        pair = preference_of(record, where)
+        return pair if pair is not None and teaches(pair) else None
     text = record.get(text_field) if isinstance(record, dict) else None
     return text if isinstance(text, str) else None
 
@@ -174,6 +175,7 @@ class LocalFiles:
             raise UserError(f"dataset: {plain[0]} is plain text; {data_format} data is jsonl/json/parquet records "
                             f"({RECORD_FORMS[data_format].removeprefix('no ')})")
         self._bad_seen: set[str] = set()
+        self._same_seen: set[str] = set()   # of them, preference pairs whose answers are the same
         # With a held-out split both splits read every line: the training split alone counts a bad
         # one, so a record is counted once however many splits and passes read it.
         self._counts_bad = not self.hold_out or split == "train"
@@ -182,6 +184,11 @@ class LocalFiles:
     def bad_records(self) -> int:
         """Distinct records skipped as bad so far (each counted once, however often it is re-read)."""
         return len(self._bad_seen)
+
+    @property
+    def same_answers(self) -> int:
+        """Of the bad records, the preference pairs left out for answers that are the same."""
+        return len(self._same_seen)
 
     def documents(self, epoch: int) -> Iterator[Document]:
         order = _shuffled(self.files, self.seed, epoch) if self.split == "train" else self.files
@@ -207,7 +214,13 @@ class LocalFiles:
         (counted) for a bad one."""
         item = record_of(record, where, self.data_format, self.text_field)
         if item is None:
-            self._bad(where, RECORD_FORMS[self.data_format].format(field=self.text_field))
+            pair = preference_of(record, where) if self.data_format == "preference" else None
+            if pair is not None:   # a pair, but one that teaches nothing
+                if self._counts_bad:
+                    self._same_seen.add(where)
+                self._bad(where, SAME_ANSWERS)
+            else:
+                self._bad(where, RECORD_FORMS[self.data_format].format(field=self.text_field))
         return item
 
     def _read(self, f: Path) -> Iterator[Document]:

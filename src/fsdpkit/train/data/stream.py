@@ -118,8 +118,11 @@ class BatchStream:
                 if allow_empty:
                     return
                 split = getattr(self.source, "split", None)
+                bad, same = getattr(self.source, "bad_records", 0), getattr(self.source, "same_answers", 0)
+                said = f", {same} of them pairs whose chosen and rejected answers are the same" if same else ""
                 raise UserError(f"dataset: {self.source.name} has no preference records"
-                                + (f" in its {split!r} split" if split else ""))
+                                + (f" in its {split!r} split" if split else "")
+                                + (f" ({bad} bad records skipped{said})" if bad else ""))
             epoch += 1
             if epoch_ends:
                 yield _EPOCH_END
