@@ -4,14 +4,14 @@ install what training needs on it, and check that it is ready (pass / warn / fai
 from __future__ import annotations
 
 import argparse
-import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from fsdpkit import kube_names as names
 from fsdpkit import yamlfile
 from fsdpkit.aws.session import pick_region
-from fsdpkit.cli.output import Parser, add_namespace, confirmed, dispatch, emit_json, progress
+from fsdpkit.cli.output import Parser, add_namespace, confirmed, dispatch, emit_json, progress, write_new
 from fsdpkit.effects import Effect, declare
 from fsdpkit.envelope import duration
 from fsdpkit.errors import UserError
@@ -190,7 +190,7 @@ def cmd_config(args: argparse.Namespace) -> int:
     config = render(plan)
     text = yamlfile.dump(config)
     if args.out:
-        _write(args.out, text)
+        write_new(Path(args.out), text, args.force)
         progress(args)(f"wrote {args.out}; next: fsdpkit cluster create --config {args.out}" + (
             f", then the GPU NodePool: fsdpkit cluster nodepool --name {plan.name} --region {region} --instance-type "
             f"{plan.instance_type} --nodes {plan.nodes}" if plan.provisioner == "karpenter" else ""))
@@ -226,17 +226,6 @@ def cmd_nodepool(args: argparse.Namespace) -> int:
     return _apply(args, objs, "Karpenter is not installed: make the cluster with `fsdpkit cluster config "
                               "--provisioner karpenter` and `fsdpkit cluster create`, or install Karpenter",
                   update=True)
-
-
-def _write(path: str, text: str) -> None:
-    """Whole or not at all: a half-written config must never reach eksctl."""
-    tmp = f"{path}.tmp"
-    try:
-        with open(tmp, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except OSError as e:
-        raise UserError(f"--out: cannot write {path}: {e.strerror}") from None
 
 
 def cmd_create_delete(args: argparse.Namespace) -> int:
@@ -345,9 +334,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "eksctl with the GPU nodes from `fsdpkit cluster nodepool` (reserved capacity by id or tag, "
                    "scale to zero)")
     p.add_argument("--out", help="write the config to this file (default: print it)")
+    p.add_argument("--force", action="store_true", help="overwrite --out where it exists")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_config)
-    declare(p, Effect.REMOTE, out=Effect.WRITES)
+    declare(p, Effect.REMOTE, out=Effect.WRITES, force=Effect.OVERWRITES)
 
     for verb, text in (("create", "create the placement group, then run `eksctl create cluster -f` (or print "
                                   "the command when eksctl is not installed)"),

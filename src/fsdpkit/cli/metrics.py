@@ -12,7 +12,16 @@ import os
 from pathlib import Path
 
 from fsdpkit.aws.sigv4 import amp_region, sigv4_auth
-from fsdpkit.cli.output import Parser, add_namespace, dispatch, emit_json, finding_message, print_findings
+from fsdpkit.cli.output import (
+    Parser,
+    add_namespace,
+    check_new,
+    dispatch,
+    emit_json,
+    finding_message,
+    print_findings,
+    write_new,
+)
 from fsdpkit.effects import Effect, declare
 from fsdpkit.envelope import duration
 from fsdpkit.errors import UserError
@@ -49,6 +58,8 @@ def _spark(points: list[list[float]], width: int = 40) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.out:   # before the cluster and Prometheus are asked: a refusal costs nothing
+        check_new(Path(args.out), args.force)
     url = args.prometheus or os.environ.get("FSDPKIT_PROMETHEUS_URL")
     if not url:
         raise UserError("no Prometheus to ask: pass --prometheus URL (an AMP workspace's URL, "
@@ -61,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     step = args.step or max(15, math.ceil((end - start).total_seconds() / 250))
     data = job_utilisation(url.rstrip("/"), args.job, args.namespace, start, end, step, auth)
     if args.out:
-        Path(args.out).write_text(json.dumps(data) + "\n")
+        write_new(Path(args.out), json.dumps(data) + "\n", args.force)
     found = data["findings"]
     code = 1 if found else 0
     if args.json:
@@ -97,11 +108,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--region", help="the region to sign for (default: the AMP URL's, else your session's)")
     parser.add_argument("--profile", help="AWS profile (default: the standard credential chain)")
     parser.add_argument("--out", help="also write the series as JSON (for fsdpkit report --cluster-metrics)")
+    parser.add_argument("--force", action="store_true", help="overwrite --out where it exists")
     parser.add_argument("--context", help="kubeconfig context, to read the job's lifetime")
     parser.add_argument("--kubeconfig", help="kubeconfig file")
     parser.add_argument("--json", action="store_true", help="one JSON envelope on stdout")
     parser.set_defaults(func=run)
-    declare(parser, Effect.REMOTE | Effect.LONG, out=Effect.WRITES)
+    declare(parser, Effect.REMOTE | Effect.LONG, out=Effect.WRITES, force=Effect.OVERWRITES)
     return parser
 
 

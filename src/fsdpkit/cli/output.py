@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -87,11 +88,24 @@ def delete_asked(args: argparse.Namespace, targets: list[str], delete: Callable[
     return 0
 
 
-def write_new(path: Path, text: str, force: bool) -> None:
-    """Write a file the command makes (a spec, an example), never over one that exists unless --force."""
+def check_new(path: Path, force: bool) -> None:
+    """A file the command will make is not there yet, or --force says to replace it (checked before
+    any work, so a refusal costs nothing)."""
     if path.exists() and not force:
         raise Conflict(f"{path} already exists; pass --force to overwrite it, or --out elsewhere")
-    path.write_text(text)
+
+
+def write_new(path: Path, text: str, force: bool) -> None:
+    """Write a file the command makes (a spec, a config, an example), never over one that exists
+    unless --force; whole or not at all (a half-written config must never reach eksctl)."""
+    check_new(path, force)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise UserError(f"--out: cannot write {path}: {e.strerror}") from None
 
 
 def finding_message(f: dict[str, Any]) -> str:
