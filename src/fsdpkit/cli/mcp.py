@@ -190,8 +190,12 @@ def build_server(catalogue: list[Tool], env: dict[str, str]) -> Any:
         return types.ListToolsResult(tools=listed)
 
     async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
-        envelope = await answer(ctx, params)
-        audit(params.name, params.arguments or {}, envelope, secrets)
+        # A call the caller cancels leaves through the finally with this envelope: audited too.
+        envelope = failure("cancelled", f"the caller cancelled {params.name} before it ended")
+        try:
+            envelope = await answer(ctx, params)
+        finally:
+            audit(params.name, params.arguments or {}, envelope, secrets)
         return result(envelope)
 
     async def answer(ctx: Any, params: types.CallToolRequestParams) -> dict[str, Any]:
@@ -219,6 +223,19 @@ def build_server(catalogue: list[Tool], env: dict[str, str]) -> Any:
 # JSON-RPC 2.0's own error codes (section 5.1 of the specification).
 PARSE_ERROR, INVALID_REQUEST, INVALID_PARAMS = -32700, -32600, -32602
 MAX_LINE = 8 * 2**20   # a message longer than this is refused unread (no MCP message comes near it)
+MAX_DEPTH = 64         # arrays and objects within each other: an MCP message nests a handful deep
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether arrays and objects nest more than `limit` deep in `value` (walked without recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            if depth > limit:
+                return True
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return False
 
 
 def _id_of(message: Any) -> int | str | None:
@@ -235,10 +252,15 @@ def check_line(line: str) -> tuple[dict[str, Any] | None, str] | None:
     if len(line) > MAX_LINE:
         return error(INVALID_REQUEST, f"Invalid Request: a message of {len(line):,} characters (at most "
                      f"{MAX_LINE:,})"), f"mcp: refused a {len(line):,}-character line unread"
+    too_deep = f"Invalid Request: arrays and objects nested more than {MAX_DEPTH} deep"
     try:
         message = json.loads(line)
+    except RecursionError:   # the parser's own stack: far deeper than MAX_DEPTH
+        return error(INVALID_REQUEST, too_deep), f"mcp: refused a line nested more than {MAX_DEPTH} deep"
     except ValueError as e:
         return error(PARSE_ERROR, f"Parse error: {e}"), f"mcp: a line that is not JSON ({e})"
+    if _deeper_than(message, MAX_DEPTH):
+        return error(INVALID_REQUEST, too_deep, message), f"mcp: refused a line nested more than {MAX_DEPTH} deep"
     if not isinstance(message, dict) or message.get("jsonrpc") != "2.0" or not (
             isinstance(message.get("method"), str) or "result" in message or "error" in message):
         return error(INVALID_REQUEST, "Invalid Request: not a JSON-RPC 2.0 request, notification or response",
@@ -259,11 +281,14 @@ class CheckedLines:
 
         self.lines = lines
         self._send, self.replies = anyio.create_memory_object_stream[dict[str, Any]](64)
+        self.answered = anyio.Event()   # set by whoever sends `replies`, once they are all sent
 
     def __aiter__(self) -> Any:
         return self._checked()
 
     async def _checked(self) -> Any:
+        import anyio
+
         async with self._send:
             async for line in self.lines:
                 if not line.strip():
@@ -275,6 +300,10 @@ class CheckedLines:
                 print(note, file=sys.stderr, flush=True)
                 if reply is not None:
                     await self._send.send(reply)
+        # stdin has ended: the replies owed go out before the session hears of the end (it then
+        # closes its writer; a reply after that would be lost, or raise).
+        with anyio.move_on_after(5):
+            await self.answered.wait()
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -296,6 +325,7 @@ def serve(args: argparse.Namespace) -> int:
             async def answer_bad_lines() -> None:
                 async for reply in stdin.replies:
                     await write.send(SessionMessage(types.jsonrpc_message_adapter.validate_python(reply)))
+                stdin.answered.set()
 
             async with anyio.create_task_group() as group:
                 group.start_soon(answer_bad_lines)
@@ -309,7 +339,8 @@ def serve(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="fsdpkit mcp", description="Serve fsdpkit's commands as MCP tools over stdio, for AI "
                     "agents (register it with `fsdpkit skills install`). Each tool returns the command's --json "
-                    "envelope.")
+                    "envelope. Every call, refused and cancelled ones too, is one line of "
+                    "FSDPKIT_HOME/mcp/audit.jsonl (FSDPKIT_HOME: ~/.fsdpkit unless set), secrets masked.")
     parser.add_argument("--read-only", action="store_true", help="serve only the tools that change nothing (no "
                         "writes, creates, deletes or costs), for an agent that may only look")
     parser.set_defaults(func=serve)
