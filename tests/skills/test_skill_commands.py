@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -109,13 +110,9 @@ def walk_argv(line: str) -> list[str]:
     return short_sequences(argv) if argv[0] == "train" else argv
 
 
-@pytest.mark.parametrize("skill", [walk(s) for s in sorted({s for s, _ in LINES})])
-def test_skill_commands_run_as_written(skill, request):
-    world = world_for(skill, request)
-    env = world.env
-    folder = world.root.parent / skill
-    folder.mkdir(exist_ok=True)
-    # What a user's project holds before an agent starts: their requirements and a run config.
+def prepare_project(skill: str, folder: Path, world, request) -> None:
+    """What a user's project holds before an agent starts: their requirements, a run config, and the
+    files of their own a skill's lines name."""
     (folder / "requirements.txt").write_text("rich==13.9.4\n")
     (folder / "run.yaml").write_text("preset: tiny\noptim:\n  max_steps: 10\n")
     if skill == "fsdpkit-train-locally" and not (folder / "my-text").exists():
@@ -127,8 +124,19 @@ def test_skill_commands_run_as_written(skill, request):
                 (folder / "my-text" / split / f"{f.stem}.txt").write_text(f.read_text(errors="replace"))
     if skill == "fsdpkit-checkpoints":  # the job's folder on the volume, as the helper pod sees it
         (world.volume / "my-job").mkdir(parents=True, exist_ok=True)
+    if skill == "fsdpkit-validate-nccl-efa":   # a rank's log the user saved, NCCL's INFO lines on EFA
+        shutil.copy(ROOT / "tests" / "data" / "nccl" / "p5-efa.log", folder / "rank0.log")
     if skill == "fsdpkit-fine-tune" and not (folder / "models").exists():
         request.getfixturevalue("fine_tune_project")(folder)
+
+
+@pytest.mark.parametrize("skill", [walk(s) for s in sorted({s for s, _ in LINES})])
+def test_skill_commands_run_as_written(skill, request):
+    world = world_for(skill, request)
+    env = world.env
+    folder = world.root.parent / skill
+    folder.mkdir(exist_ok=True)
+    prepare_project(skill, folder, world, request)
     # fsdpkit's build infrastructure, as `fsdpkit infra create` leaves it (the infra skill takes it down).
     assert run_cli("infra", "create", env=env, timeout=120).returncode == 0
     if not (folder / ".git").exists():  # a project under git (--tag-strategy git-sha)

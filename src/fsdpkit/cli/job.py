@@ -33,6 +33,7 @@ from fsdpkit.jobs.resolved import ResolvedJob, load_job
 from fsdpkit.jobs.spec import BACKENDS, CLUSTER_BACKENDS, JobSpec, parse_overrides
 from fsdpkit.jobs.status import JobStatus
 from fsdpkit.jobs.utilisation import WatchHistory
+from fsdpkit.readers import reading
 
 log = logging.getLogger(__name__)
 
@@ -318,6 +319,26 @@ def cmd_logs(args: argparse.Namespace) -> int:
     return 1 if verdict == "fail" else 0
 
 
+def cmd_check_network(args: argparse.Namespace) -> int:
+    from fsdpkit.jobs.health import check_network_log
+
+    if args.log == "-":
+        text = sys.stdin.read()
+    else:
+        path = Path(args.log)
+        if not path.is_file():
+            raise UserError(f"check-network: {path} is not a file; pass a saved log (or - for standard input)")
+        with reading(path, "check-network"):
+            text = path.read_text(errors="replace")
+    verdict, why = check_network_log(text)
+    if args.json:
+        return emit_json({"log": args.log, "verdict": verdict, "why": why}, 1 if verdict == "fail" else 0,
+                         f"network check failed: {why}" if verdict == "fail" else "",
+                         hint="run `fsdpkit cluster validate nccl` to test EFA without the job")
+    print(f"network check: {verdict}: {why}")
+    return 1 if verdict == "fail" else 0
+
+
 def _node_text(n: dict[str, Any]) -> str:
     if n.get("error"):
         return f"  {n['pod']}: not sampled ({n['error']})"
@@ -490,6 +511,14 @@ def build_parser() -> argparse.ArgumentParser:
     common(p)
     p.set_defaults(func=cmd_logs)
     declare(p, Effect.REMOTE | Effect.LONG)
+
+    p = sub.add_parser("check-network", help="say from a saved log whether NCCL used EFA, as logs --check-network "
+                       "does for a running job")
+    p.add_argument("log", metavar="LOG", help="a job's log saved to a file (kubectl logs, Slurm's output, a "
+                   "HyperPod node's), or - for standard input")
+    p.add_argument("--json", action="store_true", help="one JSON envelope on stdout")
+    p.set_defaults(func=cmd_check_network)
+    declare(p, Effect.NONE)
 
     p = sub.add_parser("list", help="jobs made by fsdpkit")
     p.add_argument("--backend", choices=BACKENDS)

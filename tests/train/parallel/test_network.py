@@ -4,7 +4,10 @@ before its first step (exit 2, one line) when the NCCL log shows sockets."""
 
 from __future__ import annotations
 
+import io
+import json
 import os
+from unittest import mock
 
 import pytest
 
@@ -13,7 +16,7 @@ from fsdpkit.jobs.health import check_network_log
 from fsdpkit.train.observe import nccl_log
 from fsdpkit.train.parallel.network import decide, efa_expected
 
-from conftest import FAST, ROOT, read_metrics, run_cli
+from conftest import FAST, ROOT, cli_here, read_metrics, run_cli
 
 LOGS = ROOT / "tests" / "data" / "nccl"
 
@@ -112,3 +115,23 @@ def test_require_efa_on_without_nccl_is_refused(tmp_path, cli):
             env={k: v for k, v in os.environ.items() if k != "NCCL_DEBUG_FILE"})
     assert r.returncode == 2 and "require_efa: on, but this run has no NCCL log" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_job_check_network_reads_a_saved_log_file_or_standard_input(tmp_path):
+    """A log saved from anywhere (kubectl logs, Slurm's output file, a HyperPod node's): the verdict
+    without planting it in a job store; exit 1 for a fall-back to sockets, one line for no file."""
+    ok = cli_here("job", "check-network", str(LOGS / "p5-efa.log"))
+    assert (ok.returncode, ok.stdout) == (0, "network check: pass: NCCL is using EFA through aws-ofi-nccl (efa (NCCL "
+                                             "2.21.5+cuda12.4, aws-ofi-nccl 1.14.0, provider efa, 32 NICs))\n")
+    saved = tmp_path / "rank0.log"
+    saved.write_text(f"2026-11-23T10:00:00Z {verdict('p5-socket-fallback.log').line()}\nBatch 1 Loss: 3.1\n")
+    bad = cli_here("job", "check-network", str(saved), "--json")
+    data = json.loads(bad.stdout)
+    assert bad.returncode == 1 and data["data"]["verdict"] == "fail"
+    assert data["error"]["message"].startswith("network check failed: NCCL fell back to TCP sockets")
+    with mock.patch("sys.stdin", io.StringIO("Batch 1 Loss: 3.0\n")):
+        unknown = cli_here("job", "check-network", "-")
+    assert unknown.returncode == 0 and unknown.stdout.startswith("network check: unknown: no network verdict")
+    gone = cli_here("job", "check-network", str(tmp_path / "none.log"))
+    assert (gone.returncode, gone.stderr) == (2, f"error: check-network: {tmp_path / 'none.log'} is not a file; "
+                                                 "pass a saved log (or - for standard input)\n")
