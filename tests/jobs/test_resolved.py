@@ -182,7 +182,7 @@ def test_a_spec_without_its_image_yet_is_planned_and_explained_but_not_rendered(
 # What `--explain` says for each way a value comes about, word for word: the given field, the
 # planner's reasoning, or the default and why. 2 p5 nodes of 8 GPUs, Llama 3.1 8B (a 96.4 GB
 # checkpoint), 8192 tokens a sequence: 131,072 tokens a step.
-STEP_TOKENS = "131,072 tokens (seq_len 8192 x micro-batch 1 x accumulation 1 x 16 ranks)"
+STEP_TOKENS = "131,072 tokens (seq_len 8192 x micro-batch 1 x accumulation 1 x 16 data-parallel ranks)"
 GIVEN_STEPS = [("steps", 1000, "given", "train.max_steps"),
                ("tokens", 131_072_000, "given", f"1,000 steps x {STEP_TOKENS}")]
 GRACE_500 = ("grace_seconds", 360, "plan", "360 s = 60 s + 2 x 1.4 s to finish the step + 1.5 x 193 s to write the "
@@ -221,6 +221,20 @@ EXPLAINED = {
         ("hang_seconds", 900, "given", "hyperpod.hang_timeout"),
         ("loss_threshold", 12, "given", "hyperpod.loss_threshold"), EVERY_65M, *GIVEN_STEPS]),
 }
+
+
+def test_explain_s_token_sentence_is_the_product_it_states_under_context_parallel(tmp_path):
+    """Context parallel 2 over 16 ranks: 8 data-parallel ranks read the batches, and the sentence
+    multiplies out to its value (it said 16 ranks beside a value of 8's)."""
+    doc = {"name": "x", "backend": "pytorchjob", "image": "x:1", "instance_type": "p5.48xlarge", "nodes": 2,
+           "train": {"preset": "llama3_1_8b", "max_steps": 1000, "context_parallel": 2}}
+    spec = tmp_path / "job.yaml"
+    spec.write_text(yaml.safe_dump(doc))
+    rows = {r["name"]: r for r in _render(str(spec), "--explain")["explain"]}
+    assert (rows["tokens"]["value"], rows["tokens"]["why"]) == (
+        65_536_000, "1,000 steps x 65,536 tokens (seq_len 8192 x micro-batch 1 x accumulation 1 x 8 data-parallel "
+        "ranks of 16)")
+    assert rows["tokens"]["value"] == 8192 * 1 * 1 * 8 * 1000
 
 
 @pytest.mark.parametrize("case", EXPLAINED)

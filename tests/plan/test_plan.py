@@ -421,6 +421,24 @@ def test_tiered_checkpoints_shorten_the_grace_to_the_memory_tier_s_write():
     assert run["checkpoint_s"] == pytest.approx((3 + 1) * size / 500e6 + 20 * size / 4000e6, rel=1e-12)
 
 
+def test_a_qlora_plan_cites_each_layer_of_its_recipe_and_says_a_constant_rate_is_constant(tmp_path):
+    """QLoRA chat fine-tuning of Llama 3.1 8B: its numbers come from QLoRA's paper over the LoRA
+    layer over Llama 3's SFT recipe over the pre-training one, and its rate is flat after warm-up
+    (it read "lr 0.0002 -> 2e-05 (constant)", citing the pre-training recipe alone)."""
+    spec = tmp_path / "q.yaml"
+    spec.write_text(json.dumps({
+        "name": "q", "backend": "trainjob", "image": "x:1", "instance_type": "g6e.12xlarge", "nodes": 1,
+        "storage": {"claim": "fsx"}, "train": {"preset": "llama3_1_8b", "init_from_hf": "/fsx/m", "data_format": "chat",
+                                               "dataset": "/fsx/chat.jsonl", "lora": True, "base_dtype": "nf4"}}))
+    recipe = plan_json(str(spec))["recipe"]
+    assert (recipe["lr"], recipe["lr_decay_style"], recipe["grad_clip"]) == (2e-4, "constant", 0.3)
+    assert recipe["source"] == (
+        "QLoRA paper (Dettmers et al. 2023), appendix B, and its qlora.py, over QLoRA paper (Dettmers et al. 2023): "
+        "its adapters' rank 64, alpha 16, lr 2e-4 (1e-4 past 30B), over Llama 3 paper, section 4.1.3, over "
+        "torchtitan llama3 configs; Llama 3 paper, section 3.4.1")
+    assert "\nrecipe: lr 0.0002 constant, warm-up " in cli_here("plan", str(spec)).stdout
+
+
 def test_validation_defaults_stay_within_two_percent_of_training_for_every_preset():
     from fsdpkit.train.config import build
     from fsdpkit.train.model.presets import PRESETS
@@ -506,6 +524,8 @@ def test_qwen3_moe_on_two_p5_waits_on_gathering_its_experts_and_runs_faster_with
     sixteen = plan_json(*MOE, "--expert_parallel", "16")
     assert sixteen["fits"] is True and sixteen["tokens_per_s"] == dp["alternatives"][0]["tokens_per_s"]
     assert sixteen["tokens_per_s"] > 5 * dp["tokens_per_s"]
+    # Its tokens' exchange between the nodes outlasts the compute: the step waits on the all-to-all.
+    assert sixteen["all_to_all_s"] > sixteen["compute_s"] > sixteen["comm_s"] and sixteen["bound"] == "all-to-all"
     # Per MoE layer (48): the counts of 128 experts (int64) and 4096 tokens x 8 slots of 2048 bf16
     # values out and back in forward, their gradients back and out in backward.
     rows = 4096 * 8 * 2048 * 2

@@ -408,6 +408,7 @@ def test_presets_list_their_recipes(cli):
                                         "weight_decay": 0.1, "warmup": 0.03, "source": "Llama 2 paper, section 3.1"}
     assert data["qwen2_5_3b"]["sft"]["lr"] == 7e-6 and data["llama3_1_8b"]["sft"]["lr"] == 1e-5
     assert data["qwen3_8b"]["lora"]["lr"] == 2e-4 and data["llama3_1_70b"]["lora"]["lr"] == 1e-4
+    assert data["qwen3_8b"]["lora"]["source"].startswith("QLoRA paper") and data["tiny"]["lora"] == {"source": None}
     assert data["qwen3_8b"]["dpo"] == {"lr": 1e-6, "dpo_beta": 0.1, "lr_decay_style": "linear", "min_lr_ratio": 0.0,
                                        "warmup": 0.0, "source": "TRL 1.16 DPOConfig defaults (learning_rate 1e-6, "
                                        "beta 0.1; linear decay, no warm-up)"}

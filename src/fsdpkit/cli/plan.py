@@ -14,7 +14,6 @@ from fsdpkit.effects import Effect, declare
 from fsdpkit.errors import UserError
 from fsdpkit.plan.grace import DEFAULT_WRITE_MB_S, cadence, grace_period, startup, stop_tier
 from fsdpkit.plan.memory import NF4_BYTES
-from fsdpkit.train.model.presets import RECIPES, canonical
 
 if TYPE_CHECKING:  # imported when a verb runs, so that --help stays fast
     from fsdpkit.plan.planner import Plan
@@ -178,8 +177,10 @@ def _from_flags(args: argparse.Namespace, train_flags: list[str]) -> Planned:
 
 
 def _recipe(cfg: TrainConfig) -> dict[str, Any]:
+    from fsdpkit.train.config import recipe_source
+
     o = cfg.optim
-    return {"source": RECIPES[canonical(cfg.preset)].source, "lr": o.lr, "min_lr": o.min_lr,
+    return {"source": recipe_source(cfg), "lr": o.lr, "min_lr": o.min_lr,
             "lr_decay_style": o.lr_decay_style, "warmup_steps": o.warmup_steps, "weight_decay": o.weight_decay,
             "betas": [o.beta1, o.beta2], "grad_clip": o.grad_clip, "tokenizer": cfg.data.tokenizer}
 
@@ -241,7 +242,8 @@ def _print(out: dict[str, Any]) -> None:
         cost = f", {out['cost']:,.2f} {out['currency']} at your price" if out.get("cost") is not None else ""
         print(f"run: {out['run']['explanation']}{cost}")
     r, v = out["recipe"], out["validation"]
-    print(f"\nrecipe: lr {r['lr']:g} -> {r['min_lr']:g} ({r['lr_decay_style']}), warm-up {r['warmup_steps']} steps, "
+    schedule = "constant" if r["lr_decay_style"] == "constant" else f"-> {r['min_lr']:g} ({r['lr_decay_style']})"
+    print(f"\nrecipe: lr {r['lr']:g} {schedule}, warm-up {r['warmup_steps']} steps, "
           f"weight decay {r['weight_decay']:g}, betas ({r['betas'][0]:g}, {r['betas'][1]:g}), clip "
           f"{r['grad_clip']:g}, tokenizer {r['tokenizer']}  [{r['source']}]")
     every = f"every {v['every_steps']} steps and at the end" if v["every_steps"] else "at the end"

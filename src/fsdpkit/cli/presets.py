@@ -27,7 +27,8 @@ def recipe(name: str) -> dict[str, Any]:
             "validation_freq": cfg.log.validation_freq, "validation_batches": cfg.log.validation_batches,
             "validation_share": round(cfg.validation_share(), 4), "max_steps": o.max_steps,
             # Laid over the above for chat fine-tuning (--data-format chat), and LoRA's over both.
-            "sft": {**RECIPES[name].sft, "source": RECIPES[name].sft_source or None}, "lora": dict(RECIPES[name].lora),
+            "sft": {**RECIPES[name].sft, "source": RECIPES[name].sft_source or None},
+            "lora": {**RECIPES[name].lora, "source": RECIPES[name].lora_source or None},
             "qlora": {**RECIPES[name].qlora, "source": RECIPES[name].qlora_source or None},
             "dpo": {**RECIPES[name].dpo, "source": RECIPES[name].dpo_source or None}}
 

@@ -311,9 +311,11 @@ def _sources(job: ResolvedJob) -> list[Source]:
         if b.source == "train.tokens" else b.source if b.source != "default" else \
         "the trainer's default: set train.tokens or train.max_steps"
     out.append(Source("steps", b.steps, "default" if b.source == "default" else "given", steps_why))
-    d = t.config.data
+    d, world = t.config.data, spec.nodes.max * spec.procs
+    data_ranks = t.config.parallel.data_ranks(world)   # context and expert parallel ranks share batches
+    of_world = f" of {world}" if data_ranks != world else ""
     out.append(Source("tokens", b.tokens, "default" if b.source == "default" else "given",
                       f"{b.steps:,} steps x {b.step_tokens:,} tokens (seq_len {d.seq_len} x micro-batch "
-                      f"{d.train_batch_size} x accumulation {d.grad_accum_steps} x {spec.nodes.max * spec.procs} "
-                      "ranks)"))
+                      f"{d.train_batch_size} x accumulation {d.grad_accum_steps} x {data_ranks} data-parallel "
+                      f"ranks{of_world})"))
     return out

@@ -120,7 +120,10 @@ def evaluate(w: Workload, inst: Instance | None, nodes: int, mfu: float, flops_p
         plan.comm_s = comm.wire_bytes / bw if comm.wire_bytes else 0.0
         exchange = intra if max(w.cp, w.ep) <= per_node else bw
         plan.all_to_all_s = comm.all_to_all_wire_bytes / exchange
-        plan.bound = "network" if plan.comm_s > plan.compute_s + plan.all_to_all_s else "compute"
+        # The step's largest term: FSDP's collectives (overlapped with compute and the all-to-alls,
+        # so they bound only past both), else the all-to-alls where they outlast the compute.
+        plan.bound = ("network" if plan.comm_s > plan.compute_s + plan.all_to_all_s else
+                      "all-to-all" if plan.all_to_all_s > plan.compute_s else "compute")
         step = max(plan.compute_s + plan.all_to_all_s, plan.comm_s)
         if w.cpu_offload:
             # Host <-> GPU copies of the fp32 shards (gathered twice, gradients back) and AdamW on the CPU.

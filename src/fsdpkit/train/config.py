@@ -448,10 +448,19 @@ def budget_steps(tokens: int, data: ResolvedData, ranks: int) -> int:
     return math.ceil(tokens / step_tokens(data, ranks))
 
 
+def _run_kind(cfg: TrainOptions) -> dict[str, bool]:
+    return {"chat": cfg.data.data_format == "chat", "lora": bool(cfg.adapters.lora),
+            "dpo": cfg.loss.objective == "dpo", "nf4": cfg.adapters.base_dtype == "nf4"}
+
+
 def _recipe_for(preset: str, cfg: TrainOptions) -> dict[str, Any]:
     """The preset's recipe for this kind of run: chat fine-tuning, LoRA (QLoRA) and DPO lay their values over it."""
-    return get_recipe(preset).for_run(chat=cfg.data.data_format == "chat", lora=cfg.adapters.lora,
-                                      dpo=cfg.loss.objective == "dpo", nf4=cfg.adapters.base_dtype == "nf4")
+    return get_recipe(preset).for_run(**_run_kind(cfg))
+
+
+def recipe_source(cfg: TrainOptions) -> str:
+    """Where this run's recipe has its numbers from (the layers its kind lays over the preset's)."""
+    return get_recipe(cfg.preset).source_for(**_run_kind(cfg))
 
 
 def _tokenizer(cfg: TrainOptions, given: Set[str], on_nodes: bool) -> str:

@@ -103,6 +103,7 @@ ALIASES = {"mistral_8x7b": "mixtral_8x7b", "mashtral_7b": "mathstral_7b"}
 # LoRA: the QLoRA paper (Dettmers et al. 2023, appendix B): 2e-4 up to 13B parameters, 1e-4 above;
 # rank 64, alpha 16, dropout 0.1 (0.05 above 13B). A recipe's lora mapping replaces these.
 _LORA = {"lr": 2e-4, "lora_rank": 64, "lora_alpha": 16.0, "lora_dropout": 0.1, "warmup": 0.03}
+_LORA_SRC = "QLoRA paper (Dettmers et al. 2023): its adapters' rank 64, alpha 16, lr 2e-4 (1e-4 past 30B)"
 _LORA_LARGE = {**_LORA, "lr": 1e-4, "lora_dropout": 0.05}
 # QLoRA (--base-dtype nf4), over LoRA's: the QLoRA paper's runs (its qlora.py, appendix B) hold the
 # rate constant after warm-up, clip the gradient norm at 0.3 and decay no weights.
@@ -130,6 +131,7 @@ class Recipe:
     sft_source: str = ""
     # Laid over both for a LoRA run: adapters train at a far higher rate than full weights.
     lora: Mapping[str, Any] = field(default_factory=lambda: dict(_LORA))
+    lora_source: str = _LORA_SRC
     # Laid over LoRA's when the base is stored in NF4 (QLoRA).
     qlora: Mapping[str, Any] = field(default_factory=lambda: dict(_QLORA))
     qlora_source: str = _QLORA_SRC
@@ -142,12 +144,20 @@ class Recipe:
         over LoRA), and DPO over all. A layer that sets the warm-up as a fraction drops the steps of
         the layer below."""
         out = dict(self.options)
-        for layer in (self.sft if chat else {}, self.lora if lora else {}, self.qlora if lora and nf4 else {},
-                      self.dpo if dpo else {}):
+        for layer, _ in self._layers(chat, lora, dpo, nf4):
             if "warmup" in layer:
                 out.pop("warmup_steps", None)
             out.update(layer)
         return out
+
+    def source_for(self, chat: bool, lora: bool, dpo: bool = False, nf4: bool = False) -> str:
+        """Where a run of this kind has its numbers from: each layer that sets some, the last first."""
+        layers = [src for layer, src in self._layers(chat, lora, dpo, nf4) if layer and src]
+        return ", over ".join([*reversed(layers), self.source])
+
+    def _layers(self, chat: bool, lora: bool, dpo: bool, nf4: bool) -> list[tuple[Mapping[str, Any], str]]:
+        return [(self.sft if chat else {}, self.sft_source), (self.lora if lora else {}, self.lora_source),
+                (self.qlora if lora and nf4 else {}, self.qlora_source), (self.dpo if dpo else {}, self.dpo_source)]
 
 
 # Llama 2 paper (Touvron et al. 2023, section 2.2): AdamW (0.9, 0.95), eps 1e-5, weight decay 0.1,
@@ -192,10 +202,10 @@ _LLAMA3_SRC = "torchtitan llama3 configs; Llama 3 paper, section 3.4.1"
 _REF_SRC = "reference FSDP example's model files (Mistral AI publishes none)"
 
 RECIPES: dict[str, Recipe] = {
-    "tiny": Recipe("fsdpkit's defaults, tuned on the embedded data on a CPU", lora={}, qlora={}, qlora_source="",
-                   dpo={}, dpo_source=""),
-    "debug": Recipe("fsdpkit's defaults, tuned on the embedded data on a CPU", lora={}, qlora={}, qlora_source="",
-                    dpo={}, dpo_source=""),
+    "tiny": Recipe("fsdpkit's defaults, tuned on the embedded data on a CPU", lora={}, lora_source="", qlora={},
+                   qlora_source="", dpo={}, dpo_source=""),
+    "debug": Recipe("fsdpkit's defaults, tuned on the embedded data on a CPU", lora={}, lora_source="", qlora={},
+                    qlora_source="", dpo={}, dpo_source=""),
     "llama2_7b": Recipe(_LLAMA2_SRC, {**_LLAMA2, "lr": 3e-4}, _SFT_LLAMA2, _SFT_SRC["llama2"]),
     "llama2_13b": Recipe(_LLAMA2_SRC, {**_LLAMA2, "lr": 3e-4}, _SFT_LLAMA2, _SFT_SRC["llama2"]),
     "llama2_70b": Recipe(_LLAMA2_SRC, {**_LLAMA2, "lr": 1.5e-4, "activation_checkpointing": "full"},
