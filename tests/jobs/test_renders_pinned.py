@@ -67,3 +67,13 @@ def rendered(argv: list[str]) -> dict:
 @pytest.mark.parametrize("case", list(CASES))
 def test_every_render_is_the_one_recorded(case):
     holds_recorded(RENDERS, case, rendered(CASES[case]), "FSDPKIT_UPDATE_RENDERS")
+
+
+def test_render_warns_as_submit_does_of_a_job_that_cannot_fit():
+    """Manifests applied by hand (kubectl apply of a render) skip submit's capacity check: render
+    says it too, on stderr, so stdout stays YAML for kubectl."""
+    r = cli_here(*CASES["eks-p5 g5 one node"])
+    assert r.returncode == 0 and r.stdout.startswith("apiVersion:"), r.stderr
+    assert ("warning: plan: does not fit: needs 35.8 GiB per GPU, 20.6 usable; fits with --cpu-offload true (8.7 GiB "
+            "per GPU, 1 node(s)); see `fsdpkit plan SPEC` (--strict refuses such jobs)") in r.stderr.splitlines()
+    assert not any(line.startswith("warning: plan:") for line in cli_here(*CASES["eks-p5"]).stderr.splitlines())

@@ -123,10 +123,13 @@ def cmd_render(args: argparse.Namespace) -> int:
         _print_sources(job)
         return 0
     rendered = get_backend(spec.backend).render(job)
+    # What submit would warn of (a job that cannot fit its GPUs or keep its checkpoints), said before
+    # the manifests are applied by hand.
+    capacity = check_capacity(job, False, log.warning)
     if why := job.default_steps():
         log.warning(why)
     if args.json:
-        return emit_json({"name": spec.name, "backend": spec.backend, **rendered.as_json()})
+        return emit_json({"name": spec.name, "backend": spec.backend, **rendered.as_json(), "capacity": capacity})
     print(rendered.text(), end="")
     if rendered.needs:
         log.info(f"note: these manifests need {rendered.needs}")
