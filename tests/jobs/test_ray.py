@@ -117,6 +117,24 @@ def test_ray_up_twice_makes_one_cluster_and_waits_for_the_head(kube, tmp_path):
     assert "RayCluster 'verl' already exists in default with a different spec" in r.stderr
     assert [p for m, p, _ in kube.requests() if m == "POST"] == posts
 
+    # VERL's resource pool against the cluster's workers (2 x 8 GPUs): 4 nodes of 8 would wait for ever,
+    # 16 a node fit no worker; refused before a RayJob is made. Fewer than the workers hold: a warning.
+    verl = ["python", "-m", "verl.trainer.main_ppo", "trainer.n_gpus_per_node=8"]
+    for extra, says in ((["trainer.nnodes=4"], "VERL asks 4 x 8 = 32 GPUs, and RayCluster verl's workers hold 16: "
+                                               "it would wait for them for ever; set trainer.nnodes and "
+                                               "trainer.n_gpus_per_node to fit RayCluster verl's workers (2 "
+                                               "worker(s) x 8 GPUs)"),
+                        (["trainer.n_gpus_per_node=16"], "VERL asks trainer.n_gpus_per_node=16, and no worker of "
+                                                         "RayCluster verl has more than 8 GPUs")):
+        r = cli_here("ray", "submit", str(path), "--job-name", "grpo", "--", *verl, *extra, env=kube.env)
+        assert r.returncode == 2 and r.stderr.startswith(f"error: ray submit: {says}"), r.stderr
+        assert r.stderr.count("\n") == 1
+    assert not [p for m, p, _ in kube.requests() if m == "POST" and "rayjobs" in p]
+    # The dry run asks no cluster: the workers `ray create` makes of the spec (2 p5 nodes) stand for its.
+    r = cli_here("ray", "submit", str(write(tmp_path)), "--job-name", "one-node", "--dry-run", "--", *verl,
+                 "trainer.nnodes=1")
+    assert r.returncode == 0 and r.stderr == ("warning: ray submit: VERL uses 8 of the 16 GPUs of RayCluster verl's "
+                                              "workers\n")
     r = cli_here("ray", "submit", str(path), "--job-name", "grpo", "--entrypoint-gpus", "1", "--json", "--",
                  "python", "-m", "verl.trainer.main_ppo", env=kube.env)
     assert r.returncode == 0, r.stderr

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import shlex
 import sys
 from typing import TYPE_CHECKING, Any
@@ -24,6 +25,8 @@ from fsdpkit.errors import NotFound, UserError
 if TYPE_CHECKING:  # imported when a verb runs, so that --help stays fast
     from fsdpkit.jobs.ray import RayClient
     from fsdpkit.jobs.resolved import ResolvedJob
+
+log = logging.getLogger(__name__)
 
 
 def _client(args: argparse.Namespace) -> tuple[RayClient, Any]:
@@ -99,13 +102,16 @@ def cmd_delete(args: argparse.Namespace) -> int:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    from fsdpkit.jobs.ray import rayjob_manifest
+    from fsdpkit.jobs.ray import check_verl_gpus, rayjob_manifest
 
     if not args.rest:
         raise UserError("give the entrypoint after --, for example: fsdpkit ray submit SPEC -- python train.py")
     spec = _job(args).spec
     job_name = args.job_name or f"{spec.name}-job"
     if args.dry_run:  # what would be created, from the spec alone: no cluster asked
+        # The workers `ray create` makes of this spec stand for the cluster's.
+        if fewer := check_verl_gpus(shlex.join(args.rest), spec.name, [(spec.nodes.min, spec.gpus)]):
+            log.warning(fewer)
         manifest = rayjob_manifest(spec, shlex.join(args.rest), job_name, args.entrypoint_gpus)
         if args.json:
             return emit_json({"dry_run": True, "manifest": manifest})

@@ -13,12 +13,13 @@ import dataclasses
 import hashlib
 import json
 import logging
+import shlex
 from typing import Any, cast
 
 from fsdpkit.cluster import pod_rules
 from fsdpkit.cluster.client import ClusterError, api_errors, is_not_found, label_selector, labels_match
 from fsdpkit.cluster.pods import dry_run_pods
-from fsdpkit.errors import Conflict, NotFound, TimedOut
+from fsdpkit.errors import Conflict, NotFound, TimedOut, UserError
 from fsdpkit.jobs import manifests as m
 from fsdpkit.jobs.command import GPU_ENV
 from fsdpkit.jobs.hyperpod import adapt_pod
@@ -84,6 +85,45 @@ def raycluster_manifest(job: ResolvedJob) -> dict[str, Any]:
 
 def spec_hash(obj: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(obj["spec"], sort_keys=True).encode()).hexdigest()[:16]
+
+
+# VERL's resource pool (trainer.nnodes x trainer.n_gpus_per_node) and its defaults (ppo_trainer.yaml).
+VERL_GPUS = {"trainer.nnodes": 1, "trainer.n_gpus_per_node": 8}
+
+
+def worker_gpus(cluster: dict[str, Any]) -> list[tuple[int, int]]:
+    """(replicas, GPUs each) of a RayCluster's worker groups, as Ray counts them (num-gpus)."""
+    groups = (cluster.get("spec") or {}).get("workerGroupSpecs") or []
+    return [(int(g.get("replicas") or 0), int(float((g.get("rayStartParams") or {}).get("num-gpus") or 0)))
+            for g in groups]
+
+
+def check_verl_gpus(entrypoint: str, cluster: str, workers: list[tuple[int, int]]) -> str | None:
+    """A VERL entrypoint's GPUs against the RayCluster's workers: more than they hold, or more a node
+    than a worker has, is refused (VERL would wait for its placement group for ever); fewer is the
+    warning returned. None for an entrypoint that names neither setting."""
+    given = {}
+    for word in shlex.split(entrypoint):
+        key, _, value = word.lstrip("+").partition("=")
+        if key in VERL_GPUS:
+            if not value.isdigit() or int(value) < 1:
+                raise UserError(f"ray submit: {key}={value} is not a count of 1 or more")
+            given[key] = int(value)
+    if not given:
+        return None
+    nnodes, per_node = (given.get(k, default) for k, default in VERL_GPUS.items())
+    total, widest = sum(n * g for n, g in workers), max((g for n, g in workers if n), default=0)
+    held = " + ".join(f"{n} worker(s) x {g} GPUs" for n, g in workers) or "no workers"
+    fix = f"set trainer.nnodes and trainer.n_gpus_per_node to fit RayCluster {cluster}'s workers ({held})"
+    if per_node > widest:
+        raise UserError(f"ray submit: VERL asks trainer.n_gpus_per_node={per_node}, and no worker of RayCluster "
+                        f"{cluster} has more than {widest} GPUs; {fix}")
+    if nnodes * per_node > total:
+        raise UserError(f"ray submit: VERL asks {nnodes} x {per_node} = {nnodes * per_node} GPUs, and RayCluster "
+                        f"{cluster}'s workers hold {total}: it would wait for them for ever; {fix}")
+    if nnodes * per_node < total:
+        return f"ray submit: VERL uses {nnodes * per_node} of the {total} GPUs of RayCluster {cluster}'s workers"
+    return None
 
 
 def rayjob_manifest(spec: JobSpec, entrypoint: str, job_name: str, entrypoint_gpus: float = 0) -> dict[str, Any]:
@@ -195,9 +235,12 @@ class RayClient:
         return [f"{'RayJob' if plural == 'rayjobs' else 'RayCluster'}/{obj}" for plural, obj in targets]
 
     def submit(self, spec: JobSpec, entrypoint: str, job_name: str, entrypoint_gpus: float) -> dict[str, Any]:
-        if self.get(spec.name, spec.namespace) is None:
+        cluster = self.get(spec.name, spec.namespace)
+        if cluster is None:
             raise NotFound(f"RayCluster {spec.name!r} not found in namespace {spec.namespace}; "
                            "start it with `fsdpkit ray create`")
+        if fewer := check_verl_gpus(entrypoint, spec.name, worker_gpus(cluster)):
+            log.warning(fewer)
         if self.get(job_name, spec.namespace, "rayjobs") is not None:
             raise Conflict(f"RayJob {job_name!r} already exists in {spec.namespace}; pick another --job-name")
         obj = rayjob_manifest(spec, entrypoint, job_name, entrypoint_gpus)
