@@ -242,6 +242,8 @@ def test_a_two_rank_dpo_run_raises_reward_accuracy_and_resumes_exactly(tmp_path)
     assert start["step"] == 0 and start["val_loss"] == pytest.approx(math.log(2), abs=1e-6), start
     summary = json.loads((tmp_path / "whole" / "summary.json").read_text())
     assert (summary["start_val_loss"], summary["final_val_loss"]) == (start["val_loss"], val["val_loss"])
+    assert (f"; loss {rows[0]['loss']:.4f} -> {rows[-1]['loss']:.4f}, validation {start['val_loss']:.4f} -> "
+            f"{val['val_loss']:.4f}; metrics in ") in whole.stdout
     assert val["val_rewards/accuracies"] > 0.8 and val["val_loss"] < rows[0]["loss"]
     last = read_metrics(tmp_path / "whole")[-1]
     assert (f"Batch 50 Loss: {last['loss']:.5f}, " in whole.stdout and f", rewards: accuracy "

@@ -8,7 +8,7 @@ from typing import Any
 from fsdpkit.cli.output import Parser, dispatch, emit_json
 from fsdpkit.effects import Effect, declare
 from fsdpkit.train.config import build
-from fsdpkit.train.model.config import count_params
+from fsdpkit.train.model.config import count_params, params_text
 from fsdpkit.train.model.presets import PRESETS, RECIPES
 from fsdpkit.train.sections import LossConfig
 
@@ -45,10 +45,6 @@ def rows() -> list[dict[str, Any]]:
     return out
 
 
-def _human(n: int) -> str:
-    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.2f}M"
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="fsdpkit presets", description="List the model presets and the training recipe each "
                     "carries (flags, YAML and job specs override any of it).")
@@ -69,7 +65,7 @@ def show(args: argparse.Namespace) -> int:
     print(f"{'preset':<14}{'params':>9}{'active':>9}{'layers':>7}{'dim':>6}{'heads':>6}{'kv':>4}"
           f"{'ffn':>7}{'vocab':>8}{'context':>9}")
     for r in data:
-        print(f"{r['name']:<14}{_human(r['params']):>9}{_human(r['active_params']):>9}{r['n_layers']:>7}"
+        print(f"{r['name']:<14}{params_text(r['params']):>9}{params_text(r['active_params']):>9}{r['n_layers']:>7}"
               f"{r['dim']:>6}{r['n_heads']:>6}{r['n_kv_heads']:>4}{r['ffn_dim']:>7}{r['vocab_size']:>8}"
               f"{r['max_seq_len']:>9}")
     print(f"\n{'recipe':<14}{'lr':>8}{'floor':>9}{'warmup':>7}{'wd':>5}{'clip':>5}{'seq':>6}{'batch':>6}"

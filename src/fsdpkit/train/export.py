@@ -17,7 +17,7 @@ from fsdpkit.errors import UserError
 from fsdpkit.train.checkpoint import catalog, checkpointer
 from fsdpkit.train.data.tokenizers import HFTokenizer, get_tokenizer
 from fsdpkit.train.evaluate import PROVENANCE
-from fsdpkit.train.model.config import LoraShape, ModelConfig, RopeScaling
+from fsdpkit.train.model.config import LoraShape, ModelConfig, RopeScaling, count_params, params_text
 from fsdpkit.train.model.hf import check_out_dir, load_hf_into, save_hf, save_peft
 from fsdpkit.train.model.lora import adapter_tensors, add_adapters, is_adapter, merge_adapters
 from fsdpkit.train.model.transformer import Transformer
@@ -147,9 +147,13 @@ def export_hf(src: Path, out: Path, dtype: str = "fp32", to: str = "hf") -> dict
     run_dir = (info.meta.get("config") or {}).get("run_dir")
     tok_files = {**tok_files, PROVENANCE: json.dumps({"run_dir": run_dir, "checkpoint": str(info.path),
                                                       "step": info.step}, indent=2).encode()}
+    # Minutes for a large model: each stage said as it starts (stderr; --json's stdout stays the envelope).
+    log.info(f"export: reading step {info.step} of {info.path} ({params_text(count_params(model_config_of(info)))} "
+             "parameters) into CPU memory")
     model = load_full_model(info)
     torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
     state = model.state_dict()
+    log.info(f"export: writing {out} ({dtype}{', adapters merged' if lora is not None and to == 'hf' else ''})")
     if lora is not None and to == "peft":
         files = save_peft(adapter_tensors(state), peft_config(lora, state, base_of(info)), out, torch_dtype,
                           tok_files)

@@ -609,7 +609,12 @@ def _finish(run: Run, state: TrainState) -> None:
     if run.result.stopped_by_signal:
         return  # said when it stopped, with the checkpoint it saved
     if run.result.losses:
-        run.say(f"{DONE.format(steps=run.result.steps)}; loss {summary['first_loss']:.4f} -> "
-                f"{summary['final_loss']:.4f}; metrics in {run.run_dir / 'metrics.jsonl'}")
+        # One logged window has one loss: "X -> X" would read as a run that learned nothing.
+        loss = (f"loss {summary['final_loss']:.4f} (one logging window: --logging-freq below "
+                f"{run.cfg.log.logging_freq} logs more)" if len(train_rows) == 1 else
+                f"loss {summary['first_loss']:.4f} -> {summary['final_loss']:.4f}")
+        if summary["start_val_loss"] is not None and summary["final_val_loss"] is not None:
+            loss += f", validation {summary['start_val_loss']:.4f} -> {summary['final_val_loss']:.4f}"
+        run.say(f"{DONE.format(steps=run.result.steps)}; {loss}; metrics in {run.run_dir / 'metrics.jsonl'}")
     else:  # resumed at (or past) max_steps: a resubmitted job that had already finished
         run.say(f"{NOTHING_TO_DO}: already at step {run.result.steps} of {run.cfg.optim.max_steps}")

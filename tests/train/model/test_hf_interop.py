@@ -18,6 +18,7 @@ from fsdpkit.train import trainer  # noqa: E402
 from fsdpkit.train.checkpoint import catalog  # noqa: E402
 from fsdpkit.train.config import parse_args  # noqa: E402
 from fsdpkit.train.export import load_full_model  # noqa: E402
+from fsdpkit.train.model.config import count_params, params_text  # noqa: E402
 from fsdpkit.train.runtime.dist import Runtime  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -70,6 +71,9 @@ def train_from(hf_dir, tmp_path, name: str, nproc: str, *flags: str) -> catalog.
                 "--checkpoint_freq", "100", *flags)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "initialised from Hugging Face weights" in r.stdout
+    if flags[flags.index("--max_steps") + 1] == "1":   # its one loss said as one, not "X -> X"
+        assert "fsdpkit: done after 1 steps; loss " in r.stdout and " (one logging window: --logging-freq below 10 " \
+            "logs more); metrics in " in r.stdout, r.stdout
     return catalog.resolve(str(ckpt))
 
 
@@ -114,6 +118,10 @@ def test_import_export_round_trip_and_transformers_parity(family, tmp_path, cli)
     r = cli("export", str(info.path), str(tmp_path / "out-same"), "--to", "hf", "--json")
     assert r.returncode == 0, r.stdout + r.stderr
     assert json.loads(r.stdout)["data"]["step"] == 1
+    # Minutes on a large model: each stage said as it starts, on stderr beside the envelope.
+    params = params_text(count_params(load_full_model(info).cfg))
+    assert r.stderr.splitlines()[-2:] == [f"export: reading step 1 of {info.path} ({params} parameters) into CPU "
+                                          f"memory", f"export: writing {tmp_path / 'out-same'} (fp32)"], r.stderr
     original, exported = hf_tensors(hf_dir), hf_tensors(tmp_path / "out-same")
     tokens = torch.randint(0, 258, (2, 40), generator=torch.Generator().manual_seed(1))
     model_cls = getattr(transformers, FAMILIES[family][1])

@@ -106,6 +106,11 @@ def count_params(cfg: ModelConfig, active: bool = False) -> int:
     return V * D + L * per_layer + D + head
 
 
+def params_text(n: int) -> str:
+    """A parameter count as people write one: 70.55B, 124.44M."""
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.2f}M"
+
+
 def loss_chunk_size(vocab_size: int, setting: int | None, compiled: bool = False) -> int:
     """Tokens per cross-entropy chunk: `setting` (0: no chunking), or by default as many as keep
     one chunk's fp32 logits within 256 MiB (about 520 tokens at a 128k vocabulary; a byte-level
