@@ -430,13 +430,21 @@ def test_a_qlora_plan_cites_each_layer_of_its_recipe_and_says_a_constant_rate_is
         "name": "q", "backend": "trainjob", "image": "x:1", "instance_type": "g6e.12xlarge", "nodes": 1,
         "storage": {"claim": "fsx"}, "train": {"preset": "llama3_1_8b", "init_from_hf": "/fsx/m", "data_format": "chat",
                                                "dataset": "/fsx/chat.jsonl", "lora": True, "base_dtype": "nf4"}}))
-    recipe = plan_json(str(spec))["recipe"]
+    out = plan_json(str(spec))
+    recipe = out["recipe"]
     assert (recipe["lr"], recipe["lr_decay_style"], recipe["grad_clip"]) == (2e-4, "constant", 0.3)
     assert recipe["source"] == (
         "QLoRA paper (Dettmers et al. 2023), appendix B, and its qlora.py, over QLoRA paper (Dettmers et al. 2023): "
         "its adapters' rank 64, alpha 16, lr 2e-4 (1e-4 past 30B), over Llama 3 paper, section 4.1.3, over "
         "torchtitan llama3 configs; Llama 3 paper, section 3.4.1")
-    assert "\nrecipe: lr 0.0002 constant, warm-up " in cli_here("plan", str(spec)).stdout
+    human = cli_here("plan", str(spec)).stdout
+    assert "\nrecipe: lr 0.0002 constant, warm-up " in human
+    # The memory rows are each term at its largest: the peak is the largest moment, which it names.
+    m = out["memory_gib"]
+    assert "memory per rank (GiB; each term at its largest, not all held at once)" in human
+    assert (f"(at {out['peak_at']}; the largest of: start of backward {m['backward_start']:.2f}, end of backward "
+            f"{m['backward_end']:.2f}, validation {m['validation']:.2f})") in human
+    assert out["peak_gib"] == round(max(m["backward_start"], m["backward_end"], m["validation"]), 2)
 
 
 def test_validation_defaults_stay_within_two_percent_of_training_for_every_preset():

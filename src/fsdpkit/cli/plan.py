@@ -217,11 +217,14 @@ def _print(out: dict[str, Any]) -> None:
           f"{out['activation_checkpointing']}{', CPU offload' if out['cpu_offload'] else ''}"
           f"{f', context parallel {cp}' if (cp := out['context_parallel']) > 1 else ''}"
           f"{f', expert parallel {ep}' if (ep := out['expert_parallel']) > 1 else ''}")
-    print("\nmemory per rank (GiB)")
+    # Each term at its largest; activations are freed as backward makes gradients, so no moment holds
+    # every row and they may add up to more than the peak, which is the largest moment's sum.
+    print("\nmemory per rank (GiB; each term at its largest, not all held at once)")
     for k in ("params", "grads", "optimizer", "fsdp_buffers", "activations", "loss", "backward_working"):
         print(f"  {k:18s} {m[k]:10.2f}")
     usable = f" of {out['usable_gib']:.2f} usable" if out["usable_gib"] else ""
-    print(f"  {'peak':18s} {out['peak_gib']:10.2f}{usable}  (at {out['peak_at']})")
+    print(f"  {'peak':18s} {out['peak_gib']:10.2f}{usable}  (at {out['peak_at']}; the largest of: start of backward "
+          f"{m['backward_start']:.2f}, end of backward {m['backward_end']:.2f}, validation {m['validation']:.2f})")
     if m["host"]:
         print(f"  {'host (offload)':18s} {m['host']:10.2f}")
     c = out["comm_bytes"]
