@@ -69,6 +69,7 @@ def inputs(tmp_path_factory) -> Path:
     spec(d / "lr-true-spec.yaml", train={"preset": "tiny", "lr": True})
     spec(d / "bad-train.yaml", train={"preset": "tiny", "n_heads": 3})
     spec(d / "name-bool.yaml", name=True)
+    spec(d / "spares-trainjob.yaml", backend="trainjob", queue="team-a", hyperpod={"spares": 1})
     spec(d / "interval-400-digits.yaml", backend="hyperpod", storage={"claim": "fsx"},
          train={"preset": "tiny", "checkpoint_every": "9" * 400})
     spec(d / "interval-zero-time.yaml", storage={"claim": "fsx"}, train={"preset": "tiny", "checkpoint_every": "0m"})
@@ -333,6 +334,8 @@ CASES = {
                           "{in}/same-answers.jsonl", "--run-dir", "run"], 2,
                          "dataset: {in}/same-answers.jsonl has no preference records in its 'train' split (2 bad "
                          "records skipped, 2 of them pairs whose chosen and rejected answers are the same)"),
+    "spares-on-trainjob": (["job", "render", "{in}/spares-trainjob.yaml"], 2,
+                           "hyperpod.spares: is a field of HyperPod's training operator"),
     "preview-no-records": (["data", "preview", "--records", "0"], 2, "records: 0 is out of range; preview 1..100"),
     "preview-no-pairs": (["data", "preview", "--dataset", "{in}/small.jsonl", "--data-format", "preference"], 2,
                          "data preview: {in}/small.jsonl gave no usable record; check --dataset, --data-format"),

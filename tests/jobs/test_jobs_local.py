@@ -58,7 +58,9 @@ def test_local_submit_trains_two_processes_and_finishes(tmp_path):
 
     # The same name again is refused; --replace resumes from its checkpoints (nothing to do at step 30).
     r = run_cli("job", "submit", str(spec), env=env)
-    assert r.returncode == 2 and "already exists (Succeeded)" in r.stderr
+    assert (r.returncode, r.stdout) == (2, "") and r.stderr.splitlines() == [
+        f"error: job 'tiny-local' already exists (Succeeded) in {job_dir}; pick another name, or pass --replace to "
+        "start it again (its checkpoints are kept and resumed)"]   # one line, nothing before it
     r = run_cli("job", "submit", str(spec), "--replace", "--wait", "--poll", "0.5", env=env, timeout=300)
     assert r.returncode == 0, (job_dir / "log").read_text()[-3000:]
     assert "resum" in (job_dir / "log").read_text().lower()

@@ -56,6 +56,10 @@ RULES = {
         {"backend": "hyperpod", "hyperpod.operator": "kubeflow", "namespace": "kubeflow",
          "hyperpod.fault_deadline": 900},
         r"^hyperpod.fault_deadline: is a field of the HyperPod training operator's HyperPodPyTorchJob; drop it"),
+    "HyperPod's spares on a TrainJob": (
+        {"backend": "trainjob", "hyperpod.spares": 1, "queue": "team-a"},
+        r"^hyperpod.spares: is a field of HyperPod's training operator \(a HyperPodPyTorchJob\); the trainjob backend "
+        r"has no place for it: drop it, or set backend: hyperpod$"),
     "spares without a Kueue queue": ({"backend": "hyperpod", "hyperpod.spares": 1},
                                      r"^hyperpod.spares: 1 spare nodes are held by Kueue; give queue:"),
     "topology placement on Slurm": ({"backend": "slurm", "image": DROP, "storage": DROP, "placement": "topology",

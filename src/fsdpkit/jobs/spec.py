@@ -431,6 +431,10 @@ def _validate_identity(spec: JobSpec) -> None:
     if spec.backend == "hyperpod" and hp.operator == "kubeflow" and (own := _operator_fields(hp)):
         raise UserError(f"hyperpod.{own[0]}: is a field of the HyperPod training operator's HyperPodPyTorchJob; "
                         "drop it, or set hyperpod.operator: hyperpod")
+    if spec.backend != "hyperpod" and (own := _operator_fields(hp)):
+        # Only the HyperPod training operator reads them: on another backend they would change nothing.
+        raise UserError(f"hyperpod.{own[0]}: is a field of HyperPod's training operator (a HyperPodPyTorchJob); the "
+                        f"{spec.backend} backend has no place for it: drop it, or set backend: hyperpod")
     if spec.backend == "hyperpod" and hp.spares and not spec.queue:
         raise UserError(f"hyperpod.spares: {hp.spares} spare nodes are held by Kueue; give queue: (the Kueue "
                         "LocalQueue the job is admitted through), or hyperpod.spares: 0")
