@@ -81,6 +81,9 @@ class Kueue:
         seen = set()
         while not self.stop.wait(0.1):
             jobs = self._collect(api)
+            # A job deleted is forgotten: one made again under its name (kmock may give it the same
+            # resourceVersion) is a new job, with a Workload of its own, as Kueue makes one.
+            seen &= {(j["metadata"]["name"], j["metadata"].get("resourceVersion")) for j in jobs}
             for job in jobs:
                 meta = job["metadata"]
                 key = (meta["name"], meta.get("resourceVersion"))
