@@ -29,8 +29,9 @@ from fsdpkit.jobs.status import JobStatus
 # What sbatch says when no controller answers (Slurm's own messages): the cluster, not the input.
 _UNREACHABLE = re.compile(r"Unable to contact slurm controller|Socket timed out|Connection refused|"
                           r"Zero Bytes were transmitted", re.I)
-# A machine with Slurm's commands but no slurm.conf, SLURM_CONF or configless DNS record to find one.
-_NO_CONFIG = re.compile(r"Could not establish a configuration source|Unable to process configuration file", re.I)
+# A machine with Slurm's commands but no slurm.conf, SLURM_CONF or configless DNS record to find one
+# (a slurm.conf that is there but broken is the command's refusal: "Unable to process configuration file").
+_NO_CONFIG = re.compile(r"Could not establish a configuration source", re.I)
 
 
 # sacct on a cluster with AccountingStorageType=accounting_storage/none.
