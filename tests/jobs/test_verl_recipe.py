@@ -19,7 +19,7 @@ from fsdpkit.hardware.instances import lookup
 from fsdpkit.jobs.ray import raycluster_manifest
 from fsdpkit.jobs.resolved import load_job
 
-from conftest import ROOT, unavailable
+from conftest import ROOT, cli_here, unavailable
 
 DOCS = [ROOT / "docs" / "ray.md", ROOT / "src" / "fsdpkit" / "skills" / "data" / "fsdpkit-ray" / "SKILL.md"]
 VERL = Path(sys.executable).parent.parent / "verl-check"
@@ -52,6 +52,25 @@ def test_the_grpo_overrides_pass_verls_own_config_checks(doc):
     given = dict(o.split("=", 1) for o in overrides)
     nodes, instance = int(init[init.index("--nodes") + 1]), lookup(init[init.index("--instance-type") + 1])
     assert int(given["trainer.nnodes"]) * int(given["trainer.n_gpus_per_node"]) == nodes * instance.accelerators
+
+
+def test_ray_submit_refuses_the_batch_verl_s_own_check_refuses_before_a_pod_starts(tmp_path):
+    """A batch that does not divide over the GPUs: VERL's own check refuses it once the job runs in
+    the cluster; `ray submit` refuses it first, with VERL's words and figures (its dry run asks no
+    cluster), and submits the recipe as it is."""
+    _, overrides = recipe(DOCS[0])
+    uneven = [*[o for o in overrides if not o.startswith("data.train_batch_size=")], "data.train_batch_size=1030"]
+    theirs = verl_checks(uneven)
+    assert theirs.returncode != 0
+    assert "real_train_batch_size (5150) must be divisible by minimal possible batch size (16)" in theirs.stderr, \
+        theirs.stderr[-2000:]
+    spec = tmp_path / "verl.yaml"
+    spec.write_text("name: verl\nimage: x:1\ninstance_type: p5.48xlarge\nnodes: 2\n")
+    r = cli_here("ray", "submit", str(spec), "--dry-run", "--", "python3", "-m", ENTRY, *uneven)
+    assert (r.returncode, r.stderr) == (2, "error: ray submit: VERL refuses data.train_batch_size x rollout.n = 1030 x "
+                                           "5 = 5150 sequences a step over 16 GPUs: real_train_batch_size (5150) "
+                                           "must be divisible by minimal possible batch size (16)\n")
+    assert cli_here("ray", "submit", str(spec), "--dry-run", "--", "python3", "-m", ENTRY, *overrides).returncode == 0
 
 
 def test_verls_checks_refuse_the_recipe_without_its_micro_batch_sizes():

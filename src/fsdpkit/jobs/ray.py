@@ -87,8 +87,10 @@ def spec_hash(obj: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(obj["spec"], sort_keys=True).encode()).hexdigest()[:16]
 
 
-# VERL's resource pool (trainer.nnodes x trainer.n_gpus_per_node) and its defaults (ppo_trainer.yaml).
+# VERL's resource pool (trainer.nnodes x trainer.n_gpus_per_node) and its batch (the prompts a step,
+# each sampled rollout.n times), with their defaults (VERL 0.5's ppo_trainer.yaml).
 VERL_GPUS = {"trainer.nnodes": 1, "trainer.n_gpus_per_node": 8}
+VERL_BATCH = {"data.train_batch_size": 1024, "actor_rollout_ref.rollout.n": 1}
 
 
 def worker_gpus(cluster: dict[str, Any]) -> list[tuple[int, int]]:
@@ -105,13 +107,21 @@ def check_verl_gpus(entrypoint: str, cluster: str, workers: list[tuple[int, int]
     given = {}
     for word in shlex.split(entrypoint):
         key, _, value = word.lstrip("+").partition("=")
-        if key in VERL_GPUS:
+        if key in VERL_GPUS or key in VERL_BATCH:
             if not value.isdigit() or int(value) < 1:
                 raise UserError(f"ray submit: {key}={value} is not a count of 1 or more")
             given[key] = int(value)
-    if not given:
+    if not given.keys() & VERL_GPUS.keys():
         return None
     nnodes, per_node = (given.get(k, default) for k, default in VERL_GPUS.items())
+    prompts, samples = (given.get(k, default) for k, default in VERL_BATCH.items())
+    if prompts * samples % (nnodes * per_node):
+        # VERL's own first check (RayPPOTrainer._validate_config, FSDP workers), which it makes only
+        # once the job's pods are up.
+        raise UserError(f"ray submit: VERL refuses data.train_batch_size x rollout.n = {prompts} x {samples} = "
+                        f"{prompts * samples} sequences a step over {nnodes * per_node} GPUs: real_train_batch_size "
+                        f"({prompts * samples}) must be divisible by minimal possible batch size "
+                        f"({nnodes * per_node})")
     total, widest = sum(n * g for n, g in workers), max((g for n, g in workers if n), default=0)
     held = " + ".join(f"{n} worker(s) x {g} GPUs" for n, g in workers) or "no workers"
     fix = f"set trainer.nnodes and trainer.n_gpus_per_node to fit RayCluster {cluster}'s workers ({held})"
