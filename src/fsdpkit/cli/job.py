@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
 from pathlib import Path
@@ -21,7 +22,7 @@ from fsdpkit.cli.output import (
     write_new,
 )
 from fsdpkit.effects import Effect, declare
-from fsdpkit.envelope import duration
+from fsdpkit.envelope import duration, said_once_accepted
 from fsdpkit.errors import UserError
 from fsdpkit.extras import missing_extra
 from fsdpkit.home import jobs_home
@@ -140,15 +141,27 @@ def cmd_render(args: argparse.Namespace) -> int:
     return 0
 
 
+def _submitted(args: argparse.Namespace) -> tuple[ResolvedJob, Backend, dict[str, Any] | None, dict[str, Any]]:
+    """The job resolved, checked and handed to its backend. A refused submit prints its error alone:
+    the notes resolving the spec made (a resumed checkpoint's vocabulary) are said once the backend
+    takes the job, at once for a local or Slurm one; a cluster's submit says them before it starts,
+    so that its waits are said as they come."""
+    with contextlib.ExitStack() as held:
+        held.enter_context(said_once_accepted())
+        job = _job(args)
+        check_hub_access(job.spec)
+        backend = _backend(args, job.spec)
+        capacity = check_capacity(job, args.strict, log.warning)
+        if job.spec.backend in CLUSTER_BACKENDS:
+            held.close()
+        return job, backend, capacity, backend.submit(job, replace=args.replace, dry_run=args.dry_run)
+
+
 def cmd_submit(args: argparse.Namespace) -> int:
     if args.output and not args.dry_run:
         raise UserError("-o yaml prints what a dry run would create; add --dry-run")
-    job = _job(args)
+    job, backend, capacity, result = _submitted(args)
     spec = job.spec
-    check_hub_access(spec)
-    backend = _backend(args, spec)
-    capacity = check_capacity(job, args.strict, log.warning)
-    result = backend.submit(job, replace=args.replace, dry_run=args.dry_run)
     if why := job.default_steps():   # once it is submitted (or would be): a failed submit stays one line
         log.warning(why)
     if capacity is not None:
