@@ -201,7 +201,7 @@ def test_the_matrix_takes_every_branch_the_planner_has():
     plans = {k.removeprefix("plan "): v for k, v in recorded.items() if k.startswith("plan ")}
     assert plans["70b-p5-1-node"]["plan"]["fits"] is False and plans["70b-p5-1-node"]["alternatives"]
     assert plans["70b-p5-8-nodes-ac"]["plan"]["fits"] is True
-    assert {p["plan"]["bound"] for p in plans.values()} == {"compute", "network", None}
+    assert {p["plan"]["bound"] for p in plans.values()} == {"compute", "network", "all-to-all", None}
     assert any(p["plan"]["fits"] and p["alternatives"] for p in plans.values())   # network-bound: faster options
     assert plans["70b-g5-12xlarge-offload"]["plan"]["host_fits"] is False
     assert plans["debug-no-instance"]["advice"].startswith("needs ")
