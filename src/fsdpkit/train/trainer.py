@@ -216,6 +216,9 @@ class Run:
     saved_clock: float = field(default_factory=time.monotonic)  # when the last checkpoint (or the run) began
     start_step: int = 0  # where this start of the run began (resumed at)
     saves: int = 0       # checkpoints this start of the run has written (every durable_every-th is durable)
+    # The config.json the run imported (init_from_hf), read once as the run starts: each checkpoint
+    # keeps it, and its export writes it again with what training changed.
+    hf_config: dict[str, Any] | None = None
 
     def say(self, line: str) -> None:
         if self.writer:
@@ -389,7 +392,8 @@ def _open_run(cfg: TrainConfig, rt: dist.Runtime, run_dir: Path, state: TrainSta
                     "--mixed-precision fp32 is faster here")
     run = Run(cfg, rt, run_dir, TrainResult(run_dir=run_dir, steps=state.step), stream, objective, validate,
               (source, validate.source), dtype, flops_per_token(cfg.shape, cfg.data.seq_len), peak,
-              peak_source, start_step=state.step)
+              peak_source, start_step=state.step,
+              hf_config=read_config(Path(cfg.checkpoint.init_from_hf)) if cfg.checkpoint.init_from_hf else None)
     # This start of the run is attempt N: N earlier starts are on record (restarts, resubmissions,
     # a rerun with --resume). Rank 0's count, so every rank's sample log agrees.
     state.attempt = dist.broadcast_int(attempts(read_rows(run_dir / "metrics.jsonl")) if rt.is_main else 0, rt)
@@ -573,8 +577,8 @@ def _save(run: Run, state: TrainState, durable: bool = True) -> None:
     cfg = run.cfg
     meta = {"samples": state.samples, "model": model_shape_of(cfg), "preset": cfg.preset,
             "loss": run.result.losses[-1][1] if run.result.losses else None, "config": cfg.record(run.run_dir)}
-    if cfg.checkpoint.init_from_hf:   # its export writes this config.json again, with what training changed
-        meta["hf_config"] = read_config(Path(cfg.checkpoint.init_from_hf))
+    if run.hf_config is not None:
+        meta["hf_config"] = run.hf_config
     assert run.checkpointer is not None  # saving is asked only of a run with a checkpoint directory
     path = run.checkpointer.save(state.step, state.model, state.optimizer, meta, durable)
     run.saved_at, run.saved_clock = state.step, time.monotonic()

@@ -83,7 +83,8 @@ def exported_config(cfg: ModelConfig, source: dict[str, Any] | None) -> dict[str
     if source is None:
         return ours
     imported = hf_config_dict(shape_of_config(source))
-    out = {k: v for k, v in source.items() if k not in imported.keys() - ours.keys()}
+    dropped = imported.keys() - ours.keys()   # what the trained shape no longer has (another family's fields)
+    out = {k: v for k, v in source.items() if k not in dropped}
     out.update({k: v for k, v in ours.items() if k not in imported or imported[k] != v})
     return out
 
