@@ -565,7 +565,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="each look, sample every node's GPU utilisation and EFA traffic over this many seconds "
                    "(one exec of sh in each pod): per-node rates, stragglers, EFA that stays flat")
     p.add_argument("--no-sample", action="store_true", help="read pods and logs only; no exec into the pods")
-    p.add_argument("--gpu", action="store_true", help=argparse.SUPPRESS)  # older spelling: sampling is the default
     p.add_argument("--resubmit", action="store_true",
                    help="resubmit a Failed job within its resubmits budget, as `job wait` does")
     common(p)

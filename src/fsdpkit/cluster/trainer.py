@@ -34,7 +34,6 @@ def image_version(image: str) -> tuple[int, ...] | None:
 NODE = "node"                       # the runtime's replicated job and container Trainer v2 fills in
 ANCESTOR = "trainer.kubeflow.org/trainjob-ancestor-step"
 FSDPKIT_RUNTIME = "fsdpkit-torch"
-UPSTREAM_RUNTIME = "torch-distributed"
 # Labels JobSet and the Job controller put on each pod of a TrainJob.
 JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"

@@ -36,12 +36,6 @@ class LoRALinear(nn.Linear):
         base = F.linear(x, self.weight, self.bias)
         return base + self.lora_B(self.lora_A(self.dropout(x))) * self.scale if self.enabled else base
 
-    @torch.no_grad()
-    def merged_weight(self) -> torch.Tensor:
-        """W + scale * B A: the plain projection this layer computes (in eval)."""
-        delta = self.lora_B.weight.float() @ self.lora_A.weight.float()
-        return (self.weight.float() + self.scale * delta).to(self.weight.dtype)
-
 
 @contextlib.contextmanager
 def adapters_disabled(model: nn.Module) -> Iterator[None]:
