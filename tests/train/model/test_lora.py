@@ -192,7 +192,7 @@ def test_an_adapted_projection_computes_w_x_plus_alpha_over_r_times_b_a_x():
     assert torch.equal(layer(x), torch.tensor([[11.5, -0.5]]))
     assert torch.equal(_adapted(bias=True)(x), torch.tensor([[12.0, -1.0]]))
     # W + 1.5 B A = [[1, 0, 2], [0, -1, 1]] + 1.5 [[1, 1, 0], [2, 0, -1]].
-    merged = merge_adapters({f"l.{k}": v for k, v in layer.state_dict().items()}, LoraShape(2, 3.0, 0.0, ("l",)))
+    merged = merge_adapters({f"l.{k}": v for k, v in layer.state_dict().items()}, LoraShape(2, 3.0, 0.0, ("q_proj",)))
     assert torch.equal(merged["l.weight"], torch.tensor([[2.5, 1.5, 2.0], [3.0, -1.0, -0.5]]))
     assert torch.equal(x @ merged["l.weight"].T, layer(x))
     # Dropout applies to the adapter's input only: in training the base's output is still W x.
@@ -224,7 +224,7 @@ def test_adapters_go_on_the_target_projections_only_and_only_they_train():
     state = {f"l.{k}": v for k, v in layer.state_dict().items()} | {"norm.weight": torch.tensor([2.0])}
     merged = merge_adapters(state, LoraShape(2, 3.0, 0.0, ("q_proj",)))
     assert sorted(merged) == ["l.bias", "l.weight", "norm.weight"]
-    assert torch.equal(merged["l.weight"], layer.weight + 3.0 / 2 * layer.lora_B.weight @ layer.lora_A.weight)
+    assert torch.equal(merged["l.weight"], torch.tensor([[2.5, 1.5, 2.0], [3.0, -1.0, -0.5]]))  # as unbiased
     assert torch.equal(merged["l.bias"], layer.bias)
     assert torch.equal(merged["norm.weight"], torch.tensor([2.0]))
     half = merge_adapters({k: v.to(torch.bfloat16) for k, v in state.items()}, LoraShape(2, 3.0, 0.0, ("q_proj",)))
