@@ -15,6 +15,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from fsdpkit import yamlfile
 from fsdpkit.errors import UserError
 from fsdpkit.train.checkpoint import catalog, checkpointer
+from fsdpkit.train.checkpoint.one_process import one_process
 from fsdpkit.train.data.tokenizers import HFTokenizer, get_tokenizer
 from fsdpkit.train.evaluate import PROVENANCE
 from fsdpkit.train.model.config import LoraShape, ModelConfig, RopeScaling, count_params, params_text
@@ -88,7 +89,8 @@ def load_full_model(info: catalog.CheckpointInfo) -> Transformer:
     saved = model.state_dict()
     state = {"model": {k: v for k, v in saved.items() if lora is None or is_adapter(k)}}
     try:
-        dcp.load(state, checkpoint_id=str(info.path))
+        with one_process():
+            dcp.load(state, checkpoint_id=str(info.path))
     except (Exception, CheckpointException) as e:  # DCP's own error is a BaseException
         raise UserError(f"export: cannot read checkpoint {info.path}: {checkpointer.describe_error(e)}") from None
     return model

@@ -12,10 +12,12 @@ import json
 import logging
 import os
 import types
+import warnings
 from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 from fsdpkit.errors import UserError
@@ -35,6 +37,7 @@ from fsdpkit.train.checkpoint.checkpointer import (
     training_state,
     verify,
 )
+from fsdpkit.train.checkpoint.one_process import ASSUMED_ONE_PROCESS
 from fsdpkit.train.checkpoint.tiered import MemoryTier
 from fsdpkit.train.model.presets import PRESETS
 from fsdpkit.train.runtime.dist import Runtime
@@ -90,6 +93,20 @@ def test_a_save_is_complete_under_its_step_s_name_with_its_record_and_keep_last_
     # keep_last 0 keeps every one; a save of a step that exists replaces it.
     saved(tmp_path / "all", [1, 2, 3, 2])
     assert sorted(p.name for p in (tmp_path / "all").iterdir()) == ["step-00000001", "step-00000002", "step-00000003"]
+
+
+def test_one_process_saves_and_resumes_say_nothing_of_it_and_dcp_elsewhere_still_does(tmp_path):
+    """Without a process group DCP warns that it assumes one process: around the checkpointer's save
+    and resume that is the intent, and nothing is said; the silence is theirs only, so a DCP call
+    of anyone else's in the same interpreter still warns."""
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        saved(tmp_path / "ck", [1])
+        assert resume(str(tmp_path / "ck"), *trained(5), SHAPE, RT).step == 1
+        dcp.save({"x": torch.zeros(1)}, checkpoint_id=str(tmp_path / "theirs"))
+    assert [str(w.message) for w in seen if ASSUMED_ONE_PROCESS in str(w.message)] == [
+        "torch.distributed is disabled, unavailable or uninitialized, assuming the intent is to save in a single "
+        "process."]
 
 
 def test_a_new_checkpointer_clears_the_half_written_saves_a_killed_run_left(tmp_path):

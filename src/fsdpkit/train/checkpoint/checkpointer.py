@@ -17,7 +17,6 @@ import logging
 import os
 import shutil
 import time
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -47,15 +46,13 @@ from fsdpkit.train.checkpoint.catalog import (
     read_meta,
     resolve,
 )
+from fsdpkit.train.checkpoint.one_process import one_process
 from fsdpkit.train.checkpoint.tiered import MemoryTier
 from fsdpkit.train.model.config import LoraShape, ModelConfig
 from fsdpkit.train.runtime.dist import Runtime
 from fsdpkit.train.runtime.faults import maybe_fail
 
 log = logging.getLogger(__name__)
-
-# Loading in one process without a process group is intended (export, single-process resume).
-warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
 
 # A checkpoint holds what trains: the whole model, or with LoRA only the adapters (the frozen base
 # comes from --init-from-hf again on resume, and an export reads it from there).
@@ -197,7 +194,7 @@ class Checkpointer:
         _barrier(self.rt)
         state = training_state(model, optimizer)
         needed = _tensor_bytes(state)
-        with self._failing_as(step, needed):
+        with self._failing_as(step, needed), one_process():
             if self.async_mode:
                 future = dcp.async_save(state, checkpoint_id=str(tmp), process_group=self.group)
                 self._pending = (future, step, tmp, final, meta, needed)
@@ -388,7 +385,8 @@ def load(info: CheckpointInfo, model: torch.nn.Module, optimizer: torch.optim.Op
     check_shape(info, model_shape)
     state = training_state(model, optimizer)
     try:
-        dcp.load(state, checkpoint_id=str(info.path))
+        with one_process():
+            dcp.load(state, checkpoint_id=str(info.path))
     except (Exception, CheckpointException) as e:  # DCP's own error is a BaseException
         raise DamagedCheckpoint(info.path, describe_error(e)) from None
     restore(model, optimizer, state)

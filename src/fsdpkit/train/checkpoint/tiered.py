@@ -24,6 +24,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 from fsdpkit.train.checkpoint.catalog import CheckpointInfo
+from fsdpkit.train.checkpoint.one_process import one_process
 from fsdpkit.train.observe.log_lines import TIERED_OFF
 from fsdpkit.train.runtime.dist import Runtime, broadcast_int
 
@@ -83,7 +84,8 @@ class MemoryTier:
         outage) where the store did not take it, so the caller writes it to shared storage instead."""
         full = {**state, META_KEY: json.dumps(record)}
         try:
-            dcp.save(full, storage_writer=self.writer_of(checkpoint_config=self.config, step=step))
+            with one_process():
+                dcp.save(full, storage_writer=self.writer_of(checkpoint_config=self.config, step=step))
         except (Exception, CheckpointException) as e:  # DCP's own error is a BaseException
             self._unavailable(f"saving step {step}", e)
             return False
@@ -107,7 +109,8 @@ class MemoryTier:
         could not give it back (said; the caller falls back to shared storage)."""
         full = {**state, META_KEY: ""}
         try:
-            dcp.load(full, storage_reader=self.reader_of(checkpoint_config=self.config, step=step))
+            with one_process():
+                dcp.load(full, storage_reader=self.reader_of(checkpoint_config=self.config, step=step))
         except (Exception, CheckpointException) as e:
             self._unavailable(f"reading step {step}", e)
             return None
