@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import shlex
 
 import pytest
 import yaml
@@ -47,3 +48,25 @@ def test_render_is_one_typed_result_printed_the_same_way(backend, key, tmp_path)
     assert text == rendered.text()
     if key == "manifests":
         assert list(yaml.safe_load_all(text)) == rendered.manifests
+
+
+@pytest.mark.parametrize(("backend", "keys"), [("local", ["name", "dry_run", "command", "dir"]),
+                                               ("slurm", ["name", "dry_run", "script", "text"])])
+def test_a_dry_run_is_one_typed_result_and_says_what_would_start_as_it_would_run(backend, keys, tmp_path,
+                                                                                 monkeypatch):
+    """submit returns a Submitted: its JSON holds the backend's own keys only, and the line a person
+    reads names what would start: the local command line as a shell takes it, the Slurm script."""
+    monkeypatch.setenv("FSDPKIT_HOME", str(tmp_path / "home"))
+    overrides = [("name", "contract"), ("backend", backend), ("train", {"max_steps": 5}),
+                 ("slurm", {"script_dir": str(tmp_path / "scripts")})]
+    result = get_backend(backend).submit(load_job(None, overrides), dry_run="client")
+    assert list(result.to_dict()) == keys
+    made = shlex.join(result.command) if result.command else str(tmp_path / "scripts" / "contract.sbatch")
+    assert result.made() == [made]
+    args = ["job", "submit", "--dry-run"] + [arg for k, v in overrides for arg in ("--set", f"{k}={json.dumps(v)}")]
+    r = run_cli(*args, "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["data"] == json.loads(json.dumps(result.to_dict()))
+    r = run_cli(*args)
+    assert r.stdout.splitlines() == [f"dry run: would create {made}; -o yaml prints them"], r.stdout
+    assert not (tmp_path / "home").exists() and not (tmp_path / "scripts").exists()

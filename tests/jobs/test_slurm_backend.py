@@ -188,7 +188,7 @@ def job(tmp_path: Path, name: str = "sub"):
 
 def test_a_dry_run_shows_the_script_and_writes_nothing(tmp_path):
     resolved = job(tmp_path)
-    result = SlurmBackend().submit(resolved, dry_run="client")
+    result = SlurmBackend().submit(resolved, dry_run="client").to_dict()
     assert result == {"name": "sub", "dry_run": "client", "script": str(tmp_path / "scripts" / "sub.sbatch"),
                       "text": script(resolved)}
     assert not (tmp_path / "scripts").exists()
@@ -197,7 +197,7 @@ def test_a_dry_run_shows_the_script_and_writes_nothing(tmp_path):
 def test_without_sbatch_the_script_is_written_and_the_answer_says_where_to_run_it(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
     resolved = job(tmp_path)
-    result = SlurmBackend().submit(resolved)
+    result = SlurmBackend().submit(resolved).to_dict()
     path = tmp_path / "scripts" / "sub.sbatch"
     assert result == {"name": "sub", "dry_run": False, "script": str(path), "submitted": False,
                       "hint": f"sbatch is not on PATH here; copy {path} to the cluster and run: sbatch sub.sbatch"}
@@ -215,7 +215,7 @@ def test_a_submit_sbatch_takes_answers_its_job_id_and_one_it_refuses_puts_the_ea
         slurm_env, tmp_path):
     resolved = job(tmp_path)
     backend = SlurmBackend()
-    result = backend.submit(resolved)
+    result = backend.submit(resolved).to_dict()
     path = tmp_path / "scripts" / "sub.sbatch"
     assert result == {"name": "sub", "dry_run": False, "script": str(path), "submitted": True,
                       "job_id": result["job_id"]}

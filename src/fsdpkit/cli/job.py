@@ -27,7 +27,7 @@ from fsdpkit.errors import UserError
 from fsdpkit.extras import missing_extra
 from fsdpkit.home import jobs_home
 from fsdpkit.jobs.backends import Backend, Target, Watchable, get_backend, wait
-from fsdpkit.jobs.backends.base import Listing
+from fsdpkit.jobs.backends.base import Listing, Snapshot, Submitted
 from fsdpkit.jobs.capacity import capacity as check_capacity
 from fsdpkit.jobs.hub import check_hub_access
 from fsdpkit.jobs.resolved import ResolvedJob, load_job
@@ -141,7 +141,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     return 0
 
 
-def _submitted(args: argparse.Namespace) -> tuple[ResolvedJob, Backend, dict[str, Any] | None, dict[str, Any]]:
+def _submitted(args: argparse.Namespace) -> tuple[ResolvedJob, Backend, dict[str, Any] | None, Submitted]:
     """The job resolved, checked and handed to its backend. A refused submit prints its error alone:
     the notes resolving the spec made (a resumed checkpoint's vocabulary) are said once the backend
     takes the job, at once for a local or Slurm one; a cluster's submit says them before it starts,
@@ -164,34 +164,31 @@ def cmd_submit(args: argparse.Namespace) -> int:
     spec = job.spec
     if why := job.default_steps():   # once it is submitted (or would be): a failed submit stays one line
         log.warning(why)
-    if capacity is not None:
-        result["plan"] = capacity
+    out = result.to_dict() | ({"plan": capacity} if capacity is not None else {})
+    final = None
     if args.wait and not args.dry_run:
-        st = wait(backend, spec.name, poll=args.poll,
-                  on_change=None if args.json else _print_status)
-        result["final"] = st.to_dict()
+        final = wait(backend, spec.name, poll=args.poll, on_change=None if args.json else _print_status)
+        out["final"] = final.to_dict()
     if args.json:
-        if args.wait and not args.dry_run and result["final"]["state"] != "Succeeded":
-            return emit_json(result, 1, _ended(result["final"]), hint=_why(spec.name))
-        return emit_json(result)
+        if final is not None and final.state != "Succeeded":
+            return emit_json(out, 1, _ended(out["final"]), hint=_why(spec.name))
+        return emit_json(out)
     if args.dry_run:
         if args.output == "yaml":
             print(backend.render(job).text(), end="")
             return 0
-        made = result.get("objects") or [str(result.get("command") or result.get("script") or result)]
-        checked = " (the API server accepted each)" if result.get("accepted") else ""
+        checked = " (the API server accepted each)" if result.accepted else ""
         where = f" in namespace {spec.namespace}" if spec.backend in CLUSTER_BACKENDS else ""
-        print(f"dry run: would create {', '.join(made)}{where}{checked}; -o yaml prints them")
+        print(f"dry run: would create {', '.join(result.made())}{where}{checked}; -o yaml prints them")
         return 0
-    made = result.get("created") or [result.get("script") or result.get("dir")]
     where = f", namespace {spec.namespace}" if spec.backend in CLUSTER_BACKENDS else ""
-    print(f"submitted {spec.name} ({spec.backend}{where}): {', '.join(map(str, made))}")
-    for r in result.get("reused") or []:
+    print(f"submitted {spec.name} ({spec.backend}{where}): {', '.join(result.made())}")
+    for r in result.reused or []:
         print(f"  reusing {r} (holds this job's earlier checkpoints)")
-    if result.get("hint"):
-        print(result["hint"])
-    if args.wait:
-        return 0 if result["final"]["state"] == "Succeeded" else 1
+    if result.hint:
+        print(result.hint)
+    if final is not None:
+        return 0 if final.state == "Succeeded" else 1
     print(f"follow it with: fsdpkit job logs {spec.name} -f")
     return 0
 
@@ -368,17 +365,17 @@ def _node_text(n: dict[str, Any]) -> str:
     return f"  {n['pod']}" + (f" on {n['node']}" if n.get("node") else "") + f": {gpu}, {efa}{step}{since}"
 
 
-def _print_snapshot(snap: dict[str, Any]) -> None:
-    p = snap["progress"]
+def _print_snapshot(snap: Snapshot) -> None:
+    p = snap.progress
     prog = (f" step {p['step']} loss {p['loss']:.4f} {p['tokens_per_s']} tok/s" if "step" in p else "")
-    pods = _pods_text(snap["pods"])
-    net = f" | network {_network_text(snap['network'])}" if snap.get("network") else ""
-    waiting = f"no pods yet: {snap['message']}" if snap.get("event") else "no pods yet"
-    print(f"{snap['name']}: {snap['state']}{prog}{net} | {pods or waiting}", flush=True)
-    for n in snap.get("nodes") or []:
+    pods = _pods_text(snap.pods)
+    net = f" | network {_network_text(snap.network)}" if snap.network else ""
+    waiting = f"no pods yet: {snap.message}" if snap.event else "no pods yet"
+    print(f"{snap.name}: {snap.state}{prog}{net} | {pods or waiting}", flush=True)
+    for n in snap.nodes:
         print(_node_text(n), flush=True)
-    _print_unreachable(snap.get("unreachable") or [])
-    print_findings(snap["findings"])
+    _print_unreachable(snap.unreachable)
+    print_findings(snap.findings)
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
@@ -391,19 +388,20 @@ def cmd_watch(args: argparse.Namespace) -> int:
     while True:
         snap = backend.snapshot(args.job, stall_after=args.stall_after,
                                 sample=0 if args.no_sample else args.sample_seconds, history=history)
-        done = args.once or snap["state"] in ("Succeeded", "Failed")
-        code = 0 if snap["state"] != "Failed" and not (args.once and snap["findings"]) else 1
+        done = args.once or snap.finished
+        code = 0 if snap.state != "Failed" and not (args.once and snap.findings) else 1
         if args.json:
             # Every look is an envelope (one per line under a live watch); the last one's ok is the exit code.
-            message, hint = _ended(snap), _why(args.job)
-            if snap["findings"]:
-                first = snap["findings"][0]
+            data = snap.to_dict()
+            message, hint = _ended(data), _why(args.job)
+            if snap.findings:
+                first = snap.findings[0]
                 message, hint = finding_message(first), first.get("fix") or hint
-            emit_json(snap, code if done else 0, message, hint=hint)
+            emit_json(data, code if done else 0, message, hint=hint)
         else:
             _print_snapshot(snap)
         # The job's own budget (resubmits: in its spec) decides whether it starts again.
-        if snap["state"] == "Failed" and not args.once and args.resubmit and backend.resubmit(args.job):
+        if snap.state == "Failed" and not args.once and args.resubmit and backend.resubmit(args.job):
             continue
         if done:
             return code

@@ -4,9 +4,10 @@ logger; the CLI shows it on stderr."""
 
 from __future__ import annotations
 
+import shlex
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Protocol, runtime_checkable
 
 from fsdpkit import yamlfile
@@ -46,6 +47,49 @@ class Rendered:
         return yamlfile.dump_all(self.manifests) if self.manifests is not None else (self.script or self.command or "")
 
 
+@dataclass
+class Submitted:
+    """What a submit made, or with `dry_run` ("client", "server") would make. Each backend fills its
+    own fields (Kubernetes: the objects; local: the command, its process and folder; Slurm: the
+    script and sbatch's job id); the others stay None and are left out of `to_dict`, the JSON of
+    `job submit --json`."""
+
+    name: str
+    dry_run: str | bool
+    namespace: str | None = None
+    # Kubernetes: a dry run's objects (KIND/NAME, in creation order) and manifests; a server dry run's
+    # verdict; a submit's created and reused objects and Kueue's admission.
+    objects: list[str] | None = None
+    manifests: list[dict[str, Any]] | None = None
+    accepted: list[str] | None = None
+    existing: list[str] | None = None
+    warnings: list[str] | None = None
+    created: list[str] | None = None
+    reused: list[str] | None = None
+    admission: dict[str, Any] | None = None
+    # Local: the command line, the launcher's pid, the job's folder and log.
+    command: list[str] | None = None
+    pid: int | None = None
+    dir: str | None = None
+    log: str | None = None
+    # Slurm: the script's path and (dry run) text; whether sbatch took it, its job id, or what to do.
+    script: str | None = None
+    text: str | None = None
+    submitted: bool | None = None
+    job_id: str | None = None
+    hint: str | None = None
+
+    def made(self) -> list[str]:
+        """What a person is told was (or would be) made: the objects, else the command line, the
+        script or the job's folder."""
+        if self.dry_run:
+            return self.objects or [shlex.join(self.command) if self.command else str(self.script)]
+        return self.created or [str(self.script or self.dir)]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+
+
 @dataclass(frozen=True)
 class Target:
     """Where a backend's verbs act, given once when it is made: the kubeconfig context and file,
@@ -71,7 +115,7 @@ class Backend(Protocol):
 
     def render(self, job: ResolvedJob) -> Rendered: ...
 
-    def submit(self, job: ResolvedJob, replace: bool = False, dry_run: str | None = None) -> dict[str, Any]:
+    def submit(self, job: ResolvedJob, replace: bool = False, dry_run: str | None = None) -> Submitted:
         """`dry_run`: None submits; "client" renders and says what would happen; "server" also has a
         Kubernetes API server check every object (no other backend has one to ask)."""
         ...
@@ -118,12 +162,41 @@ def no_server(backend: str, dry_run: str) -> None:
         raise UserError(f"--dry-run=server: the {backend} backend has no API server to ask; use --dry-run")
 
 
+@dataclass
+class Snapshot:
+    """One look at a running job (`Watchable.snapshot`, `fsdpkit job watch`): its state, pods,
+    nodes (with a sample window), the trainer's progress and network from rank 0's log, what could
+    not be reached or read, and the findings. `to_dict` is `job watch --json`'s data, every key
+    present."""
+
+    name: str
+    state: str
+    attempt: int
+    message: str
+    event: str | None
+    blocked: str | None
+    pods: list[dict[str, Any]]
+    nodes: list[dict[str, Any]]
+    progress: dict[str, Any]
+    network: dict[str, Any] | None
+    unreachable: list[dict[str, Any]]
+    gaps: dict[str, str]
+    findings: list[dict[str, Any]]
+
+    @property
+    def finished(self) -> bool:
+        return self.state in ("Succeeded", "Failed")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
 @runtime_checkable
 class Watchable(Protocol):
     """A backend that can look at a running job as the cluster sees it (`fsdpkit job watch`)."""
 
     def snapshot(self, name: str, stall_after: float = 900, now: Any = None, sample: float = 0,
-                 history: Any = None) -> dict[str, Any]: ...
+                 history: Any = None) -> Snapshot: ...
 
     def describe(self, name: str) -> JobStatus:
         """The job's state with its pods, network and unanswering nodes (`fsdpkit job status`)."""

@@ -21,7 +21,7 @@ from fsdpkit.cluster.client import (
 )
 from fsdpkit.errors import NotFound, TimedOut, UserError
 from fsdpkit.jobs import events, manifests
-from fsdpkit.jobs.backends.base import Listing
+from fsdpkit.jobs.backends.base import Listing, Snapshot
 from fsdpkit.jobs.backends.kube_api import KINDS, KubeAPI, log
 from fsdpkit.jobs.health import Finding, log_progress, network_verdict, pod_findings, pod_summary, step_time
 from fsdpkit.jobs.manifests import ATTEMPT
@@ -399,7 +399,7 @@ class KubeObserver(KubeAPI):
             return list(pool.map(one, running))
 
     def snapshot(self, name: str, stall_after: float = 900, now: Any = None, sample: float = 0,
-                 history: WatchHistory | None = None) -> dict[str, Any]:
+                 history: WatchHistory | None = None) -> Snapshot:
         """One look at a running job: state, per-pod phase and restarts, the trainer's latest step,
         loss and tokens/s from rank 0's log, and findings (stall, OOMKilled, crash loop, pending
         reason, NCCL timeout). With `sample` seconds, also each node's GPU and EFA rates over that
@@ -441,8 +441,6 @@ class KubeObserver(KubeAPI):
                 history.add(nodes)
         gaps: dict[str, str] = st.details.get("gaps", {})
         unreachable = self._unreachable(self._node_health(pods, gaps), pods, kubelet)
-        return {"name": name, "state": st.state, "attempt": st.attempt, "message": st.message,
-                "event": st.details.get("event"), "blocked": st.details.get("blocked"),
-                "pods": [pod_summary(p) for p in pods],
-                "nodes": nodes, "progress": progress, "network": network, "unreachable": unreachable,
-                "gaps": gaps, "findings": [f.to_dict() for f in findings]}
+        return Snapshot(name, st.state, st.attempt, st.message, st.details.get("event"), st.details.get("blocked"),
+                        [pod_summary(p) for p in pods], nodes, progress, network, unreachable, gaps,
+                        [f.to_dict() for f in findings])

@@ -26,7 +26,7 @@ from fsdpkit.cluster.pod_rules import templates
 from fsdpkit.cluster.pods import dry_run_pods
 from fsdpkit.errors import Conflict, TimedOut, UserError
 from fsdpkit.jobs import devices, manifests
-from fsdpkit.jobs.backends.base import Rendered
+from fsdpkit.jobs.backends.base import Rendered, Submitted
 from fsdpkit.jobs.backends.kube_api import KINDS, SUPPORT, KubeAPI, log
 from fsdpkit.jobs.manifests import ATTEMPT, JOB_LABEL
 from fsdpkit.jobs.resolved import ResolvedJob
@@ -41,7 +41,7 @@ class KubeSubmitter(KubeAPI):
     def render(self, job: ResolvedJob) -> Rendered:
         return Rendered(manifests=manifests.render(job), pod_security=job.spec.security)
 
-    def submit(self, job: ResolvedJob, replace: bool = False, dry_run: str | None = None) -> dict[str, Any]:
+    def submit(self, job: ResolvedJob, replace: bool = False, dry_run: str | None = None) -> Submitted:
         """Create the job's objects. `dry_run` "client": only render and say what would be made;
         "server": the API server validates each create (schemas, strict fields, admission) and
         persists nothing."""
@@ -53,15 +53,15 @@ class KubeSubmitter(KubeAPI):
                    "for public models") if spec.hf_token_env and not token else None
         summary = [f"{o['kind']}/{o['metadata']['name']}" for o in objs]
         if dry_run:
-            out = {"name": spec.name, "namespace": spec.namespace, "dry_run": dry_run, "objects": summary,
-                   "manifests": objs}
+            out = Submitted(spec.name, dry_run, spec.namespace, objects=summary, manifests=objs,
+                            warnings=[missing] if missing else None)
             if dry_run == "server":
                 self.require_operator(objs[-1]["kind"], spec.namespace)
                 self.require_access("job submit --dry-run=server", objs[-1]["kind"], spec.namespace, objs)
                 self.require_release(objs[-1]["kind"])
                 self.require_queue(spec)
-                out["accepted"], out["existing"] = self.server_dry_run(spec, objs, replace)
-            return {**out, "warnings": [missing]} if missing else out
+                out.accepted, out.existing = self.server_dry_run(spec, objs, replace)
+            return out
         if missing:
             raise UserError(missing)
         self.require_access("job submit --replace" if replace else "job submit", objs[-1]["kind"], spec.namespace,
@@ -82,11 +82,8 @@ class KubeSubmitter(KubeAPI):
             self._cancel(spec.name, spec.namespace)
             self._wait_gone(spec.name, spec.namespace)
         created, reused = self.apply(spec, objs, token)
-        result: dict[str, Any] = {"name": spec.name, "namespace": spec.namespace, "dry_run": False,
-                                  "created": created, "reused": reused}
-        if queue is not None:
-            result["admission"] = self.admitted(spec, objs, created, queue).to_dict()
-        return result
+        admission = None if queue is None else self.admitted(spec, objs, created, queue).to_dict()
+        return Submitted(spec.name, False, spec.namespace, created=created, reused=reused, admission=admission)
 
     def admitted(self, spec: JobSpec, objs: list[dict[str, Any]], created: list[str],
                  queue: tuple[str, str]) -> kueue.Admission:

@@ -20,7 +20,7 @@ from typing import Any
 
 from fsdpkit.errors import Conflict, NotFound, UserError
 from fsdpkit.home import jobs_home, make_dir
-from fsdpkit.jobs.backends.base import Listing, Rendered, Target, no_server
+from fsdpkit.jobs.backends.base import Listing, Rendered, Submitted, Target, no_server
 from fsdpkit.jobs.backends.files import NETWORK_LINES, read_lines
 from fsdpkit.jobs.health import network_verdict
 from fsdpkit.jobs.resolved import ResolvedJob
@@ -64,13 +64,13 @@ class LocalBackend:
         env = "".join(f"{k}={shlex.quote(v)} " for k, v in job.spec.env.items())
         return Rendered(command=f"{env}{shlex.join(self.command(job))}\n")
 
-    def submit(self, job: ResolvedJob, replace: bool = False, dry_run: str | None = None) -> dict[str, Any]:
+    def submit(self, job: ResolvedJob, replace: bool = False, dry_run: str | None = None) -> Submitted:
         spec = job.spec
         job_dir = self._dir(spec.name)
         cmd = self.command(job)
         if dry_run:
             no_server(self.name, dry_run)
-            return {"name": spec.name, "dry_run": dry_run, "command": cmd, "dir": str(job_dir)}
+            return Submitted(spec.name, dry_run, command=cmd, dir=str(job_dir))
         for ref in spec.secrets:  # no Kubernetes here: the value must come from this shell
             if ref.env not in os.environ:
                 raise UserError(f"secrets: {ref.env} refers to Secret {ref.secret}, which the local backend cannot "
@@ -87,7 +87,7 @@ class LocalBackend:
         (job_dir / "command").write_text(shlex.join(cmd) + "\n")
         (job_dir / "attempt").write_text("0")
         pid = self._launch(job_dir, cmd, spec)
-        return {"name": spec.name, "dry_run": False, "pid": pid, "dir": str(job_dir), "log": str(job_dir / "log")}
+        return Submitted(spec.name, False, pid=pid, dir=str(job_dir), log=str(job_dir / "log"))
 
     @staticmethod
     def _launch(job_dir: Path, cmd: list[str], spec: JobSpec, attempt: int = 0) -> int:

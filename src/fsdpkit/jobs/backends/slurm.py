@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from fsdpkit.errors import Conflict, Unreachable, UserError
-from fsdpkit.jobs.backends.base import Listing, Rendered, Target, no_server
+from fsdpkit.jobs.backends.base import Listing, Rendered, Submitted, Target, no_server
 from fsdpkit.jobs.backends.files import NETWORK_LINES, read_lines
 from fsdpkit.jobs.command import node_command, node_env
 from fsdpkit.jobs.health import network_verdict
@@ -146,12 +146,12 @@ class SlurmBackend:
     def _path(self, spec: JobSpec) -> Path:
         return Path(spec.slurm.script_dir) / f"{spec.name}.sbatch"
 
-    def submit(self, job: ResolvedJob, replace: bool = False, dry_run: str | None = None) -> dict[str, Any]:
+    def submit(self, job: ResolvedJob, replace: bool = False, dry_run: str | None = None) -> Submitted:
         spec, text = job.spec, script(job)
         path = self._path(spec)
         if dry_run:
             no_server(self.name, dry_run)
-            return {"name": spec.name, "dry_run": dry_run, "script": str(path), "text": text}
+            return Submitted(spec.name, dry_run, script=str(path), text=text)
         if path.exists() and not replace:
             raise Conflict(f"{path} already exists; pass --replace to overwrite it, or pick another name")
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -160,8 +160,8 @@ class SlurmBackend:
         tmp.write_text(text)
         tmp.replace(path)  # never a half-written script
         if shutil.which("sbatch") is None:
-            return {"name": spec.name, "dry_run": False, "script": str(path), "submitted": False,
-                    "hint": f"sbatch is not on PATH here; copy {path} to the cluster and run: sbatch {path.name}"}
+            return Submitted(spec.name, False, script=str(path), submitted=False,
+                             hint=f"sbatch is not on PATH here; copy {path} to the cluster and run: sbatch {path.name}")
         _check_conf()
         out = subprocess.run(["sbatch", "--parsable", str(path)], capture_output=True, text=True)
         if out.returncode != 0:
@@ -173,7 +173,7 @@ class SlurmBackend:
             why = _last_line(out)
             raise _unreachable("sbatch", why) or UserError(f"sbatch refused {path.name}: {why}")
         job_id = out.stdout.strip().split(";")[0]
-        return {"name": spec.name, "dry_run": False, "script": str(path), "submitted": True, "job_id": job_id}
+        return Submitted(spec.name, False, script=str(path), submitted=True, job_id=job_id)
 
     @staticmethod
     def _need(tool: str) -> None:
