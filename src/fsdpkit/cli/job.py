@@ -207,7 +207,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         st = backend.describe(args.job)
     else:
         st = backend.status(args.job)
-        st.details["network"] = backend.network(args.job)
+        network = backend.network(args.job)
+        st.details["network"] = network.to_dict() if network else None
     if args.json:
         return emit_json(st.to_dict())
     _print_status(st)

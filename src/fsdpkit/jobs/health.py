@@ -97,11 +97,10 @@ def step_time(lines: list[str]) -> float | None:
     return round((t1 - t0).total_seconds() / (s1 - s0), 3)
 
 
-def network_verdict(lines: list[str]) -> dict[str, Any] | None:
+def network_verdict(lines: list[str]) -> nccl_log.NetworkVerdict | None:
     """The network the trainer reported before its first step (`fsdpkit: network: efa (...)`:
     transport, provider, NIC count, plugin and NCCL versions); None where the lines do not hold it."""
-    verdict = nccl_log.from_trainer_log("\n".join(lines))
-    return verdict.to_dict() if verdict else None
+    return nccl_log.from_trainer_log("\n".join(lines))
 
 
 def pod_findings(pods: list[dict[str, Any]]) -> list[Finding]:

@@ -15,6 +15,7 @@ from fsdpkit.errors import UserError
 from fsdpkit.jobs.resolved import ResolvedJob
 from fsdpkit.jobs.status import JobStatus
 from fsdpkit.polling import poll_until
+from fsdpkit.train.observe.nccl_log import NetworkVerdict
 
 
 @dataclass(frozen=True)
@@ -134,7 +135,9 @@ class Backend(Protocol):
         """`wait`: how long to wait for a job's output to exist (its pods, their containers)."""
         ...
 
-    def network(self, name: str) -> dict[str, Any] | None: ...
+    def network(self, name: str) -> NetworkVerdict | None:
+        """The network NCCL chose, as the trainer reported it before its first step; None before then."""
+        ...
 
     def resubmit(self, name: str) -> bool:
         """Start a Failed job again (it resumes from its newest checkpoint) if its own budget

@@ -8,7 +8,7 @@ import json
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, cast
+from typing import Any
 
 from fsdpkit.cluster.client import (
     ClusterError,
@@ -28,6 +28,7 @@ from fsdpkit.jobs.manifests import ATTEMPT
 from fsdpkit.jobs.status import JobStatus, state_from_conditions, trainer_progress, trainjob_state
 from fsdpkit.jobs.utilisation import WatchHistory, asks_for_efa, efa_flat, parse_sample, sample_script, stragglers
 from fsdpkit.polling import wait_saying
+from fsdpkit.train.observe.nccl_log import NetworkVerdict
 
 # States in which a job has no running pods yet: the events say why.
 WAITING = ("Pending", "Created", "Unknown")
@@ -213,7 +214,7 @@ class KubeObserver(KubeAPI):
                 else:
                     raise
         st.details.update(pods=[pod_summary(p) for p in pods],
-                          network=network,
+                          network=network.to_dict() if network else None,
                           unreachable=self._unreachable(self._node_health(pods, gaps), pods, kubelet), gaps=gaps)
         return st
 
@@ -332,12 +333,13 @@ class KubeObserver(KubeAPI):
         finally:
             resp.release_conn()
 
-    def network(self, name: str) -> dict[str, Any] | None:
+    def network(self, name: str) -> NetworkVerdict | None:
         """The network NCCL chose, as the trainer reported it before its first step (the start of
         rank 0's log); None before that line exists, or where it cannot be read (see `describe`)."""
-        return cast("dict[str, Any] | None", self.describe(name).details["network"])
+        seen = self.describe(name).details["network"]
+        return NetworkVerdict(**seen) if seen else None
 
-    def _network_of(self, pod: str, namespace: str, container: str) -> dict[str, Any] | None:
+    def _network_of(self, pod: str, namespace: str, container: str) -> NetworkVerdict | None:
         try:
             with api_errors(f"reading logs of {pod}", self.host, keep=_unanswered):
                 head = self._core().read_namespaced_pod_log(pod, namespace, container=container,
@@ -442,5 +444,6 @@ class KubeObserver(KubeAPI):
         gaps: dict[str, str] = st.details.get("gaps", {})
         unreachable = self._unreachable(self._node_health(pods, gaps), pods, kubelet)
         return Snapshot(name, st.state, st.attempt, st.message, st.details.get("event"), st.details.get("blocked"),
-                        [pod_summary(p) for p in pods], nodes, progress, network, unreachable, gaps,
+                        [pod_summary(p) for p in pods], nodes, progress, network.to_dict() if network else None,
+                        unreachable, gaps,
                         [f.to_dict() for f in findings])

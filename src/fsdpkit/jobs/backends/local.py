@@ -27,6 +27,7 @@ from fsdpkit.jobs.resolved import ResolvedJob
 from fsdpkit.jobs.spec import JobSpec, load_spec_dict
 from fsdpkit.jobs.status import JobStatus
 from fsdpkit.polling import poll_until
+from fsdpkit.train.observe.nccl_log import NetworkVerdict
 
 log = logging.getLogger(__name__)
 
@@ -178,7 +179,7 @@ class LocalBackend:
         _drop_record(job_dir)
         return [f"local/{name}"]
 
-    def network(self, name: str) -> dict[str, Any] | None:
+    def network(self, name: str) -> NetworkVerdict | None:
         """The network the trainer reported before its first step, from the start of the job's log."""
         return network_verdict(list(itertools.islice(self.logs(name), NETWORK_LINES)))
 

@@ -15,7 +15,6 @@ import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 from fsdpkit.errors import Conflict, Unreachable, UserError
 from fsdpkit.jobs.backends.base import Listing, Rendered, Submitted, Target, no_server
@@ -25,6 +24,7 @@ from fsdpkit.jobs.health import network_verdict
 from fsdpkit.jobs.resolved import ResolvedJob
 from fsdpkit.jobs.spec import JobSpec
 from fsdpkit.jobs.status import JobStatus
+from fsdpkit.train.observe.nccl_log import NetworkVerdict
 
 # What sbatch says when no controller answers (Slurm's own messages): the cluster, not the input.
 _UNREACHABLE = re.compile(r"Unable to contact slurm controller|Socket timed out|Connection refused|"
@@ -242,7 +242,7 @@ class SlurmBackend:
             subprocess.run(["scancel", "--name", name], check=False)
         return [f"slurm/{name} (job {st.details['job_id']})"]
 
-    def network(self, name: str) -> dict[str, Any] | None:
+    def network(self, name: str) -> NetworkVerdict | None:
         """The network the trainer reported before its first step, from the start of the job's log."""
         return network_verdict(list(itertools.islice(self.logs(name), NETWORK_LINES)))
 
