@@ -173,24 +173,32 @@ def cmd_submit(args: argparse.Namespace) -> int:
         if final is not None and final.state != "Succeeded":
             return emit_json(out, 1, _ended(out["final"]), hint=_why(spec.name))
         return emit_json(out)
-    if args.dry_run:
-        if args.output == "yaml":
-            print(backend.render(job).text(), end="")
-            return 0
-        checked = " (the API server accepted each)" if result.accepted else ""
-        where = f" in namespace {spec.namespace}" if spec.backend in CLUSTER_BACKENDS else ""
-        print(f"dry run: would create {', '.join(result.made())}{where}{checked}; -o yaml prints them")
+    if args.dry_run and args.output == "yaml":
+        print(backend.render(job).text(), end="")
         return 0
-    where = f", namespace {spec.namespace}" if spec.backend in CLUSTER_BACKENDS else ""
+    _print_submitted(job, result)
+    if final is not None:
+        return 0 if final.state == "Succeeded" else 1
+    if not args.dry_run:
+        print(f"follow it with: fsdpkit job logs {spec.name} -f")
+    return 0
+
+
+def _print_submitted(job: ResolvedJob, result: Submitted) -> None:
+    """What a submit made (or a dry run would make), as a person reads it."""
+    spec = job.spec
+    cluster = spec.backend in CLUSTER_BACKENDS
+    if result.dry_run:
+        checked = " (the API server accepted each)" if result.accepted else ""
+        where = f" in namespace {spec.namespace}" if cluster else ""
+        print(f"dry run: would create {', '.join(result.made())}{where}{checked}; -o yaml prints them")
+        return
+    where = f", namespace {spec.namespace}" if cluster else ""
     print(f"submitted {spec.name} ({spec.backend}{where}): {', '.join(result.made())}")
     for r in result.reused or []:
         print(f"  reusing {r} (holds this job's earlier checkpoints)")
     if result.hint:
         print(result.hint)
-    if final is not None:
-        return 0 if final.state == "Succeeded" else 1
-    print(f"follow it with: fsdpkit job logs {spec.name} -f")
-    return 0
 
 
 def _ended(st: dict[str, Any]) -> str:
