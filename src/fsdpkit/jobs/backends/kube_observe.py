@@ -8,6 +8,7 @@ import json
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
 from fsdpkit.cluster.client import (
@@ -57,6 +58,26 @@ def _condition(obj: dict[str, Any], kind: str) -> dict[str, Any]:
 def _unanswered(e: BaseException) -> bool:
     """A pod's log or exec that this user may not read, or that its kubelet did not serve."""
     return is_forbidden(e) or _kubelet_down(e)
+
+
+@dataclass
+class _Rank0Log:
+    """What one read of rank 0's last lines gave a snapshot (nothing, where the log cannot be read)."""
+
+    lines: list[str] = field(default_factory=list)
+    progress: dict[str, Any] = field(default_factory=dict)
+    findings: list[Finding] = field(default_factory=list)
+    network: NetworkVerdict | None = None
+
+
+def _node_findings(name: str, nodes: list[dict[str, Any]], pods: list[dict[str, Any]], progress: dict[str, Any],
+                   stall_after: float) -> list[Finding]:
+    """Stragglers among the sampled nodes, and EFA that carries nothing while the job trains."""
+    found = stragglers(nodes)
+    training = "step" in progress and progress.get("last_step_age_s", stall_after + 1) <= stall_after
+    if training and any(asks_for_efa(p) for p in pods):
+        found += efa_flat(nodes, name)
+    return found
 
 
 class KubeObserver(KubeAPI):
@@ -400,6 +421,24 @@ class KubeObserver(KubeAPI):
         with ThreadPoolExecutor(max_workers=min(16, len(running))) as pool:
             return list(pool.map(one, running))
 
+    def _rank0_log(self, pod: str, container: str, now: Any, stall_after: float,
+                   kubelet: dict[str, str]) -> _Rank0Log:
+        """Rank 0's last lines, read once for progress, its findings (a stall) and the network; a log
+        that cannot be read yet is not a finding of its own, a kubelet that does not answer goes
+        into `kubelet`."""
+        look = _Rank0Log()
+        try:
+            look.lines = self._pod_log_tail(pod, self.namespace, container, 500).splitlines()
+            look.progress, look.findings = log_progress(look.lines, pod, now or dt.datetime.now(dt.timezone.utc),
+                                                        stall_after)
+            look.network = network_verdict(look.lines) or self._network_of(pod, self.namespace, container)
+        except Exception as e:
+            if _kubelet_down(e):
+                kubelet[pod] = api_message(e)
+            elif not _not_yet(e):
+                raise
+        return look
+
     def snapshot(self, name: str, stall_after: float = 900, now: Any = None, sample: float = 0,
                  history: WatchHistory | None = None) -> Snapshot:
         """One look at a running job: state, per-pod phase and restarts, the trainer's latest step,
@@ -415,35 +454,22 @@ class KubeObserver(KubeAPI):
         if blocked := st.details.get("blocked"):   # no pod to find it on: the job's own finding
             findings.append(Finding("cannot_create", "", blocked, "fix what it names in the spec and submit it again "
                                                                   "(job submit --replace)"))
-        progress: dict[str, Any] = {}
-        network = None
-        log: list[str] = []  # rank 0's last lines, read once for progress, network and step time
         kubelet: dict[str, str] = {}
         rank0_name = self._rank0(pods, kind)
         rank0 = next((p for p in pods if p["metadata"]["name"] == rank0_name), None)
-        if rank0_name and rank0 and (rank0.get("status") or {}).get("phase") == "Running" and not st.finished:
-            try:
-                log = self._pod_log_tail(rank0_name, namespace, k.container, 500).splitlines()
-                progress, more = log_progress(log, rank0_name, now or dt.datetime.now(dt.timezone.utc), stall_after)
-                findings += more
-                network = network_verdict(log) or self._network_of(rank0_name, namespace, k.container)
-            except Exception as e:  # a log that cannot be read yet is not a finding of its own
-                if _kubelet_down(e):
-                    kubelet[rank0_name] = api_message(e)
-                elif not _not_yet(e):
-                    raise
-        nodes = self._nodes(pods, namespace, k.container, sample, rank0_name, log, kubelet) \
+        running = bool(rank0_name and rank0 and (rank0.get("status") or {}).get("phase") == "Running")
+        look = self._rank0_log(rank0_name, k.container, now, stall_after, kubelet) \
+            if rank0_name and running and not st.finished else _Rank0Log()
+        findings += look.findings
+        nodes = self._nodes(pods, namespace, k.container, sample, rank0_name, look.lines, kubelet) \
             if sample and not st.finished else []
         if nodes:
-            findings += stragglers(nodes)
-            training = "step" in progress and progress.get("last_step_age_s", stall_after + 1) <= stall_after
-            if training and any(asks_for_efa(p) for p in pods):
-                findings += efa_flat(nodes, name)
+            findings += _node_findings(name, nodes, pods, look.progress, stall_after)
             if history is not None:
                 history.add(nodes)
         gaps: dict[str, str] = st.details.get("gaps", {})
         unreachable = self._unreachable(self._node_health(pods, gaps), pods, kubelet)
         return Snapshot(name, st.state, st.attempt, st.message, st.details.get("event"), st.details.get("blocked"),
-                        [pod_summary(p) for p in pods], nodes, progress, network.to_dict() if network else None,
-                        unreachable, gaps,
+                        [pod_summary(p) for p in pods], nodes, look.progress,
+                        look.network.to_dict() if look.network else None, unreachable, gaps,
                         [f.to_dict() for f in findings])
