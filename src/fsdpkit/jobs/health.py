@@ -104,28 +104,43 @@ def network_verdict(lines: list[str]) -> nccl_log.NetworkVerdict | None:
 
 
 def pod_findings(pods: list[dict[str, Any]]) -> list[Finding]:
+    """Each pod's trouble as its status shows it: unschedulable, OOMKilled, crash-looping."""
     out: list[Finding] = []
     for pod in pods:
         name = (pod.get("metadata") or {}).get("name", "?")
         status = pod.get("status") or {}
         if status.get("phase") == "Pending":
-            for c in status.get("conditions") or []:
-                if c.get("type") == "PodScheduled" and c.get("status") == "False":
-                    msg = c.get("message") or c.get("reason") or ""
-                    why, fix = next(((w, f) for rx, w, f in _PENDING if rx.search(msg)), ("cannot be scheduled", ""))
-                    out.append(Finding("pending", name, f"{why}: {msg}", fix))
+            out += _unschedulable(name, status)
         for cs in status.get("containerStatuses") or []:
-            state, last = cs.get("state") or {}, cs.get("lastState") or {}
-            terminated = (state.get("terminated") or {}).get("reason") or (last.get("terminated") or {}).get("reason")
-            if terminated == "OOMKilled":
-                out.append(Finding("oom", name, f"container {cs.get('name')} was OOMKilled "
-                                   f"(restarts {cs.get('restartCount', 0)})",
-                                   "raise memory in the spec, or lower train_batch_size / turn on "
-                                   "activation_checkpointing / cpu_offload"))
-            if (state.get("waiting") or {}).get("reason") == "CrashLoopBackOff":
-                out.append(Finding("crashloop", name, f"container {cs.get('name')} is crash-looping "
-                                   f"(restarts {cs.get('restartCount', 0)})",
-                                   f"fsdpkit job logs JOB --replica ... --previous  (pod {name})"))
+            out += _container_findings(name, cs)
+    return out
+
+
+def _unschedulable(name: str, status: dict[str, Any]) -> list[Finding]:
+    """A Pending pod's PodScheduled=False condition, with the reason it names and its fix."""
+    out = []
+    for c in status.get("conditions") or []:
+        if c.get("type") == "PodScheduled" and c.get("status") == "False":
+            msg = c.get("message") or c.get("reason") or ""
+            why, fix = next(((w, f) for rx, w, f in _PENDING if rx.search(msg)), ("cannot be scheduled", ""))
+            out.append(Finding("pending", name, f"{why}: {msg}", fix))
+    return out
+
+
+def _container_findings(name: str, cs: dict[str, Any]) -> list[Finding]:
+    """One container's OOMKilled (now or as it last ended) and crash loop."""
+    out = []
+    state, last = cs.get("state") or {}, cs.get("lastState") or {}
+    terminated = (state.get("terminated") or {}).get("reason") or (last.get("terminated") or {}).get("reason")
+    if terminated == "OOMKilled":
+        out.append(Finding("oom", name, f"container {cs.get('name')} was OOMKilled "
+                           f"(restarts {cs.get('restartCount', 0)})",
+                           "raise memory in the spec, or lower train_batch_size / turn on "
+                           "activation_checkpointing / cpu_offload"))
+    if (state.get("waiting") or {}).get("reason") == "CrashLoopBackOff":
+        out.append(Finding("crashloop", name, f"container {cs.get('name')} is crash-looping "
+                           f"(restarts {cs.get('restartCount', 0)})",
+                           f"fsdpkit job logs JOB --replica ... --previous  (pod {name})"))
     return out
 
 
