@@ -209,7 +209,6 @@ def _adapters(cfg: TrainConfig) -> dict[str, Any] | None:
 
 
 def _print(out: dict[str, Any]) -> None:
-    m = out["memory_gib"]
     where = f"{out['nodes']} x {out['instance_type']} ({out['world']} ranks)" if out["instance_type"] else \
         f"{out['world']} rank(s), no instance type"
     print(f"{out['model']} on {where}: seq {out['seq_len']} x micro-batch {out['micro_batch']} x accumulation "
@@ -217,6 +216,18 @@ def _print(out: dict[str, Any]) -> None:
           f"{out['activation_checkpointing']}{', CPU offload' if out['cpu_offload'] else ''}"
           f"{f', context parallel {cp}' if (cp := out['context_parallel']) > 1 else ''}"
           f"{f', expert parallel {ep}' if (ep := out['expert_parallel']) > 1 else ''}")
+    _print_memory(out)
+    _print_time(out)
+    _print_run(out)
+    print(f"\n{out['verdict']}")
+    for a in out["alternatives"]:
+        print(f"  with {a['change']}: {'fits' if a['fits'] else 'does not fit'}, {a['peak_gib']:.1f} GiB per GPU, "
+              f"{a['nodes']} node(s), about {a['tokens_per_s'] or 0:,} tokens/s")
+
+
+def _print_memory(out: dict[str, Any]) -> None:
+    """Memory per rank, term by term, and the peak with the moment it falls at."""
+    m = out["memory_gib"]
     # Each term at its largest; activations are freed as backward makes gradients, so no moment holds
     # every row and they may add up to more than the peak, which is the largest moment's sum.
     print("\nmemory per rank (GiB; each term at its largest, not all held at once)")
@@ -227,6 +238,10 @@ def _print(out: dict[str, Any]) -> None:
           f"{m['backward_start']:.2f}, end of backward {m['backward_end']:.2f}, validation {m['validation']:.2f})")
     if m["host"]:
         print(f"  {'host (offload)':18s} {m['host']:10.2f}")
+
+
+def _print_time(out: dict[str, Any]) -> None:
+    """What a step moves and costs, and the run's time and price."""
     c = out["comm_bytes"]
     print(f"\ncommunication per step and rank: all-gather {c['all_gather_bytes'] / GIB:.2f} GiB "
           f"({c['all_gathers']} calls), reduce-scatter {c['reduce_scatter_bytes'] / GIB:.2f} GiB "
@@ -244,6 +259,10 @@ def _print(out: dict[str, Any]) -> None:
     if out.get("run"):
         cost = f", {out['cost']:,.2f} {out['currency']} at your price" if out.get("cost") is not None else ""
         print(f"run: {out['run']['explanation']}{cost}")
+
+
+def _print_run(out: dict[str, Any]) -> None:
+    """The recipe, validation, adapters, objective, checkpoints, devices, stop and start."""
     r, v = out["recipe"], out["validation"]
     schedule = "constant" if r["lr_decay_style"] == "constant" else f"-> {r['min_lr']:g} ({r['lr_decay_style']})"
     print(f"\nrecipe: lr {r['lr']:g} {schedule}, warm-up {r['warmup_steps']} steps, "
@@ -262,7 +281,3 @@ def _print(out: dict[str, Any]) -> None:
     print(f"stopping: grace period {out['grace']['explanation']}")
     print(f"starting: {out['startup']['explanation']} (HyperPod's startup deadline; with the grace, its fault "
           "deadline)")
-    print(f"\n{out['verdict']}")
-    for a in out["alternatives"]:
-        print(f"  with {a['change']}: {'fits' if a['fits'] else 'does not fit'}, {a['peak_gib']:.1f} GiB per GPU, "
-              f"{a['nodes']} node(s), about {a['tokens_per_s'] or 0:,} tokens/s")
