@@ -443,10 +443,26 @@ def run_checks(api_client: Any, team: str | None = None) -> Report:
         capacity.detail += f" (free not known: pods not read: {r.gaps['pods']})"
     hyperpod_cluster = any(HEALTH in n.labels for n in nodes)
     operators, backends, running = _job_operator_checks(r, crds, deployments, hyperpod_cluster)
-    gpu_types = any(n.instance_type.removeprefix("ml.").split(".")[0] in ("p4d", "p4de", "p5", "p5e", "p5en", "g5",
-                                                                            "g6", "g6e") for n in nodes)
+    checks += _add_on_checks(r, nodes, daemonsets, deployments, crds, operators, team)
+    checks.append(unread if (unread := r.unread("FSx for Lustre", "CSI drivers", "storage classes"))
+                  else _fsx_check(classes, drivers))
+    return Report(checks, nodes, backends, running, team_report)
+
+
+def _family(n: NodeInfo) -> str:
+    """p5 of p5.48xlarge and of HyperPod's ml.p5.48xlarge."""
+    return n.instance_type.removeprefix("ml.").split(".")[0]
+
+
+def _add_on_checks(r: ClusterReader, nodes: list[NodeInfo], daemonsets: list[dict[str, Any]],
+                   deployments: list[dict[str, Any]], crds: set[str], operators: list[tuple[str, Check]],
+                   team: str | None) -> list[Check]:
+    """The device plugins (needed where the nodes' types have GPUs or EFA), the job operators, KubeRay
+    and Kueue: each with the remedy that installs it where it is missing."""
+    gpu_types = any(_family(n) in ("p4d", "p4de", "p5", "p5e", "p5en", "g5", "g6", "g6e") for n in nodes)
     efa_nodes = any(n.allocatable.get(EFA, 0) > 0 for n in nodes) or any(
-        n.instance_type.removeprefix("ml.").split(".")[0] in ("p4d", "p4de", "p5", "p5e", "p5en") for n in nodes)
+        _family(n) in ("p4d", "p4de", "p5", "p5e", "p5en") for n in nodes)
+    out = []
     for key, check in (
         ("nvidia", _daemonset_check("NVIDIA device plugin", daemonsets, NVIDIA_PLUGIN_LABELS, FIXES["nvidia"],
                                     needed=gpu_types)),
@@ -465,18 +481,18 @@ def run_checks(api_client: Any, team: str | None = None) -> Report:
         # never offered (its fix says how, for a spec that needs it).
         if key in REMEDIES and check.fix == FIXES[key] and key != "training-operator":
             check.remedy = REMEDIES[key]
-        checks.append(check)
-    if unread := r.unread("FSx for Lustre", "CSI drivers", "storage classes"):
-        checks.append(unread)
-        return Report(checks, nodes, backends, running, team_report)
+        out.append(check)
+    return out
+
+
+def _fsx_check(classes: list[dict[str, Any]], drivers: set[Any]) -> Check:
+    """FSx for Lustre's CSI driver, and the storage classes that provision with it."""
+    if "fsx.csi.aws.com" not in drivers:
+        return Check("FSx for Lustre", "warn", "CSI driver fsx.csi.aws.com not installed: checkpoints need another "
+                     "shared volume", FIXES["fsx"], REMEDIES["fsx"])
     fsx = [c["metadata"]["name"] for c in classes if c.get("provisioner") == "fsx.csi.aws.com"]
-    checks.append(Check("FSx for Lustre", "pass" if "fsx.csi.aws.com" in drivers else "warn",
-                        ("CSI driver installed" + (f"; storage classes: {', '.join(fsx)}" if fsx else
-                                                   "; no storage class uses it (static PVs only)"))
-                        if "fsx.csi.aws.com" in drivers else "CSI driver fsx.csi.aws.com not installed: checkpoints "
-                        "need another shared volume", "" if "fsx.csi.aws.com" in drivers else FIXES["fsx"],
-                        "" if "fsx.csi.aws.com" in drivers else REMEDIES["fsx"]))
-    return Report(checks, nodes, backends, running, team_report)
+    return Check("FSx for Lustre", "pass", "CSI driver installed" + (f"; storage classes: {', '.join(fsx)}" if fsx else
+                                                                     "; no storage class uses it (static PVs only)"))
 
 
 def _pair(n: NodeInfo, key: str, f: Callable[[Any], str] = lambda v: str(int(v))) -> str:
