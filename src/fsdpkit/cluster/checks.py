@@ -177,8 +177,8 @@ class ClusterReader:
                 (api_resources(self.custom, name.split(".", 1)[1], CRD_VERSIONS[name], self.host) or ())}
 
 
-def node_infos(nodes: list[dict[str, Any]], pods: list[dict[str, Any]]) -> list[NodeInfo]:
-    """Allocatable and allocated (sum of the requests of pods that still hold them) per node."""
+def _allocated(pods: list[dict[str, Any]]) -> dict[str, dict[str, Decimal]]:
+    """Per node, the resources the pods on it request and still hold (not Succeeded or Failed)."""
     allocated: dict[str, dict[str, Decimal]] = defaultdict(lambda: defaultdict(Decimal))
     for pod in pods:
         phase = (pod.get("status") or {}).get("phase")
@@ -191,6 +191,12 @@ def node_infos(nodes: list[dict[str, Any]], pods: list[dict[str, Any]]) -> list[
             for k, v in {**(res.get("limits") or {}), **(res.get("requests") or {})}.items():
                 if k in ("cpu", "memory", GPU, EFA, NEURON):
                     allocated[node][k] += parse(v)
+    return allocated
+
+
+def node_infos(nodes: list[dict[str, Any]], pods: list[dict[str, Any]]) -> list[NodeInfo]:
+    """Allocatable and allocated (sum of the requests of pods that still hold them) per node."""
+    allocated = _allocated(pods)
     out = []
     for n in nodes:
         meta, status = n.get("metadata") or {}, n.get("status") or {}
@@ -317,16 +323,23 @@ def _node_checks(nodes: list[NodeInfo]) -> list[Check]:
                         "no node advertises nvidia.com/gpu",
                         "" if gpu_nodes else "add GPU nodes, or check the NVIDIA device plugin below"))
     for n in nodes:
-        health, deep = n.labels.get(HEALTH), n.labels.get(DEEP_HEALTH)
-        if health is not None:
-            ok = health == "Schedulable"
-            checks.append(Check(f"HyperPod health {n.name}", "pass" if ok else "fail", health,
-                                "" if ok else "HyperPod is replacing or rebooting this node; jobs with auto-resume "
-                                "continue on a healthy one (aws sagemaker describe-cluster-node)"))
-        if deep is not None:
-            status = {"Passed": "pass", "InProgress": "warn"}.get(deep, "fail")
-            checks.append(Check(f"deep health check {n.name}", status, deep,
-                                "" if status == "pass" else "wait for the deep health check, or replace the node"))
+        checks += _hyperpod_health(n)
+    return checks
+
+
+def _hyperpod_health(n: NodeInfo) -> list[Check]:
+    """A HyperPod node's health and deep-health labels, where it has them."""
+    checks = []
+    health, deep = n.labels.get(HEALTH), n.labels.get(DEEP_HEALTH)
+    if health is not None:
+        ok = health == "Schedulable"
+        checks.append(Check(f"HyperPod health {n.name}", "pass" if ok else "fail", health,
+                            "" if ok else "HyperPod is replacing or rebooting this node; jobs with auto-resume "
+                            "continue on a healthy one (aws sagemaker describe-cluster-node)"))
+    if deep is not None:
+        status = {"Passed": "pass", "InProgress": "warn"}.get(deep, "fail")
+        checks.append(Check(f"deep health check {n.name}", status, deep,
+                            "" if status == "pass" else "wait for the deep health check, or replace the node"))
     return checks
 
 
