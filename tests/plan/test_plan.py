@@ -338,6 +338,8 @@ def test_a_plan_that_does_not_fit_is_a_failed_check():
     (["--preset", "debug", "--instance-type", "p9.1xlarge"], "instance_type: 'p9.1xlarge' is not in fsdpkit's table"),
     (["--preset", "nope"], "preset"),
     (["--preset", "debug", "--price-per-hour", "-3"], "price_per_hour: -3.0 is out of range (> 0)"),
+    (["--preset", "debug", "--tokens", "0"], "tokens: 0.0 is out of range (> 0)"),
+    (["--preset", "debug", "--write-mb-per-s", "-1"], "write_mb_per_s: -1.0 is out of range (> 0)"),
 ])
 def test_bad_plan_input_is_one_line(args, message):
     r = cli_here("plan", *args)

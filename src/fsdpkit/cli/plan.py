@@ -83,24 +83,12 @@ def run(args: argparse.Namespace, train_flags: list[str]) -> int:
     from fsdpkit.plan.runtime import run_time
     from fsdpkit.train.config import budget_steps, step_tokens
 
-    if args.tokens is not None and args.tokens <= 0:
-        raise UserError(f"tokens: {args.tokens} is out of range (> 0)")
-    if args.price_per_hour is not None and args.price_per_hour <= 0:
-        raise UserError(f"price_per_hour: {args.price_per_hour} is out of range (> 0)")
-    if args.write_mb_per_s is not None and args.write_mb_per_s <= 0:
-        raise UserError(f"write_mb_per_s: {args.write_mb_per_s} is out of range (> 0)")
+    for name in ("tokens", "price_per_hour", "write_mb_per_s"):
+        if (value := getattr(args, name)) is not None and value <= 0:
+            raise UserError(f"{name}: {value} is out of range (> 0)")
     got = _from_spec(args, train_flags) if args.jobspec else _from_flags(args, train_flags)
     cfg, nodes, write_rate = got.cfg, got.nodes, got.write_rate
     p = got.plan or plan_config(cfg, got.instance_type, nodes, args.mfu, got.procs)
-    stop_rate, stop_to = stop_tier(cfg.checkpoint.tiered, write_rate, nodes)
-    lora = cfg.lora_shape   # a LoRA run saves its adapters alone
-    grace = grace_period(cfg.shape, stop_rate, p.step_s, stop_to, lora)
-    start = startup(cfg.shape, write_rate, cfg.parallel.compiles("cuda" if got.instance_type else "cpu"), lora,
-                    cfg.shape if cfg.checkpoint.init_from_hf else None)
-    derived, every = cadence(cfg.shape, write_rate, lora), cfg.checkpoint.checkpoint_every
-    checkpoints = derived.to_dict() if every in ("0", derived.every) else {
-        "every": every, "explanation": f"every {every}{' steps' if every.isdigit() else ''}, as configured (the "
-        f"derived default: every {derived.every})"}
     data_ranks = cfg.parallel.data_ranks(p.workload.world)
     per_step = step_tokens(cfg.data, data_ranks)
     # A spec's budget is already its steps (train.tokens); flags' --tokens is shared over the plan's ranks.
@@ -111,8 +99,7 @@ def run(args: argparse.Namespace, train_flags: list[str]) -> int:
            "adapters": _adapters(cfg),
            "validation": {"batches": cfg.log.validation_batches, "batch_size": cfg.data.val_batch_size,
                           "every_steps": cfg.log.validation_freq, "share": round(cfg.validation_share(steps), 4)},
-           "grace": grace.to_dict(), "startup": start.to_dict(), "checkpoints": checkpoints,
-           "alternatives": [a.summary(args.price_per_hour) for a in p.alternatives]}
+           **_stop_and_start(got, p.step_s), "alternatives": [a.summary(args.price_per_hour) for a in p.alternatives]}
     if got.devices:
         out["devices"] = got.devices
     if p.step_s is not None:
@@ -128,6 +115,22 @@ def run(args: argparse.Namespace, train_flags: list[str]) -> int:
         return emit_json(out, code, out["verdict"], hint=f"plan again with {best['change']}" if best else None)
     _print(out)
     return code
+
+
+def _stop_and_start(got: Planned, step_s: float | None) -> dict[str, Any]:
+    """The grace a stopping pod needs to write its checkpoint, the start-up, and the checkpoints'
+    cadence (the derived one, or what the run was given beside it)."""
+    cfg, write_rate = got.cfg, got.write_rate
+    stop_rate, stop_to = stop_tier(cfg.checkpoint.tiered, write_rate, got.nodes)
+    lora = cfg.lora_shape   # a LoRA run saves its adapters alone
+    grace = grace_period(cfg.shape, stop_rate, step_s, stop_to, lora)
+    start = startup(cfg.shape, write_rate, cfg.parallel.compiles("cuda" if got.instance_type else "cpu"), lora,
+                    cfg.shape if cfg.checkpoint.init_from_hf else None)
+    derived, every = cadence(cfg.shape, write_rate, lora), cfg.checkpoint.checkpoint_every
+    checkpoints = derived.to_dict() if every in ("0", derived.every) else {
+        "every": every, "explanation": f"every {every}{' steps' if every.isdigit() else ''}, as configured (the "
+        f"derived default: every {derived.every})"}
+    return {"grace": grace.to_dict(), "startup": start.to_dict(), "checkpoints": checkpoints}
 
 
 def _from_spec(args: argparse.Namespace, train_flags: list[str]) -> Planned:
