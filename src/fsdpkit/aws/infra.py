@@ -185,28 +185,38 @@ class Infra:
                     self.iam.delete_role_policy(RoleName=n.role, PolicyName=p)
                 self.iam.delete_role(RoleName=n.role)
             removed.append(f"iam role {n.role}")
-        if have[f"ecr repository {n.repository}"] and self._repo_is_ours():
-            images = self._images()
-            if images and not delete_images:
-                say(f"kept ecr repository {n.repository}: it holds {len(images)} image(s) "
-                    "(pass --delete-images to remove them too)")
-            else:
-                with aws_errors("deleting the repository", "ecr"):
-                    self.ecr.delete_repository(repositoryName=n.repository, force=True)
-                removed.append(f"ecr repository {n.repository}")
+        if have[f"ecr repository {n.repository}"] and self._repo_is_ours() and self._repository_goes(say,
+                                                                                                     delete_images):
+            removed.append(f"ecr repository {n.repository}")
         if have[f"log group {n.log_group}"]:
             with aws_errors("deleting the log group", "logs"):
                 self.logs.delete_log_group(logGroupName=n.log_group)
             removed.append(f"log group {n.log_group}")
         if have[f"s3 bucket {n.bucket}"]:
-            with aws_errors("emptying and deleting the bucket", "s3"):
-                for page in self.s3.get_paginator("list_object_versions").paginate(Bucket=n.bucket):
-                    for o in page.get("Versions", []) + page.get("DeleteMarkers", []):
-                        self.s3.delete_object(Bucket=n.bucket, Key=o["Key"], VersionId=o["VersionId"])
-                self.s3.delete_bucket(Bucket=n.bucket)
+            self._delete_bucket()
             removed.append(f"s3 bucket {n.bucket}")
         say("removed: " + (", ".join(removed) or "nothing (none of fsdpkit's resources exist)"))
         return removed
+
+    def _repository_goes(self, say: Callable[[str], None], delete_images: bool) -> bool:
+        """Delete our repository unless it holds images and `delete_images` was not given (said)."""
+        images = self._images()
+        if images and not delete_images:
+            say(f"kept ecr repository {self.n.repository}: it holds {len(images)} image(s) "
+                "(pass --delete-images to remove them too)")
+            return False
+        with aws_errors("deleting the repository", "ecr"):
+            self.ecr.delete_repository(repositoryName=self.n.repository, force=True)
+        return True
+
+    def _delete_bucket(self) -> None:
+        """Every version and delete marker of the bucket, then the bucket."""
+        bucket = self.n.bucket
+        with aws_errors("emptying and deleting the bucket", "s3"):
+            for page in self.s3.get_paginator("list_object_versions").paginate(Bucket=bucket):
+                for o in page.get("Versions", []) + page.get("DeleteMarkers", []):
+                    self.s3.delete_object(Bucket=bucket, Key=o["Key"], VersionId=o["VersionId"])
+            self.s3.delete_bucket(Bucket=bucket)
 
     def _images(self) -> list[dict[str, Any]]:
         with aws_errors("listing the repository's images", "ecr"):
