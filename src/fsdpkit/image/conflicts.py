@@ -258,50 +258,61 @@ def _fix_pass(dockerfile: Path, requirements: Sequence[Path]) -> None:
     image = next((ln.split()[1] for ln in lines if ln.strip().upper().startswith("FROM ")), "")
     for c in conflicts:
         path = Path(c.file)
-        rows = text[path].splitlines()
-        row = rows[c.line - 1]
-        if c.kind == "torch-family":
-            torch_v = next((m.group(2) for p in text for m in map(_PIN.match, re.split(r"[\s\"']+", text[p]))
-                            if m and m.group(1).lower() == "torch"), _base_torch(image))
-            assert torch_v is not None  # check() reports this kind only where torch's version is known
-            want = expected_pair(torch_v)
-
-            def pinned(m: re.Match[str], want: dict[str, str] = want) -> str:
-                return f"{m.group(1)}=={want[m.group(1).lower()]}.*"
-            # The pin whole, a wildcard included: a row with both packages comes here once for each.
-            row = re.sub(r"(torchvision|torchaudio)\s*==\s*[0-9][0-9a-z.+*]*", pinned, row)
-        elif c.kind == "cuda-wheel":
-            cuda = _base_cuda(image)
-            assert cuda is not None  # check() reports this kind only where the base's CUDA is known
-            tag = "cu" + cuda.replace(".", "")
-            row = re.sub(r"whl/cu\d+", f"whl/{tag}", row)
-            row = re.sub(r"\+cu\d+", f"+{tag}", row)
-        elif c.kind == "torch-replacer" and path == dockerfile:
-            row = row.replace("pip install", "pip install -c /etc/pip-constraints.txt", 1)
-        elif c.kind == "torch-replacer":
+        if c.kind == "torch-replacer" and path != dockerfile:
             # A requirements file cannot carry -c for one line; the Dockerfile installs it constrained.
             rows_df = text[dockerfile].splitlines()
             rows_df = [r.replace("pip install -r", "pip install -c /etc/pip-constraints.txt -r", 1) for r in rows_df]
             text[dockerfile] = "\n".join(rows_df) + "\n"
             changed.add(str(dockerfile))
             continue
-        elif c.kind in ("torch-pin", "cuda-lib-pin"):
-            row = f"# {row}  # removed by `fsdpkit image check --fix`: {c.detail.split(', but ')[1].split(':')[0]}"
-        elif c.kind in ("efa", "agent-torch"):
-            row = re.sub(r"^(\s*FROM\s+)\S+", lambda m: m.group(1) + BASES[DEFAULT_BASE].image, row, flags=re.I)
-        rows[c.line - 1] = row
+        rows = text[path].splitlines()
+        rows[c.line - 1] = _fixed_row(c, rows[c.line - 1], text, image)
         text[path] = "\n".join(rows) + "\n"
         changed.add(str(path))
-    if any(c.kind == "torch-replacer" for c in conflicts) and "/etc/pip-constraints.txt" in text[dockerfile] and \
-            "pip-constraints.txt\" " not in text[dockerfile] and "> /etc/pip-constraints.txt" not in text[dockerfile]:
-        # The constraints file the fix refers to: written from the base image's own torch.
-        rows = text[dockerfile].splitlines()
-        at = next(i for i, ln in enumerate(rows) if ln.strip().upper().startswith("FROM ")) + 1
-        rows.insert(at, "RUN python -c \"import torch; print('torch==' + torch.__version__.split('+')[0])\" "
-                        "> /etc/pip-constraints.txt")
-        text[dockerfile] = "\n".join(rows) + "\n"
+    if any(c.kind == "torch-replacer" for c in conflicts):
+        text[dockerfile] = _writes_constraints(text[dockerfile])
     for p, t in text.items():
         if str(p) in changed:
             tmp = p.with_suffix(p.suffix + ".tmp")
             tmp.write_text(t)
             tmp.replace(p)
+
+
+def _fixed_row(c: Conflict, row: str, text: dict[Path, str], image: str) -> str:
+    """The line of a conflict as `--fix` rewrites it, by its kind; `text` is every file's, for the
+    torch version pinned anywhere."""
+    if c.kind == "torch-family":
+        torch_v = next((m.group(2) for p in text for m in map(_PIN.match, re.split(r"[\s\"']+", text[p]))
+                        if m and m.group(1).lower() == "torch"), _base_torch(image))
+        assert torch_v is not None  # check() reports this kind only where torch's version is known
+        want = expected_pair(torch_v)
+
+        def pinned(m: re.Match[str]) -> str:
+            return f"{m.group(1)}=={want[m.group(1).lower()]}.*"
+        # The pin whole, a wildcard included: a row with both packages comes here once for each.
+        return re.sub(r"(torchvision|torchaudio)\s*==\s*[0-9][0-9a-z.+*]*", pinned, row)
+    if c.kind == "cuda-wheel":
+        cuda = _base_cuda(image)
+        assert cuda is not None  # check() reports this kind only where the base's CUDA is known
+        tag = "cu" + cuda.replace(".", "")
+        return re.sub(r"\+cu\d+", f"+{tag}", re.sub(r"whl/cu\d+", f"whl/{tag}", row))
+    if c.kind == "torch-replacer":
+        return row.replace("pip install", "pip install -c /etc/pip-constraints.txt", 1)
+    if c.kind in ("torch-pin", "cuda-lib-pin"):
+        return f"# {row}  # removed by `fsdpkit image check --fix`: {c.detail.split(', but ')[1].split(':')[0]}"
+    if c.kind in ("efa", "agent-torch"):
+        return re.sub(r"^(\s*FROM\s+)\S+", lambda m: m.group(1) + BASES[DEFAULT_BASE].image, row, flags=re.I)
+    return row
+
+
+def _writes_constraints(dockerfile: str) -> str:
+    """A Dockerfile whose installs the fix constrained, with the constraints file they refer to
+    written first from the base image's own torch (where nothing writes it yet)."""
+    if "/etc/pip-constraints.txt" not in dockerfile or "pip-constraints.txt\" " in dockerfile or \
+            "> /etc/pip-constraints.txt" in dockerfile:
+        return dockerfile
+    rows = dockerfile.splitlines()
+    at = next(i for i, ln in enumerate(rows) if ln.strip().upper().startswith("FROM ")) + 1
+    rows.insert(at, "RUN python -c \"import torch; print('torch==' + torch.__version__.split('+')[0])\" "
+                    "> /etc/pip-constraints.txt")
+    return "\n".join(rows) + "\n"
