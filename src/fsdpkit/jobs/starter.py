@@ -116,6 +116,19 @@ def _team_fields(backend: str, team: str | None, priority: str | None) -> dict[s
             **({"priority_class": priority} if priority else {})}
 
 
+def _top_fields(backend: str, name: str, image: str | None, instance_type: str | None, nodes: str | None,
+                team: str | None, priority: str | None) -> dict[str, Any]:
+    """The spec's top-level fields given: HyperPod's instance types by its names (ml.), a fixed
+    node count as a number, a team's namespace and queue."""
+    if backend == "hyperpod" and instance_type and not instance_type.startswith("ml."):
+        instance_type = f"ml.{instance_type}"  # how HyperPod names (and labels) its instance types
+    top: dict[str, Any] = {"name": name, "backend": backend, **_team_fields(backend, team, priority)}
+    top.update({k: v for k, v in (("image", image), ("instance_type", instance_type), ("nodes", nodes)) if v})
+    if nodes and nodes.isdigit():
+        top["nodes"] = int(nodes)
+    return top
+
+
 def starter(backend: str, name: str, instance_type: str | None = None, nodes: str | None = None,
             image: str | None = None, preset: str | None = None, claim: str | None = None,
             shared_path: str | None = None, dataset: str | None = None, tokenizer: str | None = None,
@@ -125,12 +138,8 @@ def starter(backend: str, name: str, instance_type: str | None = None, nodes: st
     """The text of a starter spec; it loads back as the spec these values describe (checked here).
     `team`: the job goes where HyperPod task governance puts a team's work, its namespace and its
     LocalQueue, with `priority` as a Kueue WorkloadPriorityClass of the cluster's policy."""
-    if backend == "hyperpod" and instance_type and not instance_type.startswith("ml."):
-        instance_type = f"ml.{instance_type}"  # how HyperPod names (and labels) its instance types
-    top: dict[str, Any] = {"name": name, "backend": backend, **_team_fields(backend, team, priority)}
-    top.update({k: v for k, v in (("image", image), ("instance_type", instance_type), ("nodes", nodes)) if v})
-    if nodes and nodes.isdigit():
-        top["nodes"] = int(nodes)
+    top = _top_fields(backend, name, image, instance_type, nodes, team, priority)
+    instance_type = top.get("instance_type")
     storage = {k: v for k, v in (("claim", claim), ("shared_path", shared_path)) if v}
     train = {k: v for k, v in (("preset", preset), ("init_from_hf", init_from_hf), ("dataset", dataset),
                                 ("dataset_config_name", dataset_config_name), ("data_format", data_format),
@@ -150,6 +159,16 @@ def starter(backend: str, name: str, instance_type: str | None = None, nodes: st
     cfg = trainer.config
     derived = {name: getattr(getattr(cfg, group) if group else cfg, name) for name, group in _TRAIN_OPTIONS}
 
+    lines = _header(backend, image, team, dataset, storage)
+    lines += _field_lines(backend, top, {"storage": storage, "train": train, "slurm": slurm}, derived)
+    return "\n".join(lines) + "\n"
+
+
+
+
+def _header(backend: str, image: str | None, team: str | None, dataset: str | None,
+            storage: dict[str, Any]) -> list[str]:
+    """The spec's opening comments: how to use it, and what it still lacks for its backend."""
     lines = [f"# fsdpkit job spec ({backend}), written by `fsdpkit job init`. Every field is listed with what it",
              "# does; uncomment one to change it. Render it with `fsdpkit job render FILE`, check it will fit with",
              "# `fsdpkit plan FILE`, and submit with `fsdpkit job submit FILE` (--dry-run first)."]
@@ -165,23 +184,29 @@ def starter(backend: str, name: str, instance_type: str | None = None, nodes: st
         lines.append("# storage: without it checkpoints are lost with the pod; give storage.claim (an FSx for "
                      "Lustre PVC)" if backend in CLUSTER_BACKENDS else
                      "# storage: without it checkpoints are lost; give storage.shared_path (a shared mount, /fsx)")
+    return lines
+
+
+def _field_lines(backend: str, top: dict[str, Any], sections: dict[str, dict[str, Any]],
+                 derived: dict[str, Any]) -> list[str]:
+    """Every field of the spec in its order, `train:` last: the given ones set, the others commented
+    out with their defaults (the trainer's options with what the job derives); a section another
+    backend's is left out."""
+    lines = []
     for field in [*(f for f in JobSpec.model_fields if f != "train"), "train"]:
         if field in ("storage", "train", "topology") or field in _SECTION_BACKEND:
             if field in _SECTION_BACKEND and _SECTION_BACKEND[field] != backend:
                 continue
-            sections: dict[str, dict[str, Any]] = {"storage": storage, "train": train, "slurm": slurm}
             values = sections.get(field, {})
             # A section with nothing set stays commented out: an empty `slurm:` would be null.
             lines.append(f"{'' if values else '# '}{field + ':':<{48 if values else 46}} # {_SECTION_HELP[field]}")
-            lines += (_train_lines(train, derived) if field == "train"
+            lines += (_train_lines(values, derived) if field == "train"
                       else _section(section_of(JobSpec, field), values, 2))
             continue
         active = field in top
         lines.append(_line(0, field, top[field] if active else _default(JobSpec, field), _help(JobSpec, field),
                            active))
-    return "\n".join(lines) + "\n"
-
-
+    return lines
 
 
 def _train_lines(values: dict[str, Any], derived: dict[str, Any]) -> list[str]:
