@@ -218,22 +218,42 @@ def resolve(spec: JobSpec) -> ResolvedJob:
     return ResolvedJob(spec, root, trainer, grace_s, choose(spec, None))
 
 
+def _checked_config(spec: JobSpec, opts: Options) -> TrainConfig:
+    """The trainer's config of the job, checked at every world an elastic job may run at (the NF4
+    base's layout, the context and expert groups); a refusal names its train. field."""
+    try:
+        cfg = build([opts], on_nodes=spec.backend != "local", ranks=spec.nodes.max * spec.procs)
+        worlds = [(nodes, nodes * spec.procs) for nodes in range(spec.nodes.min, spec.nodes.max + 1)]
+        if cfg.lora_shape is not None and cfg.lora_shape.nf4:
+            # Each node count an elastic job may run at shards the NF4 base its own way.
+            for nodes, ranks in worlds:
+                check_nf4_layout(cfg.shape, cfg.parallel.shard_ranks(ranks, nodes), ranks)
+        check_context_group(cfg.parallel.context_parallel, spec.procs)
+        for _, ranks in worlds:
+            check_expert_group(cfg.parallel.expert_parallel, ranks)
+    except UserError as e:
+        raise UserError(f"train.{e}", hint=e.hint) from None
+    return cfg
+
+
+def _checkpoint_cadence(spec: JobSpec, cfg: TrainConfig, durable_given: bool) -> tuple[Cadence, Options]:
+    """Checkpoints on by default where they survive the pod: as often as costs <= 5% of the run.
+    Tiered, the periodic ones go to node memory, and shared storage's cadence becomes every
+    durable_every-th of them (unless given). The cadence, and the options it writes."""
+    durable = cadence(cfg.shape, spec.storage.write_mb_per_s, cfg.lora_shape)
+    tiered = cfg.checkpoint.tiered
+    derived = cadence(cfg.shape, MEMORY_MB_S_PER_NODE * spec.nodes.max, cfg.lora_shape) if tiered else durable
+    written: Options = {"checkpoint_every": derived.every}
+    if tiered and not durable_given:
+        written["durable_every"] = max(1, math.ceil(durable.seconds / derived.seconds))
+    return derived, written
+
+
 def _trainer(spec: JobSpec, root: str | None) -> Trainer:
     opts = _with_outputs(spec, root)
     flat = flat_options(opts)
     ranks = spec.nodes.max * spec.procs
-    try:
-        cfg = build([opts], on_nodes=spec.backend != "local", ranks=ranks)
-        if cfg.lora_shape is not None and cfg.lora_shape.nf4:
-            # Each node count an elastic job may run at shards the NF4 base its own way.
-            for nodes in range(spec.nodes.min, spec.nodes.max + 1):
-                ranks = nodes * spec.procs
-                check_nf4_layout(cfg.shape, cfg.parallel.shard_ranks(ranks, nodes), ranks)
-        check_context_group(cfg.parallel.context_parallel, spec.procs)
-        for nodes in range(spec.nodes.min, spec.nodes.max + 1):   # every world an elastic job may run at
-            check_expert_group(cfg.parallel.expert_parallel, nodes * spec.procs)
-    except UserError as e:
-        raise UserError(f"train.{e}", hint=e.hint) from None
+    cfg = _checked_config(spec, opts)
     # The rendered command carries the steps, whatever the ranks of an elastic job come to.
     budget_source = "train.tokens" if cfg.optim.tokens is not None else \
         "train.max_steps" if named(flat, OptimConfig, "max_steps") else "default"
@@ -242,15 +262,7 @@ def _trainer(spec: JobSpec, root: str | None) -> Trainer:
     budget = Budget(cfg.optim.max_steps, step_tokens(cfg.data, cfg.parallel.data_ranks(ranks)), budget_source)
     derived = None
     if spec.storage.enabled and named(flat, CheckpointConfig, "checkpoint_every") is None:
-        # Checkpoints on by default where they survive the pod: as often as costs <= 5% of the run.
-        # Tiered, the periodic ones go to node memory, and shared storage's cadence becomes every
-        # durable_every-th of them.
-        durable = cadence(cfg.shape, spec.storage.write_mb_per_s, cfg.lora_shape)
-        tiered = cfg.checkpoint.tiered
-        derived = cadence(cfg.shape, MEMORY_MB_S_PER_NODE * spec.nodes.max, cfg.lora_shape) if tiered else durable
-        written: Options = {"checkpoint_every": derived.every}
-        if tiered and "durable_every" not in flat:
-            written["durable_every"] = max(1, math.ceil(durable.seconds / derived.seconds))
+        derived, written = _checkpoint_cadence(spec, cfg, "durable_every" in flat)
         opts = {**opts, **written}
         cfg = cfg.model_copy(update={"checkpoint": cfg.checkpoint.model_copy(update=written)})
     nvidia = spec.instance is not None and spec.instance.resource == "nvidia.com/gpu"
@@ -287,26 +299,44 @@ def _sources(job: ResolvedJob) -> list[Source]:
                           job.devices.why))
     if t is None:
         return out
-    hp, b, ck = spec.hyperpod, t.budget, t.config.checkpoint
     if spec.backend == "hyperpod":
-        out.append(Source("startup_deadline", job.startup_deadline, *(
+        out += _hyperpod_sources(job, t)
+    out.append(_checkpoint_source(t))
+    return out + _budget_sources(spec, t)
+
+
+def _hyperpod_sources(job: ResolvedJob, t: Trainer) -> list[Source]:
+    """The HyperPod operator's deadlines, hang time and loss threshold: given, or derived."""
+    hp = job.spec.hyperpod
+    return [
+        Source("startup_deadline", job.startup_deadline, *(
             ("given", "hyperpod.startup_deadline") if hp.startup_deadline is not None else
-            ("plan", t.startup.explain()))))
-        out.append(Source("fault_deadline", job.fault_deadline, *(
+            ("plan", t.startup.explain()))),
+        Source("fault_deadline", job.fault_deadline, *(
             ("given", "hyperpod.fault_deadline") if hp.fault_deadline is not None else
-            ("plan", f"the grace ({job.pod_grace} s) + the start-up ({t.startup.seconds} s)"))))
-        out.append(Source("hang_seconds", t.hang_seconds, *(
-            ("given", "hyperpod.hang_timeout") if hp.hang_timeout is not None else ("plan", t.hang.explain()))))
-        out.append(Source("loss_threshold", t.loss_threshold, *(
+            ("plan", f"the grace ({job.pod_grace} s) + the start-up ({t.startup.seconds} s)"))),
+        Source("hang_seconds", t.hang_seconds, *(
+            ("given", "hyperpod.hang_timeout") if hp.hang_timeout is not None else ("plan", t.hang.explain()))),
+        Source("loss_threshold", t.loss_threshold, *(
             ("given", "hyperpod.loss_threshold") if hp.loss_threshold is not None else
-            ("default", f"twice a uniform guess's loss, 2 ln({t.config.shape.vocab_size})"))))
+            ("default", f"twice a uniform guess's loss, 2 ln({t.config.shape.vocab_size})")))]
+
+
+def _checkpoint_source(t: Trainer) -> Source:
+    """How often the job checkpoints: the derived cadence, what was given, or only the last step."""
     if t.cadence is not None:
-        out.append(Source("checkpoint_every", t.cadence.every, "plan", t.cadence.explain()))
-    else:
-        given = ck.checkpoint_every != "0"
-        out.append(Source("checkpoint_every", ck.checkpoint_every, "given" if given else "default",
-                          "train.checkpoint_every" if given else "the last step only" if ck.checkpoint_dir else
-                          "no checkpoints: the job has no storage"))
+        return Source("checkpoint_every", t.cadence.every, "plan", t.cadence.explain())
+    ck = t.config.checkpoint
+    given = ck.checkpoint_every != "0"
+    return Source("checkpoint_every", ck.checkpoint_every, "given" if given else "default",
+                  "train.checkpoint_every" if given else "the last step only" if ck.checkpoint_dir else
+                  "no checkpoints: the job has no storage")
+
+
+def _budget_sources(spec: JobSpec, t: Trainer) -> list[Source]:
+    """The steps and the tokens they come to, over the data-parallel ranks of the job's world."""
+    b = t.budget
+    out = []
     steps_why = f"train.tokens {t.config.optim.tokens or 0:,} / {b.step_tokens:,} tokens a step" \
         if b.source == "train.tokens" else b.source if b.source != "default" else \
         "the trainer's default: set train.tokens or train.max_steps"
