@@ -298,9 +298,23 @@ def head_elements(m: ModelConfig) -> int:
     return m.vocab_size * m.dim
 
 
-def estimate(w: Workload) -> MemoryEstimate:
-    cb, rb = DTYPE_BYTES[w.compute], DTYPE_BYTES[w.reduce]
-    shard = w.shard if w.fsdp else 1
+@dataclass
+class _Copies:
+    """The weights' and gradients' copies beside the shards: gathered (or cast) for compute, what
+    backward's units hold, the head's gradient, and unsharded gradients under accumulation."""
+
+    gathered: int
+    end_copies: int
+    val_copies: int
+    fsdp_bwd: int
+    root_bwd: int
+    head_grad: int
+    loss_grad: int
+    accum: int = 0
+
+
+def _state(w: Workload, shard: int) -> tuple[int, int, int, int]:
+    """This rank's parameters, gradients and AdamW moments, and with CPU offload the host's share."""
     p = sharded_elements(w)
     block_trained, root_trained = trained_elements(w)
     # What has gradients and moments: FSDP's shards, and this rank's experts whole under expert parallel.
@@ -309,52 +323,76 @@ def estimate(w: Workload) -> MemoryEstimate:
     params, grads, optimizer = int(4 * (p - q) + NF4_BYTES * q), 4 * t, 8 * t
     if w.reference_copy:   # the frozen reference's shards (the policy's shapes, no adapters: there are none)
         params += 4 * p
-    host = 0
     if w.cpu_offload and w.fsdp:
-        host, params, grads, optimizer = params + grads + optimizer, 0, 0, 0
-    m, s, L = w.model, w.tokens, w.model.n_layers
-    block = block_bytes(w, shard, cb)
-    root = unit_elements(root_shapes(m), shard)
+        return 0, 0, 0, params + grads + optimizer
+    return params, grads, optimizer, 0
+
+
+def _fsdp_copies(w: Workload, shard: int, cb: int, rb: int, recompute: int) -> _Copies:
+    m, L = w.model, w.model.n_layers
+    block_trained, root_trained = trained_elements(w)
     frozen_head = w.lora is not None   # LoRA: the head and embeddings make no gradient
-    recompute = recomputed_block(w)
-    accum = 0
-    if w.fsdp:
-        # Without resharding after forward every block stays gathered until its backward.
-        gathered = int(root * cb + (L if not w.reshard else 1 + w.prefetch) * block)
-        # Backward: one block's unsharded gradients and the reduce-scatter input.
-        fsdp_bwd = block_trained * (cb + rb)
-        # The root unit is reduced last: the output head's unsharded gradient lives through the
-        # whole backward; the root's reduce-scatter (embeddings and head, its parameters already
-        # resharded, no block gathered any more) ends it.
-        head_grad = loss_grad = 0 if frozen_head else head_elements(m) * cb
-        root_bwd = root_trained * (cb + rb)
-        if w.grad_accum > 1:   # without gradient sync, unsharded gradients of every unit stay
-            accum = (block_trained * L + root_trained) * cb
-        gathered += accum
-        # Expert-parallel weights (FSDP does not cast them) are cast to the compute dtype in each
-        # forward and the copy saved for backward (a checkpointed block's made again); in backward
-        # one layer's copy has a gradient of its own.
-        experts_cast = local_expert_elements(w) * (0 if w.compute == "fp32" else cb)
-        gathered += (L - checkpointed_blocks(w) + (1 if recompute else 0)) * experts_cast
-        fsdp_bwd += experts_cast
-        end_copies = gathered
-        val_copies = gathered
+    # Without resharding after forward every block stays gathered until its backward.
+    gathered = int(unit_elements(root_shapes(m), shard) * cb + (L if not w.reshard else 1 + w.prefetch)
+                   * block_bytes(w, shard, cb))
+    # Backward: one block's unsharded gradients and the reduce-scatter input.
+    fsdp_bwd = block_trained * (cb + rb)
+    # The root unit is reduced last: the output head's unsharded gradient lives through the
+    # whole backward; the root's reduce-scatter (embeddings and head, its parameters already
+    # resharded, no block gathered any more) ends it.
+    head_grad = 0 if frozen_head else head_elements(m) * cb
+    accum = (block_trained * L + root_trained) * cb if w.grad_accum > 1 else 0   # no sync: every unit's stay
+    gathered += accum
+    # Expert-parallel weights (FSDP does not cast them) are cast to the compute dtype in each
+    # forward and the copy saved for backward (a checkpointed block's made again); in backward
+    # one layer's copy has a gradient of its own.
+    experts_cast = local_expert_elements(w) * (0 if w.compute == "fp32" else cb)
+    gathered += (L - checkpointed_blocks(w) + (1 if recompute else 0)) * experts_cast
+    return _Copies(gathered, gathered, gathered, fsdp_bwd + experts_cast, root_trained * (cb + rb), head_grad,
+                   head_grad, accum)
+
+
+def _one_process_copies(w: Workload, shard: int, cb: int, recompute: int) -> _Copies:
+    # One process under autocast: each weight's compute-dtype copy is saved for its backward
+    # (a checkpointed block's are made again when it is recomputed), the embedding's excepted
+    # (a lookup is not cast; an NF4 weight is kept as it is). Each block's copy goes with its backward.
+    m, L = w.model, w.model.n_layers
+    frozen_head = w.lora is not None
+    cast = 0 if w.compute == "fp32" else cb
+    copied = (unit_elements(block_shapes(m, w.lora), shard) - nf4_elements(w)) * cast
+    kept_blocks = L - checkpointed_blocks(w) + (1 if recompute else 0)
+    # The head's gradient is made in the compute dtype and accumulated in fp32: the loss's
+    # backward holds the compute-dtype one (and with chunks the fp32 sum beside it); the fp32
+    # one then lives through the rest of backward.
+    chunked = 0 < w.loss_chunk < w.tokens and not w.compiled
+    head_grad = 0 if frozen_head else head_elements(m) * 4
+    loss_grad = 0 if frozen_head else head_elements(m) * (cb + (4 if chunked else 0))
+    return _Copies(kept_blocks * copied + head_elements(m) * cast, copied, copied, 0, 0, head_grad, loss_grad)
+
+
+def _validation_extra(w: Workload, cb: int) -> int:
+    """Validation: no gradients kept, one block's forward working set (SwiGLU's ffn-wide tensors,
+    the residual and its branch) and one chunk of logits (compiled and unchunked: the logits in
+    the compute dtype, the loss fused). The trainer validates in slices of the training
+    micro-batch, so a validation batch never holds more tokens than a training step. DPO's
+    reference forward is such a forward, on a whole micro-batch."""
+    m = w.model
+    v = w.seq // w.cp * (w.micro_batch if w.dpo else min(w.val_batch, w.micro_batch))
+    if w.compiled and (w.loss_chunk == 0 or w.loss_chunk >= v):
+        val_loss = v * m.vocab_size * cb
     else:
-        # One process under autocast: each weight's compute-dtype copy is saved for its backward
-        # (a checkpointed block's are made again when it is recomputed), the embedding's excepted
-        # (a lookup is not cast; an NF4 weight is kept as it is). Each block's copy goes with its backward.
-        cast = 0 if w.compute == "fp32" else cb
-        copied = (unit_elements(block_shapes(m, w.lora), shard) - nf4_elements(w)) * cast
-        kept_blocks = L - checkpointed_blocks(w) + (1 if recompute else 0)
-        gathered = kept_blocks * copied + head_elements(m) * cast
-        end_copies = val_copies = copied
-        fsdp_bwd = root_bwd = 0
-        # The head's gradient is made in the compute dtype and accumulated in fp32: the loss's
-        # backward holds the compute-dtype one (and with chunks the fp32 sum beside it); the fp32
-        # one then lives through the rest of backward.
-        chunked = 0 < w.loss_chunk < s and not w.compiled
-        head_grad = 0 if frozen_head else head_elements(m) * 4
-        loss_grad = 0 if frozen_head else head_elements(m) * (cb + (4 if chunked else 0))
+        val_chunk = v if w.loss_chunk == 0 else min(w.loss_chunk, v)
+        val_loss = val_chunk * m.vocab_size * (cb + fp32_copy(w) + 4)
+    return v * (3 * m.ffn_dim + 3 * m.dim) * cb + val_loss
+
+
+def estimate(w: Workload) -> MemoryEstimate:
+    cb, rb = DTYPE_BYTES[w.compute], DTYPE_BYTES[w.reduce]
+    shard = w.shard if w.fsdp else 1
+    params, grads, optimizer, host = _state(w, shard)
+    m, s = w.model, w.tokens
+    recompute = recomputed_block(w)
+    c = _fsdp_copies(w, shard, cb, rb, recompute) if w.fsdp else _one_process_copies(w, shard, cb, recompute)
     acts = activations(w)
     kept, loss_peak = loss_bytes(w)
     # The residual stream's gradient and its branch's, RMSNorm's two fp32 gradients, and two
@@ -365,23 +403,12 @@ def estimate(w: Workload) -> MemoryEstimate:
         working += max(out * inp for out, inp in projections(m).values()) * cb
     # Backward begins with the loss and head, then the last block: activations are all still alive.
     # The loss's tensors are gone before the first block's backward (and its recomputation) starts.
-    start = params + optimizer + gathered + acts - recompute + max(kept + loss_peak + loss_grad,
-                                                                   head_grad + recompute + fsdp_bwd + working)
+    start = params + optimizer + c.gathered + acts - recompute + max(
+        kept + loss_peak + c.loss_grad, c.head_grad + recompute + c.fsdp_bwd + working)
     # A tied embedding's gradient is made whole before it is added to the head's.
-    tied = head_elements(m) * 4 if m.tie_embeddings and not w.fsdp and not frozen_head else 0
-    end = params + optimizer + grads + max(end_copies + fsdp_bwd + working + tied, accum + root_bwd)
-    # Validation: no gradients kept, one block's forward working set (SwiGLU's ffn-wide tensors,
-    # the residual and its branch) and one chunk of logits (compiled and unchunked: the logits in
-    # the compute dtype, the loss fused). The trainer validates in slices of the training
-    # micro-batch, so a validation batch never holds more tokens than a training step. DPO's
-    # reference forward is such a forward, on a whole micro-batch.
-    v = w.seq // w.cp * (w.micro_batch if w.dpo else min(w.val_batch, w.micro_batch))
-    if w.compiled and (w.loss_chunk == 0 or w.loss_chunk >= v):
-        val_loss = v * m.vocab_size * cb
-    else:
-        val_chunk = v if w.loss_chunk == 0 else min(w.loss_chunk, v)
-        val_loss = val_chunk * m.vocab_size * (cb + fp32_copy(w) + 4)
-    val = params + optimizer + val_copies + v * (3 * m.ffn_dim + 3 * m.dim) * cb + val_loss
+    tied = head_elements(m) * 4 if m.tie_embeddings and not w.fsdp and w.lora is None else 0
+    end = params + optimizer + grads + max(c.end_copies + c.fsdp_bwd + working + tied, c.accum + c.root_bwd)
+    val = params + optimizer + c.val_copies + _validation_extra(w, cb)
     peak, at = max((start, "start of backward"), (end, "end of backward"), (val, "validation"))
-    return MemoryEstimate(params, grads, optimizer, gathered + max(fsdp_bwd, root_bwd), acts + kept, loss_peak,
+    return MemoryEstimate(params, grads, optimizer, c.gathered + max(c.fsdp_bwd, c.root_bwd), acts + kept, loss_peak,
                           working, peak, host, at, start, end, val)
