@@ -149,11 +149,7 @@ def main(argv: list[str] | None = None, prog: str = "fsdpkit train") -> int:
         with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():
             code, result = launch(cfg, argv, _accepted(cfg, rank0, held))
         if as_json and rank0 and result is not None:
-            # A stopped run is not a finished one, also in a worker that exits 0 for its supervisor.
-            stopped = result.stopped_by_signal
-            emit_json(summary(result), EXIT_STOPPED if stopped else code,
-                      f"stopped by SIGTERM at step {result.steps}" if stopped else None,
-                      hint="run it again with --resume-from-checkpoint auto to continue" if stopped else None)
+            _emit_result(result, code)
         return code
     except UserError as e:
         if not (under_torchrun() and hand_over_error(e)) and rank0:
@@ -165,14 +161,27 @@ def main(argv: list[str] | None = None, prog: str = "fsdpkit train") -> int:
     except Exception as e:
         if not (under_torchrun() and _lost_a_peer(e)):
             raise
-        # A consequence, not the cause: the rank that failed first says why (the agent reports it).
-        # The traceback goes to the launcher's log, where its report of the failure also goes.
-        path = launcher_log(cfg.run_dir if cfg is not None else None)
-        with path.open("a") as f:
-            f.write(f"rank {os.environ.get('RANK')} lost a peer:\n{traceback.format_exc()}")
-        print(f"fsdpkit: rank {os.environ.get('RANK')} stopped: a peer process is gone "
-              f"({_first_line(e)}); traceback in {path}", file=sys.stderr, flush=True)
-        return 1
+        return _peer_gone(e, cfg)
+
+
+def _emit_result(result: TrainResult, code: int) -> None:
+    """Rank 0's envelope of the run: a stopped run is not a finished one, also in a worker that
+    exits 0 for its supervisor."""
+    stopped = result.stopped_by_signal
+    emit_json(summary(result), EXIT_STOPPED if stopped else code,
+              f"stopped by SIGTERM at step {result.steps}" if stopped else None,
+              hint="run it again with --resume-from-checkpoint auto to continue" if stopped else None)
+
+
+def _peer_gone(e: BaseException, cfg: TrainConfig | None) -> int:
+    """A consequence, not the cause: the rank that failed first says why (the agent reports it).
+    This one's traceback goes to the launcher's log, where its report of the failure also goes."""
+    path = launcher_log(cfg.run_dir if cfg is not None else None)
+    with path.open("a") as f:
+        f.write(f"rank {os.environ.get('RANK')} lost a peer:\n{traceback.format_exc()}")
+    print(f"fsdpkit: rank {os.environ.get('RANK')} stopped: a peer process is gone "
+          f"({_first_line(e)}); traceback in {path}", file=sys.stderr, flush=True)
+    return 1
 
 
 # What a collective raises in a rank whose peer died (gloo's TCP pair, NCCL's remote error).
