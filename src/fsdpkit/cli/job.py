@@ -7,8 +7,20 @@ import contextlib
 import logging
 import sys
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
+from fsdpkit.cli.job_text import (
+    ended,
+    network_text,
+    pods_text,
+    print_jobs,
+    print_snapshot,
+    print_sources,
+    print_status,
+    print_submitted,
+    print_unreachable,
+    read_why,
+)
 from fsdpkit.cli.output import (
     Parser,
     add_namespace,
@@ -18,7 +30,6 @@ from fsdpkit.cli.output import (
     dispatch,
     emit_json,
     finding_message,
-    print_findings,
     write_new,
 )
 from fsdpkit.effects import Effect, declare
@@ -27,7 +38,7 @@ from fsdpkit.errors import UserError
 from fsdpkit.extras import missing_extra
 from fsdpkit.home import jobs_home
 from fsdpkit.jobs.backends import Backend, Target, Watchable, get_backend, wait
-from fsdpkit.jobs.backends.base import Listing, Snapshot, Submitted
+from fsdpkit.jobs.backends.base import Listing, Submitted
 from fsdpkit.jobs.capacity import capacity as check_capacity
 from fsdpkit.jobs.hub import check_hub_access
 from fsdpkit.jobs.resolved import ResolvedJob, load_job
@@ -62,27 +73,6 @@ def _target(args: argparse.Namespace, spec: JobSpec | None = None) -> Target:
     return Target(getattr(args, "context", None), getattr(args, "kubeconfig", None), namespace)
 
 
-def _span(seconds: int) -> str:
-    """1h 05m, 12m 30s, 40s."""
-    h, rest = divmod(int(seconds), 3600)
-    m, s = divmod(rest, 60)
-    return f"{h}h {m:02d}m" if h else f"{m}m {s:02d}s" if m else f"{s}s"
-
-
-def _print_status(st: JobStatus) -> None:
-    where = f" ({st.namespace})" if st.namespace else ""
-    attempt = f", resubmission {st.attempt}" if st.attempt else ""
-    msg = f": {st.message}" if st.message else ""
-    print(f"{st.name}{where}: {st.state}{attempt}{msg}")
-    for rtype, counts in (st.replicas or {}).items():
-        pretty = ", ".join(f"{k} {v}" for k, v in counts.items() if k in ("active", "succeeded", "failed"))
-        print(f"  {rtype}: {pretty}")
-    if p := st.progress:
-        left = f", about {_span(p['remaining_s'])} left" if p.get("remaining_s") else ""
-        figures = ", ".join(f"{k} {v}" for k, v in p["metrics"].items())
-        print(f"  progress: {p['percent']}%{left}; {figures} (posted {p['updated']})")
-
-
 def cmd_init(args: argparse.Namespace) -> int:
     from fsdpkit.jobs.starter import starter
 
@@ -106,14 +96,6 @@ def cmd_init(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_sources(job: ResolvedJob) -> None:
-    width = max(len(s.name) for s in job.sources)
-    print(f"{job.spec.name} ({job.spec.backend}) runs with:")
-    for s in job.sources:
-        value = f"{s.value:,}" if isinstance(s.value, int) else str(s.value)
-        print(f"  {s.name:<{width}}  {value:>14}  {s.source}: {s.why}")
-
-
 def cmd_render(args: argparse.Namespace) -> int:
     job = _job(args)
     spec = job.spec
@@ -121,7 +103,7 @@ def cmd_render(args: argparse.Namespace) -> int:
         if args.json:
             return emit_json({"name": spec.name, "backend": spec.backend,
                               "explain": [s.to_dict() for s in job.sources]})
-        _print_sources(job)
+        print_sources(job)
         return 0
     rendered = get_backend(spec.backend).render(job)
     # What submit would warn of (a job that cannot fit its GPUs or keep its checkpoints), said before
@@ -167,46 +149,21 @@ def cmd_submit(args: argparse.Namespace) -> int:
     out = result.to_dict() | ({"plan": capacity} if capacity is not None else {})
     final = None
     if args.wait and not args.dry_run:
-        final = wait(backend, spec.name, poll=args.poll, on_change=None if args.json else _print_status)
+        final = wait(backend, spec.name, poll=args.poll, on_change=None if args.json else print_status)
         out["final"] = final.to_dict()
     if args.json:
         if final is not None and final.state != "Succeeded":
-            return emit_json(out, 1, _ended(out["final"]), hint=_why(spec.name))
+            return emit_json(out, 1, ended(out["final"]), hint=read_why(spec.name))
         return emit_json(out)
     if args.dry_run and args.output == "yaml":
         print(backend.render(job).text(), end="")
         return 0
-    _print_submitted(job, result)
+    print_submitted(job, result)
     if final is not None:
         return 0 if final.state == "Succeeded" else 1
     if not args.dry_run:
         print(f"follow it with: fsdpkit job logs {spec.name} -f")
     return 0
-
-
-def _print_submitted(job: ResolvedJob, result: Submitted) -> None:
-    """What a submit made (or a dry run would make), as a person reads it."""
-    spec = job.spec
-    cluster = spec.backend in CLUSTER_BACKENDS
-    if result.dry_run:
-        checked = " (the API server accepted each)" if result.accepted else ""
-        where = f" in namespace {spec.namespace}" if cluster else ""
-        print(f"dry run: would create {', '.join(result.made())}{where}{checked}; -o yaml prints them")
-        return
-    where = f", namespace {spec.namespace}" if cluster else ""
-    print(f"submitted {spec.name} ({spec.backend}{where}): {', '.join(result.made())}")
-    for r in result.reused or []:
-        print(f"  reusing {r} (holds this job's earlier checkpoints)")
-    if result.hint:
-        print(result.hint)
-
-
-def _ended(st: dict[str, Any]) -> str:
-    return f"job {st['name']} ended {st['state']}" + (f": {st['message']}" if st.get("message") else "")
-
-
-def _why(name: str) -> str:
-    return f"read why with `fsdpkit job logs {name} --previous` and `fsdpkit job status {name}`"
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -219,36 +176,15 @@ def cmd_status(args: argparse.Namespace) -> int:
         st.details["network"] = network.to_dict() if network else None
     if args.json:
         return emit_json(st.to_dict())
-    _print_status(st)
+    print_status(st)
     if st.details.get("pods"):
-        print(f"  pods: {_pods_text(st.details['pods'])}")
+        print(f"  pods: {pods_text(st.details['pods'])}")
     if st.details["network"]:
-        print(f"  network: {_network_text(st.details['network'])}")
-    _print_unreachable(st.details.get("unreachable") or [])
+        print(f"  network: {network_text(st.details['network'])}")
+    print_unreachable(st.details.get("unreachable") or [])
     if "network" in (st.details.get("gaps") or {}):
         log.warning(f"network not read: {st.details['gaps']['network']}")
     return 0
-
-
-def _pods_text(pods: list[dict[str, Any]]) -> str:
-    return ", ".join(f"{x['name']} {x['phase']}" + (f" on {x['node']}" if x.get("node") else "") +
-                     (f" ({x['reason']})" if x["reason"] else "") +
-                     (f" restarts {x['restarts']}" if x["restarts"] else "") for x in pods)
-
-
-def _print_unreachable(nodes: list[dict[str, Any]]) -> None:
-    """Nodes that are not ready or whose kubelet does not answer: part of the answer, not an error."""
-    for n in nodes:
-        since = f" since {n['since']}" if n.get("since") else ""
-        print(f"  node {n['node']}{since}: {n['detail']}; its pods: {', '.join(n['pods']) or 'none'}", flush=True)
-
-
-def _network_text(v: dict[str, Any]) -> str:
-    """efa (32 NICs, provider efa), from the verdict the trainer reported."""
-    parts = (f"{v['nics']} NICs" if v.get("nics") is not None else "",
-             f"provider {v['provider']}" if v.get("provider") else "", v.get("detail") or "")
-    extra = ", ".join(x for x in parts if x)
-    return cast("str", v["transport"] + (f" ({extra})" if extra else ""))
 
 
 def _jobs_of(name: str, args: argparse.Namespace) -> Listing | None:
@@ -297,12 +233,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         if failed is not None:
             return emit_json(data, failed.exit_code, str(failed), failed.code, hint=failed.hint)
         return emit_json(data)
-    if not rows and failed is None:
-        print("no jobs" + (" that this user may read" if unread else ""))
-    for r in rows:
-        print(f"{r.name:40s} {r.backend:11s} {r.state:11s} {r.message}")
-    for what, why in unread.items():
-        log.warning(f"{what} not listed: {why}")
+    print_jobs(rows, unread, listed=failed is None)
     if failed is not None:
         print(f"error: {failed}", file=sys.stderr)
         return failed.exit_code
@@ -361,32 +292,6 @@ def cmd_check_network(args: argparse.Namespace) -> int:
     return 1 if verdict == "fail" else 0
 
 
-def _node_text(n: dict[str, Any]) -> str:
-    if n.get("error"):
-        return f"  {n['pod']}: not sampled ({n['error']})"
-    gpu = (f"GPU {n['gpu_util_pct']:.0f}% {n['gpu_mem_used_gib']:.0f}/{n['gpu_mem_total_gib']:.0f} GiB"
-           if n.get("gpu_util_pct") is not None else "no GPUs seen")
-    efa = f"EFA {n['efa_gbit_s']:.1f} Gbit/s ({n['efa_devices']} devices)" if n.get("efa_devices") else "no EFA"
-    step = f", {n['step_time_s']:.2f} s/step" if n.get("step_time_s") else ""
-    seen = n.get("over_watch") or {}
-    since = (f" | since watch began: GPU mean {seen['gpu_util_pct_mean']:.0f}% min {seen['gpu_util_pct_min']:.0f}%"
-             if seen.get("samples", 0) > 1 and "gpu_util_pct_mean" in seen else "")
-    return f"  {n['pod']}" + (f" on {n['node']}" if n.get("node") else "") + f": {gpu}, {efa}{step}{since}"
-
-
-def _print_snapshot(snap: Snapshot) -> None:
-    p = snap.progress
-    prog = (f" step {p['step']} loss {p['loss']:.4f} {p['tokens_per_s']} tok/s" if "step" in p else "")
-    pods = _pods_text(snap.pods)
-    net = f" | network {_network_text(snap.network)}" if snap.network else ""
-    waiting = f"no pods yet: {snap.message}" if snap.event else "no pods yet"
-    print(f"{snap.name}: {snap.state}{prog}{net} | {pods or waiting}", flush=True)
-    for n in snap.nodes:
-        print(_node_text(n), flush=True)
-    _print_unreachable(snap.unreachable)
-    print_findings(snap.findings)
-
-
 def cmd_watch(args: argparse.Namespace) -> int:
     import time
 
@@ -402,13 +307,13 @@ def cmd_watch(args: argparse.Namespace) -> int:
         if args.json:
             # Every look is an envelope (one per line under a live watch); the last one's ok is the exit code.
             data = snap.to_dict()
-            message, hint = _ended(data), _why(args.job)
+            message, hint = ended(data), read_why(args.job)
             if snap.findings:
                 first = snap.findings[0]
                 message, hint = finding_message(first), first.get("fix") or hint
             emit_json(data, code if done else 0, message, hint=hint)
         else:
-            _print_snapshot(snap)
+            print_snapshot(snap)
         # The job's own budget (resubmits: in its spec) decides whether it starts again.
         if snap.state == "Failed" and not args.once and args.resubmit and backend.resubmit(args.job):
             continue
@@ -419,7 +324,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
 
 def cmd_wait(args: argparse.Namespace) -> int:
     st = wait(_backend(args), args.job, timeout=args.timeout, poll=args.poll,
-              on_change=None if args.json else _print_status)
+              on_change=None if args.json else print_status)
     blocked = st.details.get("blocked")
     code = 0 if st.state == "Succeeded" else 1 if st.finished or blocked else 124
     stuck = f"job {args.job} will not start: {blocked}" if blocked else ""
@@ -428,8 +333,8 @@ def cmd_wait(args: argparse.Namespace) -> int:
     if args.json:
         timed_out = f"job {args.job} still {st.state} after {args.timeout:g} s" if code == 124 else ""
         hint = "fix what it names in the spec and submit it again (job submit --replace)" if blocked else \
-            _why(args.job) if code == 1 else None
-        return emit_json(st.to_dict(), code, stuck or timed_out or _ended(st.to_dict()),
+            read_why(args.job) if code == 1 else None
+        return emit_json(st.to_dict(), code, stuck or timed_out or ended(st.to_dict()),
                          "timeout" if code == 124 else "failed", hint=hint)
     return code
 
