@@ -446,7 +446,7 @@ def test_topology_placement_asks_kueue_on_every_pod_template_of_every_kueue_back
 
     from fsdpkit.cluster import trainer
     from fsdpkit.jobs import trainjob
-    from fsdpkit.jobs.spec import KUEUE_PREFERRED_TOPOLOGY, KUEUE_REQUIRED_TOPOLOGY
+    from fsdpkit.jobs.spec_sections import KUEUE_PREFERRED_TOPOLOGY, KUEUE_REQUIRED_TOPOLOGY
 
     from manifest_schemas import SCHEMAS, jobset_of, validate_object
 

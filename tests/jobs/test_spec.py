@@ -205,7 +205,7 @@ def test_every_refusal_of_the_spec_has_a_row(tmp_path):
     sites = raise_sites(spec.check_variable_name, spec._check_quantity, spec._validate_identity,
                         spec._validate_nodes, spec._validate_placement, spec._validate_storage,
                         spec._validate_environment, spec._validate_train, spec._set_dotted, spec.parse_overrides,
-                        resolved._trainer, spec.require_image)
+                        resolved._checked_config, spec.require_image)
     assert not unreached(sites, messages)
 
 
