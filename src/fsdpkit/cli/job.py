@@ -302,7 +302,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
     while True:
         snap = backend.snapshot(args.job, stall_after=args.stall_after,
                                 sample=0 if args.no_sample else args.sample_seconds, history=history)
-        done = args.once or snap.finished
+        done = args.once or snap.state in ("Succeeded", "Failed")
         code = 0 if snap.state != "Failed" and not (args.once and snap.findings) else 1
         if args.json:
             # Every look is an envelope (one per line under a live watch); the last one's ok is the exit code.

@@ -313,10 +313,10 @@ class _Copies:
     accum: int = 0
 
 
-def _state(w: Workload, shard: int) -> tuple[int, int, int, int]:
+def _state(w: Workload, shard: int, trained: tuple[int, int]) -> tuple[int, int, int, int]:
     """This rank's parameters, gradients and AdamW moments, and with CPU offload the host's share."""
     p = sharded_elements(w)
-    block_trained, root_trained = trained_elements(w)
+    block_trained, root_trained = trained
     # What has gradients and moments: FSDP's shards, and this rank's experts whole under expert parallel.
     t = (block_trained * w.model.n_layers + root_trained) // shard + local_expert_elements(w) * w.model.n_layers
     q = nf4_elements(w) * w.model.n_layers // shard   # this rank's NF4 elements
@@ -328,9 +328,9 @@ def _state(w: Workload, shard: int) -> tuple[int, int, int, int]:
     return params, grads, optimizer, 0
 
 
-def _fsdp_copies(w: Workload, shard: int, cb: int, rb: int, recompute: int) -> _Copies:
+def _fsdp_copies(w: Workload, shard: int, cb: int, rb: int, recompute: int, trained: tuple[int, int]) -> _Copies:
     m, L = w.model, w.model.n_layers
-    block_trained, root_trained = trained_elements(w)
+    block_trained, root_trained = trained   # per block, and the root's
     frozen_head = w.lora is not None   # LoRA: the head and embeddings make no gradient
     # Without resharding after forward every block stays gathered until its backward.
     gathered = int(unit_elements(root_shapes(m), shard) * cb + (L if not w.reshard else 1 + w.prefetch)
@@ -389,10 +389,12 @@ def _validation_extra(w: Workload, cb: int) -> int:
 def estimate(w: Workload) -> MemoryEstimate:
     cb, rb = DTYPE_BYTES[w.compute], DTYPE_BYTES[w.reduce]
     shard = w.shard if w.fsdp else 1
-    params, grads, optimizer, host = _state(w, shard)
+    trained = trained_elements(w)
+    params, grads, optimizer, host = _state(w, shard, trained)
     m, s = w.model, w.tokens
     recompute = recomputed_block(w)
-    c = _fsdp_copies(w, shard, cb, rb, recompute) if w.fsdp else _one_process_copies(w, shard, cb, recompute)
+    c = _fsdp_copies(w, shard, cb, rb, recompute, trained) if w.fsdp else _one_process_copies(w, shard, cb,
+                                                                                               recompute)
     acts = activations(w)
     kept, loss_peak = loss_bytes(w)
     # The residual stream's gradient and its branch's, RMSNorm's two fp32 gradients, and two

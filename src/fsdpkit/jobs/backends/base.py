@@ -186,10 +186,6 @@ class Snapshot:
     gaps: dict[str, str]
     findings: list[dict[str, Any]]
 
-    @property
-    def finished(self) -> bool:
-        return self.state in ("Succeeded", "Failed")
-
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 

@@ -216,6 +216,10 @@ class KubeObserver(KubeAPI):
         """What `job status` shows of a Kubernetes job: its state, each pod with its node, the network
         NCCL chose, and each node that is not ready or does not answer. A node that stopped answering
         is part of the answer, not a failure of it; what could not be read is named in `gaps`."""
+        return self._described(name)[0]
+
+    def _described(self, name: str) -> tuple[JobStatus, NetworkVerdict | None]:
+        """`describe`'s answer, and the network verdict its details hold as JSON."""
         namespace = self.namespace
         kind, st = self._look(name)
         k = KINDS[kind]
@@ -237,7 +241,7 @@ class KubeObserver(KubeAPI):
         st.details.update(pods=[pod_summary(p) for p in pods],
                           network=network.to_dict() if network else None,
                           unreachable=self._unreachable(self._node_health(pods, gaps), pods, kubelet), gaps=gaps)
-        return st
+        return st, network
 
     def _rank0(self, pods: list[dict[str, Any]], kind: str) -> str | None:
         """The pod that holds rank 0 (its log has the network verdict and the progress lines)."""
@@ -357,8 +361,7 @@ class KubeObserver(KubeAPI):
     def network(self, name: str) -> NetworkVerdict | None:
         """The network NCCL chose, as the trainer reported it before its first step (the start of
         rank 0's log); None before that line exists, or where it cannot be read (see `describe`)."""
-        seen = self.describe(name).details["network"]
-        return NetworkVerdict(**seen) if seen else None
+        return self._described(name)[1]
 
     def _network_of(self, pod: str, namespace: str, container: str) -> NetworkVerdict | None:
         try:
